@@ -1,0 +1,1 @@
+"""mecefo_jax: fault-tolerant LLM pretraining in JAX (MeCeFO)."""

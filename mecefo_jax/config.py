@@ -1,0 +1,76 @@
+"""The one base ConfigDict every `configs/*.py` derives from, and its validation.
+
+Each field is commented here once; configs override values, never add fields,
+so `--config.section.field=value` works the same for all of them.
+"""
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Defaults shared by every config (the paper's optimizer settings)."""
+    cfg = ml_collections.ConfigDict()
+
+    cfg.model = ml_collections.ConfigDict()
+    cfg.model.vocab_size = 512  # tokenizer and embedding size; a trained tokenizer must match
+    cfg.model.d_model = 64  # residual width d
+    cfg.model.num_layers = 2  # transformer blocks
+    cfg.model.num_heads = 4  # query heads; must divide d_model
+    cfg.model.num_kv_heads = 4  # key/value heads (grouped-query attention when < num_heads)
+    cfg.model.ffn_hidden = 172  # SwiGLU hidden width h
+    cfg.model.rope_theta = 10000.0  # rotary embedding base
+    cfg.model.norm_eps = 1e-6  # RMSNorm epsilon
+    cfg.model.dtype = 'float32'  # compute dtype: float32 on CPU, bfloat16 on GPU (params stay float32)
+
+    cfg.data = ml_collections.ConfigDict()
+    cfg.data.source = 'embedded'  # 'embedded' (CPython's docs, offline) | 'tfds' | 'text'
+    cfg.data.tfds_name = 'c4/en'  # TFDS dataset name when source='tfds'
+    cfg.data.data_dir = ''  # local TFDS data_dir (required for source='tfds')
+    cfg.data.tfds_text_key = 'text'  # feature holding the document text in TFDS records
+    cfg.data.text_files = ''  # comma-separated files or globs when source='text'
+    cfg.data.tokenizer_path = ''  # sentencepiece .model; '' trains one on the train split and caches it
+    cfg.data.cache_dir = ''  # tokenizer cache; '' means ~/.cache/mecefo_jax
+    cfg.data.seq_len = 64  # tokens per training sequence
+    cfg.data.global_batch_size = 16  # sequences per step, split evenly over mesh.data replicas
+    cfg.data.val_fraction = 0.05  # documents held out for validation (embedded/text sources)
+    cfg.data.seed = 0  # shuffle seed; the sample order depends on nothing else
+
+    cfg.mesh = ml_collections.ConfigDict()
+    cfg.mesh.data = -1  # data-parallel replicas; -1 uses every device left over by mesh.model
+    cfg.mesh.model = 1  # tensor-parallel width (shards heads and FFN hidden)
+    cfg.mesh.num_cpu_devices = 8  # with no accelerator, simulate this many CPU devices
+
+    cfg.train = ml_collections.ConfigDict()
+    cfg.train.steps = 200  # optimizer steps
+    cfg.train.learning_rate = 3e-3  # peak learning rate after warmup
+    cfg.train.warmup_fraction = 0.1  # linear warmup over this fraction of steps
+    cfg.train.final_lr_fraction = 0.1  # cosine decays to this fraction of the peak
+    cfg.train.b1 = 0.9  # AdamW beta1 (paper)
+    cfg.train.b2 = 0.999  # AdamW beta2 (paper)
+    cfg.train.eps = 1e-8  # AdamW epsilon (paper)
+    cfg.train.weight_decay = 0.01  # AdamW decoupled weight decay (paper)
+    cfg.train.grad_clip = 1.0  # global-norm clipping; 0 disables
+    cfg.train.seed = 0  # parameter init seed
+    cfg.train.log_every = 10  # steps between metrics rows
+    cfg.train.eval_every = 100  # steps between validation evals; 0 disables periodic eval
+    cfg.train.eval_batches = 4  # validation batches per eval
+    cfg.train.checkpoint_every = 100  # steps between Orbax checkpoints; 0 disables
+    cfg.train.keep_checkpoints = 2  # checkpoints kept on disk
+
+    cfg.mecefo = ml_collections.ConfigDict()
+    cfg.mecefo.rank = 0.25  # low-rank r: int >= 1 absolute, or float in (0, 1] of min(in, out)
+    cfg.mecefo.tau = 100  # refresh the SVD projections every tau steps (paper: 100)
+    cfg.mecefo.remat_ffn = True  # recompute FFN activations in the neighbour's backward
+
+    cfg.fault = ml_collections.ConfigDict()
+    cfg.fault.strategy = 'mecefo'  # mecefo | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
+    cfg.fault.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
+    cfg.fault.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
+    cfg.fault.mtbf_hours = 0.0  # custom cluster-wide mean time between failures (with mttr_hours)
+    cfg.fault.mttr_hours = 0.0  # custom mean time to recovery
+    cfg.fault.step_time_sec = 60.0  # cluster seconds per step, converts hours to steps
+    cfg.fault.seed = 0  # seed of the random failure process (identical on every host)
+    cfg.fault.max_concurrent = 0  # cap on replicas down at once; 0 = all but one
+    cfg.fault.spread_k = 2  # neighbours sharing a failed shard under mecefo_spread
+    cfg.fault.checkpoint_every = 10  # checkpoint_restart: save period in steps
+    cfg.fault.relaunch_delay_sec = 120.0  # checkpoint_restart: modelled job relaunch, reported apart
+    return cfg

@@ -1,0 +1,50 @@
+"""Entry point: `python -m mecefo_jax.main --config configs/tiny.py --workdir DIR`.
+
+Parses flags and calls `train.train`; all logic lives in importable modules.
+Multi-host: pass --coordinator, --num_processes and --process_id (or set them
+through the cluster's environment) to start `jax.distributed` first.
+"""
+import json
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where metrics, checkpoints and config go.')
+_COORDINATOR = flags.DEFINE_string('coordinator', None,
+                                   'host:port of process 0 for multi-host jax.distributed.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index in a multi-host run.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+    del argv
+    cfg = _CONFIG.value
+    # Orbax logs every save step at INFO; keep the console to progress and results.
+    logging.set_verbosity(logging.WARNING)
+    # Backends start lazily, so the fake-device count still applies here. It
+    # only affects the CPU platform; GPUs are used as they are.
+    from mecefo_jax.sharding import simulate_cpu_devices
+    simulate_cpu_devices(int(cfg.mesh.num_cpu_devices))
+    import jax
+    if _COORDINATOR.value or _NUM_PROCESSES.value:
+        jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                                   num_processes=_NUM_PROCESSES.value,
+                                   process_id=_PROCESS_ID.value)
+    logging.info('devices: %s', jax.devices())
+    if cfg.fault.events or cfg.fault.regime or cfg.fault.mtbf_hours:
+        from mecefo_jax.faults.controller import FaultController
+        summary = FaultController.train(cfg, _WORKDIR.value)
+    else:
+        from mecefo_jax.train import train
+        summary = train(cfg, _WORKDIR.value)
+    summary.pop('state', None)
+    if jax.process_index() == 0:
+        print(json.dumps(summary, indent=2, default=str))
+
+
+if __name__ == '__main__':
+    app.run(main)

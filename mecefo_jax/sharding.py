@@ -1,0 +1,103 @@
+"""Mesh construction and the one table mapping logical axis names to mesh axes.
+
+Model code names parameter axes logically ('embed', 'mlp', ...); only this
+module knows how those names land on the ("data", "model") mesh.
+"""
+import os
+
+import jax
+import numpy as np
+from flax import linen as nn
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+DATA_AXIS = 'data'
+MODEL_AXIS = 'model'
+
+# Logical name -> mesh axis. 'model' is tensor parallelism; 'batch' is data.
+LOGICAL_AXIS_RULES = (
+    ('batch', DATA_AXIS),
+    ('vocab', MODEL_AXIS),
+    ('embed', None),
+    ('heads', MODEL_AXIS),
+    ('kv_heads', MODEL_AXIS),
+    ('head_dim', None),
+    ('mlp', MODEL_AXIS),
+    ('rank', None),
+)
+
+
+def simulate_cpu_devices(count: int) -> None:
+    """Ask XLA for `count` fake CPU devices; effective only before jax starts."""
+    flag = f'--xla_force_host_platform_device_count={count}'
+    flags = os.environ.get('XLA_FLAGS', '')
+    if 'xla_force_host_platform_device_count' not in flags:
+        os.environ['XLA_FLAGS'] = f'{flags} {flag}'.strip()
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int]:
+    """Resolve (data, model) from config against the devices available."""
+    model = int(mesh_cfg.model)
+    if model < 1 or num_devices % model:
+        raise ValueError(
+            f'mesh.model={model} must be >= 1 and divide the {num_devices} '
+            'available devices; set --config.mesh.model to a divisor.')
+    data = num_devices // model if int(mesh_cfg.data) == -1 else int(mesh_cfg.data)
+    if data < 1 or data * model > num_devices:
+        raise ValueError(
+            f'mesh.data={mesh_cfg.data} x mesh.model={model} needs more than the '
+            f'{num_devices} available devices; lower --config.mesh.data or use -1.')
+    return data, model
+
+
+def make_mesh(mesh_cfg, devices=None) -> Mesh:
+    """The ("data", "model") mesh from config, over `devices` (default: all)."""
+    devices = list(jax.devices() if devices is None else devices)
+    data, model = mesh_shape(mesh_cfg, len(devices))
+    return mesh_from_rows([devices[r * model:(r + 1) * model] for r in range(data)])
+
+
+def mesh_from_rows(rows) -> Mesh:
+    """A mesh whose data-axis entries are the given replica rows of devices.
+
+    The fault controller rebuilds meshes from the live rows, so row order is
+    the replica order along the data axis.
+    """
+    grid = np.array([list(row) for row in rows], dtype=object)
+    return Mesh(grid, (DATA_AXIS, MODEL_AXIS),
+                axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def mesh_rows(mesh: Mesh) -> list[tuple]:
+    """Replica rows of a mesh, in data-axis order."""
+    return [tuple(row) for row in mesh.devices]
+
+
+def _fit_spec(spec: P, shape, mesh: Mesh) -> P:
+    """Drop mesh axes that do not divide their dimension (replicate instead)."""
+    axes = []
+    for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        size = mesh.shape[axis] if axis is not None else 1
+        axes.append(axis if axis is not None and dim % size == 0 else None)
+    return P(*axes)
+
+
+def logical_shardings(boxed_tree, mesh: Mesh):
+    """NamedShardings for a tree of `nn.LogicallyPartitioned` boxes (or arrays).
+
+    Unboxed leaves are replicated, which is what non-parameter state wants.
+    """
+    specs = nn.get_partition_spec(boxed_tree)
+    mesh_specs = nn.logical_to_mesh(specs, LOGICAL_AXIS_RULES)
+    shapes = jax.tree.map(lambda x: x.shape, nn.unbox(boxed_tree))
+    return jax.tree.map(
+        lambda spec, shape: NamedSharding(mesh, _fit_spec(spec, shape, mesh)),
+        mesh_specs, shapes, is_leaf=lambda x: isinstance(x, P))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def data_sharded(mesh: Mesh) -> NamedSharding:
+    """Leading dimension split over data-parallel replicas."""
+    return NamedSharding(mesh, P(DATA_AXIS))

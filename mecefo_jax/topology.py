@@ -1,0 +1,107 @@
+"""One mesh and everything compiled for it, cached so no topology compiles twice.
+
+The fault controller moves training between meshes built from the live
+replica rows; a `Topology` owns one such mesh: the state's shardings there,
+the AOT-compiled train step per layout signature, and the eval and
+projection-refresh functions. `TopologyCache` keys them by the live rows.
+"""
+import dataclasses
+import time
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from mecefo_jax import sharding
+from mecefo_jax import step as step_lib
+from mecefo_jax.layout import Layout
+
+
+def retarget(shardings, mesh):
+    """The same partition specs on another mesh."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s.spec), shardings)
+
+
+def move_state(state, shardings):
+    """Place `state` on the arrays' new shardings (possibly another mesh).
+
+    Single-process: a device-to-device `device_put`. Multi-process: every
+    process rebuilds its new local shards from an old local shard with the
+    same index (replicas along 'data' hold identical copies), so no process
+    needs another's memory.
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(state, shardings)
+
+    def move(x, new_sharding):
+        local = {}
+        for shard in x.addressable_shards:
+            local.setdefault(_index_key(shard.index, x.shape), shard.data)
+
+        def fetch(index):
+            return np.asarray(local[_index_key(index, x.shape)])
+        return jax.make_array_from_callback(x.shape, new_sharding, fetch)
+    return jax.tree.map(move, state, shardings)
+
+
+def _index_key(index, shape):
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+
+
+@dataclasses.dataclass
+class Topology:
+    rows: tuple
+    mesh: jax.sharding.Mesh
+    state_shardings: object
+    train_step: object
+    eval_step: object
+    refresh: object
+    build_sec: float
+    compiled: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.rows)
+
+    def compiled_step(self, state, batch, layout: Layout):
+        """AOT-compiled step for the layout's signature; (fn, compile seconds or 0)."""
+        key = layout.signature
+        if key in self.compiled:
+            return self.compiled[key], 0.0
+        start = time.perf_counter()
+        self.compiled[key] = self.train_step.lower(state, batch).compile()
+        return self.compiled[key], time.perf_counter() - start
+
+    def put_batch(self, host_batch: dict):
+        """Host slot arrays -> global arrays split over 'data' (multi-process safe)."""
+        data = sharding.data_sharded(self.mesh)
+        if jax.process_count() == 1:
+            return jax.device_put(host_batch, data)
+        return {k: jax.make_array_from_callback(v.shape, data, lambda i, v=v: v[i])
+                for k, v in host_batch.items()}
+
+
+class TopologyCache:
+    """Builds each mesh (by its live rows) once and keeps it."""
+
+    def __init__(self, model, optimizer, base_shardings, rank):
+        self._model, self._optimizer = model, optimizer
+        self._base_shardings, self._rank = base_shardings, rank
+        self._cache: dict[tuple, Topology] = {}
+
+    def get(self, rows) -> Topology:
+        rows = tuple(tuple(r) for r in rows)
+        if rows not in self._cache:
+            start = time.perf_counter()
+            mesh = sharding.mesh_from_rows(rows)
+            shardings = retarget(self._base_shardings, mesh)
+            self._cache[rows] = Topology(
+                rows=rows, mesh=mesh, state_shardings=shardings,
+                train_step=step_lib.make_train_step(self._model, self._optimizer, mesh, shardings),
+                eval_step=step_lib.make_eval_step(self._model, mesh, shardings.params),
+                refresh=step_lib.make_refresh_fn(self._rank, shardings),
+                build_sec=time.perf_counter() - start)
+        return self._cache[rows]
+
+    def __len__(self):
+        return len(self._cache)

@@ -1,0 +1,232 @@
+"""The training loop: data -> step -> metrics, evals, checkpoints, progress.
+
+The loop asks a controller, before every step, where that step runs (which
+mesh, which layout of shards onto replicas). `StaticController` is fault-free
+data parallelism; `faults.controller.FaultController` injects failures and
+moves training between meshes. Everything else (data order, metrics,
+checkpoints, NaN handling) is the same for both.
+"""
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+
+import jax
+import numpy as np
+
+from mecefo_jax import checkpoint as ckpt_lib
+from mecefo_jax import optim, sharding
+from mecefo_jax import state as state_lib
+from mecefo_jax.layout import Layout, assemble, full_layout
+from mecefo_jax.metrics import MetricsWriter
+from mecefo_jax.model import Llama, ModelConfig
+from mecefo_jax.topology import Topology, TopologyCache, move_state
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced NaN/Inf; the last good state was checkpointed."""
+
+
+@dataclasses.dataclass
+class Plan:
+    """Where the next step runs, and what the controller did to get there."""
+    topology: Topology
+    layout: Layout
+    events: list = dataclasses.field(default_factory=list)  # rows for metrics.jsonl
+    data_state: dict | None = None  # set when the controller rolled training back
+    overhead_sec: float = 0.0  # measured/modelled seconds spent by the controller
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything built once from the config."""
+    cfg: object
+    workdir: str
+    model: Llama
+    optimizer: object
+    full_rows: tuple
+    topologies: TopologyCache
+    train_data: object
+    val_data: object
+    checkpointer: ckpt_lib.Checkpointer | None
+    metrics: MetricsWriter
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.full_rows)
+
+    @property
+    def shard_batch(self) -> int:
+        return int(self.cfg.data.global_batch_size) // self.num_shards
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.cfg.data.global_batch_size) * int(self.cfg.data.seq_len)
+
+
+def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None) -> Run:
+    """Model, optimizer, mesh rows, data pipelines, checkpointer and metrics."""
+    from mecefo_jax import data as data_lib  # grain/sentencepiece only when training
+
+    os.makedirs(workdir, exist_ok=True)
+    model = Llama(ModelConfig.from_config(cfg))
+    optimizer = optim.make_optimizer(cfg.train)
+    mesh = sharding.make_mesh(cfg.mesh)
+    rank = cfg.mecefo.rank
+    base_shardings = state_lib.state_shardings(model, optimizer, mesh, rank)
+    num_shards = mesh.shape[sharding.DATA_AXIS]
+    vocab = int(cfg.model.vocab_size)
+    train_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
+                                        split='train')
+    val_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
+                                      split='validation')
+    every = int(cfg.train.checkpoint_every if checkpoint_every is None else checkpoint_every)
+    checkpointer = None
+    if every > 0:
+        checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                             save_every=every,
+                                             keep=int(cfg.train.keep_checkpoints))
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, 'config.json'), 'w') as f:
+            f.write(cfg.to_json_best_effort(indent=2))
+    return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
+               full_rows=tuple(sharding.mesh_rows(mesh)),
+               topologies=TopologyCache(model, optimizer, base_shardings, rank),
+               train_data=train_data, val_data=val_data, checkpointer=checkpointer,
+               metrics=MetricsWriter(workdir))
+
+
+def init_or_restore(run: Run):
+    """A fresh state on the full mesh, or the latest checkpoint and its data state."""
+    topo = run.topologies.get(run.full_rows)
+    cfg = run.cfg
+    if run.checkpointer is not None and run.checkpointer.latest_step() is not None:
+        abstract = state_lib.abstract_train_state(run.model, run.optimizer, rank=cfg.mecefo.rank)
+        state, data_state = run.checkpointer.restore(
+            ckpt_lib.abstract_like(abstract, topo.state_shardings))
+        run.train_data.set_state(data_state)
+        log.info('Resumed from step %d', int(state.step))
+        return state
+    state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
+                                            seed=int(cfg.train.seed), rank=cfg.mecefo.rank)
+    return state
+
+
+class StaticController:
+    """Fault-free data parallelism on the full mesh."""
+
+    def __init__(self, run: Run):
+        self._topology = run.topologies.get(run.full_rows)
+        self._layout = full_layout(run.num_shards, run.shard_batch)
+
+    def prepare(self, clock: int, state):
+        del clock
+        return state, Plan(self._topology, self._layout)
+
+
+def evaluate(run: Run, topology: Topology, params) -> dict:
+    """Exact validation loss over `train.eval_batches` fixed batches."""
+    if not hasattr(run, '_val_start'):
+        run._val_start = run.val_data.get_state()
+    run.val_data.set_state(run._val_start)  # same batches at every eval
+    loss_sum = count = 0.0
+    replicas = topology.num_replicas
+    for _ in range(int(run.cfg.train.eval_batches)):
+        tokens_nt = next(run.val_data).reshape(-1, run.val_data.seq_len + 1)
+        pad = -len(tokens_nt) % replicas  # rows must split evenly over live replicas
+        weights_n = np.concatenate([np.ones(len(tokens_nt)), np.zeros(pad)]).astype(np.float32)
+        tokens_nt = np.concatenate([tokens_nt, np.zeros((pad, tokens_nt.shape[1]), np.int32)])
+        batch = topology.put_batch({'tokens': tokens_nt, 'weights': weights_n})
+        s, c = jax.device_get(topology.eval_step(params, batch['tokens'], batch['weights']))
+        loss_sum, count = loss_sum + float(s), count + float(c)
+    val_loss = loss_sum / max(count, 1.0)
+    return {'val_loss': val_loss, 'val_ppl': math.exp(min(val_loss, 50.0))}
+
+
+def _progress(total: int, initial: int):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=initial, unit='step', mininterval=1.0,
+                disable=jax.process_index() != 0, dynamic_ncols=True)
+
+
+def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None) -> dict:
+    """Train for `train.steps` steps (resuming if `workdir` has checkpoints).
+
+    Returns a summary: final loss, final validation loss/perplexity, measured
+    tokens/s, and what the controller reported.
+    """
+    run = run or build_run(cfg, workdir)
+    state = init_or_restore(run)
+    controller = (controller_factory or StaticController)(run)
+    total = int(cfg.train.steps)
+    step = int(state.step)
+    clock = step  # executed steps, redone ones included: the failure timeline
+    summary = {'start_step': step}
+    bar = _progress(total, step)
+    window_start, window_tokens = time.perf_counter(), 0
+    row = {}
+    try:
+        while step < total:
+            state, plan = controller.prepare(clock, state)
+            for event in plan.events:
+                run.metrics.write(dict(event, step=step))
+            if plan.data_state is not None:
+                run.train_data.set_state(plan.data_state)
+                step = int(state.step)
+                bar.n = step
+            host_batch = assemble(plan.layout, next(run.train_data))
+            batch = plan.topology.put_batch(host_batch)
+            step_fn, _ = plan.topology.compiled_step(state, batch, plan.layout)
+            state, metrics = step_fn(state, batch)
+            metrics = jax.device_get(metrics)
+            if not bool(metrics['finite']):
+                _stop_non_finite(run, state, step, metrics)
+            step, clock = step + 1, clock + 1
+            window_tokens += run.tokens_per_step
+            bar.update(1)
+            row = {'step': step, 'loss': float(metrics['loss']),
+                   'grad_norm': float(metrics['grad_norm'])}
+            if step % int(cfg.train.log_every) == 0 or step == total:
+                elapsed = time.perf_counter() - window_start
+                row['tokens_per_sec'] = window_tokens / max(elapsed, 1e-9)
+                row['replicas'] = plan.topology.num_replicas
+                window_start, window_tokens = time.perf_counter(), 0
+                bar.set_postfix(loss=f"{row['loss']:.3f}",
+                                tok_s=f"{row['tokens_per_sec']:.0f}")
+                run.metrics.write(row)
+            every_eval = int(cfg.train.eval_every)
+            if (every_eval and step % every_eval == 0) or step == total:
+                row.update(evaluate(run, plan.topology, state.params))
+                run.metrics.write({'step': step, 'val_loss': row['val_loss'],
+                                   'val_ppl': row['val_ppl']})
+                window_start = time.perf_counter()  # keep eval out of tokens/s
+            if run.checkpointer is not None:
+                run.checkpointer.maybe_save(step, state, run.train_data.get_state(),
+                                            force=step == total)
+    finally:
+        bar.close()
+        if run.checkpointer is not None:
+            run.checkpointer.wait()
+    summary.update(final_step=step, executed_steps=clock, final_loss=row.get('loss'),
+                   final_val_loss=row.get('val_loss'), final_val_ppl=row.get('val_ppl'))
+    if hasattr(controller, 'summary'):
+        summary.update(controller.summary())
+    summary['state'] = state
+    return summary
+
+
+def _stop_non_finite(run: Run, state, step: int, metrics) -> None:
+    """Checkpoint the last good state (the step left it untouched) and stop."""
+    where = 'no checkpoint (train.checkpoint_every=0)'
+    if run.checkpointer is not None:
+        run.checkpointer.maybe_save(step, state, run.train_data.get_state(), force=True)
+        run.checkpointer.wait()
+        where = f'checkpoint at step {step} in {run.checkpointer.directory}'
+    raise NonFiniteLossError(
+        f'Non-finite loss {float(metrics["loss"])} / grad norm '
+        f'{float(metrics["grad_norm"])} at step {step + 1}; saved the last good state '
+        f'({where}). Lower train.learning_rate or set train.grad_clip, then resume.')
