@@ -1,0 +1,155 @@
+"""Projection state for MeCeFO's low-rank FFN gradients.
+
+This module owns the V matrices used by `mecefo_jax.lowrank.lowrank_dense`:
+which kernels get one (the FFN kernels), how large r is (`resolve_rank`),
+how V is computed (top-r left singular vectors of the Flax kernel, via SVD),
+and when it is recomputed (`needs_refresh`: at failure onset and every `tau`
+steps while some device runs in neighbour mode).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+FFN_KERNEL_NAMES = ('w_gate', 'w_up', 'w_down')
+
+
+def resolve_rank(rank: Any, n_in: int, m_out: int, field: str = 'mecefo.rank') -> int:
+    """Turns the configured rank into an absolute r for an [n_in, m_out] kernel.
+
+    An int >= 1 is absolute; a float in (0, 1] is a fraction of
+    min(n_in, m_out), rounded half-up and at least 1. A whole-number float
+    > 1 is absolute too: ConfigDict locks `mecefo.rank` to float, so
+    `--config.mecefo.rank=128` arrives as 128.0. Anything else raises
+    ValueError naming `field`, so a bad config fails at startup rather than
+    inside a jitted SVD.
+    """
+    if n_in < 1 or m_out < 1:
+        raise ValueError(f'{field}: kernel dims must be >= 1, got [{n_in}, {m_out}]')
+    max_rank = min(n_in, m_out)
+    valid = f'an int in [1, {max_rank}] or a float fraction in (0, 1]'
+    # bool is an Integral; True silently meaning r=1 would hide a config typo.
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Real):
+        raise ValueError(f'{field} must be {valid}; got {rank!r}')
+    if isinstance(rank, numbers.Integral) or (float(rank) > 1.0 and float(rank).is_integer()):
+        r = int(rank)
+        if not 1 <= r <= max_rank:
+            raise ValueError(f'{field} must be {valid}; got {r}')
+        return r
+    frac = float(rank)
+    if not 0.0 < frac <= 1.0:  # also rejects NaN
+        raise ValueError(f'{field} must be {valid}; got {rank!r}')
+    return max(1, min(max_rank, math.floor(frac * max_rank + 0.5)))
+
+
+def validate_tau(tau: Any, field: str = 'mecefo.tau') -> int:
+    """Checks the SVD refresh period; tau < 1 would make `step % tau` meaningless."""
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Integral) or tau < 1:
+        raise ValueError(f'{field} must be an int >= 1; got {tau!r}')
+    return int(tau)
+
+
+def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
+    """Top-r left singular vectors of a Flax kernel ([n_in, m_out] -> [n_in, r]).
+
+    Left singular vectors of kernel = W^T are the input-side (right) singular
+    vectors of W, which is the subspace MeCeFO projects activations onto. The
+    SVD runs in float32 whatever the parameter dtype, because bf16 SVD is
+    inaccurate or unsupported. Extra leading dims (e.g. scanned layers
+    [L, n, m]) are treated as a batch.
+    """
+    u_nk, _, _ = jnp.linalg.svd(kernel_nm.astype(jnp.float32), full_matrices=False)
+    return u_nk[..., :, :r]
+
+
+def _is_ffn_kernel(path: tuple[str, ...]) -> bool:
+    return len(path) >= 2 and path[-1] == 'kernel' and path[-2] in FFN_KERNEL_NAMES
+
+
+def compute_projections(params: Mapping[str, Any], rank: Any) -> dict[str, Any]:
+    """V for every FFN kernel in `params`, in a tree holding only those paths.
+
+    `params` is an unboxed nested dict of Flax params; leaves at paths ending
+    in (<FFN_KERNEL_NAMES>, 'kernel') get `top_singular_vectors`, everything
+    else is dropped. Pure jnp with static shapes and a static `rank`, so it
+    can be jitted (e.g. with output shardings). Raises if no FFN kernel is
+    found, since silently returning {} would make neighbour mode a no-op.
+    """
+
+    def walk(node: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, child in node.items():
+            child_path = path + (str(key),)
+            if isinstance(child, Mapping):
+                sub = walk(child, child_path)
+                if sub:
+                    out[key] = sub
+            elif _is_ffn_kernel(child_path):
+                if getattr(child, 'ndim', 0) < 2:
+                    raise ValueError(
+                        f'{"/".join(child_path)}: expected an [n_in, m_out] kernel, got '
+                        f'{type(child).__name__} with shape {getattr(child, "shape", None)} '
+                        '(are the params still boxed?)'
+                    )
+                n_in, m_out = child.shape[-2], child.shape[-1]
+                out[key] = top_singular_vectors(child, resolve_rank(rank, n_in, m_out))
+        return out
+
+    projections = walk(params, ())
+    if not projections:
+        raise ValueError(
+            f'compute_projections: no leaf at a path ending in (<{"|".join(FFN_KERNEL_NAMES)}>, '
+            "'kernel') in params"
+        )
+    return projections
+
+
+def needs_refresh(step: int, *, tau: int, failure_onset: bool, neighbour_active: bool) -> bool:
+    """Whether V must be recomputed before this step's backward pass.
+
+    At failure onset the held V may be arbitrarily old (nobody refreshed it
+    while all devices were healthy), so it is always recomputed; while some
+    device is in neighbour mode it is refreshed every `tau` steps to track the
+    drifting weights; with no neighbour active V is unused, so never.
+    """
+    tau = validate_tau(tau)
+    if step < 0:
+        raise ValueError(f'step must be >= 0; got {step}')
+    if failure_onset:
+        return True
+    return bool(neighbour_active) and step % tau == 0
+
+
+def refresh_steps(
+    neighbour_active_by_step: Sequence[bool],
+    *,
+    tau: int,
+    onset_steps: Iterable[int] | None = None,
+    start_step: int = 0,
+) -> list[int]:
+    """Steps at which V is recomputed over a failure schedule (for tests/logging).
+
+    `neighbour_active_by_step[i]` says whether any device is in neighbour mode
+    at step `start_step + i`. Onsets default to the rising edges of that
+    sequence; pass `onset_steps` explicitly when a new failure can start while
+    another device is already in neighbour mode.
+    """
+    active = [bool(a) for a in neighbour_active_by_step]
+    if onset_steps is None:
+        onsets = {
+            start_step + i for i, a in enumerate(active) if a and (i == 0 or not active[i - 1])
+        }
+    else:
+        onsets = set(onset_steps)
+    return [
+        start_step + i
+        for i, a in enumerate(active)
+        if needs_refresh(
+            start_step + i, tau=tau, failure_onset=(start_step + i) in onsets, neighbour_active=a
+        )
+    ]
