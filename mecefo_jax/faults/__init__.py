@@ -1,0 +1,6 @@
+"""Failure injection: which data-parallel replicas are down at which training step.
+
+`schedule` turns the `fault` config (an explicit event list, a paper regime or a
+custom MTBF/MTTR process) into a validated, host-identical list of failure
+events and answers per-step liveness queries for the training controller.
+"""

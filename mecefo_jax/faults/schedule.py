@@ -1,0 +1,338 @@
+"""The failure schedule: which data-parallel replica is down during which step.
+
+This module owns the *plan* of failures, not their handling. It turns the
+`fault` config into a sorted, validated list of `FailureEvent`s and answers
+"which replicas are live during step t" and "who fails / recovers at step t"
+for the training controller. It is pure Python (numpy only for the seeded RNG)
+so every host of a multi-host job can build the same schedule locally, with no
+communication, and agree on it bit for bit.
+
+Sources of events, in order of precedence:
+
+1. `fault.events`: an explicit list ``"step:replica:duration_steps,..."``.
+   Event ``(s, r, d)`` takes replica ``r`` down for steps ``s .. s+d-1``; it is
+   live again at step ``s+d`` (`FailureEvent.recovery_step`).
+2. `fault.regime`: one of the paper's cluster-wide regimes (MeCeFO,
+   NeurIPS 2025), given as (mean time between failures, mean time to recovery):
+   ``low`` 2 h / 4 h, ``mid`` 1 h / 3 h, ``high`` 0.5 h / 2 h.
+3. `fault.mtbf_hours` / `fault.mttr_hours`: a custom random process with the
+   same shape, used only when both are > 0.
+
+Otherwise there are no failures.
+
+Hours to steps. The random processes are specified in wall-clock hours of the
+cluster, while training advances in steps, so they are converted through the
+configured seconds per step::
+
+    steps = hours * 3600 / fault.step_time_sec
+
+e.g. with ``step_time_sec = 60`` the ``high`` regime becomes a mean gap of
+30 steps and a mean outage of 120 steps. The expected number of failure
+arrivals in a run is therefore about
+``total_steps * step_time_sec / (mtbf_hours * 3600)``: ``step_time_sec`` is
+not a measurement but a knob, and for a short demo it alone decides whether
+the run sees no failure at all (``step_time_sec = 1``, 1000 steps, ``high``:
+about 0.6 arrivals) or dozens (``step_time_sec = 60``: about 33).
+
+Random process. Failures arrive cluster-wide as a Poisson process: exponential
+inter-arrival times with mean ``mtbf_steps``, accumulated in continuous time
+and rounded to the nearest step (rounding the arrival times rather than each
+gap keeps the mean gap unbiased). Each arrival picks its victim uniformly among
+the replicas live at that step; if `max_concurrent` replicas are already down
+the arrival is dropped. Outage length is exponential with mean ``mttr_steps``,
+rounded, at least one step. By Little's law about ``mttr / mtbf`` replicas are
+down on average (2, 3 and 4 for low, mid and high), so with few replicas the
+cap binds often and the realised failure rate is below the nominal one.
+`fault.max_concurrent = 0` means ``num_replicas - 1``: random schedules always
+leave one replica live. Explicit schedules may take every replica down; that is
+valid here and it is the controller's job to stop with a clear error.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import numbers
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+# name -> (mtbf_hours, mttr_hours), cluster-wide, from the MeCeFO paper.
+REGIMES: dict[str, tuple[float, float]] = {
+    "low": (2.0, 4.0),
+    "mid": (1.0, 3.0),
+    "high": (0.5, 2.0),
+}
+
+# A guard against configs whose step conversion makes the Python arrival loop
+# effectively endless (e.g. a huge step_time_sec); real schedules are far below.
+_MAX_ARRIVALS = 5_000_000
+
+_EVENTS_FORMAT = '"step:replica:duration_steps,step:replica:duration_steps"'
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureEvent:
+    """Replica `replica` is down for steps `step .. step + duration_steps - 1`."""
+
+    step: int
+    replica: int
+    duration_steps: int
+
+    @property
+    def recovery_step(self) -> int:
+        """First step at which the replica is live again."""
+        return self.step + self.duration_steps
+
+    def __str__(self) -> str:
+        # Same syntax as `fault.events`, so error messages and logs can be
+        # pasted back into a config.
+        return f"{self.step}:{self.replica}:{self.duration_steps}"
+
+
+def format_events(events: Iterable[FailureEvent]) -> str:
+    """Inverse of `parse_events`: lets a random schedule be logged and replayed."""
+    return ",".join(str(e) for e in events)
+
+
+def hours_to_steps(hours: float, step_time_sec: float) -> float:
+    """Cluster hours -> training steps, at `step_time_sec` seconds per step."""
+    if not step_time_sec > 0:
+        raise ValueError(
+            f"fault.step_time_sec must be > 0 to convert hours to steps, got "
+            f"{step_time_sec!r}; set it to the seconds one training step "
+            f"represents.")
+    return float(hours) * 3600.0 / float(step_time_sec)
+
+
+def parse_events(text: str) -> list[FailureEvent]:
+    """Parses `fault.events` syntax only; range checks live in `validate_events`."""
+    if text is None or not str(text).strip():
+        return []
+    events = []
+    for item in str(text).split(","):
+        fields = item.strip().split(":")
+        try:
+            if len(fields) != 3:
+                raise ValueError
+            step, replica, duration = (int(f.strip()) for f in fields)
+        except ValueError:
+            raise ValueError(
+                f"fault.events: malformed entry {item.strip()!r} in {text!r}; "
+                f"expected comma-separated integer triples {_EVENTS_FORMAT} "
+                f"(e.g. '100:1:50'), or '' for no failures.") from None
+        events.append(FailureEvent(step, replica, duration))
+    return events
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_events(events: Sequence[FailureEvent], num_replicas: int,
+                  total_steps: int | None) -> None:
+    """Shared by `validate_events` and `FailureSchedule` (which has no run length)."""
+    if not _is_int(num_replicas) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}.")
+    for e in events:
+        if not all(_is_int(v) for v in (e.step, e.replica, e.duration_steps)):
+            raise ValueError(
+                f"fault.events: event {e!r} has non-integer fields; step, "
+                f"replica and duration_steps must all be integers.")
+        if not 0 <= e.replica < num_replicas:
+            raise ValueError(
+                f"fault.events: event '{e}' names replica {e.replica}, but "
+                f"there are {num_replicas} replicas; use a replica index in "
+                f"[0, {num_replicas - 1}].")
+        if e.duration_steps < 1:
+            raise ValueError(
+                f"fault.events: event '{e}' has duration {e.duration_steps}; "
+                f"the outage length must be at least 1 step.")
+        if e.step < 0:
+            raise ValueError(
+                f"fault.events: event '{e}' starts at step {e.step}; failure "
+                f"steps must be >= 0.")
+        if total_steps is not None and e.step >= total_steps:
+            raise ValueError(
+                f"fault.events: event '{e}' starts at step {e.step}, but the "
+                f"run has only {total_steps} steps (0..{total_steps - 1}); move "
+                f"it inside the run or drop it. (Recovering after the end is "
+                f"fine.)")
+    by_replica = sorted(events, key=lambda e: (e.replica, e.step))
+    for prev, cur in zip(by_replica, by_replica[1:]):
+        if cur.replica == prev.replica and cur.step < prev.recovery_step:
+            raise ValueError(
+                f"fault.events: replica {cur.replica} fails again at step "
+                f"{cur.step} ('{cur}') while still down from '{prev}' (down "
+                f"until step {prev.recovery_step}); merge the two events or "
+                f"start the second at step >= {prev.recovery_step}.")
+
+
+def validate_events(events: Sequence[FailureEvent], *, num_replicas: int,
+                    total_steps: int) -> None:
+    """Raises ValueError naming `fault.events` if the schedule cannot be run.
+
+    Concurrent failures, neighbouring replicas failing together and even every
+    replica down at once are valid: handling them is the controller's job.
+    """
+    if not _is_int(total_steps) or total_steps < 0:
+        raise ValueError(f"total_steps must be a non-negative int, got {total_steps!r}.")
+    _check_events(events, num_replicas, total_steps)
+
+
+def random_events(*, mtbf_steps: float, mttr_steps: float, num_replicas: int,
+                  total_steps: int, seed: int,
+                  max_concurrent: int) -> list[FailureEvent]:
+    """Samples the cluster-wide Poisson failure process (see module docstring).
+
+    Depends only on its arguments, so every host derives the same schedule.
+    Returned sorted by (step, replica).
+    `max_concurrent = 0` means `num_replicas - 1`.
+    """
+    if not mtbf_steps > 0 or not mttr_steps > 0:
+        raise ValueError(
+            f"mtbf_steps and mttr_steps must be > 0, got {mtbf_steps!r} and "
+            f"{mttr_steps!r}; check fault.mtbf_hours / fault.mttr_hours / "
+            f"fault.step_time_sec.")
+    if not _is_int(num_replicas) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}.")
+    if not _is_int(max_concurrent) or not 0 <= max_concurrent <= num_replicas:
+        raise ValueError(
+            f"fault.max_concurrent must be in [0, {num_replicas}] for "
+            f"{num_replicas} replicas, got {max_concurrent!r} (0 means "
+            f"num_replicas - 1).")
+    expected_arrivals = total_steps / mtbf_steps
+    if expected_arrivals > _MAX_ARRIVALS:
+        raise ValueError(
+            f"A mean failure gap of {mtbf_steps:.3g} steps over {total_steps} "
+            f"steps means ~{expected_arrivals:.3g} failure arrivals; lower "
+            f"fault.step_time_sec or raise fault.mtbf_hours.")
+    cap = max_concurrent if max_concurrent > 0 else num_replicas - 1
+
+    rng = np.random.default_rng(seed)
+    # down_until[r] is the first step replica r is live again (0: never down).
+    down_until = [0] * num_replicas
+    events: list[FailureEvent] = []
+    t = 0.0
+    while True:
+        t += rng.exponential(mtbf_steps)
+        step = int(round(t))
+        if step >= total_steps:
+            break
+        live = [r for r in range(num_replicas) if down_until[r] <= step]
+        if num_replicas - len(live) >= cap:
+            continue
+        victim = live[int(rng.integers(len(live)))]
+        duration = max(1, int(round(rng.exponential(mttr_steps))))
+        down_until[victim] = step + duration
+        events.append(FailureEvent(step, victim, duration))
+    # Arrivals rounding onto the same step come out in draw order; sort so
+    # callers see the same (step, replica) order as events_from_config.
+    return sorted(events, key=lambda e: (e.step, e.replica))
+
+
+def _cfg_get(cfg: Any, name: str, default: Any) -> Any:
+    # Works for ConfigDict and plain dicts, and tolerates configs written
+    # before a field existed.
+    try:
+        value = cfg.get(name, default)
+    except AttributeError:
+        value = getattr(cfg, name, default)
+    return default if value is None else value
+
+
+def events_from_config(fault_cfg: Any, *, num_replicas: int,
+                       total_steps: int) -> list[FailureEvent]:
+    """The run's failure events from `fault_cfg`, validated and sorted by (step, replica)."""
+    text = str(_cfg_get(fault_cfg, "events", "")).strip()
+    regime = str(_cfg_get(fault_cfg, "regime", "")).strip().lower()
+    mtbf_hours = float(_cfg_get(fault_cfg, "mtbf_hours", 0.0))
+    mttr_hours = float(_cfg_get(fault_cfg, "mttr_hours", 0.0))
+
+    if text:
+        events = parse_events(text)
+    else:
+        if regime:
+            if regime not in REGIMES:
+                raise ValueError(
+                    f"fault.regime: unknown regime {regime!r}; use one of "
+                    f"{sorted(REGIMES)} or '' (then fault.mtbf_hours / "
+                    f"fault.mttr_hours, or no failures).")
+            mtbf_hours, mttr_hours = REGIMES[regime]
+        elif mtbf_hours < 0 or mttr_hours < 0 or (mtbf_hours > 0) != (mttr_hours > 0):
+            # One of the two set alone is almost surely a typo, not "no failures".
+            raise ValueError(
+                f"fault.mtbf_hours and fault.mttr_hours must both be > 0 (custom "
+                f"failure process) or both 0 (no failures), got "
+                f"{mtbf_hours!r} and {mttr_hours!r}.")
+        if mtbf_hours == 0:
+            return []
+        step_time_sec = float(_cfg_get(fault_cfg, "step_time_sec", 0.0))
+        max_concurrent = _cfg_get(fault_cfg, "max_concurrent", 0)
+        events = random_events(
+            mtbf_steps=hours_to_steps(mtbf_hours, step_time_sec),
+            mttr_steps=hours_to_steps(mttr_hours, step_time_sec),
+            num_replicas=num_replicas,
+            total_steps=total_steps,
+            seed=int(_cfg_get(fault_cfg, "seed", 0)),
+            max_concurrent=int(max_concurrent),
+        )
+    validate_events(events, num_replicas=num_replicas, total_steps=total_steps)
+    return sorted(events, key=lambda e: (e.step, e.replica))
+
+
+class FailureSchedule:
+    """Per-step liveness of each replica, precomputed from a list of events.
+
+    The live set is piecewise constant, so it is stored once per change step
+    and looked up by bisection: queries are cheap enough to make every step.
+    A replica whose next outage starts exactly at its recovery step simply
+    stays down; no spurious recover-and-fail transition is reported.
+    """
+
+    def __init__(self, events: Iterable[FailureEvent], num_replicas: int):
+        events = sorted(events, key=lambda e: (e.step, e.replica))
+        # No run length here: events_from_config checks the upper bound.
+        _check_events(events, num_replicas, None)
+        self.events: tuple[FailureEvent, ...] = tuple(events)
+        self.num_replicas = num_replicas
+
+        delta: dict[int, list[int]] = {}
+        for e in events:
+            delta.setdefault(e.step, [0] * num_replicas)[e.replica] += 1
+            delta.setdefault(e.recovery_step, [0] * num_replicas)[e.replica] -= 1
+        down = [0] * num_replicas
+        mask = (True,) * num_replicas
+        self._steps: list[int] = []
+        self._masks: list[tuple[bool, ...]] = []
+        for step in sorted(delta):
+            down = [d + x for d, x in zip(down, delta[step])]
+            new_mask = tuple(d == 0 for d in down)
+            if new_mask != mask:
+                self._steps.append(step)
+                self._masks.append(new_mask)
+                mask = new_mask
+
+    def live_mask(self, step: int) -> tuple[bool, ...]:
+        """Which replicas are up during `step` (all of them before any event)."""
+        i = bisect.bisect_right(self._steps, step) - 1
+        return self._masks[i] if i >= 0 else (True,) * self.num_replicas
+
+    def transitions(self, step: int) -> tuple[list[int], list[int]]:
+        """(replicas failing at `step`, replicas recovering at `step`), ascending.
+
+        Derived from the live masks of `step - 1` and `step`, so it agrees
+        with `live_mask` by construction.
+        """
+        before, now = self.live_mask(step - 1), self.live_mask(step)
+        failing = [r for r in range(self.num_replicas) if before[r] and not now[r]]
+        recovering = [r for r in range(self.num_replicas) if now[r] and not before[r]]
+        return failing, recovering
+
+    def change_steps(self) -> list[int]:
+        """Steps where the live set changes, ascending."""
+        return list(self._steps)
+
+    def __repr__(self) -> str:
+        return (f"FailureSchedule(num_replicas={self.num_replicas}, "
+                f"events={format_events(self.events)!r})")
