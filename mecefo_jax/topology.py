@@ -72,6 +72,15 @@ class Topology:
         self.compiled[key] = self.train_step.lower(state, batch).compile()
         return self.compiled[key], time.perf_counter() - start
 
+    def batch_spec(self, layout: Layout, seq: int) -> dict:
+        """Abstract slot arrays for `layout`, to compile before the data arrives."""
+        replicas, slots, slot_batch = layout.signature
+        data = sharding.data_sharded(self.mesh)
+        rows = replicas * slots
+        return {'tokens': jax.ShapeDtypeStruct((rows, slot_batch, seq), np.int32, sharding=data),
+                'weights': jax.ShapeDtypeStruct((rows, slot_batch), np.float32, sharding=data),
+                'roles': jax.ShapeDtypeStruct((replicas,), np.int32, sharding=data)}
+
     def put_batch(self, host_batch: dict):
         """Host slot arrays -> global arrays split over 'data' (multi-process safe)."""
         data = sharding.data_sharded(self.mesh)

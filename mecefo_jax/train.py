@@ -36,9 +36,7 @@ class Plan:
     """Where the next step runs, and what the controller did to get there."""
     topology: Topology
     layout: Layout
-    events: list = dataclasses.field(default_factory=list)  # rows for metrics.jsonl
     data_state: dict | None = None  # set when the controller rolled training back
-    overhead_sec: float = 0.0  # measured/modelled seconds spent by the controller
 
 
 @dataclasses.dataclass
@@ -123,8 +121,8 @@ class StaticController:
         self._topology = run.topologies.get(run.full_rows)
         self._layout = full_layout(run.num_shards, run.shard_batch)
 
-    def prepare(self, clock: int, state):
-        del clock
+    def prepare(self, clock: int, step: int, state):
+        del clock, step
         return state, Plan(self._topology, self._layout)
 
 
@@ -171,9 +169,7 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None)
     row = {}
     try:
         while step < total:
-            state, plan = controller.prepare(clock, state)
-            for event in plan.events:
-                run.metrics.write(dict(event, step=step))
+            state, plan = controller.prepare(clock, step, state)
             if plan.data_state is not None:
                 run.train_data.set_state(plan.data_state)
                 step = int(state.step)
@@ -181,10 +177,13 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None)
             host_batch = assemble(plan.layout, next(run.train_data))
             batch = plan.topology.put_batch(host_batch)
             step_fn, _ = plan.topology.compiled_step(state, batch, plan.layout)
+            step_start = time.perf_counter()
             state, metrics = step_fn(state, batch)
             metrics = jax.device_get(metrics)
             if not bool(metrics['finite']):
                 _stop_non_finite(run, state, step, metrics)
+            if hasattr(controller, 'observe'):
+                controller.observe(clock, step, state, metrics, time.perf_counter() - step_start)
             step, clock = step + 1, clock + 1
             window_tokens += run.tokens_per_step
             bar.update(1)
