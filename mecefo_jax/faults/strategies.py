@@ -1,0 +1,119 @@
+"""How each strategy places the global batch on the live replicas.
+
+Every strategy is a pure function of the live mask: `layout_for` recomputes
+the whole assignment from scratch at each change, so chained failures (an
+adopter failing, adjacent replicas failing) need no special cases. The
+global batch and its order never change; only where shards are computed.
+
+| strategy            | failed shard goes to                    | role of adopters |
+|---------------------|-----------------------------------------|------------------|
+| mecefo              | nearest live ring neighbour             | neighbour        |
+| ndb_naive           | nearest live ring neighbour             | normal (exact)   |
+| mecefo_spread       | split over the k nearest live neighbours| neighbour        |
+| elastic             | split over every live replica           | normal           |
+| checkpoint_restart  | as elastic, after a restore             | normal           |
+| drop                | nowhere (its samples are skipped)       | -                |
+"""
+import math
+
+from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
+
+STRATEGIES = ('mecefo', 'ndb_naive', 'elastic', 'drop', 'checkpoint_restart', 'mecefo_spread')
+NEIGHBOUR_MODE_STRATEGIES = ('mecefo', 'mecefo_spread')
+
+
+def validate_strategy(name: str) -> str:
+    if name not in STRATEGIES:
+        raise ValueError(f'fault.strategy={name!r} is unknown; use one of {", ".join(STRATEGIES)}.')
+    return name
+
+
+def ring_order(replica: int, live_mask) -> list[int]:
+    """Live replicas by ring distance from `replica` (at a tie, the next one first)."""
+    n = len(live_mask)
+    order = []
+    for distance in range(1, n):
+        for candidate in ((replica + distance) % n, (replica - distance) % n):
+            if live_mask[candidate] and candidate not in order:
+                order.append(candidate)
+    return order
+
+
+def adopters(live_mask) -> dict[int, int]:
+    """Failed replica -> the live replica that adopts its shard.
+
+    The nearest live replica on the ring; between equally near ones the less
+    loaded, so a run of adjacent failures spreads over both sides.
+    """
+    load = {r: 0 for r, up in enumerate(live_mask) if up}
+    chosen = {}
+    for failed in (r for r, up in enumerate(live_mask) if not up):
+        order = ring_order(failed, live_mask)
+        if not order:
+            raise AllReplicasDownError('every replica is down')
+        n = len(live_mask)
+        nearest = min(_ring_distance(failed, c, n) for c in order)
+        ties = [c for c in order if _ring_distance(failed, c, n) == nearest]
+        chosen[failed] = min(ties, key=lambda c: (load[c], ties.index(c)))
+        load[chosen[failed]] += 1
+    return chosen
+
+
+class AllReplicasDownError(RuntimeError):
+    """No live replica is left to compute on."""
+
+
+def _ring_distance(a: int, b: int, n: int) -> int:
+    return min((a - b) % n, (b - a) % n)
+
+
+def _chunks(shard: int, size: int, chunk: int) -> list[Piece]:
+    return [Piece(shard, s, min(s + chunk, size)) for s in range(0, size, chunk)]
+
+
+def _even_split(shard: int, size: int, parts: int) -> list[Piece]:
+    bounds = [round(i * size / parts) for i in range(parts + 1)]
+    return [Piece(shard, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def layout_for(strategy: str, live_mask, shard_batch: int, *, spread_k: int = 2) -> Layout:
+    """The layout `strategy` uses when only the replicas in `live_mask` are up."""
+    validate_strategy(strategy)
+    live = [r for r, up in enumerate(live_mask) if up]
+    if not live:
+        raise AllReplicasDownError('every replica is down')
+    failed = [r for r, up in enumerate(live_mask) if not up]
+    extra: dict[int, list[Piece]] = {r: [] for r in live}
+    neighbours: set[int] = set()
+    slot_batch = shard_batch
+
+    if strategy in ('mecefo', 'ndb_naive'):
+        for shard, adopter in adopters(live_mask).items():
+            extra[adopter].append(Piece(shard, 0, shard_batch))
+            neighbours.add(adopter)
+    elif strategy == 'mecefo_spread':
+        if spread_k < 1:
+            raise ValueError(f'fault.spread_k={spread_k} must be >= 1.')
+        k = min(spread_k, len(live))
+        slot_batch = math.ceil(shard_batch / k)
+        for shard in failed:
+            helpers = ring_order(shard, live_mask)[:k]
+            for helper, piece in zip(helpers, _even_split(shard, shard_batch, k)):
+                extra[helper].append(piece)
+                neighbours.add(helper)
+    elif strategy in ('elastic', 'checkpoint_restart') and failed:
+        slot_batch = math.ceil(shard_batch / len(live))
+        pieces = [p for shard in failed for p in _even_split(shard, shard_batch, len(live))]
+        for piece in pieces:  # least-loaded first keeps the busiest replica minimal
+            target = min(live, key=lambda r: (sum(p.size for p in extra[r]), live.index(r)))
+            extra[target].append(piece)
+    # 'drop': failed shards are simply not assigned.
+
+    roles, slots = [], []
+    for r in live:
+        own = _chunks(r, shard_batch, slot_batch)
+        slots.append(tuple(own + extra[r]))
+        is_neighbour = r in neighbours and strategy in NEIGHBOUR_MODE_STRATEGIES
+        roles.append(ROLE_NEIGHBOUR if is_neighbour else ROLE_NORMAL)
+    return Layout(replicas=tuple(live), roles=tuple(roles), slots=tuple(slots),
+                  slot_batch=slot_batch)
