@@ -105,7 +105,7 @@ def make_train_step(model: Llama, optimizer, mesh, state_shardings):
         grads, stats = grad_fn(state.params, state.projections, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         # A non-finite loss or gradient leaves the state untouched, so the loop
         # can still checkpoint the last good state although it was donated.

@@ -151,8 +151,12 @@ def _progress(total: int, initial: int):
                 disable=jax.process_index() != 0, dynamic_ncols=True)
 
 
-def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None) -> dict:
+def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
+          stop_at: int | None = None) -> dict:
     """Train for `train.steps` steps (resuming if `workdir` has checkpoints).
+
+    `stop_at` ends the job early, as a preempted or time-limited job would,
+    after checkpointing; the learning-rate schedule still spans `train.steps`.
 
     Returns a summary: final loss, final validation loss/perplexity, measured
     tokens/s, and what the controller reported.
@@ -161,6 +165,7 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None)
     state = init_or_restore(run)
     controller = (controller_factory or StaticController)(run)
     total = int(cfg.train.steps)
+    end = total if stop_at is None else min(total, int(stop_at))
     step = int(state.step)
     clock = step  # executed steps, redone ones included: the failure timeline
     summary = {'start_step': step}
@@ -168,7 +173,7 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None)
     window_start, window_tokens = time.perf_counter(), 0
     row = {}
     try:
-        while step < total:
+        while step < end:
             state, plan = controller.prepare(clock, step, state)
             if plan.data_state is not None:
                 run.train_data.set_state(plan.data_state)
@@ -189,7 +194,7 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None)
             bar.update(1)
             row = {'step': step, 'loss': float(metrics['loss']),
                    'grad_norm': float(metrics['grad_norm'])}
-            if step % int(cfg.train.log_every) == 0 or step == total:
+            if step % int(cfg.train.log_every) == 0 or step == end:
                 elapsed = time.perf_counter() - window_start
                 row['tokens_per_sec'] = window_tokens / max(elapsed, 1e-9)
                 row['replicas'] = plan.topology.num_replicas
@@ -198,14 +203,14 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None)
                                 tok_s=f"{row['tokens_per_sec']:.0f}")
                 run.metrics.write(row)
             every_eval = int(cfg.train.eval_every)
-            if (every_eval and step % every_eval == 0) or step == total:
+            if (every_eval and step % every_eval == 0) or step == end:
                 row.update(evaluate(run, plan.topology, state.params))
                 run.metrics.write({'step': step, 'val_loss': row['val_loss'],
                                    'val_ppl': row['val_ppl']})
                 window_start = time.perf_counter()  # keep eval out of tokens/s
             if run.checkpointer is not None:
                 run.checkpointer.maybe_save(step, state, run.train_data.get_state(),
-                                            force=step == total)
+                                            force=step == end)
     finally:
         bar.close()
         if run.checkpointer is not None:

@@ -60,7 +60,7 @@ def test_loss_falls_and_metrics_rows(straight_run):
 def test_resume_equals_uninterrupted(straight_run, cache_dir, tmp_path):
     half = STEPS // 2
     workdir = str(tmp_path)
-    first = train_lib.train(tiny(cache_dir, steps=half, checkpoint_every=half), workdir)
+    first = train_lib.train(tiny(cache_dir, checkpoint_every=half), workdir, stop_at=half)
     assert first['final_step'] == half
     resumed = train_lib.train(tiny(cache_dir, checkpoint_every=half), workdir)
     assert resumed['start_step'] == half
