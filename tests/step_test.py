@@ -1,0 +1,281 @@
+"""Tests for mecefo_jax.step: the combined MeCeFO gradient over a device mesh.
+
+Every expected gradient is written out here from single-device `jax.grad`
+calls on `token_loss_sum`, then compared with the shard_map step on fake CPU
+devices (conftest.py provides 8).
+"""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen as nn
+
+from configs import tiny
+from mecefo_jax import sharding, state, step
+from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, assemble, full_layout
+from mecefo_jax.model import Llama, ModelConfig, init_params, is_attention_branch
+from mecefo_jax.projections import compute_projections
+
+N_SHARDS, SHARD_BATCH, T = 8, 2, 9  # 8 batch shards of 2 sequences, 8 predicted tokens each
+TOKENS_PER_SHARD = SHARD_BATCH * (T - 1)
+RANK = 8
+FAILED = 3  # replica whose shard is adopted in the failure layouts
+
+# Compile time dominates this file: XLA's CPU backend at optimisation level 0
+# compiles these programs about twice as fast. It changes machine-code
+# generation only, not the HLO (collectives, op order), so the gradients
+# checked here are the same computation the default level would run.
+FAST = {'xla_backend_optimization_level': 0}
+
+
+def _jit(fn, **kwargs):
+    return jax.jit(fn, compiler_options=FAST, **kwargs)
+
+
+# One block is enough here: how the step routes and combines gradients does
+# not depend on depth (model_test.py checks neighbour mode through 2 blocks).
+CFG = dataclasses.replace(ModelConfig.from_config(tiny.get_config()), num_layers=1)
+MODEL = Llama(CFG)
+
+
+@pytest.fixture(scope='module')
+def setup():
+    boxed = jax.eval_shape(lambda: init_params(MODEL, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+
+    def fill(path, sds):
+        # numpy values at init scale: avoids compiling Flax's RNG initialisers.
+        if jax.tree_util.keystr(path).endswith("['scale']"):
+            return jnp.asarray(1.0 + 0.3 * rng.standard_normal(sds.shape), jnp.float32)
+        name = jax.tree_util.keystr(path)
+        if name == "['embedding']":
+            fan_in = 1
+        else:
+            fan_in = sds.shape[0] * (sds.shape[1] if name.endswith("['wo']") else 1)
+        return jnp.asarray(rng.standard_normal(sds.shape) / np.sqrt(fan_in), jnp.float32)
+
+    params = jax.tree_util.tree_map_with_path(fill, nn.unbox(boxed))
+    projections = _jit(compute_projections, static_argnums=1)(params, RANK)
+    tokens_nbt = rng.integers(0, CFG.vocab_size, (N_SHARDS, SHARD_BATCH, T), dtype=np.int32)
+    return boxed, params, projections, tokens_nbt
+
+
+@pytest.fixture(scope='module')
+def reference(setup):
+    """Unsharded references: global exact loss/grad and per-shard grads in both roles."""
+    _, params, projections, tokens_nbt = setup
+    ones = jnp.ones((SHARD_BATCH,), jnp.float32)
+
+    def global_mean_loss(p, tokens_mt):
+        weights = jnp.ones(tokens_mt.shape[:1], jnp.float32)
+        loss_sum = step.token_loss_sum(MODEL, p, projections, tokens_mt, weights,
+                                       neighbour=False)
+        return loss_sum / (tokens_mt.shape[0] * (tokens_mt.shape[1] - 1))
+
+    def per_shard(neighbour):
+        def shard_mean_loss(p, tokens_bt):
+            return step.token_loss_sum(MODEL, p, projections, tokens_bt, ones,
+                                       neighbour=neighbour) / TOKENS_PER_SHARD
+        # [N, ...] stacked gradients, one jax.grad per shard.
+        return _jit(jax.vmap(jax.grad(shard_mean_loss), in_axes=(None, 0)))(params, tokens_nbt)
+
+    loss, grads = _jit(jax.value_and_grad(global_mean_loss))(
+        params, tokens_nbt.reshape(N_SHARDS * SHARD_BATCH, T))
+    return {'loss': loss, 'grads': grads, 'exact': per_shard(False),
+            'neighbour': per_shard(True)}
+
+
+def _assert_tree_close(actual, expected, rel, what=''):
+    """max |a - e| <= rel * max |e| per leaf, naming the leaf on failure."""
+    def check(path, a, e):
+        a, e = np.asarray(a), np.asarray(e)
+        assert a.shape == e.shape, (what, jax.tree_util.keystr(path))
+        scale = max(float(np.max(np.abs(e))), 1e-12)
+        err = float(np.max(np.abs(a - e)))
+        assert err <= rel * scale + 1e-9, (
+            f'{what}{jax.tree_util.keystr(path)}: max err {err:.3e} vs scale {scale:.3e}')
+    jax.tree_util.tree_map_with_path(check, actual, expected)
+
+
+@functools.lru_cache(maxsize=None)
+def _mesh_and_step(rows):
+    """Mesh over `rows` (tuples of device ids) and its jitted grad fn, built once."""
+    by_id = {d.id: d for d in jax.devices()}
+    mesh = sharding.mesh_from_rows([[by_id[i] for i in row] for row in rows])
+    return mesh, _jit(step.make_grad_fn(MODEL, mesh))
+
+
+def _run(rows, layout, setup, tokens_nbt=None, place_params=False):
+    _, params, projections, default_tokens = setup
+    tokens_nbt = default_tokens if tokens_nbt is None else tokens_nbt
+    mesh, fn = _mesh_and_step(rows)
+    assert layout.signature[0] == len(rows)
+    if place_params:
+        # Production placement: params and V split over 'model' by logical names.
+        shardings = state.state_shardings(MODEL, optax.sgd(0.1), mesh, RANK)
+        params = jax.device_put(params, shardings.params)
+        projections = jax.device_put(projections, shardings.projections)
+    batch = jax.device_put(assemble(layout, tokens_nbt), step.batch_shardings(mesh))
+    grads, stats = fn(params, projections, batch)
+    return fn, grads, stats
+
+
+def _hand_average(reference, roles_by_shard):
+    """The combination rule of DESIGN.md section 2.5, from per-shard grads.
+
+    `roles_by_shard[s]` is the role shard s was computed in. All shards have
+    the same token count, so token-weighted means are plain means: attention
+    params over the normally computed shards only, everything else over all.
+    """
+    roles = np.asarray(roles_by_shard)
+    normal = roles == ROLE_NORMAL
+
+    def combine(path, exact_n, neigh_n):
+        exact_n, neigh_n = np.asarray(exact_n), np.asarray(neigh_n)
+        if is_attention_branch(path):
+            if not normal.any():
+                return np.zeros_like(exact_n[0])
+            return exact_n[normal].sum(0) / normal.sum()
+        return (exact_n[normal].sum(0) + neigh_n[~normal].sum(0)) / len(roles)
+
+    return jax.tree_util.tree_map_with_path(combine, reference['exact'], reference['neighbour'])
+
+
+def _failure_layout(neighbour_row):
+    """Replica FAILED is dead; live row `neighbour_row` adopts its shard.
+
+    Live rows are the surviving replicas in order, each computing its own
+    shard; the adopting row computes its own shard and then shard FAILED.
+    """
+    replicas = tuple(r for r in range(N_SHARDS) if r != FAILED)
+    slots = [(Piece(r, 0, SHARD_BATCH),) for r in replicas]
+    slots[neighbour_row] += (Piece(FAILED, 0, SHARD_BATCH),)
+    roles = tuple(ROLE_NEIGHBOUR if i == neighbour_row else ROLE_NORMAL
+                  for i in range(len(replicas)))
+    return Layout(replicas=replicas, roles=roles, slots=tuple(slots), slot_batch=SHARD_BATCH)
+
+
+LIVE_ROWS = tuple((r,) for r in range(N_SHARDS) if r != FAILED)  # 7 devices, model width 1
+
+# Tolerances: the step sums per-slot gradients across devices (psum) and
+# divides once, the references average per-shard float32 gradients; only
+# summation order differs, so 1e-5 of each leaf's max is ample.
+REL = 1e-5
+
+
+@pytest.mark.parametrize('data,model', [(8, 1), (4, 2)])
+def test_full_layout_matches_global_grad(setup, reference, data, model):
+    _, _, _, tokens_nbt = setup
+    rows = tuple(tuple(range(r * model, (r + 1) * model)) for r in range(data))
+    # `data` replicas, each computing N/data of the global batch as one shard.
+    per_replica = N_SHARDS * SHARD_BATCH // data
+    layout = full_layout(data, per_replica)
+    _, grads, stats = _run(rows, layout, setup, place_params=model > 1,
+                           tokens_nbt=tokens_nbt.reshape(data, per_replica, T))
+    if model > 1:
+        # Tensor parallelism really happened: some gradient comes back split over 'model'.
+        specs = [g.sharding.spec for g in jax.tree.leaves(grads)]
+        assert any('model' in tuple(s) for s in specs), specs
+    _assert_tree_close(grads, reference['grads'], REL, f'({data},{model}) ')
+    total = N_SHARDS * TOKENS_PER_SHARD
+    assert float(stats['tokens']) == total and float(stats['attn_tokens']) == total
+    np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
+
+
+def test_reference_per_shard_grads_average_to_global(reference):
+    # Sanity of the references themselves: with every shard normal, the hand
+    # average is the global mean gradient.
+    _assert_tree_close(_hand_average(reference, [ROLE_NORMAL] * N_SHARDS),
+                       reference['grads'], REL, 'hand average ')
+
+
+def test_failure_layout_combines_neighbour_and_normal_grads(setup, reference):
+    # Replica 3 failed; replica 2 (live row 2) computes shards 2 and 3 as the neighbour.
+    layout = _failure_layout(neighbour_row=2)
+    assert layout.shards_covered() == {s: SHARD_BATCH for s in range(N_SHARDS)}
+    _, grads, stats = _run(LIVE_ROWS, layout, setup)
+
+    roles_by_shard = [ROLE_NORMAL] * N_SHARDS
+    roles_by_shard[2] = roles_by_shard[FAILED] = ROLE_NEIGHBOUR
+    expected = _hand_average(reference, roles_by_shard)
+    _assert_tree_close(grads, expected, REL, 'failure layout ')
+    # The neighbour's contribution is really approximate: the result is not the exact grad.
+    for path in [('ffn', 'w_up', 'kernel'), ('attn', 'wq')]:
+        g, exact = grads['layers_0'], reference['grads']['layers_0']
+        for key in path:
+            g, exact = g[key], exact[key]
+        assert np.max(np.abs(g - exact)) > 1e-3 * np.max(np.abs(exact)), path
+
+    # Forward is exact: the reported loss is the exact global mean loss.
+    np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
+    assert float(stats['tokens']) == N_SHARDS * TOKENS_PER_SHARD
+    assert float(stats['attn_tokens']) == (N_SHARDS - 2) * TOKENS_PER_SHARD
+
+
+def test_padding_slots_change_nothing(setup, reference):
+    """Whole empty slots and weight-0 rows inside a slot add nothing.
+
+    Same mesh and signature (7 replicas, 2 slots of 2) as the failure layout,
+    all roles normal: row 0 splits its shard into two half-filled slots, row 2
+    computes shards 2 and 3 (normal-role adoption, i.e. exact), every other
+    row has an all-padding second slot. Grads must be the exact global ones.
+    """
+    replicas = tuple(r for r in range(N_SHARDS) if r != FAILED)
+    slots = [(Piece(r, 0, SHARD_BATCH),) for r in replicas]
+    slots[0] = (Piece(0, 0, 1), Piece(0, 1, SHARD_BATCH))
+    slots[2] = (Piece(2, 0, SHARD_BATCH), Piece(FAILED, 0, SHARD_BATCH))
+    layout = Layout(replicas=replicas, roles=(ROLE_NORMAL,) * len(replicas),
+                    slots=tuple(slots), slot_batch=SHARD_BATCH)
+    assert layout.signature == (7, 2, SHARD_BATCH)
+    batch = assemble(layout, setup[3])
+    assert (batch['weights'] == 0).any(axis=1).sum() >= 6  # padding really present
+    _, grads, stats = _run(LIVE_ROWS, layout, setup)
+    _assert_tree_close(grads, reference['grads'], REL, 'padded layout ')
+    np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
+    total = N_SHARDS * TOKENS_PER_SHARD
+    assert float(stats['tokens']) == total and float(stats['attn_tokens']) == total
+
+
+def test_roles_are_data_one_compilation(setup, reference):
+    """Moving the neighbour (or making everyone one) reuses the compiled step."""
+    layouts = {
+        'neighbour at row 2': (_failure_layout(2), {2, FAILED}),
+        'neighbour at row 3 (replica 4)': (_failure_layout(3), {4, FAILED}),
+        'all normal': (dataclasses.replace(_failure_layout(2), roles=(ROLE_NORMAL,) * 7), set()),
+        'all neighbours': (dataclasses.replace(_failure_layout(2), roles=(ROLE_NEIGHBOUR,) * 7),
+                           set(range(N_SHARDS))),
+    }
+    fn = _mesh_and_step(LIVE_ROWS)[1]
+    for name, (layout, neighbour_shards) in layouts.items():
+        assert layout.signature == (7, 2, SHARD_BATCH)
+        _, grads, stats = _run(LIVE_ROWS, layout, setup)
+        roles_by_shard = [ROLE_NEIGHBOUR if s in neighbour_shards else ROLE_NORMAL
+                          for s in range(N_SHARDS)]
+        # With no normal device, attention params get an exactly-zero gradient.
+        _assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL, f'{name}: ')
+        np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
+        assert fn._cache_size() == 1, f'{name} recompiled the step'
+
+
+def test_neighbour_under_tensor_parallelism(setup, reference):
+    """A failure on a (data, model) = (4, 2) mesh: params and V split over 'model'.
+
+    Replica 2 (devices 4, 5) failed; the 3 live rows each compute two shards,
+    and replica 1 also adopts replica 2's two shards as the neighbour.
+    """
+    rows = ((0, 1), (2, 3), (6, 7))
+    slots = ((Piece(0, 0, SHARD_BATCH), Piece(1, 0, SHARD_BATCH)),
+             tuple(Piece(s, 0, SHARD_BATCH) for s in (2, 3, 4, 5)),
+             (Piece(6, 0, SHARD_BATCH), Piece(7, 0, SHARD_BATCH)))
+    layout = Layout(replicas=(0, 1, 3), roles=(ROLE_NORMAL, ROLE_NEIGHBOUR, ROLE_NORMAL),
+                    slots=slots, slot_batch=SHARD_BATCH)
+    _, grads, stats = _run(rows, layout, setup, place_params=True)
+    roles_by_shard = [ROLE_NEIGHBOUR if s in (2, 3, 4, 5) else ROLE_NORMAL
+                      for s in range(N_SHARDS)]
+    _assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL, 'TP failure ')
+    np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
+    assert float(stats['attn_tokens']) == 4 * TOKENS_PER_SHARD
