@@ -46,8 +46,9 @@ class Event:
     kind: str  # 'failure' | 'recovery'
     clock: int
     step: int
-    replicas: list
+    replicas: list  # the replicas failing (or, for a recovery, recovering)
     live: int
+    recovered: list = dataclasses.field(default_factory=list)  # also back at this step
     detect_sec: float = 0.0
     rebuild_sec: float = 0.0
     compile_sec: float = 0.0
@@ -189,7 +190,8 @@ class FaultController:
         if not any(desired):
             self._stop_all_down(step, state)
         event = Event(kind='failure' if failing else 'recovery', clock=clock, step=step,
-                      replicas=failing or recovering, live=sum(desired), detect_sec=detect_sec)
+                      replicas=failing or recovering, live=sum(desired),
+                      recovered=recovering, detect_sec=detect_sec)
         start = time.perf_counter()
         rows = [row for row, up in zip(self.run.full_rows, desired) if up]
         topology = self.run.topologies.get(rows)
@@ -206,7 +208,9 @@ class FaultController:
         _, compile_sec = topology.compiled_step(state, spec, self.layout)
         self.compiles += compile_sec > 0
         event.compile_sec = compile_sec
-        if failing and self.strategy in NEIGHBOUR_MODE_STRATEGIES:
+        if self._neighbour_active() and proj_lib.needs_refresh(
+                int(state.step), tau=self.tau, failure_onset=bool(failing),
+                neighbour_active=True):
             state = jax.block_until_ready(self._refresh(state, int(state.step)))
         self.events.append(event)
         self._pending = event

@@ -91,7 +91,7 @@ def layout_for(strategy: str, live_mask, shard_batch: int, *, spread_k: int = 2)
         for shard, adopter in adopters(live_mask).items():
             extra[adopter].append(Piece(shard, 0, shard_batch))
             neighbours.add(adopter)
-    elif strategy == 'mecefo_spread':
+    elif strategy == 'mecefo_spread' and failed:
         if spread_k < 1:
             raise ValueError(f'fault.spread_k={spread_k} must be >= 1.')
         k = min(spread_k, len(live))

@@ -1,0 +1,120 @@
+"""One process of the two-process test in multihost_test.py (not a test itself).
+
+    python tests/multihost_driver.py --coordinator localhost:PORT --num_processes 2 \
+        --process_id I --workdir DIR --cache_dir DIR --out FILE.npz [--steps N]
+        [--events S:R:D,...] [--strategy NAME]
+
+Each process runs `FaultController.train` on the global 8-device mesh (4 local
+CPU devices each) and writes, to --out, every parameter leaf as this process
+sees it (after checking its own local copies agree bit for bit) plus the
+summary's events, the devices holding the final params and the params captured
+right after the first step run during a failure.
+"""
+import argparse
+import json
+import os
+import sys
+
+
+def _parse():
+    p = argparse.ArgumentParser()
+    p.add_argument('--coordinator', required=True)
+    p.add_argument('--num_processes', type=int, required=True)
+    p.add_argument('--process_id', type=int, required=True)
+    p.add_argument('--workdir', required=True)
+    p.add_argument('--cache_dir', required=True)
+    p.add_argument('--out', required=True)
+    p.add_argument('--steps', type=int, default=8)
+    p.add_argument('--events', default='2:3:3')
+    p.add_argument('--strategy', default='mecefo')
+    p.add_argument('--local_devices', type=int, default=4)
+    return p.parse_args()
+
+
+def main():
+    args = _parse()
+    # This process's own fake-device count replaces any inherited one (the
+    # pytest process runs with 8); other XLA flags from the caller are kept.
+    inherited = [f for f in os.environ.get('XLA_FLAGS', '').split()
+                 if 'xla_force_host_platform_device_count' not in f]
+    os.environ['XLA_FLAGS'] = ' '.join(
+        inherited + [f'--xla_force_host_platform_device_count={args.local_devices}'])
+    os.environ['JAX_PLATFORMS'] = 'cpu'
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, repo)
+
+    import jax
+    import numpy as np
+    # jax 0.10.2 defaults jax_cpu_collectives_implementation to 'gloo', which is
+    # what cross-process CPU collectives need; set it anyway for older defaults.
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    jax.distributed.initialize(coordinator_address=args.coordinator,
+                               num_processes=args.num_processes,
+                               process_id=args.process_id)
+
+    from configs.tiny import get_config
+    from mecefo_jax.faults.controller import FaultController
+
+    cfg = get_config()
+    cfg.data.cache_dir = args.cache_dir
+    cfg.train.steps = args.steps
+    cfg.train.eval_every = 0
+    cfg.train.checkpoint_every = 0
+    cfg.train.log_every = 1
+    cfg.fault.strategy = args.strategy
+    cfg.fault.events = args.events
+
+    captured = {}
+
+    def local_copy(tree):
+        """Leaf path -> this process's value; all its local shards must agree."""
+        out = {}
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            name = jax.tree_util.keystr(path)
+            by_index = {}
+            for shard in leaf.addressable_shards:
+                key = tuple((s.start, s.stop) for s in shard.index)
+                value = np.asarray(shard.data)
+                if key in by_index:
+                    np.testing.assert_array_equal(
+                        value, by_index[key], err_msg=f'{name}: local replicas differ')
+                else:
+                    by_index[key] = value
+            assert len(by_index) == 1, f'{name}: expected replicated params, got {list(by_index)}'
+            out[name] = next(iter(by_index.values()))
+        return out
+
+    class Capturing(FaultController):
+        def observe(self, clock, step, state, metrics, wall_sec):
+            super().observe(clock, step, state, metrics, wall_sec)
+            if not all(self.live) and 'during' not in captured:
+                captured['during'] = local_copy(state.params)
+                captured['during_live'] = int(sum(self.live))
+                captured['during_devices'] = sorted(
+                    {d.id for leaf in jax.tree.leaves(state.params)
+                     for d in leaf.sharding.device_set})
+
+    summary = Capturing.train(cfg, args.workdir)
+    final = local_copy(summary['state'].params)
+    arrays = {f'final{k}': v for k, v in final.items()}
+    arrays.update({f'during{k}': v for k, v in captured.get('during', {}).items()})
+    meta = {'events': [{k: e[k] for k in ('kind', 'step', 'replicas', 'live')}
+                       for e in summary['events']],
+            'final_devices': sorted({d.id for leaf in jax.tree.leaves(summary['state'].params)
+                                     for d in leaf.sharding.device_set}),
+            'during_live': captured.get('during_live'),
+            'during_devices': captured.get('during_devices'),
+            'final_loss': summary['final_loss'],
+            'final_val_loss': summary['final_val_loss'],
+            'process_index': jax.process_index(),
+            'process_count': jax.process_count(),
+            'global_devices': jax.device_count(),
+            'local_devices': jax.local_device_count()}
+    np.savez(args.out, **arrays)
+    with open(args.out + '.json', 'w') as f:
+        json.dump(meta, f)
+    jax.distributed.shutdown()
+
+
+if __name__ == '__main__':
+    main()
