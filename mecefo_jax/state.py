@@ -51,7 +51,11 @@ def state_shardings(model: Llama, optimizer: optax.GradientTransformation, mesh,
 
 def _init_fn(model: Llama, optimizer, seed: int, rank):
     def init():
-        params = flax.linen.unbox(init_params(model, jax.random.key(seed)))
+        # 'rbg' compiles ~3x faster than threefry (13 s -> 4 s for the tiny model
+        # on CPU). Its values may change with the mesh shape, which is fine for
+        # an initialisation: resume goes through checkpoints, not re-init.
+        key = jax.random.key(seed, impl='rbg')
+        params = flax.linen.unbox(init_params(model, key))
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                           opt_state=optimizer.init(params),
                           projections=proj_lib.compute_projections(params, rank))

@@ -22,7 +22,7 @@ class RoleTimer:
     """Caches the measured per-device step time by (role, slots, slot batch)."""
 
     def __init__(self, model, optimizer, *, seq_len: int, vocab_size: int, rank,
-                 warmup: int = 2, iters: int = 5, device=None):
+                 warmup: int = 3, iters: int = 25, device=None):
         self._model, self._optimizer = model, optimizer
         self._seq_len, self._vocab, self._rank = seq_len, vocab_size, rank
         self._warmup, self._iters = warmup, iters
