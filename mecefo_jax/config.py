@@ -74,3 +74,30 @@ def base_config() -> ml_collections.ConfigDict:
     cfg.fault.checkpoint_every = 10  # checkpoint_restart: save period in steps
     cfg.fault.relaunch_delay_sec = 120.0  # checkpoint_restart: modelled job relaunch, reported apart
     return cfg
+
+
+def llama_config(*, d_model: int, num_layers: int, num_heads: int, ffn_hidden: int,
+                 learning_rate: float) -> ml_collections.ConfigDict:
+    """A DESIGN.md LLaMA shape on C4 with the paper's AdamW settings.
+
+    Sequence length, batch, steps, learning rate and rank are not given by
+    the paper: these are our choices (README), shared by every size.
+    """
+    cfg = base_config()
+    cfg.model.vocab_size = 32000  # LLaMA-sized sentencepiece vocab
+    cfg.model.d_model = d_model
+    cfg.model.num_layers = num_layers
+    cfg.model.num_heads = num_heads
+    cfg.model.num_kv_heads = num_heads  # plain multi-head attention, as in the paper
+    cfg.model.ffn_hidden = ffn_hidden
+    cfg.model.dtype = 'bfloat16'  # GPU compute dtype; params stay float32
+    cfg.data.source = 'tfds'  # C4 from a local TFDS data_dir
+    cfg.data.seq_len = 256  # tokens per sequence
+    cfg.data.global_batch_size = 512  # sequences per step
+    cfg.train.steps = 20000  # optimizer steps
+    cfg.train.learning_rate = learning_rate  # peak LR, smaller for wider models
+    cfg.train.eval_every = 1000  # validation cadence
+    cfg.train.checkpoint_every = 1000  # Orbax cadence
+    cfg.mecefo.rank = 128  # low-rank r (the benchmark's target setting)
+    cfg.mecefo.tau = 100  # SVD refresh period (paper)
+    return cfg

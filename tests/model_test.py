@@ -21,6 +21,7 @@ from configs import tiny
 from mecefo_jax import sharding
 from mecefo_jax.model import Block, Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
+from tree_asserts import assert_tree_close
 
 # tiny config: D=32, 2 layers, H=4, K=2 (G=2), E=8, F=64, V=256. Batch and
 # length are chosen distinct from every model dim so shapes identify tensors.
@@ -110,18 +111,6 @@ def _value_and_grad(model, neighbour):
 def _grads(model, neighbour, params, v, tokens, w=None):
     w = _loss_weights() if w is None else w
     return _value_and_grad(model, neighbour)(params, v, tokens, w)[1]
-
-
-def _assert_tree_close(actual, expected, rel, what=''):
-    """max |a - e| <= rel * max |e| (+ tiny floor) per leaf, with the path on failure."""
-    def check(path, a, e):
-        a, e = np.asarray(a), np.asarray(e)
-        assert a.shape == e.shape, (what, jax.tree_util.keystr(path))
-        scale = max(float(np.max(np.abs(e))), 1e-12)
-        err = float(np.max(np.abs(a - e)))
-        assert err <= rel * scale + 1e-9, (
-            f'{what}{jax.tree_util.keystr(path)}: max err {err:.3e} vs scale {scale:.3e}')
-    jax.tree_util.tree_map_with_path(check, actual, expected)
 
 
 # ---------------------------------------------------------------------------
@@ -247,7 +236,7 @@ def test_matches_independent_reference(setup):
     # float32; only the association order differs (einsum grouping, rope, mask).
     np.testing.assert_allclose(logits, ref, rtol=1e-4, atol=1e-4)
     grads = _grads(model, False, params, {}, tokens)
-    _assert_tree_close(grads, _ref_grads(False, params, tokens), 1e-4, 'exact grad vs reference ')
+    assert_tree_close(grads, _ref_grads(False, params, tokens), 1e-4, 'exact grad vs reference ')
 
 
 def test_causality_of_logits(setup):
@@ -367,7 +356,7 @@ def test_neighbour_gradients_match_reference(setup):
         return g_ref
 
     # Tolerance: float32 reassociation through 2 blocks, relative to each leaf's max.
-    _assert_tree_close(grads, jax.tree_util.tree_map_with_path(expected, ref), 1e-4,
+    assert_tree_close(grads, jax.tree_util.tree_map_with_path(expected, ref), 1e-4,
                        'neighbour grad ')
     # The low rank really bites: projected kernel grads differ from the exact ones.
     g_gate = grads['layers_0']['ffn']['w_gate']['kernel']
@@ -490,7 +479,7 @@ def test_remat_changes_no_gradient(setup):
     g_remat = _grads(model, True, params, v, tokens)
     g_plain = _grads(Llama(_model_cfg(remat_ffn=False)), True, params, v, tokens)
     # Recomputation replays the same forward ops; only fusion may differ.
-    _assert_tree_close(g_remat, g_plain, 1e-5, 'remat vs no remat ')
+    assert_tree_close(g_remat, g_plain, 1e-5, 'remat vs no remat ')
 
 
 def test_full_rank_projection_gives_exact_ffn_input_grads(setup):
@@ -505,7 +494,7 @@ def test_full_rank_projection_gives_exact_ffn_input_grads(setup):
         for name in ('w_gate', 'w_up'):
             # V V^T = I up to the float32 orthogonality of the SVD (~1e-6), plus
             # float32 reassociation through the blocks.
-            _assert_tree_close(grads[f'layers_{i}']['ffn'][name]['kernel'],
+            assert_tree_close(grads[f'layers_{i}']['ffn'][name]['kernel'],
                                ref[f'layers_{i}']['ffn'][name]['kernel'], 1e-4,
                                f'layers_{i}/{name} ')
         g_down = grads[f'layers_{i}']['ffn']['w_down']['kernel']

@@ -19,6 +19,7 @@ from mecefo_jax import sharding, state, step
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, assemble, full_layout
 from mecefo_jax.model import Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
+from tree_asserts import assert_tree_close
 
 N_SHARDS, SHARD_BATCH, T = 8, 2, 9  # 8 batch shards of 2 sequences, 8 predicted tokens each
 TOKENS_PER_SHARD = SHARD_BATCH * (T - 1)
@@ -87,18 +88,6 @@ def reference(setup):
         params, tokens_nbt.reshape(N_SHARDS * SHARD_BATCH, T))
     return {'loss': loss, 'grads': grads, 'exact': per_shard(False),
             'neighbour': per_shard(True)}
-
-
-def _assert_tree_close(actual, expected, rel, what=''):
-    """max |a - e| <= rel * max |e| per leaf, naming the leaf on failure."""
-    def check(path, a, e):
-        a, e = np.asarray(a), np.asarray(e)
-        assert a.shape == e.shape, (what, jax.tree_util.keystr(path))
-        scale = max(float(np.max(np.abs(e))), 1e-12)
-        err = float(np.max(np.abs(a - e)))
-        assert err <= rel * scale + 1e-9, (
-            f'{what}{jax.tree_util.keystr(path)}: max err {err:.3e} vs scale {scale:.3e}')
-    jax.tree_util.tree_map_with_path(check, actual, expected)
 
 
 @functools.lru_cache(maxsize=None)
@@ -180,7 +169,7 @@ def test_full_layout_matches_global_grad(setup, reference, data, model):
         # Tensor parallelism really happened: some gradient comes back split over 'model'.
         specs = [g.sharding.spec for g in jax.tree.leaves(grads)]
         assert any('model' in tuple(s) for s in specs), specs
-    _assert_tree_close(grads, reference['grads'], REL, f'({data},{model}) ')
+    assert_tree_close(grads, reference['grads'], REL, f'({data},{model}) ')
     total = N_SHARDS * TOKENS_PER_SHARD
     assert float(stats['tokens']) == total and float(stats['attn_tokens']) == total
     np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
@@ -189,7 +178,7 @@ def test_full_layout_matches_global_grad(setup, reference, data, model):
 def test_reference_per_shard_grads_average_to_global(reference):
     # Sanity of the references themselves: with every shard normal, the hand
     # average is the global mean gradient.
-    _assert_tree_close(_hand_average(reference, [ROLE_NORMAL] * N_SHARDS),
+    assert_tree_close(_hand_average(reference, [ROLE_NORMAL] * N_SHARDS),
                        reference['grads'], REL, 'hand average ')
 
 
@@ -202,7 +191,7 @@ def test_failure_layout_combines_neighbour_and_normal_grads(setup, reference):
     roles_by_shard = [ROLE_NORMAL] * N_SHARDS
     roles_by_shard[2] = roles_by_shard[FAILED] = ROLE_NEIGHBOUR
     expected = _hand_average(reference, roles_by_shard)
-    _assert_tree_close(grads, expected, REL, 'failure layout ')
+    assert_tree_close(grads, expected, REL, 'failure layout ')
     # The neighbour's contribution is really approximate: the result is not the exact grad.
     for path in [('ffn', 'w_up', 'kernel'), ('attn', 'wq')]:
         g, exact = grads['layers_0'], reference['grads']['layers_0']
@@ -234,7 +223,7 @@ def test_padding_slots_change_nothing(setup, reference):
     batch = assemble(layout, setup[3])
     assert (batch['weights'] == 0).any(axis=1).sum() >= 6  # padding really present
     _, grads, stats = _run(LIVE_ROWS, layout, setup)
-    _assert_tree_close(grads, reference['grads'], REL, 'padded layout ')
+    assert_tree_close(grads, reference['grads'], REL, 'padded layout ')
     np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
     total = N_SHARDS * TOKENS_PER_SHARD
     assert float(stats['tokens']) == total and float(stats['attn_tokens']) == total
@@ -256,7 +245,7 @@ def test_roles_are_data_one_compilation(setup, reference):
         roles_by_shard = [ROLE_NEIGHBOUR if s in neighbour_shards else ROLE_NORMAL
                           for s in range(N_SHARDS)]
         # With no normal device, attention params get an exactly-zero gradient.
-        _assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL, f'{name}: ')
+        assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL, f'{name}: ')
         np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
         assert fn._cache_size() == 1, f'{name} recompiled the step'
 
@@ -276,6 +265,6 @@ def test_neighbour_under_tensor_parallelism(setup, reference):
     _, grads, stats = _run(rows, layout, setup, place_params=True)
     roles_by_shard = [ROLE_NEIGHBOUR if s in (2, 3, 4, 5) else ROLE_NORMAL
                       for s in range(N_SHARDS)]
-    _assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL, 'TP failure ')
+    assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL, 'TP failure ')
     np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
     assert float(stats['attn_tokens']) == 4 * TOKENS_PER_SHARD
