@@ -3,11 +3,13 @@
 For the SAME per-device batch (`batch` sequences of `seq_len + 1` random
 tokens from a fixed seed, two shards: the device's own and an adopted one)
 this compiles, on ONE device (a 1x1 ("data", "model") mesh), the per-device
-gradient program of `step.make_grad_fn` for three modes:
+gradient program of `step.make_grad_fn` for four modes:
 
   normal     one slot (own shard), exact backward (ROLE_NORMAL);
   ndb_naive  two slots (own + adopted), exact backward (naive Neighbor-Do-Both);
-  mecefo     two slots (own + adopted), MeCeFO neighbour backward (ROLE_NEIGHBOUR).
+  mecefo     two slots (own + adopted), MeCeFO neighbour backward (ROLE_NEIGHBOUR);
+  mecefo_per_batch  one slot in neighbour mode: the per-batch cost, without the
+             float32 gradient accumulator two sequential slots need.
 
 What is measured, per mode
 --------------------------
@@ -45,11 +47,13 @@ folding it also keeps the untaken branch out of the memory and cost figures).
               load changes on a shared machine hit all of them alike.
 
 `details[mode]` also keeps XLA's argument and output sizes: the outputs
-(the gradients) are the same in every mode, and a one-slot program writes its
-gradients straight into them, while a scanned multi-slot program needs its
-gradient accumulator (one float32 copy of the parameters) as temp as well,
-so `temp_size_in_bytes + output_size_in_bytes` is the fairer device-memory
-comparison between one- and multi-slot programs.
+(the gradients) are the same in every mode, but only a scanned multi-slot
+program also needs a gradient accumulator (one float32 copy of the
+parameters) as temp while it computes the next slot,
+so `temp_size_in_bytes + output_size_in_bytes` (`ratios_temp_plus_output`)
+is the fairer device-memory comparison between one- and multi-slot programs:
+it is what a full train step (gradients + AdamW, state donated) holds as
+scratch, where the gradients are temporaries in every mode.
 
 `grad_rel_error` is ||g_mecefo - g_exact|| / ||g_exact|| per parameter group
 on the same two shards (the mecefo program's output against the ndb_naive
@@ -61,7 +65,11 @@ cotangent from later blocks), `other` (embeddings, the other norms, head) and
 `total_non_attention` (ffn + other).
 
 Works unchanged on CPU and GPU; on CPU bfloat16 runs, slowly
-(`--config.model.dtype=float32` to avoid it).
+(`--config.model.dtype=float32` to avoid it). Two XLA:CPU facts bias CPU
+figures: its pipeline expands `jax.checkpoint`'s optimization barriers before
+CSE, which then merges the FFN recomputation back into the forward (so on CPU
+`mecefo.remat_ffn` changes neither FLOPs nor memory), and it computes bf16
+dots in float32.
 """
 from __future__ import annotations
 
@@ -75,7 +83,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-MODES = ('normal', 'ndb_naive', 'mecefo')
+MODES = ('normal', 'ndb_naive', 'mecefo', 'mecefo_per_batch')
 GROUPS = ('attention', 'ffn', 'other', 'total_non_attention')
 METRICS = ('flops', 'temp_bytes', 'step_ms')
 OUTPUT_FILE = 'bench_step.json'
@@ -95,6 +103,10 @@ def mode_layouts(batch: int) -> dict:
                             slots=((own, adopted),), slot_batch=batch),
         'mecefo': Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,),
                          slots=((own, adopted),), slot_batch=batch),
+        # One batch in neighbour mode: the per-batch saving, without the
+        # float32 gradient accumulator that two sequential slots need.
+        'mecefo_per_batch': Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,), slots=((own,),),
+                                   slot_batch=batch),
     }
 
 
