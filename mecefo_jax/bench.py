@@ -368,11 +368,11 @@ def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: in
 
 def format_table(result: dict[str, Any]) -> str:
     """A plain-text table of the figures, their ratios and the gradient error."""
-    lines = [f"{'mode':<10} {'GFLOPs':>10} {'x':>6} {'temp MiB':>10} {'x':>6} "
+    lines = [f"{'mode':<16} {'GFLOPs':>10} {'x':>6} {'temp MiB':>10} {'x':>6} "
              f"{'step ms':>10} {'x':>6}"]
     for mode, v in result['modes'].items():
         r = result['ratios'][mode]
-        lines.append(f"{mode:<10} {v['flops'] / 1e9:>10.3f} {r['flops']:>6.3f} "
+        lines.append(f"{mode:<16} {v['flops'] / 1e9:>10.3f} {r['flops']:>6.3f} "
                      f"{v['temp_bytes'] / 2**20:>10.1f} {r['temp_bytes']:>6.3f} "
                      f"{v['step_ms']:>10.1f} {r['step_ms']:>6.3f}")
     if 'ratios_temp_plus_output' in result:
@@ -380,7 +380,7 @@ def format_table(result: dict[str, Any]) -> str:
             f'{m} x{r:.3f}' for m, r in result['ratios_temp_plus_output'].items()))
     if 'optimizer_update' in result:
         o = result['optimizer_update']
-        lines.append(f"{'(update)':<10} {o['flops'] / 1e9:>10.3f} {'':>6} "
+        lines.append(f"{'(update)':<16} {o['flops'] / 1e9:>10.3f} {'':>6} "
                      f"{o['temp_bytes'] / 2**20:>10.1f} {'':>6} {o['step_ms']:>10.1f}")
         lines.append('with update: ' + ', '.join(
             f"{m} flops x{r['flops']:.3f} time x{r['step_ms']:.3f}"
