@@ -33,6 +33,24 @@ def _run_config(cfg, name: str, regime: str):
     return run_cfg
 
 
+def _schedule_programs(cfg, runs) -> set:
+    """Every device program any run will use: layouts follow from the live masks."""
+    from mecefo_jax.faults import schedule as schedule_lib
+    from mecefo_jax.faults.cost_model import layout_keys
+    from mecefo_jax.faults.strategies import layout_for
+    replicas = num_replicas(cfg)
+    steps = int(cfg.train.steps)
+    schedule = schedule_lib.FailureSchedule(
+        schedule_lib.events_from_config(cfg.fault, num_replicas=replicas, total_steps=steps),
+        replicas)
+    masks = {schedule.live_mask(step) for step in range(steps)} | {(True,) * replicas}
+    shard_batch = int(cfg.data.global_batch_size) // replicas
+    return {key for name in runs for mask in masks if any(mask)
+            for key in layout_keys(layout_for('mecefo' if name == 'fault_free' else name,
+                                              mask, shard_batch,
+                                              spread_k=int(cfg.fault.spread_k)))}
+
+
 def _val_curve(workdir: str) -> list[tuple[int, float]]:
     from mecefo_jax.metrics import read_metrics
     return [(r['step'], r['val_loss']) for r in read_metrics(workdir) if 'val_loss' in r]
@@ -59,6 +77,7 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
     timer = RoleTimer(Llama(ModelConfig.from_config(cfg)), optim.make_optimizer(cfg.train),
                       seq_len=int(cfg.data.seq_len), vocab_size=int(cfg.model.vocab_size),
                       rank=cfg.mecefo.rank)
+    timer.measure(_schedule_programs(cfg, runs))
     results = {}
     for name in runs:
         log(f'[compare] {name}: training {cfg.train.steps} steps')

@@ -52,6 +52,7 @@ class Run:
     val_data: object
     checkpointer: ckpt_lib.Checkpointer | None
     metrics: MetricsWriter
+    val_start: dict | None = None  # validation iterator state every eval restarts from
 
     @property
     def num_shards(self) -> int:
@@ -128,9 +129,9 @@ class StaticController:
 
 def evaluate(run: Run, topology: Topology, params) -> dict:
     """Exact validation loss over `train.eval_batches` fixed batches."""
-    if not hasattr(run, '_val_start'):
-        run._val_start = run.val_data.get_state()
-    run.val_data.set_state(run._val_start)  # same batches at every eval
+    if run.val_start is None:
+        run.val_start = run.val_data.get_state()
+    run.val_data.set_state(run.val_start)  # same batches at every eval
     loss_sum = count = 0.0
     replicas = topology.num_replicas
     for _ in range(int(run.cfg.train.eval_batches)):
