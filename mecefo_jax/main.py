@@ -5,7 +5,6 @@ Multi-host: pass --coordinator, --num_processes and --process_id (or set them
 through the cluster's environment) to start `jax.distributed` first.
 """
 import json
-import os
 
 from absl import app, flags, logging
 from ml_collections import config_flags

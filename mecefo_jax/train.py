@@ -7,7 +7,6 @@ moves training between meshes. Everything else (data order, metrics,
 checkpoints, NaN handling) is the same for both.
 """
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -22,7 +21,7 @@ from mecefo_jax import state as state_lib
 from mecefo_jax.layout import Layout, assemble, full_layout
 from mecefo_jax.metrics import MetricsWriter
 from mecefo_jax.model import Llama, ModelConfig
-from mecefo_jax.topology import Topology, TopologyCache, move_state
+from mecefo_jax.topology import Topology, TopologyCache
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +98,19 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None) -> Run:
                metrics=MetricsWriter(workdir))
 
 
+def restore_onto(run: Run, checkpointer: ckpt_lib.Checkpointer, topology: Topology):
+    """The latest checkpoint's (state, data state), placed on `topology`'s mesh."""
+    abstract = state_lib.abstract_train_state(run.model, run.optimizer,
+                                              rank=run.cfg.mecefo.rank)
+    return checkpointer.restore(ckpt_lib.abstract_like(abstract, topology.state_shardings))
+
+
 def init_or_restore(run: Run):
     """A fresh state on the full mesh, or the latest checkpoint and its data state."""
     topo = run.topologies.get(run.full_rows)
     cfg = run.cfg
     if run.checkpointer is not None and run.checkpointer.latest_step() is not None:
-        abstract = state_lib.abstract_train_state(run.model, run.optimizer, rank=cfg.mecefo.rank)
-        state, data_state = run.checkpointer.restore(
-            ckpt_lib.abstract_like(abstract, topo.state_shardings))
+        state, data_state = restore_onto(run, run.checkpointer, topo)
         run.train_data.set_state(data_state)
         log.info('Resumed from step %d', int(state.step))
         return state
@@ -125,6 +129,9 @@ class StaticController:
     def prepare(self, clock: int, step: int, state):
         del clock, step
         return state, Plan(self._topology, self._layout)
+
+    def observe(self, clock: int, step: int, state, metrics, wall_sec: float) -> None:
+        """Nothing to account without failures."""
 
 
 def evaluate(run: Run, topology: Topology, params) -> dict:
@@ -188,8 +195,7 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
             metrics = jax.device_get(metrics)
             if not bool(metrics['finite']):
                 _stop_non_finite(run, state, step, metrics)
-            if hasattr(controller, 'observe'):
-                controller.observe(clock, step, state, metrics, time.perf_counter() - step_start)
+            controller.observe(clock, step, state, metrics, time.perf_counter() - step_start)
             step, clock = step + 1, clock + 1
             window_tokens += run.tokens_per_step
             bar.update(1)

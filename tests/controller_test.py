@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import state as state_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax.faults import schedule as schedule_lib
@@ -502,11 +501,8 @@ def test_all_replicas_down_stops_with_checkpoint(cache_dir, topologies, tmp_path
             ThisProbe.train(cfg, workdir, run=run)
         assert 'fault.events' in str(info.value)
         assert run.checkpointer.all_steps() == [1]
-        abstract = state_lib.abstract_train_state(run.model, run.optimizer,
-                                                  rank=cfg.mecefo.rank)
-        shardings = run.topologies.get(run.full_rows).state_shardings
-        restored, data_state = run.checkpointer.restore(
-            ckpt_lib.abstract_like(abstract, shardings))
+        restored, data_state = train_lib.restore_onto(
+            run, run.checkpointer, run.topologies.get(run.full_rows))
         assert int(restored.step) == 1
         assert tree_equal(jax.device_get(restored), made[0].trace[0]['state_after'])
         assert isinstance(data_state, dict) and data_state

@@ -7,7 +7,6 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import state as state_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax.metrics import read_metrics
 
@@ -82,9 +81,7 @@ def test_non_finite_loss_stops_after_saving_last_good_state(cache_dir, tmp_path)
     step = ckpt.latest_step()
     assert step is not None and 0 < step < STEPS
     run = train_lib.build_run(cfg, str(tmp_path / 'probe'))
-    topo = run.topologies.get(run.full_rows)
-    abstract = state_lib.abstract_train_state(run.model, run.optimizer, rank=cfg.mecefo.rank)
-    state, data_state = ckpt.restore(ckpt_lib.abstract_like(abstract, topo.state_shardings))
+    state, data_state = train_lib.restore_onto(run, ckpt, run.topologies.get(run.full_rows))
     assert int(state.step) == step
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
     assert data_state

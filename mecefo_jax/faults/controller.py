@@ -32,12 +32,11 @@ import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import projections as proj_lib
-from mecefo_jax import state as state_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax.faults import schedule as schedule_lib
-from mecefo_jax.faults.strategies import (NEIGHBOUR_MODE_STRATEGIES, AllReplicasDownError,
-                                          layout_for, validate_strategy)
+from mecefo_jax.faults.strategies import AllReplicasDownError, layout_for, validate_strategy
 from mecefo_jax.layout import ROLE_NEIGHBOUR, full_layout
+from mecefo_jax.topology import move_state
 
 
 @dataclasses.dataclass
@@ -87,6 +86,7 @@ class FaultController:
         self.live = (True,) * run.num_shards
         self.topology = run.topologies.get(run.full_rows)
         self.layout = self._layout(self.live)
+        self._normal_layout = full_layout(run.num_shards, run.shard_batch)  # the time unit
         self.events: list[Event] = []
         self.refresh_steps: list[int] = []
         self.compiles = 0
@@ -96,6 +96,7 @@ class FaultController:
         self.step_tokens: dict[int, float] = {}
         self._pending: Event | None = None
         self._restart_ckpt = None
+        self._initial_saved = False  # checkpoint_restart needs a step to fall back to
         if self.strategy == 'checkpoint_restart':
             self._restart_ckpt = ckpt_lib.Checkpointer(
                 os.path.join(run.workdir, 'restart_checkpoints'),
@@ -120,9 +121,10 @@ class FaultController:
 
     def prepare(self, clock: int, step: int, state):
         data_state = None
-        if self._restart_ckpt is not None and self._restart_ckpt.latest_step() is None:
+        if self._restart_ckpt is not None and not self._initial_saved:
             self._ckpt_block_sec += self._restart_ckpt.maybe_save(
                 step, state, self.run.train_data.get_state(), force=True)
+            self._initial_saved = True
         start = time.perf_counter()
         desired = agreed_live_mask(self.schedule.live_mask(clock))
         detect_sec = time.perf_counter() - start
@@ -137,8 +139,7 @@ class FaultController:
         """After a step: account modelled time, useful tokens, first-step times."""
         if self.timer is not None:
             slowest = self.timer.step_seconds(self.layout)
-            normal = self.timer.step_seconds(full_layout(self.run.num_shards,
-                                                         self.run.shard_batch))
+            normal = self.timer.step_seconds(self._normal_layout)
             self.measured_compute_sec += slowest
             self.modelled_compute_sec += self.step_time_sec * slowest / normal
         self.step_tokens[step] = float(metrics['tokens'])
@@ -199,7 +200,7 @@ class FaultController:
         if self._restart_ckpt is not None:
             state, data_state, event = self._restart(topology, step, state, event)
         else:
-            state = jax.block_until_ready(self._move(state, topology))
+            state = jax.block_until_ready(move_state(state, topology.state_shardings))
             event.rebuild_sec = time.perf_counter() - start
         self.live, self.topology = desired, topology
         self.layout = self._layout(desired)
@@ -216,22 +217,15 @@ class FaultController:
         self._pending = event
         return state, data_state
 
-    def _move(self, state, topology):
-        from mecefo_jax.topology import move_state
-        return move_state(state, topology.state_shardings)
-
     def _restart(self, topology, step, state, event):
         """Checkpoint/restart: relaunch on the new mesh from the latest checkpoint."""
         cfg = self.run.cfg
-        if not event.kind == 'failure':  # growing back: save now, nothing is lost
+        if event.kind != 'failure':  # growing back: save now, nothing is lost
             self._ckpt_block_sec += self._restart_ckpt.maybe_save(
                 step, state, self.run.train_data.get_state(), force=True)
         self._restart_ckpt.wait()
         start = time.perf_counter()
-        abstract = state_lib.abstract_train_state(self.run.model, self.run.optimizer,
-                                                  rank=cfg.mecefo.rank)
-        restored, data_state = self._restart_ckpt.restore(
-            ckpt_lib.abstract_like(abstract, topology.state_shardings))
+        restored, data_state = train_lib.restore_onto(self.run, self._restart_ckpt, topology)
         event.restore_sec = time.perf_counter() - start
         event.relaunch_sec_modelled = float(cfg.fault.relaunch_delay_sec)
         event.lost_steps = step - int(restored.step)
