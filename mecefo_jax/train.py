@@ -112,7 +112,10 @@ def init_or_restore(run: Run):
     if run.checkpointer is not None and run.checkpointer.latest_step() is not None:
         state, data_state = restore_onto(run, run.checkpointer, topo)
         run.train_data.set_state(data_state)
-        log.info('Resumed from step %d', int(state.step))
+        step = int(state.step)
+        if jax.process_index() == 0:
+            print(f'resumed from step {step} ({run.checkpointer.directory})', flush=True)
+        run.metrics.write({'event': 'resumed', 'step': step})
         return state
     state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
                                             seed=int(cfg.train.seed), rank=cfg.mecefo.rank)
@@ -187,6 +190,9 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
                 run.train_data.set_state(plan.data_state)
                 step = int(state.step)
                 bar.n = step
+            # The position before this step's batch: what a checkpoint of the
+            # state *entering* this step must be paired with (the NaN stop).
+            position = run.train_data.get_state()
             host_batch = assemble(plan.layout, next(run.train_data))
             batch = plan.topology.put_batch(host_batch)
             step_fn, _ = plan.topology.compiled_step(state, batch, plan.layout)
@@ -194,7 +200,7 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
             state, metrics = step_fn(state, batch)
             metrics = jax.device_get(metrics)
             if not bool(metrics['finite']):
-                _stop_non_finite(run, state, step, metrics)
+                _stop_non_finite(run, state, step, metrics, position)
             controller.observe(clock, step, state, metrics, time.perf_counter() - step_start)
             step, clock = step + 1, clock + 1
             window_tokens += run.tokens_per_step
@@ -230,11 +236,15 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
     return summary
 
 
-def _stop_non_finite(run: Run, state, step: int, metrics) -> None:
-    """Checkpoint the last good state (the step left it untouched) and stop."""
+def _stop_non_finite(run: Run, state, step: int, metrics, position: dict) -> None:
+    """Checkpoint the last good state (the step left it untouched) and stop.
+
+    `position` is the data position before the failed step's batch, so a
+    resumed run sees that batch again instead of silently skipping it.
+    """
     where = 'no checkpoint (train.checkpoint_every=0)'
     if run.checkpointer is not None:
-        run.checkpointer.maybe_save(step, state, run.train_data.get_state(), force=True)
+        run.checkpointer.maybe_save(step, state, position, force=True)
         run.checkpointer.wait()
         where = f'checkpoint at step {step} in {run.checkpointer.directory}'
     raise NonFiniteLossError(

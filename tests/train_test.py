@@ -56,13 +56,17 @@ def test_loss_falls_and_metrics_rows(straight_run):
     assert summary['final_step'] == STEPS
 
 
-def test_resume_equals_uninterrupted(straight_run, cache_dir, tmp_path):
+def test_resume_equals_uninterrupted(straight_run, cache_dir, tmp_path, capsys):
     half = STEPS // 2
     workdir = str(tmp_path)
     first = train_lib.train(tiny(cache_dir, checkpoint_every=half), workdir, stop_at=half)
     assert first['final_step'] == half
+    assert 'resumed' not in capsys.readouterr().out  # a fresh start says nothing of it
     resumed = train_lib.train(tiny(cache_dir, checkpoint_every=half), workdir)
     assert resumed['start_step'] == half
+    # The restart says so, on the console and in metrics.jsonl.
+    assert f'resumed from step {half}' in capsys.readouterr().out
+    assert {'event': 'resumed', 'step': half} in read_metrics(workdir)
     expected = params_of(straight_run[0])
     # Same compiled program, same data order, exactly restored state and data
     # iterator: the trajectories must agree to the last bit on CPU.
@@ -84,5 +88,13 @@ def test_non_finite_loss_stops_after_saving_last_good_state(cache_dir, tmp_path)
     state, data_state = train_lib.restore_onto(run, ckpt, run.topologies.get(run.full_rows))
     assert int(state.step) == step
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
-    assert data_state
     ckpt.close()
+    # The saved data position belongs to the saved state: resuming feeds the
+    # failed step's batch again, not the one after it. The reference is a
+    # fresh pipeline advanced by the `step` batches the good steps consumed.
+    reference = train_lib.build_run(cfg, str(tmp_path / 'reference')).train_data
+    for _ in range(step):
+        next(reference)
+    failed_batch = next(reference)
+    run.train_data.set_state(data_state)
+    np.testing.assert_array_equal(next(run.train_data), failed_batch)
