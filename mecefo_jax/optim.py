@@ -1,5 +1,6 @@
 """AdamW with the paper's settings and its learning-rate schedule."""
 import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -30,3 +31,24 @@ def make_optimizer(train_cfg) -> optax.GradientTransformation:
     if clip < 0:
         raise ValueError(f'train.grad_clip={clip} must be >= 0 (0 disables clipping).')
     return optax.chain(optax.clip_by_global_norm(clip), adamw) if clip > 0 else adamw
+
+
+def hold_where(optimizer: optax.GradientTransformation, hold, mask, new, old):
+    """(params, opt_state) with the leaves under `mask` kept at `old` when `hold`.
+
+    A step that produced no gradient for some parameters (MeCeFO's attention
+    branch when every live replica is a neighbour) must not move them: AdamW
+    would otherwise still apply momentum and weight decay, and fold a zero
+    gradient into its moments. `mask` is a params-shaped tree of Python bools;
+    `new` and `old` are (params, opt_state) pairs; `hold` a traced bool.
+    Shared scalars such as Adam's step count still advance.
+    """
+    new_params, new_opt = new
+    old_params, old_opt = old
+    opt_mask = optax.tree_map_params(optimizer, lambda _, m: m, new_opt, mask,
+                                     transform_non_params=lambda _: False)
+
+    def pick(m, n, o):
+        return jnp.where(hold, o, n) if m else n
+    return (jax.tree.map(pick, mask, new_params, old_params),
+            jax.tree.map(pick, opt_mask, new_opt, old_opt))

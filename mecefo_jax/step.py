@@ -15,6 +15,7 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from mecefo_jax import optim
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import sharding
 from mecefo_jax.layout import ROLE_NEIGHBOUR
@@ -66,6 +67,11 @@ def _device_grads(model: Llama, params, projections, tokens_spt, weights_sp, rol
     return lax.psum((grads, loss_sum, tokens, attn_tokens), DATA)
 
 
+def attention_mask(params):
+    """Params-shaped Python bools: True on the attention branch (MHA and its norm)."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: is_attention_branch(path), params)
+
+
 def combine(grad_sums, tokens, attn_tokens):
     """Divide summed gradients by the tokens of the devices that produced them."""
     def average(path, g):
@@ -105,6 +111,9 @@ def make_train_step(model: Llama, optimizer, mesh, state_shardings):
         grads, stats = grad_fn(state.params, state.projections, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        params, opt_state = optim.hold_where(
+            optimizer, stats['attn_tokens'] == 0, attention_mask(state.params),
+            new=(params, opt_state), old=(state.params, state.opt_state))
         grad_norm = optax.tree.norm(grads)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         # A non-finite loss or gradient leaves the state untouched, so the loop

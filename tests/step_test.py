@@ -268,3 +268,61 @@ def test_neighbour_under_tensor_parallelism(setup, reference):
     assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL, 'TP failure ')
     np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
     assert float(stats['attn_tokens']) == 4 * TOKENS_PER_SHARD
+
+
+def test_no_attention_gradient_leaves_attention_and_its_adam_state_untouched(setup):
+    """Every live replica is a neighbour (mesh.data=2, one failure): no attention grad.
+
+    Two normal steps first give AdamW non-zero moments and a non-zero learning
+    rate, so without the rule momentum and weight decay would move attention.
+    """
+    from configs import tiny as tiny_cfg
+    from mecefo_jax import optim
+    _, params, projections, tokens_nbt = setup
+    train_cfg = tiny_cfg.get_config().train
+    train_cfg.warmup_fraction = 0.0  # a non-zero learning rate from the first step
+    optimizer = optim.make_optimizer(train_cfg)
+    by_id = {d.id: d for d in jax.devices()}
+    both = sharding.mesh_from_rows([[by_id[0]], [by_id[1]]])
+    survivor = sharding.mesh_from_rows([[by_id[0]]])
+
+    def train_step(mesh):
+        shardings = state.state_shardings(MODEL, optimizer, mesh, RANK)
+        return step.make_train_step(MODEL, optimizer, mesh, shardings), shardings
+
+    full_step, full_shardings = train_step(both)
+    current = jax.device_put(
+        state.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                         opt_state=optimizer.init(params), projections=projections),
+        full_shardings)
+    two_shards = tokens_nbt[:2]
+    full = full_layout(2, SHARD_BATCH)
+    for _ in range(2):
+        current, _ = full_step(current, jax.device_put(assemble(full, two_shards),
+                                                       step.batch_shardings(both)))
+    lone_step, lone_shardings = train_step(survivor)
+    before = jax.device_get(current)
+    neighbour_only = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,),
+                            slots=((Piece(0, 0, SHARD_BATCH), Piece(1, 0, SHARD_BATCH)),),
+                            slot_batch=SHARD_BATCH)
+    after, metrics = lone_step(jax.device_put(current, lone_shardings),
+                               jax.device_put(assemble(neighbour_only, two_shards),
+                                              step.batch_shardings(survivor)))
+    after = jax.device_get(after)
+    assert float(metrics['attn_tokens']) == 0.0 and bool(metrics['finite'])
+    params_before = jax.tree_util.tree_leaves_with_path(before.params)
+    params_after = jax.tree.leaves(after.params)
+    moved = {jax.tree_util.keystr(p): not np.array_equal(a, b)
+             for (p, b), a in zip(params_before, params_after)}
+    for name, changed in moved.items():
+        # Attention (and its norm) stay put bit for bit; everything else trains.
+        assert changed != ("['attn']" in name or "['attn_norm']" in name), name
+    # The Adam moments of attention are untouched too (both mu and nu).
+    adam_before, adam_after = before.opt_state[1][0], after.opt_state[1][0]
+    for moments in ('mu', 'nu'):
+        b, a = getattr(adam_before, moments), getattr(adam_after, moments)
+        np.testing.assert_array_equal(a['layers_0']['attn']['wq'], b['layers_0']['attn']['wq'])
+        np.testing.assert_array_equal(a['layers_0']['attn_norm']['scale'],
+                                      b['layers_0']['attn_norm']['scale'])
+        assert not np.array_equal(a['layers_0']['ffn']['w_up']['kernel'],
+                                  b['layers_0']['ffn']['w_up']['kernel'])
