@@ -58,7 +58,8 @@ def _val_curve(workdir: str) -> list[tuple[int, float]]:
 
 def _event_timings(events: list[dict]) -> list[dict]:
     keys = ('kind', 'step', 'replicas', 'live', 'detect_sec', 'rebuild_sec', 'compile_sec',
-            'restore_sec', 'first_step_sec', 'lost_steps', 'relaunch_sec_modelled')
+            'restore_sec', 'refresh_sec', 'first_step_sec', 'lost_steps',
+            'relaunch_sec_modelled')
     return [{k: e[k] for k in keys} for e in events]
 
 

@@ -280,6 +280,17 @@ def test_mecefo_events_logged_with_timings(mecefo_run):
             assert isinstance(r[key], (int, float)) and r[key] >= 0, (key, r)
         assert r['rebuild_sec'] > 0 and r['first_step_sec'] > 0
         assert r['lost_steps'] == 0 and r['restore_sec'] == 0
+    # The SVD refresh is charged: on every event that recomputed V (the two
+    # onsets, and the recovery at step 6, a tau multiple with 3 still down),
+    # and nowhere else; the tau-only refresh at step 3 is counted in the total.
+    refreshed_at = set(mecefo_run.summary['refresh_steps'])
+    for e in events:
+        assert (e['refresh_sec'] > 0) == (e['step'] in refreshed_at), e
+    s = mecefo_run.summary
+    event_refresh = sum(e['refresh_sec'] for e in events)
+    assert s['refresh_sec'] > event_refresh > 0  # step 3 was refreshed between events
+    # ...and it is part of the measured overhead the modelled time adds.
+    assert s['measured_overhead_sec'] >= s['refresh_sec']
     scheduled = [(r['step'], r['replica'], r['duration_steps'])
                  for r in mecefo_run.rows if r.get('event') == 'scheduled_failure']
     assert scheduled == [(2, 3, 6), (4, 4, 2)]

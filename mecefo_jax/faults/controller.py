@@ -15,6 +15,10 @@ as a configured, separately reported delay.
 Timeline: the schedule is indexed by executed steps (`clock`), which keeps
 advancing while rolled-back steps are redone, as wall time would.
 
+Every SVD refresh is waited for and timed (its first call on a topology
+includes compiling it) and counted in the measured overhead: on the event
+that triggered it, or as a refresh between events every `mecefo.tau` steps.
+
 Modelled time (when a `RoleTimer` is given) uses the same clock as the
 schedule: a fault-free step lasts `fault.step_time_sec` of cluster time, the
 hours of a failure regime are converted with it, and a step under some
@@ -52,6 +56,7 @@ class Event:
     rebuild_sec: float = 0.0
     compile_sec: float = 0.0
     restore_sec: float = 0.0
+    refresh_sec: float = 0.0  # SVD refresh of V at a neighbour onset (first compile included)
     checkpoint_block_sec: float = 0.0
     relaunch_sec_modelled: float = 0.0
     lost_steps: int = 0
@@ -60,7 +65,7 @@ class Event:
     @property
     def measured_overhead_sec(self) -> float:
         return (self.detect_sec + self.rebuild_sec + self.compile_sec + self.restore_sec
-                + self.checkpoint_block_sec)
+                + self.refresh_sec + self.checkpoint_block_sec)
 
 
 def agreed_live_mask(local_mask) -> tuple[bool, ...]:
@@ -89,6 +94,7 @@ class FaultController:
         self._normal_layout = full_layout(run.num_shards, run.shard_batch)  # the time unit
         self.events: list[Event] = []
         self.refresh_steps: list[int] = []
+        self._tau_refresh_sec = 0.0  # refreshes between events (every tau steps)
         self.compiles = 0
         self.step_time_sec = float(cfg.fault.step_time_sec)
         self.modelled_compute_sec = 0.0  # cluster seconds (see module docstring)
@@ -132,7 +138,8 @@ class FaultController:
             state, data_state = self._transition(clock, step, state, desired, detect_sec)
         elif self._neighbour_active() and proj_lib.needs_refresh(
                 step, tau=self.tau, failure_onset=False, neighbour_active=True):
-            state = self._refresh(state, step)
+            state, seconds = self._refresh(state, step)
+            self._tau_refresh_sec += seconds
         return state, train_lib.Plan(self.topology, self.layout, data_state=data_state)
 
     def observe(self, clock: int, step: int, state, metrics, wall_sec: float) -> None:
@@ -153,11 +160,13 @@ class FaultController:
 
     def summary(self) -> dict:
         events = [dataclasses.asdict(e) for e in self.events]
-        overhead = sum(e.measured_overhead_sec for e in self.events) + self._ckpt_block_sec
+        overhead = (sum(e.measured_overhead_sec for e in self.events) + self._ckpt_block_sec
+                    + self._tau_refresh_sec)
         relaunch = sum(e.relaunch_sec_modelled for e in self.events)
         out = {'strategy': self.strategy, 'events': events,
                'lost_steps': sum(e.lost_steps for e in self.events),
                'refresh_steps': list(self.refresh_steps), 'compiles': self.compiles,
+               'refresh_sec': self._tau_refresh_sec + sum(e.refresh_sec for e in self.events),
                'useful_tokens': sum(self.step_tokens.values()),
                'measured_overhead_sec': overhead, 'checkpoint_block_sec': self._ckpt_block_sec,
                'relaunch_sec_modelled': relaunch}
@@ -182,8 +191,11 @@ class FaultController:
         return ROLE_NEIGHBOUR in self.layout.roles
 
     def _refresh(self, state, step: int):
+        """Recompute V by SVD; (state, seconds), waited for so the cost is charged."""
         self.refresh_steps.append(step)
-        return self.topology.refresh(state)
+        start = time.perf_counter()
+        state = jax.block_until_ready(self.topology.refresh(state))
+        return state, time.perf_counter() - start
 
     def _transition(self, clock, step, state, desired, detect_sec):
         failing = [r for r, (a, b) in enumerate(zip(self.live, desired)) if a and not b]
@@ -212,7 +224,7 @@ class FaultController:
         if self._neighbour_active() and proj_lib.needs_refresh(
                 int(state.step), tau=self.tau, failure_onset=bool(failing),
                 neighbour_active=True):
-            state = jax.block_until_ready(self._refresh(state, int(state.step)))
+            state, event.refresh_sec = self._refresh(state, int(state.step))
         self.events.append(event)
         self._pending = event
         return state, data_state
