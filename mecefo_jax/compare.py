@@ -106,13 +106,7 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
         }
         log(f"[compare] {name}: modelled {results[name]['modeled_tokens_per_sec']:.0f} tok/s, "
             f"val loss {results[name]['final_val_loss']:.4f}")
-    base = results['fault_free']['modeled_tokens_per_sec'] if 'fault_free' in results else None
-    for entry in results.values():
-        entry['throughput_drop_pct'] = (
-            100.0 * (1.0 - entry['modeled_tokens_per_sec'] / base) if base else None)
-        ref = results.get('fault_free', {}).get('final_val_loss')
-        entry['val_loss_vs_fault_free_pct'] = (
-            100.0 * (entry['final_val_loss'] / ref - 1.0) if ref else None)
+    add_relative_figures(results)
     schedule = schedule_lib.format_events(schedule_lib.events_from_config(
         cfg.fault, num_replicas=num_replicas(cfg), total_steps=int(cfg.train.steps)))
     report = {'regime': regime, 'schedule': schedule, 'steps': int(cfg.train.steps),
@@ -123,6 +117,21 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
         f.write(markdown_table(report))
     plot(report, os.path.join(out_dir, 'compare_faults.png'))
     return report
+
+
+def add_relative_figures(results: dict) -> None:
+    """Throughput drop and validation-loss change vs `fault_free`; None without it."""
+    ref = results.get('fault_free')
+    for entry in results.values():
+        entry['throughput_drop_pct'] = (
+            100.0 * (1.0 - entry['modeled_tokens_per_sec'] / ref['modeled_tokens_per_sec'])
+            if ref else None)
+        entry['val_loss_vs_fault_free_pct'] = (
+            100.0 * (entry['final_val_loss'] / ref['final_val_loss'] - 1.0) if ref else None)
+
+
+def _fmt(value, spec: str) -> str:
+    return 'n/a' if value is None else format(value, spec)
 
 
 def num_replicas(cfg) -> int:
@@ -141,10 +150,12 @@ def markdown_table(report: dict) -> str:
              '|---|---|---|---|---|---|---|---|---|---|---|']
     for name, r in report['strategies'].items():
         lines.append(
-            f"| {name} | {r['modeled_tokens_per_sec']:.2f} | {r['throughput_drop_pct']:.2f} | "
+            f"| {name} | {r['modeled_tokens_per_sec']:.2f} | {_fmt(r['throughput_drop_pct'], '.2f')} | "
             f"{r['unscaled_tokens_per_sec']:.0f} | {r['wall_tokens_per_sec']:.0f} | {r['final_val_loss']:.4f} | "
-            f"{r['val_loss_vs_fault_free_pct']:+.2f} | {r['lost_steps']} | {len(r['events'])} | "
+            f"{_fmt(r['val_loss_vs_fault_free_pct'], '+.2f')} | {r['lost_steps']} | {len(r['events'])} | "
             f"{r['measured_overhead_sec']:.2f} | {r['relaunch_sec_modelled']:.0f} |")
+    if 'fault_free' not in report['strategies']:
+        lines += ['', 'fault_free was not run: drops and loss changes are n/a.']
     return '\n'.join(lines) + '\n'
 
 

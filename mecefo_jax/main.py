@@ -34,15 +34,20 @@ def main(argv):
                                    num_processes=_NUM_PROCESSES.value,
                                    process_id=_PROCESS_ID.value)
     logging.info('devices: %s', jax.devices())
-    if cfg.fault.events or cfg.fault.regime or cfg.fault.mtbf_hours:
-        from mecefo_jax.faults.controller import FaultController
-        summary = FaultController.train(cfg, _WORKDIR.value)
-    else:
-        from mecefo_jax.train import train
-        summary = train(cfg, _WORKDIR.value)
+    summary = run(cfg, _WORKDIR.value)
     summary.pop('state', None)
     if jax.process_index() == 0:
         print(json.dumps(summary, indent=2, default=str))
+
+
+def run(cfg, workdir: str) -> dict:
+    """Train under the configured failures, or fault-free when none are."""
+    from mecefo_jax.faults.schedule import failures_requested
+    if failures_requested(cfg.fault):
+        from mecefo_jax.faults.controller import FaultController
+        return FaultController.train(cfg, workdir)
+    from mecefo_jax.train import train
+    return train(cfg, workdir)
 
 
 if __name__ == '__main__':

@@ -63,3 +63,15 @@ def test_failure_events_carry_timings_and_the_neighbour_program_was_timed(report
     ratio = max(seconds[k] for k in failed_keys) / seconds['role0_slots1_batch2']
     expected = cfg.fault.step_time_sec * ((STEPS - 2) + 2 * ratio)
     assert result['strategies']['mecefo']['modelled_compute_sec'] == pytest.approx(expected)
+
+
+def test_a_comparison_without_fault_free_reports_no_drop_instead_of_crashing():
+    entry = {'modeled_tokens_per_sec': 7.5, 'unscaled_tokens_per_sec': 800.0,
+             'wall_tokens_per_sec': 400.0, 'final_val_loss': 4.3, 'lost_steps': 0,
+             'events': [], 'measured_overhead_sec': 1.0, 'relaunch_sec_modelled': 0.0}
+    results = {'mecefo': dict(entry)}
+    compare.add_relative_figures(results)
+    assert results['mecefo']['throughput_drop_pct'] is None
+    table = compare.markdown_table({'regime': 'high', 'schedule': '2:3:2', 'steps': 6,
+                                    'strategies': results})
+    assert '| mecefo | 7.50 | n/a |' in table and 'fault_free was not run' in table

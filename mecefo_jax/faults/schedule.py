@@ -241,6 +241,19 @@ def _cfg_get(cfg: Any, name: str, default: Any) -> Any:
     return default if value is None else value
 
 
+def failures_requested(fault_cfg: Any) -> bool:
+    """Whether any failure field is set, so the run needs the fault controller.
+
+    Every field counts, including one that `events_from_config` will reject
+    (say `mttr_hours` without `mtbf_hours`): a half-configured process must
+    reach that check and fail, never fall through to a fault-free run.
+    """
+    return bool(str(_cfg_get(fault_cfg, "events", "")).strip()
+                or str(_cfg_get(fault_cfg, "regime", "")).strip()
+                or float(_cfg_get(fault_cfg, "mtbf_hours", 0.0))
+                or float(_cfg_get(fault_cfg, "mttr_hours", 0.0)))
+
+
 def events_from_config(fault_cfg: Any, *, num_replicas: int,
                        total_steps: int) -> list[FailureEvent]:
     """The run's failure events from `fault_cfg`, validated and sorted by (step, replica)."""
