@@ -1,0 +1,1 @@
+"""In-memory snapshots that survive a worker crash (placeholder)."""

@@ -1,0 +1,105 @@
+"""POSIX shared-memory segments: who creates, who attaches, who unlinks.
+
+Python's `multiprocessing.resource_tracker` (3.8-3.12) registers every
+`SharedMemory`, created *or attached*, and unlinks whatever is still
+registered when the registering process exits. Left alone, a worker that
+merely attached to its keeper's segment would delete it on exit, which is
+exactly when the keeper's copy is needed. So:
+
+* the keeper creates segments and keeps them registered: if the keeper
+  itself is SIGKILLed, its tracker process unlinks them (the last line of
+  defence against leaked /dev/shm entries);
+* everyone else attaches with `attach`, which takes the segment off its
+  own tracker at once.
+
+Segment names start with `prefix(keeper_pid)`, so a launcher can find and
+remove segments of keepers that died without cleaning up
+(`remove_stale`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from multiprocessing import resource_tracker, shared_memory
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+
+
+def prefix(pid: int) -> str:
+    return f"mcf{pid}_"
+
+
+def create(name: str, size: int) -> shared_memory.SharedMemory:
+    return shared_memory.SharedMemory(name=name, create=True, size=size)
+
+
+def attach(name: str) -> shared_memory.SharedMemory:
+    """Map an existing segment without ever unlinking it from this process."""
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)
+    seg = shared_memory.SharedMemory(name=name)
+    resource_tracker.unregister(seg._name, "shared_memory")  # noqa: SLF001 (no public API before 3.13)
+    return seg
+
+
+def close(seg: shared_memory.SharedMemory) -> None:
+    """Unmap; tolerate live numpy views (the mapping then dies with them)."""
+    try:
+        seg.close()
+    except BufferError:
+        log.debug("Segment %s still has exported views; leaving it mapped.", seg.name)
+
+
+def unlink(seg: shared_memory.SharedMemory) -> None:
+    try:
+        seg.unlink()
+    except FileNotFoundError:
+        pass
+    close(seg)
+
+
+def listed(pid: int) -> list[str]:
+    """Names in /dev/shm created by keeper `pid` (Linux; [] elsewhere)."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.startswith(prefix(pid)))
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def remove_stale() -> list[str]:
+    """Unlink segments whose keeper process is gone; returns their names."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for n in names:
+        head = n.split("_", 1)[0]
+        if not (head.startswith("mcf") and head[3:].isdigit()):
+            continue
+        if not alive(int(head[3:])):
+            try:
+                os.unlink(os.path.join(SHM_DIR, n))
+                removed.append(n)
+            except FileNotFoundError:
+                pass
+    return removed
