@@ -62,7 +62,7 @@ class KeeperClient:
         self.timeout = timeout
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
-        self._segments: dict[str, object] = {}
+        self._segments: dict[int, object] = {}  # slot -> SharedMemory
 
     def request(self, op: str, payload: Sequence | None = None, **fields) -> tuple[dict, bytearray | None]:
         with self._lock:
@@ -129,14 +129,18 @@ class KeeperClient:
 
     # ------------------------------------------------------------ shared memory
 
-    def segment(self, name: str):
-        """The keeper's segment `name`, mapped into this process (cached)."""
-        seg = self._segments.get(name)
-        if seg is None:
-            for old in self._segments.values():  # a slot was regrown; the old map is dead
-                shm.close(old)
-            self._segments.clear()
-            seg = self._segments[name] = shm.attach(name)
+    def segment(self, name: str, slot: int = -1):
+        """The keeper's segment `name` (of `slot`), mapped into this process.
+
+        Mappings stay cached per slot: a fresh mapping page-faults on every
+        first touch, which for a large snapshot costs more than the copy.
+        """
+        cached = self._segments.get(slot)
+        if cached is not None and cached.name == name:
+            return cached
+        if cached is not None:  # the keeper regrew this slot; the old segment is unlinked
+            shm.close(cached)
+        seg = self._segments[slot] = shm.attach(name)
         return seg
 
     def close(self) -> None:
@@ -195,7 +199,7 @@ class SnapshotWriter:
         bound = data_end + blob.header_bound(step, data_state, entries, meta)
         t0 = time.perf_counter()
         slot = self.client.begin(bound)
-        buf = self.client.segment(slot["shm"]).buf
+        buf = self.client.segment(slot["shm"], slot["slot"]).buf
         nbytes, checksum, h_off = blob.fill(buf, shards, entries, step, data_state, meta)
         t1 = time.perf_counter()
         if self.before_publish is not None:
@@ -215,7 +219,7 @@ class SnapshotWriter:
         """Publish a complete blob as is (e.g. one rebuilt from parity)."""
         header = blob.parse(raw)
         slot = self.client.begin(header.nbytes)
-        self.client.segment(slot["shm"]).buf[:header.nbytes] = memoryview(raw)[:header.nbytes]
+        self.client.segment(slot["shm"], slot["slot"]).buf[:header.nbytes] = memoryview(raw)[:header.nbytes]
         _, h_off, h_len, _ = blob.read_preamble(raw)
         return self.client.publish(slot["slot"], slot["token"], step=header.step, nbytes=header.nbytes,
                                    checksum=header.checksum, header_offset=h_off, header_len=h_len)
@@ -303,7 +307,9 @@ class _KeeperSnapshot(Snapshot):
         raise NotImplementedError
 
     def close(self) -> None:
-        self._client.close()  # drops the pin with the connection
+        client = self.__dict__.get("_client")
+        if client is not None:
+            client.close()  # drops the pin with the connection
 
 
 class ShmSnapshot(_KeeperSnapshot):
@@ -311,7 +317,7 @@ class ShmSnapshot(_KeeperSnapshot):
 
     def _open(self):
         self.source = f"shm:{self.source}"
-        seg = self._client.segment(self.record.shm)
+        seg = self._client.segment(self.record.shm, self.record.slot)
         self._buf = seg.buf[:self.record.nbytes]
         self.header = blob.parse(self._buf, self.record.checksum)
 
@@ -319,11 +325,18 @@ class ShmSnapshot(_KeeperSnapshot):
         return [self._buf[e.offset:e.offset + e.nbytes] for e in entries]
 
     def close(self):
-        try:
-            self._buf.release()
-        except BufferError:  # a caller still holds a view; the map dies with it
-            pass
+        buf = self.__dict__.pop("_buf", None)
+        if buf is not None:
+            try:
+                buf.release()
+            except BufferError:  # a caller still holds a view; the map dies with it
+                pass
         super().close()
+
+    def __del__(self):
+        # Unclosed: release the view before the mapping goes, or
+        # SharedMemory.__del__ complains that exports still exist.
+        self.close()
 
 
 class TcpSnapshot(_KeeperSnapshot):

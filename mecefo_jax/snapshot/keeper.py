@@ -195,7 +195,10 @@ class Keeper:
                         "close the reader's Snapshot (or its client), or start the keeper with more --slots.")
             if slot.capacity < nbytes:
                 if slot.seg is not None:
+                    # Forget the old snapshot first: if the new allocation fails,
+                    # nothing may point at the unlinked segment.
                     shm.unlink(slot.seg)
+                    slot.seg, slot.capacity, slot.state, slot.step = None, 0, "free", None
                 # Headroom so that slowly growing headers do not reallocate every step.
                 capacity = max(nbytes + nbytes // 16, 1 << 20)
                 name = f"{shm.prefix(os.getpid())}s{slot.index}_g{next(self._gen)}"

@@ -33,7 +33,34 @@ def prefix(pid: int) -> str:
 
 
 def create(name: str, size: int) -> shared_memory.SharedMemory:
-    return shared_memory.SharedMemory(name=name, create=True, size=size)
+    """A new segment with all its pages allocated now.
+
+    A tmpfs file is sparse: without the fallocate, a full /dev/shm shows up
+    later as SIGBUS in whichever process first touches a missing page (the
+    worker, mid-copy), and the first write of every page pays an
+    allocation fault on the training host's critical path.
+    """
+    seg = shared_memory.SharedMemory(name=name, create=True, size=size)
+    fd = getattr(seg, "_fd", -1)
+    if fd >= 0 and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            unlink(seg)
+            free = _free_bytes()
+            raise MemoryError(
+                f"Cannot allocate {size / 2**20:.0f} MiB of shared memory for segment {name} ({e}); "
+                f"{free / 2**20:.0f} MiB free in {SHM_DIR}. Fix: enlarge {SHM_DIR} (e.g. docker "
+                "--shm-size), run keepers with fewer --slots, or snapshot less state.") from e
+    return seg
+
+
+def _free_bytes() -> float:
+    try:
+        st = os.statvfs(SHM_DIR)
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return float("nan")
 
 
 def attach(name: str) -> shared_memory.SharedMemory:
