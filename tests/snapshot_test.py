@@ -3,8 +3,10 @@
 Round trips are bitwise, on the 8 fake CPU devices from conftest.py; keepers
 are real processes (two per module: the worker's own and a peer's).
 """
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.snapshot import async_writer, jax_io
-from mecefo_jax.snapshot.client import KeeperClient, KeeperError, SnapshotWriter, open_snapshots
+from mecefo_jax.snapshot.client import KeeperClient, KeeperError, SnapshotWriter, open_snapshots, open_sources
 from mecefo_jax.snapshot.keeper import start_keeper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -142,6 +144,24 @@ def test_missing_shards_heal_from_a_peer_or_are_listed(own, peer):
     assert report.bytes_by_source[f"tcp:{peer.address[0]}:{peer.address[1]}"] == 8 * 3 * 4
     with pytest.raises(jax_io.SnapshotMissingError, match=r"step 3 lacks 1 shard\(s\): w\[\[0, 8\], \[3, 6\]\]"):
         _restore(abstract, [(own.address, "shm")], step=3)
+    # A dead peer is skipped; the live one still heals.
+    with _free_address() as dead:
+        snaps = open_sources(own.address, [dead, peer.address])
+    try:
+        restored, _, report = jax_io.restore(abstract, snaps, step=3)
+        _assert_bitwise(restored, values, mesh)
+        assert report.healed_shards == 1
+    finally:
+        for s in snaps:
+            s.close()
+
+
+@contextlib.contextmanager
+def _free_address():
+    """An address nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()
 
 
 def test_restore_rejects_a_changed_leaf(own):

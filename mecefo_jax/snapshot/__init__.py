@@ -27,7 +27,7 @@ A worker, given its keeper's address (and its peers'):
 
 and after a relaunch:
 
-    snaps = open_snapshots(own_address, via="shm") + open_snapshots(peer, via="tcp")
+    snaps = open_sources(own_address, peer_addresses)   # shm, then TCP
     state, data_state, report = restore(abstract_state, snaps)
 
 Only the modules that need jax import it (`jax_io`, `async_writer`); the
@@ -38,7 +38,7 @@ import importlib
 _EXPORTS = {
     "start_keeper": "keeper", "KeeperProcess": "keeper",
     "KeeperClient": "client", "KeeperError": "client", "SnapshotWriter": "client",
-    "open_snapshots": "client", "BlobSnapshot": "client",
+    "open_snapshots": "client", "open_sources": "client", "BlobSnapshot": "client",
     "host_shards": "jax_io", "pinned_host_shardings": "jax_io", "restore": "jax_io",
     "feasible_steps": "jax_io", "SnapshotMissingError": "jax_io",
     "AsyncSnapshotter": "async_writer", "SnapshotError": "async_writer",

@@ -14,7 +14,9 @@ keeper's shared memory and publishes, then pushes parity if configured.
 At most one snapshot is in flight: `submit` blocks until the previous one
 is published. That back-pressure is real overhead, so it is measured
 (`stats.blocked_sec`) next to the background work (`stats.write_sec`).
-An error in the background surfaces, once, on the next `submit`/`wait`.
+An error in the background surfaces, once, on the next `submit`/`wait`
+(a `submit` that raises it does not queue its own step; call it again to
+go on).
 Note the worker briefly holds two host copies: the one being written and
 the one `device_put` just started; call `wait()` before `device_put` to
 cap that at one, at the cost of blocking earlier.

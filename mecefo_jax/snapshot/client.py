@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
 import socket
 import threading
 import time
@@ -32,6 +33,8 @@ import numpy as np
 from mecefo_jax.snapshot import blob, shm, wire
 
 Address = tuple[str, int]
+
+log = logging.getLogger(__name__)
 
 
 class KeeperError(RuntimeError):
@@ -376,4 +379,21 @@ def open_snapshots(address: Address, *, via: str = "tcp", timeout: float = 120.0
         except KeeperError as e:
             if "holds no snapshot" not in str(e):
                 raise
+    return out
+
+
+def open_sources(own: Address | None, peers: Sequence[Address] = (), *, own_via: str = "shm",
+                 timeout: float = 120.0) -> list[Snapshot]:
+    """The own keeper's snapshots (shared memory) then every reachable peer's (TCP).
+
+    The order is the preference `jax_io.restore` follows. Unreachable
+    keepers are skipped with a warning: after a failure some are expected
+    to be gone, and `restore` names whatever that leaves missing.
+    """
+    out = []
+    for address, via in ([(own, own_via)] if own is not None else []) + [(p, "tcp") for p in peers]:
+        try:
+            out.extend(open_snapshots(address, via=via, timeout=timeout))
+        except KeeperError as e:
+            log.warning("Skipping keeper %s:%s: %s", address[0], address[1], e)
     return out

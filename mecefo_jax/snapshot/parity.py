@@ -137,6 +137,8 @@ def rebuild_member(group: str, addresses: Sequence[Address | None], lost: int | 
     """
     code = code or erasure.XorCode()
     members = len(addresses)
+    if members < 2:
+        raise ValueError(f"A parity group needs at least 2 members, got {members}.")
     lost = {lost} if isinstance(lost, int) else set(lost)
     lost |= {m for m, a in enumerate(addresses) if a is None}
     clients = {m: KeeperClient(a, timeout=timeout) for m, a in enumerate(addresses) if m not in lost}
