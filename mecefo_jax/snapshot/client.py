@@ -174,7 +174,7 @@ class WriteInfo:
     step: int
     nbytes: int
     checksum: int
-    copy_sec: float  # copy + crc into shared memory
+    copy_sec: float  # begin (slot allocation, if it grows) + copy + crc into shared memory
     publish_sec: float
     parity_sec: float
     parity_bytes: int
@@ -213,7 +213,10 @@ class SnapshotWriter:
         parity_bytes = 0
         if self.parity is not None:
             # The slot stays intact until this writer's next begin().
-            parity_bytes = self.parity.push(step, buf[:nbytes], checksum)
+            try:
+                parity_bytes = self.parity.push(step, buf[:nbytes], checksum)
+            except KeeperError as e:
+                raise KeeperError(f"Step {step} is published, but pushing its parity failed: {e}") from e
         return WriteInfo(step=step, nbytes=nbytes, checksum=checksum, copy_sec=t1 - t0,
                          publish_sec=t2 - t1, parity_sec=time.perf_counter() - t2,
                          parity_bytes=parity_bytes)

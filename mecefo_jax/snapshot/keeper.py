@@ -351,7 +351,9 @@ class Keeper:
             if acc is None or not acc.complete:
                 raise RequestError(f"Keeper {self.name} holds no complete parity for group {group!r} "
                                    f"step {step}.")
-            return {"info": acc.info(step)}, [acc.buf.copy()], None
+            # A complete stripe takes no more contributions, so its buffer is
+            # not written while it is sent.
+            return {"info": acc.info(step)}, [acc.buf], None
 
 
 # --------------------------------------------------------------------- server
