@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mecefo_jax.snapshot import blob, shm
-from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter
+from mecefo_jax.snapshot.client import KeeperClient, KeeperError, ShmSnapshot, SnapshotWriter
 from mecefo_jax.snapshot.keeper import start_keeper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,3 +126,16 @@ def test_remove_stale_unlinks_segments_of_dead_keepers():
     seg.close()
     assert shm.remove_stale() == [f"{shm.prefix(dead.pid)}test"]
     assert shm.listed(dead.pid) == []
+
+
+def test_a_pinned_snapshot_is_never_overwritten():
+    with start_keeper("t-pin", pin_timeout=0.3) as k, KeeperClient(k.address) as c:
+        _fill(k.address, steps=(1, 2))
+        reader = ShmSnapshot(k.address, 1, timeout=10)  # pins step 1, the slot the next write wants
+        with pytest.raises(KeeperError, match="pinned by a reader"):
+            c.begin(100)
+        (entry,) = reader.entries
+        np.testing.assert_array_equal(reader.read([entry])[0], np.arange(1000, dtype=np.float32))
+        reader.close()  # closing the connection drops the pin
+        _fill(k.address, steps=(3,))
+        assert [r.step for r in c.snapshots()] == [3, 2]

@@ -109,8 +109,8 @@ class KeeperClient:
     def pin(self, step: int) -> SnapshotRecord:
         return SnapshotRecord.from_reply(self.request("pin", step=int(step))[0]["record"])
 
-    def unpin(self, step: int) -> None:
-        self.request("unpin", step=int(step))
+    def unpin(self, record: SnapshotRecord) -> None:
+        self.request("unpin", slot=record.slot)
 
     def read(self, step: int, ranges: Sequence[tuple[int, int]]) -> bytearray:
         """The concatenated byte ranges [offset, offset + n) of a published step."""
@@ -314,8 +314,15 @@ class _KeeperSnapshot(Snapshot):
 
     def close(self) -> None:
         client = self.__dict__.get("_client")
-        if client is not None:
-            client.close()  # drops the pin with the connection
+        if client is None:
+            return
+        record = self.__dict__.pop("record", None)
+        if record is not None:
+            try:
+                client.unpin(record)  # released before close() returns...
+            except KeeperError:
+                pass  # ...or, with the keeper gone, with the connection
+        client.close()
 
 
 class ShmSnapshot(_KeeperSnapshot):
@@ -342,7 +349,10 @@ class ShmSnapshot(_KeeperSnapshot):
     def __del__(self):
         # Unclosed: release the view before the mapping goes, or
         # SharedMemory.__del__ complains that exports still exist.
-        self.close()
+        try:
+            self.close()
+        except Exception:  # at interpreter exit anything may be half torn down
+            pass
 
 
 class TcpSnapshot(_KeeperSnapshot):

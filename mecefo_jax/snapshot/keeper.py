@@ -173,12 +173,13 @@ class Keeper:
         return sorted((s for s in self._slots if s.state == "published"), key=lambda s: -s.seq)
 
     def _choose(self) -> _Slot:
-        """The slot to overwrite: never the newest snapshot."""
-        published = self._published()
-        others = [s for s in self._slots if s.state != "published"]
-        if others:
-            return others[0]
-        return published[-1]  # oldest
+        """The slot to overwrite: an unpublished one, else the oldest snapshot; never the newest.
+
+        Unpinned slots first; if all candidates are pinned, begin() waits.
+        """
+        candidates = ([s for s in self._slots if s.state != "published"]
+                      + self._published()[1:][::-1])
+        return next((s for s in candidates if s.pins == 0), candidates[0])
 
     def _op_begin(self, msg, payload, pins):
         nbytes = int(msg["nbytes"])
@@ -260,9 +261,9 @@ class Keeper:
 
     def _op_unpin(self, msg, payload, pins):
         with self._cond:
-            index = next((i for i in pins if self._slots[i].step == int(msg["step"])), None)
-            if index is None:
-                raise RequestError(f"This connection holds no pin on step {msg['step']}.")
+            index = int(msg["slot"])
+            if not pins.get(index):
+                raise RequestError(f"This connection holds no pin on slot {index}.")
             self._slots[index].pins -= 1
             pins[index] -= 1
             if not pins[index]:
@@ -503,7 +504,7 @@ class KeeperProcess:
 
 
 def start_keeper(name: str, *, host: str = "127.0.0.1", port: int = 0, slots: int = 2,
-                 parent_pid: int | None = None, ready_timeout: float = 60.0,
+                 parent_pid: int | None = None, pin_timeout: float = 60.0, ready_timeout: float = 60.0,
                  new_session: bool = True, stderr=None) -> KeeperProcess:
     """Start a keeper process and wait until it listens.
 
@@ -513,7 +514,8 @@ def start_keeper(name: str, *, host: str = "127.0.0.1", port: int = 0, slots: in
     """
     watch = os.getpid() if parent_pid is None else parent_pid
     cmd = [sys.executable, "-m", "mecefo_jax.snapshot.keeper", "--name", name, "--host", host,
-           "--port", str(port), "--slots", str(slots), "--parent-pid", str(watch)]
+           "--port", str(port), "--slots", str(slots), "--parent-pid", str(watch),
+           "--pin-timeout", str(pin_timeout)]
     # The keeper must import this package however the caller found it.
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
