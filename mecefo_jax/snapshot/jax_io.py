@@ -15,7 +15,6 @@ which steps qualify, so that processes can agree on one before restoring.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import time
 from typing import Any, Sequence
@@ -148,24 +147,26 @@ def _plan(leaves: list[_Leaf], snapshots: Sequence[Snapshot]):
     plan, missing = [], []
     for leaf in leaves:
         saved = by_path.get(leaf.path, {})
-        for _, e in itertools.islice(saved.values(), 1):
-            if tuple(e.shape) != leaf.shape or blob.dtype_from_name(e.dtype) != leaf.dtype:
-                raise SnapshotMismatchError(
-                    f"Leaf {leaf.path} was saved as {e.dtype}{list(e.shape)} but is requested as "
-                    f"{leaf.dtype.name}{list(leaf.shape)}. Fix: build the restore target from the same "
-                    "model/optimizer config as the run that wrote the snapshot.")
+        _, e = next(iter(saved.values()), (None, None))
+        if e is not None and (tuple(e.shape) != leaf.shape or blob.dtype_from_name(e.dtype) != leaf.dtype):
+            raise SnapshotMismatchError(
+                f"Leaf {leaf.path} was saved as {e.dtype}{list(e.shape)} but is requested as "
+                f"{leaf.dtype.name}{list(leaf.shape)}. Fix: build the restore target from the same "
+                "model/optimizer config as the run that wrote the snapshot.")
         boxes = {}
         for box in leaf.needed:
             if box in saved:
                 boxes[box] = [saved[box]]
-                continue
-            parts = [(s, e) for idx, (s, e) in saved.items() if _intersect(idx, box)]
-            if sum(_volume(_intersect(e.index, box)) for _, e in parts) == _volume(box) and parts:
-                boxes[box] = parts
             elif _volume(box) == 0:
                 boxes[box] = []
             else:
-                missing.append(f"{leaf.path}{[list(b) for b in box]}")
+                # Saved boxes of one leaf come from one sharding: equal or
+                # disjoint. So they tile `box` iff their overlaps add up to it.
+                parts = [(s, e) for idx, (s, e) in saved.items() if _intersect(idx, box)]
+                if sum(_volume(_intersect(e.index, box)) for _, e in parts) == _volume(box):
+                    boxes[box] = parts
+                else:
+                    missing.append(f"{leaf.path}{[list(b) for b in box]}")
         plan.append(boxes)
     return plan, missing
 
