@@ -4,6 +4,7 @@ Each test starts a real keeper, makes it allocate segments, ends it one way
 (request, SIGTERM, its parent's SIGKILL, its own SIGKILL) and checks that
 the process and every segment it created are gone.
 """
+import json
 import os
 import signal
 import subprocess
@@ -139,3 +140,21 @@ def test_a_pinned_snapshot_is_never_overwritten():
         reader.close()  # closing the connection drops the pin
         _fill(k.address, steps=(3,))
         assert [r.step for r in c.snapshots()] == [3, 2]
+
+
+def test_cli_ready_file_names_the_port(tmp_path):
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "mecefo_jax.snapshot.keeper", "--name", "cli",
+                             "--ready-file", str(ready)], stdout=subprocess.DEVNULL, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        assert info["pid"] == proc.pid
+        with KeeperClient((info["host"], info["port"])) as c:
+            assert c.hello()["name"] == "cli"
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

@@ -422,15 +422,18 @@ def serve(keeper: Keeper, host: str, port: int, *, parent_pid: int | None,
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="python -m mecefo_jax.snapshot.keeper", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m mecefo_jax.snapshot.keeper", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", required=True, help="the worker this keeper serves (for messages)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for peers on other hosts")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (reported when ready)")
-    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--slots", type=int, default=2,
+                   help="2: double buffering; 3 for multi-process jobs and parity (see above)")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit when this process dies (default: the parent); -1 disables")
     p.add_argument("--ready-file", default=None, help="also write the ready JSON here (atomically)")
-    p.add_argument("--pin-timeout", type=float, default=60.0)
+    p.add_argument("--pin-timeout", type=float, default=60.0,
+                   help="seconds a writer waits for readers to release the slot it needs")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
