@@ -9,8 +9,10 @@ exactly when the keeper's copy is needed. So:
 * the keeper creates segments and keeps them registered: if the keeper
   itself is SIGKILLed, its tracker process unlinks them (the last line of
   defence against leaked /dev/shm entries);
-* everyone else attaches with `attach`, which takes the segment off its
-  own tracker at once.
+* everyone else attaches with `attach`, which on Linux maps
+  /dev/shm/<name> directly, so no tracker ever hears of it (not even for
+  the instant between a register and an unregister, when a SIGKILL would
+  make the worker's tracker unlink the keeper's segment).
 
 Segment names start with `prefix(keeper_pid)`, so a launcher can find and
 remove segments of keepers that died without cleaning up
@@ -19,6 +21,7 @@ remove segments of keepers that died without cleaning up
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import sys
 from multiprocessing import resource_tracker, shared_memory
@@ -63,8 +66,27 @@ def _free_bytes() -> float:
         return float("nan")
 
 
-def attach(name: str) -> shared_memory.SharedMemory:
+class Attached:
+    """A read-write mapping of an existing segment (`.name`, `.buf`, `.close()`)."""
+
+    def __init__(self, name: str):
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            self._mmap = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)  # the mapping keeps the segment
+        self.name = name
+        self.buf = memoryview(self._mmap)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mmap.close()
+
+
+def attach(name: str):
     """Map an existing segment without ever unlinking it from this process."""
+    if os.path.isdir(SHM_DIR):
+        return Attached(name)
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name=name, track=False)
     seg = shared_memory.SharedMemory(name=name)
@@ -72,7 +94,7 @@ def attach(name: str) -> shared_memory.SharedMemory:
     return seg
 
 
-def close(seg: shared_memory.SharedMemory) -> None:
+def close(seg) -> None:
     """Unmap; tolerate live numpy views (the mapping then dies with them)."""
     try:
         seg.close()
