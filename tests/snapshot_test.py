@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import ml_dtypes
@@ -255,3 +256,43 @@ def test_async_error_surfaces_on_next_call_and_keeps_last_snapshot(own):
         assert [r.step for r in c.snapshots()] == [40]
         with pytest.raises(TypeError, match="not JSON-serialisable"):
             async_writer.AsyncSnapshotter(SnapshotWriter(c)).submit(42, host, {"pos": np.int64(1)})
+
+
+_TRAINING_WORKER = textwrap.dedent("""
+    import sys
+    import jax, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from mecefo_jax.snapshot import AsyncSnapshotter, KeeperClient, SnapshotWriter, pinned_host_shardings
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    sh = {"w": NamedSharding(mesh, P())}
+    state = jax.device_put({"w": np.arange(50_000, dtype=np.float32)}, sh)
+    step_fn = jax.jit(lambda t: {"w": t["w"] + 1}, donate_argnums=0)
+    snap = AsyncSnapshotter(SnapshotWriter(KeeperClient(("127.0.0.1", int(sys.argv[1])))))
+    host_sh = pinned_host_shardings(sh)
+    for step in range(10**9):
+        state = step_fn(state)
+        snap.submit(step, jax.device_put(state, host_sh), {"pos": step})
+        if step == 20:
+            print("RUNNING", flush=True)
+""")
+
+
+def test_sigkilled_training_worker_restores_its_last_published_step(own):
+    # The worker snapshots every step until it is SIGKILLed at a random
+    # point; whatever step was last published must come back exactly.
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINING_WORKER, str(own.port)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+    try:
+        assert proc.stdout.readline().strip() == "RUNNING"
+        time.sleep(0.2)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    mesh = _mesh(1, 1)
+    abstract = {"w": jax.ShapeDtypeStruct((50_000,), np.float32, sharding=NamedSharding(mesh, P()))}
+    tree, data_state, report = _restore(abstract, [(own.address, "shm")])
+    step = report.step
+    assert step >= 20 and data_state == {"pos": step}
+    np.testing.assert_array_equal(np.asarray(tree["w"]), np.arange(50_000, dtype=np.float32) + step + 1)
