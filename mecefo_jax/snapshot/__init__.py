@@ -1,0 +1,56 @@
+"""In-memory snapshots of the train state that survive a worker's crash.
+
+A real device failure kills a worker process; the job is torn down and
+relaunched on the survivors. The state then comes back from host memory
+held by *keeper* processes that outlive the workers (REFT, arXiv
+2310.12670; DLRover flash checkpoint; Gemini, SOSP 2023), not from disk.
+
+| module | owns |
+|---|---|
+| `keeper` | the keeper process (shared-memory slots, TCP protocol, lifecycle) and `start_keeper` |
+| `blob` | the byte format of one snapshot: shard bytes, JSON header, crc32s |
+| `client` | `KeeperClient`, `SnapshotWriter`, the `Snapshot` readers (shm, TCP, in-memory) |
+| `jax_io` | `host_shards`, `pinned_host_shardings`, `restore`, `feasible_steps` |
+| `async_writer` | `AsyncSnapshotter`: materialise, copy, publish in a background thread |
+| `erasure`, `parity` | the erasure-code interface (`XorCode`) and RAID-5 parity across a group |
+| `shm`, `wire` | shared-memory ownership rules and message framing |
+| `bench` | `python -m mecefo_jax.snapshot.bench`: snapshot/restore timings |
+
+A worker, given its keeper's address (and its peers'):
+
+    client = KeeperClient(own_address)
+    snapshotter = AsyncSnapshotter(SnapshotWriter(client))
+    host_sh = pinned_host_shardings(state_shardings)
+    for step ...:
+        state = train_step(state, batch)                  # dispatched, not finished
+        snapshotter.submit(step, jax.device_put(state, host_sh), data_state)
+
+and after a relaunch:
+
+    snaps = open_sources(own_address, peer_addresses)   # shm, then TCP
+    state, data_state, report = restore(abstract_state, snaps)
+
+Only the modules that need jax import it (`jax_io`, `async_writer`); the
+keeper process stays light. Names below load their module on first use.
+"""
+import importlib
+
+_EXPORTS = {
+    "start_keeper": "keeper", "KeeperProcess": "keeper",
+    "KeeperClient": "client", "KeeperError": "client", "SnapshotWriter": "client",
+    "open_snapshots": "client", "open_sources": "client", "BlobSnapshot": "client",
+    "host_shards": "jax_io", "pinned_host_shardings": "jax_io", "restore": "jax_io",
+    "feasible_steps": "jax_io", "SnapshotMissingError": "jax_io",
+    "AsyncSnapshotter": "async_writer", "SnapshotError": "async_writer",
+    "XorCode": "erasure", "ErasureCode": "erasure",
+    "ParityPusher": "parity", "rebuild_member": "parity", "ParityLossError": "parity",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

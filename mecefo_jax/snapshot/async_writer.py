@@ -1,0 +1,150 @@
+"""Snapshotting in a background thread while training continues.
+
+Right after dispatching step k the worker calls
+
+    host = jax.device_put(state, host_shardings)   # pinned_host: returns at once
+    snapshotter.submit(k, host, data_state)
+
+`device_put` to 'pinned_host' only enqueues the device-to-host copy, and
+the host copy keeps step k's values even when the next step donates the
+device buffers. The background thread then materialises the host arrays
+(waiting for step k to finish), copies and checksums them into the
+keeper's shared memory and publishes, then pushes parity if configured.
+
+At most one snapshot is in flight: `submit` blocks until the previous one
+is published. That back-pressure is real overhead, so it is measured
+(`stats.blocked_sec`) next to the background work (`stats.write_sec`).
+An error in the background surfaces, once, on the next `submit`/`wait`
+(a `submit` that raises it does not queue its own step; call it again to
+go on).
+Note the worker briefly holds two host copies: the one being written and
+the one `device_put` just started; call `wait()` before `device_put` to
+cap that at one, at the cost of blocking earlier.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+from mecefo_jax.snapshot import blob
+from mecefo_jax.snapshot.client import SnapshotWriter
+from mecefo_jax.snapshot.jax_io import host_shards
+
+
+class SnapshotError(RuntimeError):
+    """A background snapshot failed; the step named was not published."""
+
+
+@dataclasses.dataclass
+class SnapshotStats:
+    submitted: int = 0
+    published: int = 0
+    failed: int = 0
+    last_published_step: int | None = None
+    blocked_sec: float = 0.0  # caller time spent in submit/wait
+    write_sec: float = 0.0  # background: materialise + copy + publish + parity
+    materialize_sec: float = 0.0  # background: waiting for the host arrays
+    bytes: int = 0  # snapshot bytes published
+    parity_bytes: int = 0
+
+
+class AsyncSnapshotter:
+    """One background writer thread; `submit` hands it a host tree per step."""
+
+    def __init__(self, writer: SnapshotWriter, *, meta: dict | None = None):
+        self.writer = writer
+        self.meta = meta
+        self.stats = SnapshotStats()
+        self._cond = threading.Condition()
+        self._job: tuple | None = None  # (step, tree, data_state) not yet published
+        self._error: tuple[int, BaseException] | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="snapshot-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, step: int, host_tree: Any, data_state: dict) -> float:
+        """Queue step's snapshot; blocks while the previous one is in flight. Returns seconds blocked."""
+        start = time.perf_counter()
+        data_state = blob.normalise_data_state(data_state, step)  # fail here, not in the thread
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("AsyncSnapshotter is closed.")
+            self._cond.wait_for(lambda: self._job is None)
+            self._raise_pending()
+            self._job = (int(step), host_tree, data_state)
+            self.stats.submitted += 1
+            self._cond.notify_all()
+        return self._blocked(start)
+
+    def wait(self) -> float:
+        """Block until nothing is in flight; raise a background error. Returns seconds blocked."""
+        start = time.perf_counter()
+        with self._cond:
+            self._cond.wait_for(lambda: self._job is None)
+            self._raise_pending()
+        return self._blocked(start)
+
+    def close(self) -> None:
+        """Finish the snapshot in flight, stop the thread, raise its error if any."""
+        with self._cond:
+            if self._closed:
+                return
+            self._cond.wait_for(lambda: self._job is None)
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        with self._cond:
+            self._raise_pending()
+
+    def __enter__(self) -> "AsyncSnapshotter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- thread
+
+    def _blocked(self, start: float) -> float:
+        sec = time.perf_counter() - start
+        self.stats.blocked_sec += sec
+        return sec
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            step, err = self._error
+            self._error = None
+            raise SnapshotError(f"Snapshot of step {step} failed in the background: "
+                                f"{type(err).__name__}: {err}") from err
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._job is not None or self._closed)
+                if self._job is None:
+                    return
+                step, tree, data_state = self._job
+            start = time.perf_counter()
+            try:
+                shards = host_shards(tree)
+                materialized = time.perf_counter()
+                info = self.writer.write(step, shards, data_state, self.meta)
+            except BaseException as e:  # surfaced to the caller on its next call
+                with self._cond:
+                    self._error = (step, e)
+                    self.stats.failed += 1
+                    self._job = None
+                    self._cond.notify_all()
+                continue
+            del shards, tree
+            with self._cond:
+                s = self.stats
+                s.published += 1
+                s.last_published_step = step
+                s.write_sec += time.perf_counter() - start
+                s.materialize_sec += materialized - start
+                s.bytes += info.nbytes
+                s.parity_bytes += info.parity_bytes
+                self._job = None
+                self._cond.notify_all()

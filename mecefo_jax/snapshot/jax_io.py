@@ -1,0 +1,249 @@
+"""Pytrees of `jax.Array`s to snapshot shards and back.
+
+`host_shards` lists the unique shards this process holds of each leaf
+(replicas deduplicated by index), keyed by (leaf path, index bounds): what
+a snapshot stores. `restore` rebuilds a pytree from an abstract tree of
+`jax.ShapeDtypeStruct`s with target shardings, on any mesh whose shards can
+be found: each needed shard comes from the first snapshot that holds it
+(the own keeper's first, then peers': "heal from peer"), or is assembled
+from saved shards that tile it (a leaf split over 'data' restored onto a
+different 'data' size). Anything missing is listed in one error.
+
+All snapshots used by one restore are of one step; `feasible_steps` says
+which steps qualify, so that processes can agree on one before restoring.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from mecefo_jax.snapshot import blob
+from mecefo_jax.snapshot.client import Snapshot
+
+_MAX_LISTED = 12
+
+
+class SnapshotMissingError(LookupError):
+    """No step has every shard the restore needs."""
+
+
+class SnapshotMismatchError(ValueError):
+    """A saved leaf's shape or dtype differs from the requested one."""
+
+
+def path_str(path: tuple) -> str:
+    """'params.layers.mlp.kernel' for a pytree key path (dict, attribute and index keys)."""
+    parts = []
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            parts.append(str(k.key))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            parts.append(k.name)
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            parts.append(str(k.idx))
+        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+            parts.append(str(k.key))
+        else:
+            parts.append(str(k))
+    return ".".join(parts) or "<root>"
+
+
+def index_bounds(index: tuple, shape: tuple) -> blob.Index:
+    """((start, stop), ...) of a shard index (a tuple of slices) in `shape`."""
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+
+
+def host_shards(tree: Any) -> list[blob.HostShard]:
+    """Each leaf's unique addressable shards as numpy, in tree order.
+
+    Blocks until the arrays are computed (in a background thread, that is
+    the point). Works for device and host (e.g. 'pinned_host') arrays and
+    plain numpy leaves (one whole shard).
+    """
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = path_str(path)
+        if isinstance(leaf, jax.Array):
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+                raise TypeError(f"Leaf {name} has dtype {leaf.dtype}; snapshot jax.random.key_data(...) "
+                                "instead of typed PRNG keys.")
+            seen = set()
+            for shard in leaf.addressable_shards:
+                bounds = index_bounds(shard.index, leaf.shape)
+                if bounds not in seen:
+                    seen.add(bounds)
+                    out.append(blob.HostShard(name, tuple(leaf.shape), bounds, np.asarray(shard.data)))
+        else:
+            arr = np.asarray(leaf)
+            out.append(blob.HostShard(name, arr.shape, tuple((0, n) for n in arr.shape), arr))
+    return out
+
+
+def pinned_host_shardings(shardings: Any) -> Any:
+    """The same shardings in 'pinned_host' memory (targets of the async snapshot copy)."""
+    leaves = jax.tree.leaves(shardings)
+    if leaves:
+        kinds = {m.kind for m in next(iter(leaves[0].device_set)).addressable_memories()}
+        if "pinned_host" not in kinds:
+            raise ValueError(f"Devices of this backend offer memories {sorted(kinds)}, not 'pinned_host'; "
+                             "snapshot by jax.device_get instead (blocking).")
+    return jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), shardings)
+
+
+# --------------------------------------------------------------------- restore
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    sharding: jax.sharding.Sharding
+    needed: tuple[blob.Index, ...]
+
+
+@dataclasses.dataclass
+class RestoreReport:
+    step: int
+    seconds: float = 0.0
+    bytes_by_source: dict = dataclasses.field(default_factory=dict)
+    healed_shards: int = 0  # shards read from a snapshot other than the first one given
+
+
+def _leaves(abstract: Any) -> tuple[list[_Leaf], Any]:
+    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    leaves = []
+    for path, x in flat:
+        name = path_str(path)
+        sharding = getattr(x, "sharding", None)
+        if not hasattr(x, "shape") or sharding is None:
+            raise ValueError(f"Restore target {name} needs a shape, dtype and sharding; give "
+                             "jax.ShapeDtypeStruct(shape, dtype, sharding=...) (see checkpoint.abstract_like).")
+        shape = tuple(x.shape)
+        needed = {index_bounds(i, shape) for i in sharding.addressable_devices_indices_map(shape).values()}
+        leaves.append(_Leaf(name, shape, np.dtype(x.dtype), sharding, tuple(sorted(needed))))
+    return leaves, treedef
+
+
+def _intersect(a: blob.Index, b: blob.Index) -> blob.Index | None:
+    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+    return out if all(lo < hi for lo, hi in out) else None
+
+
+def _volume(box: blob.Index) -> int:
+    return math.prod(hi - lo for lo, hi in box)
+
+
+def _plan(leaves: list[_Leaf], snapshots: Sequence[Snapshot]):
+    """Per leaf, per needed box: [(snapshot, entry)] that supply it; and what is missing."""
+    by_path: dict[str, dict[blob.Index, tuple[Snapshot, blob.Entry]]] = {}
+    for snap in snapshots:
+        for e in snap.entries:
+            by_path.setdefault(e.path, {}).setdefault(e.index, (snap, e))  # first source wins
+    plan, missing = [], []
+    for leaf in leaves:
+        saved = by_path.get(leaf.path, {})
+        _, e = next(iter(saved.values()), (None, None))
+        if e is not None and (tuple(e.shape) != leaf.shape or blob.dtype_from_name(e.dtype) != leaf.dtype):
+            raise SnapshotMismatchError(
+                f"Leaf {leaf.path} was saved as {e.dtype}{list(e.shape)} but is requested as "
+                f"{leaf.dtype.name}{list(leaf.shape)}. Fix: build the restore target from the same "
+                "model/optimizer config as the run that wrote the snapshot.")
+        boxes = {}
+        for box in leaf.needed:
+            if box in saved:
+                boxes[box] = [saved[box]]
+            elif _volume(box) == 0:
+                boxes[box] = []
+            else:
+                # Saved boxes of one leaf come from one sharding: equal or
+                # disjoint. So they tile `box` iff their overlaps add up to it.
+                parts = [(s, e) for idx, (s, e) in saved.items() if _intersect(idx, box)]
+                if sum(_volume(_intersect(e.index, box)) for _, e in parts) == _volume(box):
+                    boxes[box] = parts
+                else:
+                    missing.append(f"{leaf.path}{[list(b) for b in box]}")
+        plan.append(boxes)
+    return plan, missing
+
+
+def feasible_steps(abstract: Any, snapshots: Sequence[Snapshot]) -> list[int]:
+    """Steps (newest first) at which `snapshots` hold every shard this process needs."""
+    leaves, _ = _leaves(abstract)
+    steps = sorted({s.step for s in snapshots}, reverse=True)
+    return [t for t in steps if not _plan(leaves, [s for s in snapshots if s.step == t])[1]]
+
+
+def restore(abstract: Any, snapshots: Sequence[Snapshot], *, step: int | None = None
+            ) -> tuple[Any, dict, RestoreReport]:
+    """(tree, data_state, report) rebuilt from `snapshots` at `step` (default: newest feasible).
+
+    `snapshots` may mix steps and sources; earlier ones are preferred for a
+    shard several hold, so pass the own keeper's first. Shards are verified
+    against their crc32 as they are read.
+    """
+    start = time.perf_counter()
+    leaves, treedef = _leaves(abstract)
+    steps = sorted({s.step for s in snapshots}, reverse=True)
+    if step is not None:
+        steps = [t for t in steps if t == step]
+    first_missing = None
+    for t in steps:
+        at_t = [s for s in snapshots if s.step == t]
+        plan, missing = _plan(leaves, at_t)
+        if not missing:
+            break
+        first_missing = first_missing or (t, missing)
+    else:
+        held = sorted({(s.source, s.step) for s in snapshots})
+        if first_missing is None:
+            detail = f"no snapshot of step {step}" if step is not None else "no snapshots at all"
+        else:
+            t, missing = first_missing
+            shown = ", ".join(missing[:_MAX_LISTED]) + (f", ... (+{len(missing) - _MAX_LISTED} more)"
+                                                        if len(missing) > _MAX_LISTED else "")
+            detail = f"step {t} lacks {len(missing)} shard(s): {shown}"
+        raise SnapshotMissingError(
+            f"Cannot restore from in-memory snapshots: {detail}. Snapshots given (source, step): {held}. "
+            "Fix: add the keepers of peers holding these shards, rebuild a lost member from parity, "
+            "or restart from the Orbax disk checkpoint.")
+    report = RestoreReport(step=t)
+    arrays = [_build(leaf, boxes, at_t[0], report) for leaf, boxes in zip(leaves, plan)]
+    data_state = at_t[0].data_state
+    report.seconds = time.perf_counter() - start
+    return jax.tree_util.tree_unflatten(treedef, arrays), data_state, report
+
+
+def _build(leaf: _Leaf, boxes: dict, own: Snapshot, report: RestoreReport) -> jax.Array:
+    """One leaf: read its shards (one request per snapshot), then place them."""
+    wanted: dict[int, tuple[Snapshot, dict]] = {}
+    for parts in boxes.values():
+        for snap, e in parts:
+            wanted.setdefault(id(snap), (snap, {}))[1][e.index] = e
+    arrays = {}
+    for key, (snap, entries) in wanted.items():
+        es = list(entries.values())
+        for e, arr in zip(es, snap.read(es)):
+            arrays[(key, e.index)] = arr
+        nbytes = sum(e.nbytes for e in es)
+        report.bytes_by_source[snap.source] = report.bytes_by_source.get(snap.source, 0) + nbytes
+        if snap is not own:
+            report.healed_shards += len(es)
+    local = {}
+    for box, parts in boxes.items():
+        if len(parts) == 1 and parts[0][1].index == box:
+            local[box] = arrays[(id(parts[0][0]), box)]
+            continue
+        out = np.empty(tuple(hi - lo for lo, hi in box), leaf.dtype)
+        for snap, e in parts:
+            cut = _intersect(e.index, box)
+            src = tuple(slice(lo - s0, hi - s0) for (lo, hi), (s0, _) in zip(cut, e.index))
+            dst = tuple(slice(lo - b0, hi - b0) for (lo, hi), (b0, _) in zip(cut, box))
+            out[dst] = arrays[(id(snap), e.index)][src]
+        local[box] = out
+    return jax.make_array_from_callback(
+        leaf.shape, leaf.sharding, lambda index: local[index_bounds(index, leaf.shape)])

@@ -1,0 +1,154 @@
+"""POSIX shared-memory segments: who creates, who attaches, who unlinks.
+
+Python's `multiprocessing.resource_tracker` (3.8-3.12) registers every
+`SharedMemory`, created *or attached*, and unlinks whatever is still
+registered when the registering process exits. Left alone, a worker that
+merely attached to its keeper's segment would delete it on exit, which is
+exactly when the keeper's copy is needed. So:
+
+* the keeper creates segments and keeps them registered: if the keeper
+  itself is SIGKILLed, its tracker process unlinks them (the last line of
+  defence against leaked /dev/shm entries);
+* everyone else attaches with `attach`, which on Linux maps
+  /dev/shm/<name> directly, so no tracker ever hears of it (not even for
+  the instant between a register and an unregister, when a SIGKILL would
+  make the worker's tracker unlink the keeper's segment).
+
+Segment names start with `prefix(keeper_pid)`, so a launcher can find and
+remove segments of keepers that died without cleaning up
+(`remove_stale`).
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import sys
+from multiprocessing import resource_tracker, shared_memory
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+
+
+def prefix(pid: int) -> str:
+    return f"mcf{pid}_"
+
+
+def create(name: str, size: int) -> shared_memory.SharedMemory:
+    """A new segment with all its pages allocated now.
+
+    A tmpfs file is sparse: without the fallocate, a full /dev/shm shows up
+    later as SIGBUS in whichever process first touches a missing page (the
+    worker, mid-copy), and the first write of every page pays an
+    allocation fault on the training host's critical path.
+    """
+    seg = shared_memory.SharedMemory(name=name, create=True, size=size)
+    fd = getattr(seg, "_fd", -1)
+    if fd >= 0 and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            unlink(seg)
+            free = _free_bytes()
+            raise MemoryError(
+                f"Cannot allocate {size / 2**20:.0f} MiB of shared memory for segment {name} ({e}); "
+                f"{free / 2**20:.0f} MiB free in {SHM_DIR}. Fix: enlarge {SHM_DIR} (e.g. docker "
+                "--shm-size), run keepers with fewer --slots, or snapshot less state.") from e
+    return seg
+
+
+def _free_bytes() -> float:
+    try:
+        st = os.statvfs(SHM_DIR)
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return float("nan")
+
+
+class Attached:
+    """A read-write mapping of an existing segment (`.name`, `.buf`, `.close()`)."""
+
+    def __init__(self, name: str):
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            self._mmap = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)  # the mapping keeps the segment
+        self.name = name
+        self.buf = memoryview(self._mmap)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mmap.close()
+
+
+def attach(name: str):
+    """Map an existing segment without ever unlinking it from this process."""
+    if os.path.isdir(SHM_DIR):
+        return Attached(name)
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)
+    seg = shared_memory.SharedMemory(name=name)
+    resource_tracker.unregister(seg._name, "shared_memory")  # noqa: SLF001 (no public API before 3.13)
+    return seg
+
+
+def close(seg) -> None:
+    """Unmap; tolerate live numpy views (the mapping then dies with them)."""
+    try:
+        seg.close()
+    except BufferError:
+        log.debug("Segment %s still has exported views; leaving it mapped.", seg.name)
+
+
+def unlink(seg: shared_memory.SharedMemory) -> None:
+    try:
+        seg.unlink()
+    except FileNotFoundError:
+        pass
+    close(seg)
+
+
+def listed(pid: int) -> list[str]:
+    """Names in /dev/shm created by keeper `pid` (Linux; [] elsewhere)."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.startswith(prefix(pid)))
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def remove_stale() -> list[str]:
+    """Unlink segments whose keeper process is gone; returns their names."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for n in names:
+        head = n.split("_", 1)[0]
+        if not (head.startswith("mcf") and head[3:].isdigit()):
+            continue
+        if not alive(int(head[3:])):
+            try:
+                os.unlink(os.path.join(SHM_DIR, n))
+                removed.append(n)
+            except FileNotFoundError:
+                pass
+    return removed

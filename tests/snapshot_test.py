@@ -1,0 +1,298 @@
+"""Tests for mecefo_jax.snapshot: pytree snapshots in keeper processes and back.
+
+Round trips are bitwise, on the 8 fake CPU devices from conftest.py; keepers
+are real processes (two per module: the worker's own and a peer's).
+"""
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mecefo_jax.snapshot import async_writer, jax_io
+from mecefo_jax.snapshot.client import KeeperClient, KeeperError, SnapshotWriter, open_snapshots, open_sources
+from mecefo_jax.snapshot.keeper import start_keeper
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SPECS = {
+    "w": P(None, "model"),  # replicated over data, split over model (a kernel)
+    "b": P("data", "model"),  # split over both: restoring onto 3 rows needs assembly
+    "emb": P("model", None),
+    "count": P(),
+}
+
+
+def _mesh(data, model=2):
+    return Mesh(np.array(jax.devices()[:data * model]).reshape(data, model), ("data", "model"))
+
+
+def _values(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "w": rng.standard_normal((8, 6)).astype(np.float32),
+        "b": rng.standard_normal((12, 4)).astype(ml_dtypes.bfloat16),
+        "emb": rng.integers(-1000, 1000, (4, 4)).astype(np.int32),
+        "count": np.asarray(seed + 7, np.int32),
+    }
+
+
+def _shardings(mesh):
+    return {k: NamedSharding(mesh, s) for k, s in SPECS.items()}
+
+
+def _put(values, mesh):
+    return jax.device_put(values, _shardings(mesh))
+
+
+def _abstract(values, mesh):
+    sh = _shardings(mesh)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh[k]) for k, v in values.items()}
+
+
+def _bytes(x):
+    return np.asarray(x).reshape(-1).view(np.uint8)
+
+
+def _assert_bitwise(tree, values, mesh):
+    for k, v in values.items():
+        got = tree[k]
+        assert got.sharding == NamedSharding(mesh, SPECS[k]), k
+        assert got.dtype == v.dtype, k
+        np.testing.assert_array_equal(_bytes(got), _bytes(v), err_msg=k)
+        for shard in got.addressable_shards:  # every device's copy, not just the assembled view
+            np.testing.assert_array_equal(_bytes(shard.data), _bytes(np.asarray(v)[shard.index]), err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def own():
+    with start_keeper("own") as k:
+        yield k
+
+
+@pytest.fixture(scope="module")
+def peer():
+    with start_keeper("peer") as k:
+        yield k
+
+
+def _write(keeper, step, tree, data_state=None, *, keep=lambda shard: True):
+    with KeeperClient(keeper.address) as c:
+        shards = [s for s in jax_io.host_shards(tree) if keep(s)]
+        return SnapshotWriter(c).write(step, shards, data_state or {"pos": step})
+
+
+def _restore(abstract, sources, **kw):
+    snaps = [s for address, via in sources for s in open_snapshots(address, via=via)]
+    try:
+        return jax_io.restore(abstract, snaps, **kw)
+    finally:
+        for s in snaps:
+            s.close()
+
+
+def test_host_shards_are_unique_per_index():
+    mesh = _mesh(4)
+    shards = jax_io.host_shards(_put(_values(), mesh))
+    per_leaf = {}
+    for s in shards:
+        per_leaf.setdefault(s.path, []).append(s.index)
+    # 'w' and 'emb' are replicated over the 4 data rows: 2 unique shards, not 8.
+    assert {k: len(v) for k, v in per_leaf.items()} == {"w": 2, "b": 8, "emb": 2, "count": 1}
+    assert all(len(set(v)) == len(v) for v in per_leaf.values())
+
+
+@pytest.mark.parametrize("via", ["shm", "tcp"])
+def test_round_trip_is_bitwise(own, via):
+    mesh, values = _mesh(4), _values(1)
+    _write(own, 1, _put(values, mesh), {"pos": 123, "epoch": 0})
+    tree, data_state, report = _restore(_abstract(values, mesh), [(own.address, via)])
+    assert report.step == 1 and data_state == {"pos": 123, "epoch": 0}
+    assert list(report.bytes_by_source) == [f"{via}:{own.address[0]}:{own.address[1]}"]
+    _assert_bitwise(tree, values, mesh)
+
+
+def test_restore_onto_a_smaller_mesh(own):
+    values = _values(2)
+    _write(own, 2, _put(values, _mesh(4)))
+    small = _mesh(3)
+    tree, _, report = _restore(_abstract(values, small), [(own.address, "shm")])
+    assert report.step == 2
+    _assert_bitwise(tree, values, small)
+
+
+def test_missing_shards_heal_from_a_peer_or_are_listed(own, peer):
+    mesh, values = _mesh(4), _values(3)
+    tree = _put(values, mesh)
+    # The own keeper lost the second half of 'w' (say that process's shards);
+    # the peer holds a full snapshot of the same step.
+    _write(own, 3, tree, keep=lambda s: not (s.path == "w" and s.index[1][0] == 3))
+    _write(peer, 3, tree)
+    abstract = _abstract(values, mesh)
+    restored, _, report = _restore(abstract, [(own.address, "shm"), (peer.address, "tcp")], step=3)
+    _assert_bitwise(restored, values, mesh)
+    assert report.healed_shards == 1
+    assert report.bytes_by_source[f"tcp:{peer.address[0]}:{peer.address[1]}"] == 8 * 3 * 4
+    with pytest.raises(jax_io.SnapshotMissingError, match=r"step 3 lacks 1 shard\(s\): w\[\[0, 8\], \[3, 6\]\]"):
+        _restore(abstract, [(own.address, "shm")], step=3)
+    # A dead peer is skipped; the live one still heals.
+    with _free_address() as dead:
+        snaps = open_sources(own.address, [dead, peer.address])
+    try:
+        restored, _, report = jax_io.restore(abstract, snaps, step=3)
+        _assert_bitwise(restored, values, mesh)
+        assert report.healed_shards == 1
+    finally:
+        for s in snaps:
+            s.close()
+
+
+@contextlib.contextmanager
+def _free_address():
+    """An address nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()
+
+
+def test_restore_rejects_a_changed_leaf(own):
+    mesh, values = _mesh(4), _values(4)
+    _write(own, 4, _put(values, mesh))
+    changed = dict(values, w=values["w"].astype(ml_dtypes.bfloat16))
+    with pytest.raises(jax_io.SnapshotMismatchError, match=r"w was saved as float32\[8, 6\]"):
+        _restore(_abstract(changed, mesh), [(own.address, "tcp")])
+
+
+_CRASHING_WRITER = textwrap.dedent("""
+    import sys, time
+    from mecefo_jax.snapshot.client import KeeperClient
+    c = KeeperClient(("127.0.0.1", int(sys.argv[1])))
+    slot = c.begin(1 << 16)
+    buf = c.segment(slot["shm"]).buf
+    buf[:4096] = b"\\xab" * 4096  # half a snapshot: preamble and first shards clobbered
+    print("HALF", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_writer_killed_mid_copy_leaves_previous_snapshot(own):
+    mesh = _mesh(4)
+    for step in (20, 21):
+        _write(own, step, _put(_values(step), mesh))
+    # Two slots: the crashing writer overwrites the one holding step 20.
+    proc = subprocess.Popen([sys.executable, "-c", _CRASHING_WRITER, str(own.port)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        assert proc.stdout.readline().strip() == "HALF"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    with KeeperClient(own.address) as c:
+        assert [r.step for r in c.snapshots()] == [21]
+    tree, data_state, report = _restore(_abstract(_values(21), mesh), [(own.address, "shm")])
+    assert report.step == 21 and data_state == {"pos": 21}
+    _assert_bitwise(tree, _values(21), mesh)
+
+
+def test_publish_of_an_unwritten_slot_is_refused(own):
+    mesh = _mesh(4)
+    _write(own, 30, _put(_values(30), mesh))
+    with KeeperClient(own.address) as c:
+        slot = c.begin(1000)
+        with pytest.raises(KeeperError, match="refusing to publish step 31"):
+            c.publish(slot["slot"], slot["token"], step=31, nbytes=500, checksum=1,
+                      header_offset=400, header_len=100)
+        assert [r.step for r in c.snapshots()] == [30]
+
+
+def test_async_snapshot_keeps_values_of_a_donated_step(own):
+    mesh, values = _mesh(4), _values(5)
+    shardings = _shardings(mesh)
+    state = _put(values, mesh)
+    step_fn = jax.jit(lambda t: jax.tree.map(lambda x: x + 1, t), donate_argnums=0)
+    with KeeperClient(own.address) as c, async_writer.AsyncSnapshotter(SnapshotWriter(c)) as snap:
+        host = jax.device_put(state, jax_io.pinned_host_shardings(shardings))
+        snap.submit(5, host, {"pos": 5})
+        del host
+        state = step_fn(state)  # donates the buffers the snapshot was taken from
+        snap.submit(6, jax.device_put(state, jax_io.pinned_host_shardings(shardings)), {"pos": 6})
+        state = step_fn(state)
+        snap.wait()
+        assert snap.stats.published == 2 and snap.stats.last_published_step == 6
+        assert snap.stats.bytes > 0 and snap.stats.write_sec > 0
+    for step, want in ((5, values), (6, jax.tree.map(lambda x: x + 1, values))):
+        tree, data_state, _ = _restore(_abstract(values, mesh), [(own.address, "shm")], step=step)
+        assert data_state == {"pos": step}
+        _assert_bitwise(tree, want, mesh)
+
+
+def test_async_error_surfaces_on_next_call_and_keeps_last_snapshot(own):
+    mesh, values = _mesh(4), _values(6)
+    host = jax.device_put(_put(values, mesh), jax_io.pinned_host_shardings(_shardings(mesh)))
+
+    def die(step):
+        if step == 41:
+            raise OSError("worker lost its keeper mid-snapshot")
+
+    with KeeperClient(own.address) as c:
+        snap = async_writer.AsyncSnapshotter(SnapshotWriter(c, before_publish=die))
+        snap.submit(40, host, {"pos": 40})
+        snap.submit(41, host, {"pos": 41})
+        with pytest.raises(async_writer.SnapshotError, match="step 41 failed.*mid-snapshot"):
+            snap.wait()
+        snap.close()
+        assert [r.step for r in c.snapshots()] == [40]
+        with pytest.raises(TypeError, match="not JSON-serialisable"):
+            async_writer.AsyncSnapshotter(SnapshotWriter(c)).submit(42, host, {"pos": np.int64(1)})
+
+
+_TRAINING_WORKER = textwrap.dedent("""
+    import sys
+    import jax, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from mecefo_jax.snapshot import AsyncSnapshotter, KeeperClient, SnapshotWriter, pinned_host_shardings
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    sh = {"w": NamedSharding(mesh, P())}
+    state = jax.device_put({"w": np.arange(50_000, dtype=np.float32)}, sh)
+    step_fn = jax.jit(lambda t: {"w": t["w"] + 1}, donate_argnums=0)
+    snap = AsyncSnapshotter(SnapshotWriter(KeeperClient(("127.0.0.1", int(sys.argv[1])))))
+    host_sh = pinned_host_shardings(sh)
+    for step in range(10**9):
+        state = step_fn(state)
+        snap.submit(step, jax.device_put(state, host_sh), {"pos": step})
+        if step == 20:
+            print("RUNNING", flush=True)
+""")
+
+
+def test_sigkilled_training_worker_restores_its_last_published_step(own):
+    # The worker snapshots every step until it is SIGKILLed at a random
+    # point; whatever step was last published must come back exactly.
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINING_WORKER, str(own.port)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+    try:
+        assert proc.stdout.readline().strip() == "RUNNING"
+        time.sleep(0.2)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    mesh = _mesh(1, 1)
+    abstract = {"w": jax.ShapeDtypeStruct((50_000,), np.float32, sharding=NamedSharding(mesh, P()))}
+    tree, data_state, report = _restore(abstract, [(own.address, "shm")])
+    step = report.step
+    assert step >= 20 and data_state == {"pos": step}
+    np.testing.assert_array_equal(np.asarray(tree["w"]), np.arange(50_000, dtype=np.float32) + step + 1)
