@@ -259,7 +259,7 @@ def bench_table(bench: dict, shape: ModelShape, *, metric: str, seq_len: int,
                      neighbour=tuple(neighbour), plain=plain, step_sec=step,
                      step_sec_source=step_src,
                      note=f'{path}: ratios[*][{metric}] of {shape_txt} on {device}'
-                          + ('' if same_shape else f', applied to {shape.name}'))
+                          + ('' if same_shape else ' (another shape: ratios applied as they are)'))
 
 
 _ROLE_KEY = re.compile(r'^role(\d+)_(?:slots(\d+)_batch(\d+)|rows(\d+))$')

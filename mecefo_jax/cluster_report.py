@@ -4,8 +4,9 @@ This module owns the presentation of `cluster_sim.monte_carlo`'s result: the
 paper's Table-2 layout with the paper's own figures beside ours, the
 computed explanation of where and why our ordering differs from the
 paper's, the drop-against-cluster-size table and plot, and the cost and
-recovery tables each figure rests on. Every sentence with a number in it is
-computed from the result, none is hard-coded. Pure numpy + matplotlib.
+recovery tables each figure rests on. Every figure of ours is computed from
+the result; the only constants are cited ones (the paper's Table 2, the
+measured CPU step-cost ratios). Pure numpy + matplotlib.
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ PAPER = {
     '7B': {'none': 111.1, 'high': 106.5, 'high_drop_pct': 4.18,
            'bamboo_high_drop_pct': 20.84, 'oobleck_high_drop_pct': 28.09},
 }
+# bench_step.py on CPU, XLA cost analysis (DESIGN.md section 3): two shards
+# in neighbour mode over one normal shard, 350M width, 24 blocks.
+MEASURED_CPU_RATIO_350M = 1.30
 ASSUMPTION_TEXT = {
     'in_process': 'in-process (failures masked in a healthy process: no relaunch)',
     'real_crash': 'real crash (teardown + relaunch on every failure and every return)',
@@ -359,12 +363,17 @@ def _cost_section(result) -> list[str]:
                      f"{tok / t['step_sec'] / 1e3:.1f} | {mfu:.2f} |")
     notes = {t['note'] for t in result['cost_tables'].values()}
     srcs = {t['step_sec_source'] for t in result['cost_tables'].values()}
+    shape = costs_lib.PAPER_MODELS['350M']
+    cpu_like = 2 * costs_lib.flops_per_token(
+        shape, mode='neighbour', seq_len=256, rank=128, batch_tokens=4 * 256,
+        recompute_ffn=False) / costs_lib.flops_per_token(shape, mode='normal', seq_len=256)
     lines += ['', 'Cost source: ' + '; '.join(sorted(notes)) + '. Step time: '
               + '; '.join(sorted(srcs)) + '. Between measured points cost is linear in '
               'examples (elastic: one larger exact batch; spread: a fraction of a shard in '
-              'neighbour mode). The measured CPU figure (350M width, seq 256, r=128, 4 '
-              'sequences) is 1.30x at 24 blocks without the FFN recompute, which XLA:CPU '
-              'folds away; a GPU runs it.', '']
+              'neighbour mode). For reference, the measured CPU ratio (350M width, seq 256, '
+              f'r=128, 4 sequences per shard) is {MEASURED_CPU_RATIO_350M:.2f}x at 24 blocks '
+              f'without the FFN recompute, which XLA:CPU folds away; the FLOP model in that '
+              f'setting gives {cpu_like:.3f}x. A GPU runs the recompute.', '']
     return lines
 
 
