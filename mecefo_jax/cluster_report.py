@@ -220,7 +220,7 @@ def _explanation_text(result, expl) -> list[str]:
                        if beats else "our MeCeFO drop is above the paper's Bamboo and Oobleck")
         lines.append(
             f"- **{e['model']}, reading {e['reading']}, {e['assumption']}**: {order} (% drop). "
-            f"{'; '.join(verdict)}. At least one replica is down "
+            f"{_sentence('; '.join(verdict))}. At least one replica is down "
             f"{100 * e['time_frac_any_down']:.1f}% of the time, and while one is, MeCeFO's step "
             f"is {e['mecefo_step_ratio_when_down']:.3f}x the fault-free one (its busiest "
             f"neighbour), so p(1 - 1/r) = {e['first_order_drop_pct']:.1f}% (simulated: "
@@ -260,6 +260,10 @@ def _explanation_text(result, expl) -> list[str]:
                   f"regimes read as stated: a synchronous step waits for the neighbour whenever a "
                   f"replica is down, and under these regimes one nearly always is."]
     return lines + ['']
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _ratio(x) -> str:
