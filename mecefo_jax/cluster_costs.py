@@ -251,8 +251,10 @@ def bench_table(bench: dict, shape: ModelShape, *, metric: str, seq_len: int,
     else:
         step = mfu_step_sec(shape, seq_len=seq_len, replica_seqs=replica_seqs, mfu=mfu,
                             **analytic_kw)
-        step_src = (f'analytic FLOPs at MFU {mfu:g} of 312 TFLOP/s (bench is '
-                    f'{device or "unknown device"}, shape {"matches" if same_shape else "differs"})')
+        peak = analytic_kw.get('peak_flops', PEAK_FLOPS_A100_BF16) / 1e12
+        step_src = (f'analytic FLOPs at MFU {mfu:g} of {peak:g} TFLOP/s (bench is '
+                    f'{device or "unknown device"}, shape '
+                    f'{"matches" if same_shape else "differs"})')
     shape_txt = ', '.join(f'{k}={config.get(k)}' for k in
                           ('d_model', 'num_layers', 'ffn_hidden', 'seq_len', 'per_device_batch'))
     return CostTable(source='bench', exact=((1.0, 1.0), (2.0, ndb)),
@@ -302,8 +304,9 @@ def roles_table(roles: dict, shape: ModelShape, *, seq_len: int, replica_seqs: i
         return tuple((x, float(np.mean(v))) for x, v in sorted(by_x.items()))
 
     step = mfu_step_sec(shape, seq_len=seq_len, replica_seqs=replica_seqs, mfu=mfu, **analytic_kw)
+    peak = analytic_kw.get('peak_flops', PEAK_FLOPS_A100_BF16) / 1e12
     return CostTable(source='roles', exact=points(0), neighbour=points(1), step_sec=step,
-                     step_sec_source=f'analytic FLOPs at MFU {mfu:g} of 312 TFLOP/s '
+                     step_sec_source=f'analytic FLOPs at MFU {mfu:g} of {peak:g} TFLOP/s '
                                      f'(role timings are ratios only)',
                      note=f'{path}: per-role seconds measured on this machine, reference '
                           f'{ref_examples} examples')

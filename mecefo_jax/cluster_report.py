@@ -320,11 +320,11 @@ def _sweep_table(result) -> list[str]:
             lines.append('')
             if wins:
                 better = [(n, g) for n, g in wins if g > 0]
-                lines.append(
-                    'Elastic drops less than MeCeFO at n = '
-                    + (', '.join(str(n) for n, _ in better) + f" (by {min(g for _, g in better):.1f}"
-                       f" to {max(g for _, g in better):.1f} points)" if better else
-                       'none of these sizes') + '.')
+                where = (', '.join(str(n) for n, _ in better)
+                         + f" (by {min(g for _, g in better):.1f} to "
+                           f"{max(g for _, g in better):.1f} points)"
+                         if better else 'none of these sizes')
+                lines.append(f'Elastic drops less than MeCeFO at n = {where}.')
             if quiet:
                 lines.append(f"No failures at n = {', '.join(map(str, quiet))}: "
                              + ('a single node, and a failure that would leave nothing live is '
