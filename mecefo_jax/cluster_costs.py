@@ -243,7 +243,8 @@ def bench_table(bench: dict, shape: ModelShape, *, metric: str, seq_len: int,
     config = bench.get('config', {})
     device = str(bench.get('device', ''))
     same_shape = _matches(config, shape)
-    if same_shape and device.startswith('gpu') and 'normal' in bench.get('modes', {}):
+    on_gpu = device.split(':')[0] in ('gpu', 'cuda', 'rocm')
+    if same_shape and on_gpu and 'normal' in bench.get('modes', {}):
         bench_tokens = int(config['per_device_batch']) * int(config['seq_len'])
         step_ms = float(bench['modes'].get('plain_dp', bench['modes']['normal'])['step_ms'])
         step = step_ms / 1e3 * replica_seqs * seq_len / bench_tokens

@@ -357,7 +357,8 @@ def _cost_section(result) -> list[str]:
         shape = costs_lib.PAPER_MODELS[name]
         tok = cfg['global_batch'] * cfg['seq_len']
         mfu = (costs_lib.paper_implied_mfu(
-            shape, PAPER[name]['none'] * 1e3, cfg['replicas'], seq_len=cfg['seq_len'],
+            shape, PAPER[name]['none'] * 1e3, traces_lib.CALIBRATION_REPLICAS,
+            seq_len=cfg['seq_len'],
             rank=cfg['rank'], recompute_ffn=cfg['recompute_ffn'],
             causal_scores=cfg['causal_scores'], peak_flops=cfg['peak_tflops'] * 1e12)
                if name in PAPER else math.nan)

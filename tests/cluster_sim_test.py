@@ -259,6 +259,13 @@ def test_bench_table_reads_ratios_and_names_missing_modes():
     assert (t.ratio('ndb_naive'), t.ratio('mecefo'), t.ratio('mecefo_per_batch'),
             t.plain) == (1.9, 1.4, 0.7, 0.95)
     assert 'analytic' in t.step_sec_source  # a CPU bench of another shape gives no time
+    # A GPU bench of this very shape gives the absolute step, scaled to 16 x 256 tokens.
+    gpu = dict(bench, device='gpu:NVIDIA H100', modes={'normal': {'step_ms': 50.0}},
+               config={'d_model': 1024, 'num_layers': 24, 'ffn_hidden': 2736,
+                       'vocab_size': 32000, 'seq_len': 256, 'per_device_batch': 4})
+    t = costs_lib.bench_table(gpu, shape, metric='step_ms', seq_len=256, replica_seqs=16,
+                              mfu=0.4)
+    assert t.step_sec == pytest.approx(0.050 * 16 / 4)
     del bench['ratios']['mecefo']
     with pytest.raises(ValueError, match='bench_json'):
         costs_lib.bench_table(bench, shape, metric='step_ms', seq_len=256, replica_seqs=16,
