@@ -1,0 +1,162 @@
+"""Per-event recovery overheads for the cluster simulator.
+
+This module owns the *recovery table*: what one live-set change (a failure,
+a return, or both at once) costs a strategy in seconds of no progress and in
+redone steps, under each of the two assumptions the simulator reports:
+
+``in_process``
+    The failure is masked inside a healthy process (what the controller does
+    today, and how the paper injects failures): the strategy switches layout
+    on a topology whose step was compiled ahead, the state is already on the
+    survivors. Cost: the `in_process` entry (default 0 s, 0 steps: the
+    paper's assumption). `checkpoint_restart` still restores its last Orbax
+    checkpoint from disk (`disk.restore_sec`) and redoes the steps since.
+
+``real_crash``
+    A failure kills a process; JAX cannot continue a collective without it,
+    so every strategy tears the job down and relaunches on the survivors, on
+    each failure and on each return. Strategies with in-memory snapshots
+    (every one but `checkpoint_restart`) pay the `memory` entry; the
+    checkpoint strategy pays the `disk` entry.
+
+Each entry has `recovery_sec` (wall seconds from the event to the first
+useful step), `restore_sec` (the part spent loading the state, reported for
+reference) and `lost_steps` (steps redone per event; `None` for `disk` means
+"the steps since the last checkpoint", derived from the trace and the
+checkpoint period).
+
+Sources, later ones overriding earlier ones field by field: the stated
+defaults (`DEFAULTS`, with their breakdown in `DEFAULT_BREAKDOWN`), the
+measured events of a strategy comparison (`compare_faults.json`, in-process
+overheads measured on this machine), a crash drill (`crash_drill.json`,
+with `memory` and `disk` objects), and command-line flags.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+ENTRIES = ('in_process', 'memory', 'disk')
+FIELDS = ('recovery_sec', 'restore_sec', 'lost_steps')
+
+# The defaults, by component (seconds). Not measurements: round figures for
+# a GPU job of this size, stated so that they can be argued with and
+# replaced (--recovery_json, or --memory_recovery_sec and friends).
+DEFAULT_BREAKDOWN: dict[str, dict[str, float]] = {
+    'in_process': {},  # masked failure, precompiled topology: nothing to pay
+    'memory': {
+        'detect_sec': 10.0,  # heartbeat / collective timeout notices the dead process
+        'teardown_and_start_sec': 15.0,  # kill survivors, start fresh processes
+        'distributed_init_sec': 5.0,  # jax.distributed.initialize on the new set
+        'restore_sec': 5.0,  # state from host-RAM snapshots (peer or local keeper)
+        'compile_sec': 30.0,  # the new topology's step, incl. the slow first step
+    },
+    'disk': {
+        'detect_sec': 10.0,
+        'teardown_and_start_sec': 15.0,
+        'distributed_init_sec': 5.0,
+        'restore_sec': 60.0,  # Orbax restore from shared storage
+        'compile_sec': 30.0,
+    },
+}
+DEFAULTS: dict[str, dict[str, Any]] = {
+    'in_process': {'recovery_sec': 0.0, 'restore_sec': 0.0, 'lost_steps': 0.0},
+    'memory': {'recovery_sec': sum(DEFAULT_BREAKDOWN['memory'].values()),
+               'restore_sec': DEFAULT_BREAKDOWN['memory']['restore_sec'],
+               'lost_steps': 1.0},  # the step in flight when the process died
+    'disk': {'recovery_sec': sum(DEFAULT_BREAKDOWN['disk'].values()),
+             'restore_sec': DEFAULT_BREAKDOWN['disk']['restore_sec'],
+             'lost_steps': None},  # steps since the last checkpoint
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """One way of recovering, per live-set change."""
+    recovery_sec: float
+    restore_sec: float
+    lost_steps: float | None
+    source: str = 'default'
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryTable:
+    in_process: Recovery
+    memory: Recovery
+    disk: Recovery
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in ENTRIES}
+
+
+def _check(entry: str, field: str, value: Any, origin: str) -> float | None:
+    if value is None and field == 'lost_steps':
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f'{origin}: {entry}.{field}={value!r} is not a number.') from None
+    if value < 0:
+        raise ValueError(f'{origin}: {entry}.{field}={value!r} must be >= 0.')
+    return value
+
+
+def measured_in_process(compare_report: dict, origin: str = '--events_json') -> dict[str, float]:
+    """In-process overheads from a strategy comparison's measured events.
+
+    The median over the failure and recovery events of the strategies that
+    keep running in place (not checkpoint_restart) of detect + rebuild +
+    compile + restore seconds, and of their lost steps. These are measured on
+    this machine for the comparison's config (CPU, small model).
+    """
+    seconds, lost = [], []
+    for name, result in compare_report.get('strategies', {}).items():
+        if name in ('fault_free', 'checkpoint_restart'):
+            continue
+        for e in result.get('events', []):
+            seconds.append(sum(float(e.get(k) or 0.0) for k in
+                               ('detect_sec', 'rebuild_sec', 'compile_sec', 'restore_sec')))
+            lost.append(float(e.get('lost_steps') or 0.0))
+    if not seconds:
+        raise ValueError(f'{origin}: no failure or recovery events in strategies[*].events; '
+                         f'pass a compare_faults.json from a run with failures.')
+    return {'recovery_sec': statistics.median(seconds), 'restore_sec': 0.0,
+            'lost_steps': statistics.median(lost)}
+
+
+def recovery_table(*, drill: dict | None = None, measured: dict | None = None,
+                   overrides: dict[str, dict[str, Any]] | None = None,
+                   drill_path: str = '--recovery_json') -> RecoveryTable:
+    """Defaults <- measured in-process events <- crash drill <- flags.
+
+    `drill` is a crash_drill.json dict (`memory` / `disk` / optionally
+    `in_process` objects with `recovery_sec`, `restore_sec`, `lost_steps`);
+    `measured` replaces `in_process`; `overrides[entry][field]` wins over all.
+    """
+    entries = {name: dict(DEFAULTS[name], source='default') for name in ENTRIES}
+    layers = []
+    if measured is not None:
+        layers.append(({'in_process': measured}, 'measured events'))
+    if drill is not None:
+        if not any(k in drill for k in ENTRIES):  # other keys (timings, logs) are fine
+            raise ValueError(f'{drill_path}: expected objects {", ".join(ENTRIES)} (at least '
+                             f'one) with {", ".join(FIELDS)}; got keys {sorted(drill)}.')
+        layers.append(({k: v for k, v in drill.items() if k in ENTRIES}, 'crash drill'))
+    if overrides:
+        layers.append((overrides, 'flag'))
+    for layer, origin in layers:
+        for entry, values in layer.items():
+            if entry not in ENTRIES:
+                raise ValueError(f'recovery entry {entry!r} is unknown; use {ENTRIES}.')
+            if not isinstance(values, dict):
+                raise ValueError(f'{origin}: {entry} must be an object with {FIELDS}.')
+            changed = False
+            for field, value in values.items():
+                if field in FIELDS:
+                    entries[entry][field] = _check(entry, field, value, origin)
+                    changed = True
+            if changed:
+                prev = entries[entry]['source']
+                entries[entry]['source'] = origin if prev == 'default' else f'{prev} + {origin}'
+    return RecoveryTable(**{name: Recovery(**entries[name]) for name in ENTRIES})

@@ -1,0 +1,433 @@
+"""Cluster-scale projection of the fault-tolerance strategies (Monte Carlo).
+
+This module owns the *throughput model* of a strategy over a failure trace
+and the Monte Carlo that runs it over many seeded traces, models, regimes,
+readings and cluster sizes. Its pieces live beside it, one concern each:
+`cluster_traces` (failure traces and per-live-set loads), `cluster_costs`
+(per-role step costs), `cluster_recovery` (per-event overheads) and
+`cluster_report` (JSON, markdown, plot). Pure numpy: nothing here imports
+jax, so a projection to 1,024 replicas runs in seconds on a laptop.
+
+The model, per interval of constant live set (continuous time):
+
+* data parallelism over n replicas, one synchronous step at a time, each
+  step as long as its slowest device: ``step_sec * cost / plain``, with the
+  busiest device's cost from the cost table (`step_costs`);
+* a step yields the global batch's tokens (``drop``: only the live
+  replicas' shards, so its throughput counts *useful* tokens);
+* each live-set change costs the strategy's recovery time of no progress; a
+  change during an ongoing recovery restarts it (recovery ends at
+  ``max(previous end, change + recovery_sec)``), it does not queue;
+* a change in which some replica fails loses `lost_steps` executed steps
+  (``None``: the steps since the last checkpoint, every `checkpoint_every`
+  steps; a return loses nothing: a planned restart saves first, as the
+  controller's `checkpoint_restart` does);
+* throughput = useful tokens / horizon; drop % = 1 - throughput / the
+  fault-free throughput on the same cluster.
+
+Strategies (names as in `faults/strategies.py`, plus `fault_free`):
+
+| strategy           | busiest device, f of n down                  | tokens | per event |
+|--------------------|----------------------------------------------|--------|-----------|
+| fault_free         | one shard (no failures)                      | all    | -         |
+| mecefo             | neighbour mode, 1 + adopted shards           | all    | recovery  |
+| ndb_naive          | exact, 1 + adopted shards                    | all    | recovery  |
+| mecefo_spread      | neighbour mode, 1 + its pieces (k nearest)   | all    | recovery  |
+| elastic            | exact, 1 + f/(n-f) in one larger batch       | all    | recovery  |
+| drop               | one shard                                    | (n-f)/n| recovery  |
+| checkpoint_restart | as elastic                                   | all    | disk restore + redo |
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from mecefo_jax import cluster_costs as costs_lib
+from mecefo_jax import cluster_recovery as recovery_lib
+from mecefo_jax import cluster_traces as traces_lib
+
+STRATEGIES = ('fault_free', 'mecefo', 'ndb_naive', 'mecefo_spread', 'elastic', 'drop',
+              'checkpoint_restart')
+ASSUMPTIONS = ('in_process', 'real_crash')
+TABLE2_REGIMES = ('none', 'low', 'mid', 'high')
+
+
+# ------------------------------------------------------------- one trace
+
+
+def step_costs(strategy: str, iv: traces_lib.Intervals,
+               cost: costs_lib.CostTable) -> tuple[np.ndarray, np.ndarray]:
+    """(busiest device's cost in normal shards, useful fraction of the batch)
+    per interval."""
+    down = iv.failed > 0
+    useful = np.ones(iv.start.size)
+    if strategy == 'fault_free':
+        ratio = np.full(iv.start.size, cost.plain)
+    elif strategy == 'mecefo':
+        # Normal replicas of a layout with a neighbour run the role-switching
+        # step (cost 1); nothing down means the plain fault-free step.
+        ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(iv.adopt_shards)), cost.plain)
+    elif strategy == 'mecefo_spread':
+        ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(iv.spread_shards)), cost.plain)
+    elif strategy == 'ndb_naive':
+        ratio = cost.plain * cost.exact_cost(iv.adopt_shards)
+    elif strategy in ('elastic', 'checkpoint_restart'):
+        ratio = cost.plain * cost.exact_cost(iv.elastic_shards)
+    elif strategy == 'drop':
+        ratio = np.full(iv.start.size, cost.plain)
+        useful = (iv.num_replicas - iv.failed) / iv.num_replicas
+    else:
+        raise ValueError(f'strategy {strategy!r} is unknown; use one of {", ".join(STRATEGIES)}.')
+    return ratio, useful
+
+
+def event_recovery(strategy: str, assumption: str,
+                   table: recovery_lib.RecoveryTable) -> tuple[float, float | None]:
+    """(seconds of no progress, lost steps or None = since last checkpoint) per change."""
+    if assumption not in ASSUMPTIONS:
+        raise ValueError(f'assumption {assumption!r} is unknown; use {" or ".join(ASSUMPTIONS)}.')
+    if strategy == 'fault_free':
+        return 0.0, 0.0
+    if strategy == 'checkpoint_restart':
+        if assumption == 'in_process':  # no relaunch: restore from disk in place
+            return table.disk.restore_sec, table.disk.lost_steps
+        return table.disk.recovery_sec, table.disk.lost_steps
+    entry = table.in_process if assumption == 'in_process' else table.memory
+    return entry.recovery_sec, entry.lost_steps
+
+
+def _lost_since_checkpoint(since: np.ndarray, onset: np.ndarray, every: float) -> np.ndarray:
+    """Steps redone at each change, with a checkpoint every `every` steps.
+
+    A failure rolls back to the last checkpoint; a return saves first (the
+    new set resumes where the old one stopped), which moves the base.
+    """
+    lost = np.zeros(since.size)
+    position = last_saved = 0.0
+    for i, (s, fail) in enumerate(zip(since, onset)):
+        position += s
+        last_saved = max(last_saved, math.floor(position / every) * every)
+        if fail:
+            lost[i] = position - last_saved
+            position = last_saved
+        else:
+            last_saved = position
+    return lost
+
+
+def simulate(strategy: str, iv: traces_lib.Intervals, cost: costs_lib.CostTable,
+             recovery: recovery_lib.RecoveryTable, *, assumption: str, global_tokens: float,
+             checkpoint_every: float) -> dict[str, float]:
+    """Useful tokens/s of `strategy` over one trace, and what went into it."""
+    ratio, useful = step_costs(strategy, iv, cost)
+    step_sec = cost.step_sec * ratio / cost.plain
+    tokens_per_step = global_tokens * useful
+    sec, lost_fixed = event_recovery(strategy, assumption, recovery)
+    event = iv.event & (strategy != 'fault_free')
+    busy_until = np.maximum.accumulate(np.where(event, iv.start + sec, -np.inf))
+    productive = np.clip(iv.end - np.maximum(iv.start, busy_until), 0.0, None)
+    steps = productive / step_sec
+    executed_before = np.concatenate([[0.0], np.cumsum(steps)])
+    at = np.flatnonzero(event)
+    since = np.diff(np.concatenate([[0.0], executed_before[at]]))
+    if lost_fixed is None:
+        if not checkpoint_every > 0:
+            raise ValueError(f'--checkpoint_every={checkpoint_every!r} must be > 0 when the '
+                             f'lost steps are derived from the checkpoint period.')
+        lost = _lost_since_checkpoint(since, iv.onset[at], checkpoint_every)
+    else:
+        lost = np.where(iv.onset[at], np.minimum(lost_fixed, since), 0.0)
+    lost_tokens = float(np.sum(lost * tokens_per_step[at - 1])) if at.size else 0.0
+    tokens = float(np.sum(steps * tokens_per_step)) - lost_tokens
+    horizon = iv.horizon_sec
+    fault_free_tps = global_tokens / cost.step_sec
+    tps = tokens / horizon
+    down = (iv.failed > 0) & (productive > 0)
+    weight = productive[down]
+    return {
+        'tokens_per_sec': tps,
+        'drop_pct': 100.0 * (1.0 - tps / fault_free_tps),
+        'fault_free_tokens_per_sec': fault_free_tps,
+        'events': float(at.size),
+        'lost_steps': float(np.sum(lost)),
+        'recovery_sec': float(np.sum(iv.duration - productive)),
+        # Busiest device's step over the fault-free one, time-weighted over
+        # productive time with a replica down (1.0 when there was none).
+        'step_ratio_when_down': float(np.sum(weight * ratio[down] / cost.plain) / weight.sum())
+        if weight.sum() > 0 else 1.0,
+    }
+
+
+def trace_stats(iv: traces_lib.Intervals) -> dict[str, float]:
+    """Model-independent figures of one trace."""
+    d = iv.duration
+    any_down = iv.failed > 0
+    return {
+        'time_frac_any_down': float(np.sum(d[any_down]) / iv.horizon_sec),
+        'mean_replicas_down': float(np.sum(d * iv.failed) / iv.horizon_sec),
+        'failure_events': float(np.count_nonzero(iv.onset)),
+        'change_events': float(np.count_nonzero(iv.event)),
+        'time_frac_adopter_2plus': float(np.sum(d[iv.adopt_shards >= 3]) / iv.horizon_sec),
+    }
+
+
+# ---------------------------------------------------------- Monte Carlo
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """Everything a projection depends on (see scripts/simulate_cluster.py)."""
+    models: tuple[str, ...] = ('350M', '1B', '7B')
+    regimes: tuple[str, ...] = TABLE2_REGIMES
+    readings: tuple[str, ...] = ('A', 'B')
+    assumptions: tuple[str, ...] = ASSUMPTIONS
+    strategies: tuple[str, ...] = STRATEGIES
+    replicas: int = 32
+    node_size: int = 8
+    seeds: int = 100
+    hours: float = 24.0
+    sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024)
+    sweep_model: str = '350M'
+    sweep_regime: str = 'high'
+    sweep_seeds: int = 0  # 0: min(seeds, max(4, seeds * 32 / n))
+    mtbf_hours: float = 0.0  # the 'custom' regime
+    mttr_hours: float = 0.0
+    rate_scaling: str = 'per_replica'
+    global_batch: int = 512  # sequences per step at `replicas`
+    seq_len: int = 256
+    rank: int = 128
+    spread_k: int = 2
+    granularity: str = 'sequence'  # or 'continuous'
+    checkpoint_every: int = 1000
+    recompute_ffn: bool = True
+    causal_scores: bool = False
+    mfu: float = 0.4
+    peak_tflops: float = 312.0
+
+    @property
+    def replica_seqs(self) -> int:
+        return self.global_batch // self.replicas
+
+    def validate(self) -> None:
+        if self.global_batch % self.replicas:
+            raise ValueError(f'--global_batch={self.global_batch} must divide evenly over '
+                             f'--replicas={self.replicas} (one shard per replica).')
+        for name in self.models:
+            if name not in costs_lib.PAPER_MODELS:
+                raise ValueError(f'--models: {name!r} is unknown; use '
+                                 f'{", ".join(costs_lib.PAPER_MODELS)}.')
+        if self.sizes and self.sweep_model not in costs_lib.PAPER_MODELS:
+            raise ValueError(f'--sweep_model={self.sweep_model!r}: use one of '
+                             f'{", ".join(costs_lib.PAPER_MODELS)}.')
+        for s in self.strategies:
+            if s not in STRATEGIES:
+                raise ValueError(f'--strategies: {s!r} is unknown; use {", ".join(STRATEGIES)}.')
+        for a in self.assumptions:
+            if a not in ASSUMPTIONS:
+                raise ValueError(f'--assumption: {a!r} is unknown; use {ASSUMPTIONS} or both.')
+        for r in self.readings:
+            if r not in traces_lib.READINGS:
+                raise ValueError(f'--readings: {r!r} is unknown; use A and/or B.')
+        for regime in self.regimes + ((self.sweep_regime,) if self.sizes else ()):
+            if regime != 'none':
+                traces_lib.regime_rates(regime, self.mtbf_hours, self.mttr_hours)
+        if 'B' in self.readings and any(n % self.node_size for n in (self.replicas,) + self.sizes):
+            raise ValueError(f'reading B needs --replicas and --sizes in multiples of '
+                             f'--node_size={self.node_size}.')
+        if self.granularity not in ('sequence', 'continuous'):
+            raise ValueError(f"--granularity={self.granularity!r}: use 'sequence' or "
+                             f"'continuous'.")
+        if self.seeds < 1 or self.hours <= 0:
+            raise ValueError(f'--seeds={self.seeds} must be >= 1 and --hours={self.hours} > 0.')
+        if self.spread_k < 1:
+            raise ValueError(f'--spread_k={self.spread_k} must be >= 1.')
+
+    def seeds_for(self, n: int) -> int:
+        if self.sweep_seeds > 0:
+            return self.sweep_seeds
+        return min(self.seeds, max(4, (self.seeds * self.replicas) // n))
+
+
+def cost_tables(config: SimConfig, *, source: str = 'analytic', bench: dict | None = None,
+                roles: dict | None = None, bench_metric: str = 'step_ms',
+                bench_path: str = '', roles_path: str = '') -> dict[str, costs_lib.CostTable]:
+    """One cost table per model named in the config (Table 2 and the sweep)."""
+    names = dict.fromkeys(config.models + ((config.sweep_model,) if config.sizes else ()))
+    peak = config.peak_tflops * 1e12
+    tables = {}
+    for name in names:
+        shape = costs_lib.PAPER_MODELS[name]
+        common = dict(seq_len=config.seq_len, replica_seqs=config.replica_seqs, mfu=config.mfu)
+        flop_kw = dict(rank=config.rank, recompute_ffn=config.recompute_ffn,
+                       causal_scores=config.causal_scores, peak_flops=peak)
+        if source == 'analytic':
+            tables[name] = costs_lib.analytic_table(shape, **common, **flop_kw)
+        elif source == 'bench':
+            if bench is None:
+                raise ValueError('--cost=bench needs --bench_json PATH (bench_step.json).')
+            if bench_metric not in ('step_ms', 'flops'):
+                raise ValueError(f"--bench_metric={bench_metric!r}: use 'step_ms' or 'flops'.")
+            tables[name] = costs_lib.bench_table(bench, shape, metric=bench_metric,
+                                                 path=bench_path, **common, **flop_kw)
+        elif source == 'roles':
+            if roles is None:
+                raise ValueError('--cost=roles needs --roles_json PATH (compare_faults.json).')
+            tables[name] = costs_lib.roles_table(roles, shape, path=roles_path, **common,
+                                                 **flop_kw)
+        else:
+            raise ValueError(f"--cost={source!r}: use 'analytic', 'bench' or 'roles'.")
+    return tables
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values, float)
+    return {'mean': float(a.mean()), 'std': float(a.std(ddof=1)) if a.size > 1 else 0.0,
+            'min': float(a.min()), 'max': float(a.max())}
+
+
+def run_setting(config: SimConfig, tables: dict[str, costs_lib.CostTable],
+                recovery: recovery_lib.RecoveryTable, *, reading: str, regime: str,
+                num_replicas: int, seeds: int, models) -> dict[str, Any]:
+    """Every (model, assumption, strategy) over `seeds` traces of one setting.
+
+    Returns {'trace': stats summaries, 'results': {(model, assumption,
+    strategy): {metric: summary}}}.
+    """
+    horizon = config.hours * 3600.0
+    shard = None if config.granularity == 'continuous' else config.replica_seqs
+    global_tokens = float(config.replica_seqs * config.seq_len * num_replicas)
+    per_seed: dict[tuple, list[dict]] = {}
+    stats: list[dict] = []
+    for seed in range(1 if regime == 'none' else seeds):
+        if regime == 'none':
+            iv = traces_lib.no_failures(num_replicas, horizon)
+        else:
+            mtbf, mttr = traces_lib.regime_rates(regime, config.mtbf_hours, config.mttr_hours)
+            trace = traces_lib.sample_trace(
+                num_replicas=num_replicas, reading=reading, mtbf_hours=mtbf, mttr_hours=mttr,
+                horizon_hours=config.hours, seed=seed, node_size=config.node_size,
+                rate_scaling=config.rate_scaling)
+            iv = traces_lib.intervals(trace, shard_seqs=shard, spread_k=config.spread_k)
+        stats.append(trace_stats(iv))
+        for model in models:
+            for assumption in config.assumptions:
+                for strategy in config.strategies:
+                    per_seed.setdefault((model, assumption, strategy), []).append(simulate(
+                        strategy, iv, tables[model], recovery, assumption=assumption,
+                        global_tokens=global_tokens, checkpoint_every=config.checkpoint_every))
+    results = {key: {m: _summary([r[m] for r in runs]) for m in runs[0]}
+               for key, runs in per_seed.items()}
+    trace = {m: _summary([s[m] for s in stats]) for m in stats[0]}
+    return {'trace': trace, 'results': results, 'seeds': len(stats)}
+
+
+def _row(config, tables, *, reading, regime, n, model, assumption, strategy, res, trace,
+         seeds) -> dict[str, Any]:
+    table = tables[model]
+    return {
+        'model': model, 'regime': regime, 'strategy': strategy, 'reading': reading,
+        'assumption': assumption, 'num_replicas': n, 'seeds': seeds, 'hours': config.hours,
+        'drop_pct': res['drop_pct']['mean'], 'drop_pct_std': res['drop_pct']['std'],
+        'drop_pct_min': res['drop_pct']['min'], 'drop_pct_max': res['drop_pct']['max'],
+        'tokens_per_sec': res['tokens_per_sec']['mean'],
+        'tokens_per_sec_std': res['tokens_per_sec']['std'],
+        'fault_free_tokens_per_sec': res['fault_free_tokens_per_sec']['mean'],
+        'events_mean': res['events']['mean'], 'lost_steps_mean': res['lost_steps']['mean'],
+        'recovery_sec_mean': res['recovery_sec']['mean'],
+        'step_ratio_when_down': res['step_ratio_when_down']['mean'],
+        'time_frac_any_down': trace['time_frac_any_down']['mean'],
+        'mean_replicas_down': trace['mean_replicas_down']['mean'],
+        'cost_source': table.source, 'step_time_source': table.step_sec_source,
+    }
+
+
+def monte_carlo(config: SimConfig, tables: dict[str, costs_lib.CostTable],
+                recovery: recovery_lib.RecoveryTable,
+                log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Table 2 (every model and regime at `replicas`) and the size sweep."""
+    config.validate()
+    rows, sweep_rows, traces = [], [], []
+    start = time.perf_counter()
+    for reading in config.readings:
+        for regime in config.regimes:
+            t0 = time.perf_counter()
+            out = run_setting(config, tables, recovery, reading=reading, regime=regime,
+                              num_replicas=config.replicas, seeds=config.seeds,
+                              models=config.models)
+            traces.append({'part': 'table2', 'reading': reading, 'regime': regime,
+                           'num_replicas': config.replicas, 'seeds': out['seeds'],
+                           **out['trace']})
+            for (model, assumption, strategy), res in out['results'].items():
+                rows.append(_row(config, tables, reading=reading, regime=regime,
+                                 n=config.replicas, model=model, assumption=assumption,
+                                 strategy=strategy, res=res, trace=out['trace'],
+                                 seeds=out['seeds']))
+            frac = out['trace']['time_frac_any_down']['mean']
+            log(f'[simulate] table 2, reading {reading}, regime {regime:<6} n={config.replicas}:'
+                f' {out["seeds"]} seed(s), >=1 replica down {100 * frac:.1f}% of the time '
+                f'({time.perf_counter() - t0:.1f} s)')
+    for n in config.sizes:
+        for reading in config.readings:
+            t0 = time.perf_counter()
+            seeds = config.seeds_for(n)
+            out = run_setting(config, tables, recovery, reading=reading,
+                              regime=config.sweep_regime, num_replicas=n, seeds=seeds,
+                              models=(config.sweep_model,))
+            traces.append({'part': 'sweep', 'reading': reading, 'regime': config.sweep_regime,
+                           'num_replicas': n, 'seeds': out['seeds'], **out['trace']})
+            for (model, assumption, strategy), res in out['results'].items():
+                sweep_rows.append(_row(config, tables, reading=reading,
+                                       regime=config.sweep_regime, n=n, model=model,
+                                       assumption=assumption, strategy=strategy, res=res,
+                                       trace=out['trace'], seeds=out['seeds']))
+            log(f'[simulate] sweep, reading {reading}, n={n:>4}: {seeds} seed(s), mean '
+                f'{out["trace"]["mean_replicas_down"]["mean"]:.1f} replicas down '
+                f'({time.perf_counter() - t0:.1f} s)')
+    log(f'[simulate] done in {time.perf_counter() - start:.1f} s')
+    return {'config': dataclasses.asdict(config),
+            'primary': {'reading': 'A', 'assumption': 'in_process',
+                        'why': "the paper's setting: failures injected into healthy processes "
+                               "of a 32-GPU cluster, one GPU per failure"},
+            'rows': rows, 'sweep_rows': sweep_rows,
+            'traces': traces,
+            'cost_tables': {name: t.to_json() for name, t in tables.items()},
+            'recovery': recovery.to_json()}
+
+
+# ------------------------------------------------------------- end to end
+
+
+def run(config: SimConfig, *, out_dir: str | None = None, cost: str = 'analytic',
+        bench_json: str = '', roles_json: str = '', bench_metric: str = 'step_ms',
+        recovery_json: str = '', events_json: str = '',
+        recovery_overrides: dict | None = None,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Loads the tables, runs the Monte Carlo, writes the reports to `out_dir`."""
+    from mecefo_jax import cluster_report  # matplotlib only when writing
+
+    config.validate()
+    bench = costs_lib.load_json(bench_json, '--bench_json') if bench_json else None
+    roles = costs_lib.load_json(roles_json, '--roles_json') if roles_json else None
+    tables = cost_tables(config, source=cost, bench=bench, roles=roles,
+                         bench_metric=bench_metric, bench_path=bench_json,
+                         roles_path=roles_json)
+    drill = costs_lib.load_json(recovery_json, '--recovery_json') if recovery_json else None
+    measured = (recovery_lib.measured_in_process(costs_lib.load_json(events_json,
+                                                                     '--events_json'))
+                if events_json else None)
+    recovery = recovery_lib.recovery_table(drill=drill, measured=measured,
+                                           overrides=recovery_overrides,
+                                           drill_path=recovery_json or '--recovery_json')
+    for name, t in tables.items():
+        log(f'[simulate] {name}: {t.source} costs, mecefo x{t.ratio("mecefo"):.3f}, '
+            f'ndb_naive x{t.ratio("ndb_naive"):.3f}, fault-free step {t.step_sec * 1e3:.1f} ms '
+            f'({t.step_sec_source})')
+    result = monte_carlo(config, tables, recovery, log=log)
+    if out_dir:
+        paths = cluster_report.write(result, out_dir)
+        log('[simulate] wrote ' + ', '.join(paths.values()))
+    return result
