@@ -20,6 +20,10 @@ def base_config() -> ml_collections.ConfigDict:
     cfg.model.rope_theta = 10000.0  # rotary embedding base
     cfg.model.norm_eps = 1e-6  # RMSNorm epsilon
     cfg.model.dtype = 'float32'  # compute dtype: float32 on CPU, bfloat16 on GPU (params stay float32)
+    cfg.model.attention = 'auto'  # 'auto' (cuDNN fused on GPU with bfloat16, else XLA) | 'xla' | 'cudnn'
+    cfg.model.scan_layers = True  # nn.scan over blocks: compile time does not grow with depth
+    cfg.model.remat_policy = 'none'  # block remat: none | full | save_attention | save_dots
+    cfg.model.loss_chunk_tokens = 4096  # cross-entropy chunk (tokens); bounds the live logits
 
     cfg.data = ml_collections.ConfigDict()
     cfg.data.source = 'embedded'  # 'embedded' (CPython's docs, offline) | 'tfds' | 'text'

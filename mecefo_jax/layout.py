@@ -1,19 +1,28 @@
-"""Where each batch shard is computed: slots and roles per live replica.
+"""Where each batch shard is computed: pieces, roles and device programs per live replica.
 
 The data pipeline always yields the global batch as `num_shards` shards in a
 fixed order. A `Layout` says which live replica computes which examples and in
-which role; `assemble` turns a global batch into the per-replica slot arrays
+which role; `assemble` turns a global batch into the padded per-replica arrays
 the step consumes. Failures change the layout, never the samples.
 
-Shape letters: N shards, B examples per shard, R live replicas, S slots per
-replica, P examples per slot, T tokens per example (seq_len + 1).
+Every replica runs one *program*: a role and a number of example rows, all of
+its pieces joined into one batch (so a neighbour's two shards take one
+backward pass, with no gradient accumulator). Replicas of the same role share
+the program of the busiest of them, padding masked by zero weights: a
+synchronous step lasts as long as its slowest device anyway, and fewer
+distinct programs mean fewer branches and compilations. A layout whose only
+program is a normal one needs no per-device branching at all (`is_plain`).
+
+Shape letters: N shards, B examples per shard, R live replicas, C capacity
+(rows per replica, the largest program), T tokens per example (seq_len + 1).
 """
 import dataclasses
 
 import numpy as np
 
 ROLE_NORMAL = 0  # exact gradients
-ROLE_NEIGHBOUR = 1  # MeCeFO approximate backward on every slot it computes
+ROLE_NEIGHBOUR = 1  # MeCeFO approximate backward on every example it computes
+ROLE_NAMES = {ROLE_NORMAL: 'normal', ROLE_NEIGHBOUR: 'neighbour'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,68 +37,107 @@ class Piece:
         return self.stop - self.start
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class Program:
+    """What one device runs: `rows` examples (padding included) in `role`."""
+    role: int
+    rows: int
+
+    @property
+    def name(self) -> str:
+        return f'{ROLE_NAMES[self.role]}x{self.rows}'
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Static assignment of batch pieces to the live replicas of a mesh.
 
     `replicas[i]` is the original data-axis index of the i-th live replica (the
-    i-th row of the current mesh); `slots[i]` lists the pieces it computes, at
-    most `slot_batch` examples each; `roles[i]` is its role for all of them.
+    i-th row of the current mesh); `pieces[i]` lists what it computes, joined
+    into one batch in that order; `roles[i]` is its role for all of them.
     """
     replicas: tuple[int, ...]
     roles: tuple[int, ...]
-    slots: tuple[tuple[Piece, ...], ...]
-    slot_batch: int
+    pieces: tuple[tuple[Piece, ...], ...]
 
     def __post_init__(self):
-        if not (len(self.replicas) == len(self.roles) == len(self.slots)):
-            raise ValueError('Layout needs one role and one slot list per live replica.')
-        for pieces in self.slots:
+        if not (len(self.replicas) == len(self.roles) == len(self.pieces)):
+            raise ValueError('Layout needs one role and one piece list per live replica.')
+        for role, pieces in zip(self.roles, self.pieces):
+            if role not in ROLE_NAMES:
+                raise ValueError(f'unknown role {role}')
             for piece in pieces:
-                if not 0 < piece.size <= self.slot_batch:
-                    raise ValueError(f'{piece} does not fit a slot of {self.slot_batch}.')
+                if piece.size <= 0:
+                    raise ValueError(f'{piece} is empty.')
+
+    def rows(self, i: int) -> int:
+        """Real examples of live row i."""
+        return sum(piece.size for piece in self.pieces[i])
 
     @property
-    def num_slots(self) -> int:
-        """Slots per replica: the busiest replica's count (others are padded)."""
-        return max(1, max(len(pieces) for pieces in self.slots))
+    def programs(self) -> tuple[Program, ...]:
+        """The distinct device programs, sorted: per role, its busiest replica's rows."""
+        busiest: dict[int, int] = {}
+        for i, role in enumerate(self.roles):
+            busiest[role] = max(busiest.get(role, 1), self.rows(i))
+        return tuple(sorted(Program(role, rows) for role, rows in busiest.items()))
+
+    def program_index(self) -> tuple[int, ...]:
+        """Per live row, the index of its program in `programs`."""
+        by_role = {p.role: k for k, p in enumerate(self.programs)}
+        return tuple(by_role[role] for role in self.roles)
 
     @property
-    def signature(self) -> tuple[int, int, int]:
-        """What the compiled step depends on: (replicas, slots, slot batch)."""
-        return len(self.replicas), self.num_slots, self.slot_batch
+    def capacity(self) -> int:
+        """Rows per replica in the assembled batch: the largest program."""
+        return max(p.rows for p in self.programs)
+
+    @property
+    def is_plain(self) -> bool:
+        """One normal program everywhere: plain data parallelism, no branching."""
+        return len(self.programs) == 1 and self.programs[0].role == ROLE_NORMAL
+
+    @property
+    def signature(self) -> tuple:
+        """What the compiled step depends on: (live replicas, programs)."""
+        return len(self.replicas), self.programs
 
     def shards_covered(self) -> dict[int, int]:
         """Examples computed per shard, to check nothing is lost or repeated."""
         covered: dict[int, int] = {}
-        for pieces in self.slots:
+        for pieces in self.pieces:
             for piece in pieces:
                 covered[piece.shard] = covered.get(piece.shard, 0) + piece.size
         return covered
+
+    def examples(self) -> int:
+        return sum(self.rows(i) for i in range(len(self.replicas)))
 
 
 def full_layout(num_replicas: int, shard_batch: int) -> Layout:
     """Fault-free data parallelism: replica i computes shard i exactly."""
     return Layout(replicas=tuple(range(num_replicas)),
                   roles=(ROLE_NORMAL,) * num_replicas,
-                  slots=tuple((Piece(i, 0, shard_batch),) for i in range(num_replicas)),
-                  slot_batch=shard_batch)
+                  pieces=tuple((Piece(i, 0, shard_batch),) for i in range(num_replicas)))
 
 
 def assemble(layout: Layout, tokens_nbt: np.ndarray) -> dict[str, np.ndarray]:
-    """Gather a global batch into slot arrays for the step.
+    """Gather a global batch into the step's per-replica arrays.
 
-    Returns int32 tokens [R*S, P, T], float32 example weights [R*S, P] (0 marks
-    padding) and int32 roles [R]; the leading axes are split over 'data'.
+    Returns int32 tokens [R*C, T], float32 example weights [R*C] (0 marks
+    padding) and int32 program indices [R]; the leading axes are split over
+    'data', so replica r owns rows [r*C, (r+1)*C).
     """
-    num_replicas, num_slots, slot_batch = layout.signature
+    num_replicas, capacity = len(layout.replicas), layout.capacity
     seq = tokens_nbt.shape[-1]
-    tokens = np.zeros((num_replicas, num_slots, slot_batch, seq), np.int32)
-    weights = np.zeros((num_replicas, num_slots, slot_batch), np.float32)
-    for r, pieces in enumerate(layout.slots):
-        for s, piece in enumerate(pieces):
-            tokens[r, s, :piece.size] = tokens_nbt[piece.shard, piece.start:piece.stop]
-            weights[r, s, :piece.size] = 1.0
-    return {'tokens': tokens.reshape(num_replicas * num_slots, slot_batch, seq),
-            'weights': weights.reshape(num_replicas * num_slots, slot_batch),
-            'roles': np.asarray(layout.roles, np.int32)}
+    tokens = np.zeros((num_replicas, capacity, seq), np.int32)
+    weights = np.zeros((num_replicas, capacity), np.float32)
+    for r, pieces in enumerate(layout.pieces):
+        row = 0
+        for piece in pieces:
+            tokens[r, row:row + piece.size] = tokens_nbt[piece.shard, piece.start:piece.stop]
+            weights[r, row:row + piece.size] = 1.0
+            row += piece.size
+    return {'tokens': tokens.reshape(num_replicas * capacity, seq),
+            'weights': weights.reshape(num_replicas * capacity),
+            'programs': np.asarray(layout.program_index(), np.int32)}

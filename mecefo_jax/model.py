@@ -2,10 +2,19 @@
 
 Shape letters: B batch, L sequence length, D d_model, H query heads,
 K key/value heads, G query heads per KV head (H = K * G), E head dim,
-F FFN hidden, V vocab, R low-rank projection rank.
+F FFN hidden, V vocab, R low-rank projection rank, N layers.
 
-Normal mode is the exact model. Neighbour mode (DESIGN.md section 2) has the
-same forward output but a cheaper backward:
+The blocks run under `nn.scan` (one compiled block body whatever the depth;
+parameters carry a leading layer axis) or as a Python loop
+(`model.scan_layers=False`, the same computation unrolled). Attention is
+`jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU, XLA elsewhere);
+the loss is `loss.chunked_cross_entropy`, so no [B, L, V] float32 logits are
+ever live in training. Each block can be rematerialised under a named policy
+(`remat_policy`), resolved from `checkpoint_name` tags in one function.
+
+Normal mode is the exact model. Neighbour mode (MeCeFO, Hu et al., NeurIPS
+2025, arXiv 2510.16415; docs/algorithm.md) has the same forward output but
+a cheaper backward:
   * the attention branch is cut from the backward pass (no cotangent, no
     parameter gradient, no saved activations);
   * the FFN keeps only its input and recomputes its inner activations;
@@ -17,7 +26,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
+from mecefo_jax.loss import chunked_cross_entropy
 from mecefo_jax.lowrank import lowrank_dense
 
 PROJECTIONS = 'projections'  # variable collection holding the SVD projections V
@@ -36,6 +47,11 @@ class ModelConfig:
     norm_eps: float = 1e-6
     dtype: str = 'float32'
     remat_ffn: bool = True  # neighbour-mode FFN recomputation
+    attention: str = 'auto'  # 'auto' | 'xla' | 'cudnn' (jax.nn.dot_product_attention)
+    scan_layers: bool = True  # nn.scan over blocks (compile time independent of depth)
+    remat_policy: str = 'none'  # named block remat policy (REMAT_POLICIES)
+    loss_chunk_tokens: int = 4096  # tokens per cross-entropy chunk; <= 0 is one chunk
+    unroll_loops: bool = False  # straight-line layers and loss chunks (FLOP counting)
 
     @classmethod
     def from_config(cls, cfg) -> 'ModelConfig':
@@ -46,7 +62,9 @@ class ModelConfig:
             num_layers=int(m.num_layers), num_heads=int(m.num_heads),
             num_kv_heads=int(m.num_kv_heads), ffn_hidden=int(m.ffn_hidden),
             rope_theta=float(m.rope_theta), norm_eps=float(m.norm_eps),
-            dtype=str(m.dtype), remat_ffn=bool(cfg.mecefo.remat_ffn))
+            dtype=str(m.dtype), remat_ffn=bool(cfg.mecefo.remat_ffn),
+            attention=str(m.attention), scan_layers=bool(m.scan_layers),
+            remat_policy=str(m.remat_policy), loss_chunk_tokens=int(m.loss_chunk_tokens))
         model_cfg.validate()
         return model_cfg
 
@@ -59,6 +77,8 @@ class ModelConfig:
                              f'of model.num_kv_heads={self.num_kv_heads}.')
         if self.dtype not in ('float32', 'bfloat16'):
             raise ValueError(f"model.dtype={self.dtype!r}: use 'float32' or 'bfloat16'.")
+        remat_policy(self.remat_policy)
+        attention_implementation(self.attention, self.dtype, self.head_dim)
 
     @property
     def head_dim(self) -> int:
@@ -103,6 +123,50 @@ def rotary(x_blhe, theta: float):
     return out.astype(x_blhe.dtype)
 
 
+
+# Names tagged with `checkpoint_name`, for remat policies.
+ATTN_PROJECTIONS = ('attn_q', 'attn_k', 'attn_v')
+ATTN_CONTEXT = 'attn_context'  # attention output before the output projection
+BLOCK_BRANCH_OUTPUTS = ('attn_out', 'ffn_out')
+
+# name -> (what is saved for backward; the rest of the block is recomputed).
+REMAT_POLICIES = {
+    'none': 'no rematerialisation: every activation of the block is kept',
+    'full': 'only the block input is kept; the whole block is recomputed',
+    'save_attention': 'q, k, v and the attention context are kept; the FFN is recomputed',
+    'save_dots': 'every matmul output without batch dims is kept (XLA dots_saveable family)',
+}
+
+
+def remat_policy(name: str):
+    """The jax.checkpoint policy for a named block remat policy; None for 'none'."""
+    cp = jax.checkpoint_policies
+    policies = {
+        'none': None,
+        'full': cp.nothing_saveable,
+        'save_attention': cp.save_only_these_names(*ATTN_PROJECTIONS, ATTN_CONTEXT),
+        'save_dots': cp.dots_with_no_batch_dims_saveable,
+    }
+    if name not in policies:
+        raise ValueError(f'model.remat_policy={name!r} is unknown; use one of '
+                         f'{", ".join(REMAT_POLICIES)}.')
+    return policies[name]
+
+
+def attention_implementation(name: str, dtype: str, head_dim: int) -> str:
+    """'xla' or 'cudnn' for `model.attention`; 'auto' picks cuDNN where it applies.
+
+    cuDNN's fused kernel needs a GPU, half-precision inputs and a head dim
+    that is a multiple of 8; everything else takes XLA's implementation.
+    """
+    if name in ('xla', 'cudnn'):
+        return name
+    if name != 'auto':
+        raise ValueError(f"model.attention={name!r}: use 'auto', 'xla' or 'cudnn'.")
+    fused = (jax.default_backend() == 'gpu' and dtype == 'bfloat16' and head_dim % 8 == 0)
+    return 'cudnn' if fused else 'xla'
+
+
 class Attention(nn.Module):
     """Causal multi-head attention with optional grouped KV heads."""
     cfg: ModelConfig
@@ -112,24 +176,23 @@ class Attention(nn.Module):
         c, dt = self.cfg, self.cfg.compute_dtype
         d, h, k, e = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
         init = nn.initializers.normal(stddev=d ** -0.5)
-        w_dhe = _param(self, 'wq', init, (d, h, e), ('embed', 'heads', 'head_dim'))
+        wq_dhe = _param(self, 'wq', init, (d, h, e), ('embed', 'heads', 'head_dim'))
         wk_dke = _param(self, 'wk', init, (d, k, e), ('embed', 'kv_heads', 'head_dim'))
         wv_dke = _param(self, 'wv', init, (d, k, e), ('embed', 'kv_heads', 'head_dim'))
         wo_hed = _param(self, 'wo', nn.initializers.normal(stddev=(h * e) ** -0.5),
                         (h, e, d), ('heads', 'head_dim', 'embed'))
         x_bld = x_bld.astype(dt)
-        q_blhe = rotary(jnp.einsum('bld,dhe->blhe', x_bld, w_dhe.astype(dt)), c.rope_theta)
+        q_blhe = rotary(jnp.einsum('bld,dhe->blhe', x_bld, wq_dhe.astype(dt)), c.rope_theta)
         k_blke = rotary(jnp.einsum('bld,dke->blke', x_bld, wk_dke.astype(dt)), c.rope_theta)
         v_blke = jnp.einsum('bld,dke->blke', x_bld, wv_dke.astype(dt))
-        b, length = x_bld.shape[:2]
-        q_blkge = q_blhe.reshape(b, length, k, h // k, e)
-        logits_bkglm = jnp.einsum('blkge,bmke->bkglm', q_blkge, k_blke) * e ** -0.5
-        causal_lm = jnp.tril(jnp.ones((length, length), dtype=bool))
-        logits_bkglm = jnp.where(causal_lm, logits_bkglm.astype(jnp.float32), -1e30)
-        probs_bkglm = jax.nn.softmax(logits_bkglm, axis=-1).astype(dt)
-        out_blkge = jnp.einsum('bkglm,bmke->blkge', probs_bkglm, v_blke)
-        return jnp.einsum('blhe,hed->bld', out_blkge.reshape(b, length, h, e),
-                          wo_hed.astype(dt))
+        q_blhe, k_blke, v_blke = (checkpoint_name(t, n) for t, n in
+                                  zip((q_blhe, k_blke, v_blke), ATTN_PROJECTIONS))
+        # Query head h reads KV head h // G, as in LLaMA's grouped-query attention.
+        context_blhe = jax.nn.dot_product_attention(
+            q_blhe, k_blke, v_blke, is_causal=True, scale=e ** -0.5,
+            implementation=attention_implementation(c.attention, c.dtype, e))
+        context_blhe = checkpoint_name(context_blhe, ATTN_CONTEXT)
+        return jnp.einsum('blhe,hed->bld', context_blhe, wo_hed.astype(dt))
 
 
 class FFNLinear(nn.Module):
@@ -172,11 +235,12 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
+    """One pre-norm block; `(x, _) -> (x, None)` so `nn.scan` can carry x."""
     cfg: ModelConfig
     neighbour: bool = False
 
     @nn.compact
-    def __call__(self, x_bld):
+    def __call__(self, x_bld, _=None):
         c = self.cfg
         attn_bld = Attention(c, name='attn')(RMSNorm(c.norm_eps, name='attn_norm')(x_bld))
         if self.neighbour:
@@ -184,34 +248,70 @@ class Block(nn.Module):
             # stop_gradient makes the branch's linearisation dead code, so XLA
             # keeps none of its activations and runs none of its backward.
             attn_bld = jax.lax.stop_gradient(attn_bld)
-        x_bld = x_bld + attn_bld
+        x_bld = x_bld + checkpoint_name(attn_bld, 'attn_out')
         ffn_cls = FeedForward
         if self.neighbour and c.remat_ffn:
             # Keep only the FFN input; recompute its inner activations.
             ffn_cls = nn.remat(FeedForward, static_argnums=())
         ffn_in_bld = RMSNorm(c.norm_eps, name='ffn_norm')(x_bld)
-        return x_bld + ffn_cls(c, self.neighbour, name='ffn')(ffn_in_bld)
+        ffn_bld = ffn_cls(c, self.neighbour, name='ffn')(ffn_in_bld)
+        return x_bld + checkpoint_name(ffn_bld, 'ffn_out'), None
+
+
+def _run_blocks(cfg: ModelConfig, neighbour: bool, x_bld):
+    """All blocks: scanned (one body, params [N, ...]) or looped (`layers_i`)."""
+    block = Block
+    policy = remat_policy(cfg.remat_policy)
+    if policy is not None:
+        # In a scan, CSE cannot merge the recomputation back into the forward.
+        block = nn.remat(Block, policy=policy, prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:
+        scanned = nn.scan(block, variable_axes={'params': 0, PROJECTIONS: 0},
+                          split_rngs={'params': True}, length=cfg.num_layers,
+                          unroll=cfg.num_layers if cfg.unroll_loops else 1,
+                          metadata_params={nn.PARTITION_NAME: 'layers'})
+        x_bld, _ = scanned(cfg, neighbour, name='layers')(x_bld, None)
+        return x_bld
+    for i in range(cfg.num_layers):
+        x_bld, _ = block(cfg, neighbour, name=f'layers_{i}')(x_bld, None)
+    return x_bld
 
 
 class Llama(nn.Module):
-    """Decoder-only LLaMA with an untied output head; returns float32 logits."""
+    """Decoder-only LLaMA with an untied output head.
+
+    `__call__(tokens)` returns float32 logits [B, L, V] (inspection, tests);
+    with `targets` (and per-example `weights`, default 1) it returns the
+    weighted sum of next-token cross-entropies, computed in chunks of
+    `loss_chunk_tokens` tokens without ever building the whole logits tensor.
+    """
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens_bl, neighbour: bool = False):
+    def __call__(self, tokens_bl, neighbour: bool = False, targets_bl=None, weights_b=None):
         c = self.cfg
         embed_vd = _param(self, 'embedding', nn.initializers.normal(stddev=1.0),
                           (c.vocab_size, c.d_model), ('vocab', 'embed'))
-        x_bld = embed_vd.astype(c.compute_dtype)[tokens_bl]
-        for i in range(c.num_layers):
-            x_bld = Block(c, neighbour, name=f'layers_{i}')(x_bld)
+        # Gather the rows, then cast: casting the whole table every step would
+        # read and write V x D values for a few thousand tokens.
+        x_bld = embed_vd[tokens_bl].astype(c.compute_dtype)
+        x_bld = _run_blocks(c, neighbour, x_bld)
         x_bld = RMSNorm(c.norm_eps, name='final_norm')(x_bld)
         head_dv = _param(self, 'head', nn.initializers.normal(stddev=c.d_model ** -0.5),
                          (c.d_model, c.vocab_size), ('embed', 'vocab'))
-        return (x_bld @ head_dv.astype(c.compute_dtype)).astype(jnp.float32)
+        if targets_bl is None:
+            return jnp.matmul(x_bld, head_dv.astype(c.compute_dtype),
+                              preferred_element_type=jnp.float32)
+        b, length = tokens_bl.shape
+        if weights_b is None:
+            weights_b = jnp.ones((b,), jnp.float32)
+        weights_n = jnp.broadcast_to(weights_b[:, None], (b, length)).reshape(-1)
+        return chunked_cross_entropy(x_bld.reshape(b * length, -1), head_dv,
+                                     targets_bl.reshape(-1), weights_n,
+                                     chunk_tokens=c.loss_chunk_tokens, unroll=c.unroll_loops)
 
 
 def init_params(model: Llama, rng, seq_len: int = 8):
-    """Boxed (logically partitioned) float32 parameters."""
+    """Boxed (logically partitioned) float32 parameters (layer axis first when scanned)."""
     tokens_bl = jnp.zeros((1, seq_len), jnp.int32)
     return model.init(rng, tokens_bl)['params']

@@ -18,8 +18,10 @@ def learning_rate_schedule(train_cfg) -> optax.Schedule:
 
 
 def _decay_mask(params):
-    # Norm scales (1-D) are not decayed, as is usual for LLaMA pretraining.
-    return jax.tree.map(lambda p: p.ndim > 1, params)
+    # Norm scales are not decayed, as is usual for LLaMA pretraining. Decided
+    # by name: scanned layers stack the 1-D scales into [layers, d].
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: getattr(path[-1], 'key', None) != 'scale', params)
 
 
 def make_optimizer(train_cfg) -> optax.GradientTransformation:

@@ -61,10 +61,15 @@ def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
     vectors of W, which is the subspace MeCeFO projects activations onto. The
     SVD runs in float32 whatever the parameter dtype, because bf16 SVD is
     inaccurate or unsupported. Extra leading dims (e.g. scanned layers
-    [L, n, m]) are treated as a batch.
+    [L, n, m]) get one SVD per matrix: with several CPU devices on jax 0.10.2,
+    a batched LAPACK SVD in the same program as the parameter initialiser
+    deadlocked about every other run, one call per matrix never did.
     """
-    u_nk, _, _ = jnp.linalg.svd(kernel_nm.astype(jnp.float32), full_matrices=False)
-    return u_nk[..., :, :r]
+    kernel_nm = kernel_nm.astype(jnp.float32)
+    if kernel_nm.ndim > 2:
+        return jnp.stack([top_singular_vectors(k, r) for k in kernel_nm])
+    u_nk, _, _ = jnp.linalg.svd(kernel_nm, full_matrices=False)
+    return u_nk[:, :r]
 
 
 def _is_ffn_kernel(path: tuple[str, ...]) -> bool:

@@ -16,6 +16,7 @@ MODEL_AXIS = 'model'
 # Logical name -> mesh axis. 'model' is tensor parallelism; 'batch' is data.
 LOGICAL_AXIS_RULES = (
     ('batch', DATA_AXIS),
+    ('layers', None),  # the stacked-block axis of scanned layers
     ('vocab', MODEL_AXIS),
     ('embed', None),
     ('heads', MODEL_AXIS),

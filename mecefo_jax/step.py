@@ -1,13 +1,27 @@
 """Jitted train, eval and projection-refresh steps over a ("data", "model") mesh.
 
-One step serves every layout. Inside `shard_map` over 'data' each device
-scans its slots (layout.py), branching once on its role with `lax.cond` so it
-runs only its own program: exact for normal devices, MeCeFO's neighbour mode
-for a neighbour. Devices return gradient *sums* and token counts; both are
-`psum`med and divided afterwards, so attention-branch parameters are averaged
-over normal devices' tokens and everything else over all tokens (DESIGN.md
-section 2, point 5). The 'model' axis stays automatic (GSPMD tensor
-parallelism) inside the map.
+A layout's device programs (layout.py) decide the step's form:
+
+* One normal program (fault-free, drop, elastic, checkpoint/restart, naive
+  neighbour-do-both): a plain GSPMD data-parallel step. `value_and_grad` of
+  the weighted mean loss over the batch split on 'data'; XLA inserts the
+  gradient all-reduce and may overlap it with the backward pass. No branch,
+  no loop: fault-free training costs what plain data parallelism costs.
+* Otherwise (some replica is a MeCeFO neighbour): `shard_map` over 'data'.
+  Each device takes its program with `lax.switch` (it runs only that branch)
+  and computes ONE forward/backward over its joined rows in its role: exact
+  for normal devices, MeCeFO's neighbour mode for a neighbour (Hu et al.,
+  NeurIPS 2025, arXiv 2510.16415). Devices return gradient *sums* and token
+  counts; both are `psum`med and divided afterwards, so attention-branch
+  parameters are averaged over normal devices' tokens and everything else
+  over all tokens. Joining the neighbour's shards into one batch means no
+  float32 gradient accumulator beside the gradients.
+
+The 'model' axis stays automatic (GSPMD tensor parallelism) in both forms.
+Every batch carries the step number it was assembled for; a step whose loss
+or gradient is not finite leaves the state untouched, and so does every later
+step (the state's step no longer matches the batch's), so a loop that reads
+metrics only every few steps still stops at the first bad step's state.
 """
 import jax
 import jax.numpy as jnp
@@ -26,50 +40,53 @@ DATA = sharding.DATA_AXIS
 
 def token_loss_sum(model: Llama, params, projections, tokens_pt, weights_p, *,
                    neighbour: bool):
-    """Sum of next-token cross-entropies over the weighted examples of a slot."""
+    """Sum of next-token cross-entropies over the weighted examples (chunked loss)."""
     variables = {'params': params, PROJECTIONS: projections}
-    logits_plv = model.apply(variables, tokens_pt[:, :-1], neighbour=neighbour)
-    ce_pl = optax.softmax_cross_entropy_with_integer_labels(logits_plv, tokens_pt[:, 1:])
-    return jnp.sum(ce_pl * weights_p[:, None])
+    return model.apply(variables, tokens_pt[:, :-1], neighbour=neighbour,
+                       targets_bl=tokens_pt[:, 1:], weights_b=weights_p)
 
 
-def _device_grads(model: Llama, params, projections, tokens_spt, weights_sp, role_1):
-    """One device's gradient sum over its slots, in its own role only."""
+def _token_count(tokens_pt, weights_p):
+    return jnp.sum(weights_p) * (tokens_pt.shape[-1] - 1)
+
+
+def _plain_grads(model: Llama, params, projections, batch):
+    """Exact mean gradient over the whole batch; GSPMD partitions it over 'data'."""
+    tokens_nt, weights_n = batch['tokens'], batch['weights']
+    count = _token_count(tokens_nt, weights_n)
+
+    def mean_loss(p):
+        return token_loss_sum(model, p, projections, tokens_nt, weights_n,
+                              neighbour=False) / jnp.maximum(count, 1.0)
+
+    loss, grads = jax.value_and_grad(mean_loss)(params)
+    return grads, {'loss': loss, 'tokens': count, 'attn_tokens': count}
+
+
+def _device_grads(model: Llama, programs, params, projections, tokens_ct, weights_c,
+                  program_1):
+    """One device's gradient sum over its joined rows, in its own program only."""
     # Mark the replicated state as varying over 'data' first: otherwise the
     # transpose of the implicit broadcast psums the parameter gradients
-    # inside each cond branch, mixing devices that took different branches.
+    # inside each branch, mixing devices that took different branches.
     params, projections = lax.pcast((params, projections), DATA, to='varying')
-    zeros = jax.tree.map(jnp.zeros_like, params)
 
-    def accumulate(neighbour: bool):
-        grad_fn = jax.value_and_grad(
-            lambda p, tok, w: token_loss_sum(model, p, projections, tok, w,
-                                             neighbour=neighbour))
+    def branch(program):
+        def run():
+            tokens_pt, weights_p = tokens_ct[:program.rows], weights_c[:program.rows]
+            loss, grads = jax.value_and_grad(
+                lambda p: token_loss_sum(model, p, projections, tokens_pt, weights_p,
+                                         neighbour=program.role == ROLE_NEIGHBOUR))(params)
+            return grads, loss
+        return run
 
-        def over_slot(carry, slot):
-            grads_acc, loss_acc = carry
-            tokens_pt, weights_p = slot
-            loss, grads = lax.cond(
-                jnp.any(weights_p > 0),
-                lambda: grad_fn(params, tokens_pt, weights_p),
-                lambda: (jnp.sum(weights_p) * 0.0, zeros))  # padding slot
-            return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss), None
-
-        init = (zeros, jnp.sum(weights_sp) * 0.0)
-        (grads, loss), _ = lax.scan(over_slot, init, (tokens_spt, weights_sp))
-        return grads, loss
-
-    is_neighbour = role_1[0] == ROLE_NEIGHBOUR
-    grads, loss_sum = lax.cond(is_neighbour, lambda: accumulate(True),
-                               lambda: accumulate(False))
-    tokens = jnp.sum(weights_sp) * (tokens_spt.shape[-1] - 1)
+    branches = [branch(p) for p in programs]
+    grads, loss_sum = (branches[0]() if len(branches) == 1
+                       else lax.switch(program_1[0], branches))
+    tokens = _token_count(tokens_ct, weights_c)  # rows past the program are padding (weight 0)
+    is_neighbour = jnp.asarray([p.role == ROLE_NEIGHBOUR for p in programs])[program_1[0]]
     attn_tokens = jnp.where(is_neighbour, 0.0, tokens)
     return lax.psum((grads, loss_sum, tokens, attn_tokens), DATA)
-
-
-def attention_mask(params):
-    """Params-shaped Python bools: True on the attention branch (MHA and its norm)."""
-    return jax.tree_util.tree_map_with_path(lambda path, _: is_attention_branch(path), params)
 
 
 def combine(grad_sums, tokens, attn_tokens):
@@ -81,16 +98,29 @@ def combine(grad_sums, tokens, attn_tokens):
     return jax.tree_util.tree_map_with_path(average, grad_sums)
 
 
-def make_grad_fn(model: Llama, mesh):
-    """fn(params, projections, batch) -> (grads, stats); batch from layout.assemble."""
+def attention_mask(params):
+    """Params-shaped Python bools: True on the attention branch (MHA and its norm)."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: is_attention_branch(path), params)
+
+
+def is_plain(programs) -> bool:
+    return len(programs) == 1 and programs[0].role != ROLE_NEIGHBOUR
+
+
+def make_grad_fn(model: Llama, mesh, programs):
+    """fn(params, projections, batch) -> (grads, stats) for a layout's programs."""
+    programs = tuple(programs)
+    if is_plain(programs):
+        return lambda params, projections, batch: _plain_grads(model, params, projections,
+                                                               batch)
     device_grads = jax.shard_map(
-        lambda p, v, tok, w, r: _device_grads(model, p, v, tok, w, r),
+        lambda p, v, tok, w, prog: _device_grads(model, programs, p, v, tok, w, prog),
         mesh=mesh, in_specs=(P(), P(), P(DATA), P(DATA), P(DATA)),
         out_specs=P(), axis_names={DATA})
 
     def grad_fn(params, projections, batch):
         grad_sums, loss_sum, tokens, attn_tokens = device_grads(
-            params, projections, batch['tokens'], batch['weights'], batch['roles'])
+            params, projections, batch['tokens'], batch['weights'], batch['programs'])
         grads = combine(grad_sums, tokens, attn_tokens)
         stats = {'loss': loss_sum / jnp.maximum(tokens, 1.0), 'tokens': tokens,
                  'attn_tokens': attn_tokens}
@@ -100,27 +130,31 @@ def make_grad_fn(model: Llama, mesh):
 
 
 def batch_shardings(mesh):
-    return {k: sharding.data_sharded(mesh) for k in ('tokens', 'weights', 'roles')}
+    data = sharding.data_sharded(mesh)
+    return {'tokens': data, 'weights': data, 'programs': data,
+            'step': sharding.replicated(mesh)}
 
 
-def make_train_step(model: Llama, optimizer, mesh, state_shardings):
+def make_train_step(model: Llama, optimizer, mesh, state_shardings, programs):
     """Pure `train_step(state, batch) -> (state, metrics)`, jitted and donating state."""
-    grad_fn = make_grad_fn(model, mesh)
+    programs = tuple(programs)
+    grad_fn = make_grad_fn(model, mesh, programs)
+    has_neighbour = any(p.role == ROLE_NEIGHBOUR for p in programs)
 
     def train_step(state, batch):
         grads, stats = grad_fn(state.params, state.projections, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        params, opt_state = optim.hold_where(
-            optimizer, stats['attn_tokens'] == 0, attention_mask(state.params),
-            new=(params, opt_state), old=(state.params, state.opt_state))
+        if has_neighbour:
+            params, opt_state = optim.hold_where(
+                optimizer, stats['attn_tokens'] == 0, attention_mask(state.params),
+                new=(params, opt_state), old=(state.params, state.opt_state))
         grad_norm = optax.tree.norm(grads)
-        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-        # A non-finite loss or gradient leaves the state untouched, so the loop
-        # can still checkpoint the last good state although it was donated.
         finite = jnp.isfinite(stats['loss']) & jnp.isfinite(grad_norm)
-        new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
-        return new_state, dict(stats, grad_norm=grad_norm, finite=finite)
+        applied = finite & (state.step == batch['step'])
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        new_state = jax.tree.map(lambda new, old: jnp.where(applied, new, old), new_state, state)
+        return new_state, dict(stats, grad_norm=grad_norm, finite=finite, applied=applied)
 
     return jax.jit(train_step,
                    in_shardings=(state_shardings, batch_shardings(mesh)),
@@ -131,9 +165,9 @@ def make_train_step(model: Llama, optimizer, mesh, state_shardings):
 def make_eval_step(model: Llama, mesh, param_shardings):
     """fn(params, tokens [N, T], weights [N]) -> (loss_sum, token_count), exact."""
     def eval_step(params, tokens_nt, weights_n):
-        logits = model.apply({'params': params}, tokens_nt[:, :-1])
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens_nt[:, 1:])
-        return jnp.sum(ce * weights_n[:, None]), jnp.sum(weights_n) * (tokens_nt.shape[-1] - 1)
+        loss_sum = model.apply({'params': params}, tokens_nt[:, :-1],
+                               targets_bl=tokens_nt[:, 1:], weights_b=weights_n)
+        return loss_sum, _token_count(tokens_nt, weights_n)
 
     data = sharding.data_sharded(mesh)
     return jax.jit(eval_step, in_shardings=(param_shardings, data, data),

@@ -2,7 +2,8 @@
 
 The fault controller moves training between meshes built from the live
 replica rows; a `Topology` owns one such mesh: the state's shardings there,
-the AOT-compiled train step per layout signature, and the eval and
+the AOT-compiled train step per layout signature (its live replicas and
+device programs), and the eval and
 projection-refresh functions. `TopologyCache` keys them by the live rows.
 """
 import dataclasses
@@ -53,15 +54,21 @@ class Topology:
     rows: tuple
     mesh: jax.sharding.Mesh
     state_shardings: object
-    train_step: object
     eval_step: object
     refresh: object
     build_sec: float
+    model: object = None
+    optimizer: object = None
     compiled: dict = dataclasses.field(default_factory=dict)
 
     @property
     def num_replicas(self) -> int:
         return len(self.rows)
+
+    def train_step(self, layout: Layout):
+        """The jitted (not yet compiled) train step for the layout's programs."""
+        return step_lib.make_train_step(self.model, self.optimizer, self.mesh,
+                                        self.state_shardings, layout.programs)
 
     def compiled_step(self, state, batch, layout: Layout):
         """AOT-compiled step for the layout's signature; (fn, compile seconds or 0)."""
@@ -69,24 +76,25 @@ class Topology:
         if key in self.compiled:
             return self.compiled[key], 0.0
         start = time.perf_counter()
-        self.compiled[key] = self.train_step.lower(state, batch).compile()
+        self.compiled[key] = self.train_step(layout).lower(state, batch).compile()
         return self.compiled[key], time.perf_counter() - start
 
     def batch_spec(self, layout: Layout, seq: int) -> dict:
-        """Abstract slot arrays for `layout`, to compile before the data arrives."""
-        replicas, slots, slot_batch = layout.signature
-        data = sharding.data_sharded(self.mesh)
-        rows = replicas * slots
-        return {'tokens': jax.ShapeDtypeStruct((rows, slot_batch, seq), np.int32, sharding=data),
-                'weights': jax.ShapeDtypeStruct((rows, slot_batch), np.float32, sharding=data),
-                'roles': jax.ShapeDtypeStruct((replicas,), np.int32, sharding=data)}
+        """Abstract step inputs for `layout`, to compile before the data arrives."""
+        shardings = step_lib.batch_shardings(self.mesh)
+        rows = len(layout.replicas) * layout.capacity
+        shapes = {'tokens': ((rows, seq), np.int32), 'weights': ((rows,), np.float32),
+                  'programs': ((len(layout.replicas),), np.int32), 'step': ((), np.int32)}
+        return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shardings[k])
+                for k, (shape, dtype) in shapes.items()}
 
     def put_batch(self, host_batch: dict):
-        """Host slot arrays -> global arrays split over 'data' (multi-process safe)."""
-        data = sharding.data_sharded(self.mesh)
+        """Host step inputs -> global arrays on this mesh (multi-process safe)."""
+        shardings = step_lib.batch_shardings(self.mesh)
         if jax.process_count() == 1:
-            return jax.device_put(host_batch, data)
-        return {k: jax.make_array_from_callback(v.shape, data, lambda i, v=v: v[i])
+            return jax.device_put(host_batch, {k: shardings[k] for k in host_batch})
+        return {k: jax.make_array_from_callback(np.shape(v), shardings[k],
+                                                lambda i, v=v: np.asarray(v)[i])
                 for k, v in host_batch.items()}
 
 
@@ -106,10 +114,10 @@ class TopologyCache:
             shardings = retarget(self._base_shardings, mesh)
             self._cache[rows] = Topology(
                 rows=rows, mesh=mesh, state_shardings=shardings,
-                train_step=step_lib.make_train_step(self._model, self._optimizer, mesh, shardings),
                 eval_step=step_lib.make_eval_step(self._model, mesh, shardings.params),
                 refresh=step_lib.make_refresh_fn(self._rank, shardings),
-                build_sec=time.perf_counter() - start)
+                build_sec=time.perf_counter() - start,
+                model=self._model, optimizer=self._optimizer)
         return self._cache[rows]
 
     def __len__(self):

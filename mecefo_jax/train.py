@@ -1,7 +1,8 @@
 """The training loop: data -> step -> metrics, evals, checkpoints, progress.
 
 The loop asks a controller, before every step, where that step runs (which
-mesh, which layout of shards onto replicas). `StaticController` is fault-free
+mesh, which layout of shards onto replicas), and tells it after dispatching
+the step (`observe`, which must not wait for the device unless it measures). `StaticController` is fault-free
 data parallelism; `faults.controller.FaultController` injects failures and
 moves training between meshes. Everything else (data order, metrics,
 checkpoints, NaN handling) is the same for both.
@@ -133,8 +134,12 @@ class StaticController:
         del clock, step
         return state, Plan(self._topology, self._layout)
 
-    def observe(self, clock: int, step: int, state, metrics, wall_sec: float) -> None:
-        """Nothing to account without failures."""
+    def observe(self, clock: int, step: int, state, metrics, dispatched: float) -> None:
+        """Nothing to account without failures.
+
+        `metrics` are the step's device arrays (reading them waits for the
+        step); `dispatched` is `time.perf_counter()` when the step was launched.
+        """
 
 
 def evaluate(run: Run, topology: Topology, params) -> dict:
@@ -162,12 +167,28 @@ def _progress(total: int, initial: int):
                 disable=jax.process_index() != 0, dynamic_ncols=True)
 
 
+@dataclasses.dataclass
+class _InFlight:
+    """A dispatched step whose metrics have not been read yet."""
+    step: int
+    replicas: int
+    metrics: dict  # device arrays
+    position: dict  # data position before this step's batch
+
+
 def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
           stop_at: int | None = None) -> dict:
     """Train for `train.steps` steps (resuming if `workdir` has checkpoints).
 
     `stop_at` ends the job early, as a preempted or time-limited job would,
     after checkpointing; the learning-rate schedule still spans `train.steps`.
+
+    The loop never waits for a step it has just dispatched: while step k runs
+    on the devices, the host draws, assembles and transfers batch k + 1.
+    Metrics reach the host every `train.log_every` steps (and before evals,
+    checkpoints and the end); a non-finite step is then found among the steps
+    in flight, and because the step guard froze the state there, the stop
+    saves that step's state with the data position before its batch.
 
     Returns a summary: final loss, final validation loss/perplexity, measured
     tokens/s, and what the controller reported.
@@ -177,51 +198,52 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
     controller = (controller_factory or StaticController)(run)
     total = int(cfg.train.steps)
     end = total if stop_at is None else min(total, int(stop_at))
+    log_every, every_eval = int(cfg.train.log_every), int(cfg.train.eval_every)
     step = int(state.step)
     clock = step  # executed steps, redone ones included: the failure timeline
     summary = {'start_step': step}
     bar = _progress(total, step)
     window_start, window_tokens = time.perf_counter(), 0
+    in_flight: list[_InFlight] = []
     row = {}
     try:
         while step < end:
             state, plan = controller.prepare(clock, step, state)
             if plan.data_state is not None:
+                in_flight.clear()  # rolled back: those steps are redone
                 run.train_data.set_state(plan.data_state)
                 step = int(state.step)
                 bar.n = step
-            # The position before this step's batch: what a checkpoint of the
-            # state *entering* this step must be paired with (the NaN stop).
             position = run.train_data.get_state()
             host_batch = assemble(plan.layout, next(run.train_data))
+            host_batch['step'] = np.int32(step)
             batch = plan.topology.put_batch(host_batch)
             step_fn, _ = plan.topology.compiled_step(state, batch, plan.layout)
-            step_start = time.perf_counter()
+            dispatched = time.perf_counter()
             state, metrics = step_fn(state, batch)
-            metrics = jax.device_get(metrics)
-            if not bool(metrics['finite']):
-                _stop_non_finite(run, state, step, metrics, position)
-            controller.observe(clock, step, state, metrics, time.perf_counter() - step_start)
+            in_flight.append(_InFlight(step, plan.topology.num_replicas, metrics, position))
+            controller.observe(clock, step, state, metrics, dispatched)
             step, clock = step + 1, clock + 1
             window_tokens += run.tokens_per_step
             bar.update(1)
-            row = {'step': step, 'loss': float(metrics['loss']),
-                   'grad_norm': float(metrics['grad_norm'])}
-            if step % int(cfg.train.log_every) == 0 or step == end:
-                elapsed = time.perf_counter() - window_start
-                row['tokens_per_sec'] = window_tokens / max(elapsed, 1e-9)
-                row['replicas'] = plan.topology.num_replicas
-                window_start, window_tokens = time.perf_counter(), 0
-                bar.set_postfix(loss=f"{row['loss']:.3f}",
-                                tok_s=f"{row['tokens_per_sec']:.0f}")
-                run.metrics.write(row)
-            every_eval = int(cfg.train.eval_every)
-            if (every_eval and step % every_eval == 0) or step == end:
+            evaluate_now = (every_eval and step % every_eval == 0) or step == end
+            save_now = run.checkpointer is not None and (
+                step % run.checkpointer.save_every == 0 or step == end)
+            if step % log_every == 0 or evaluate_now or save_now:
+                row = _read_metrics(run, state, in_flight)
+                if step % log_every == 0 or step == end:
+                    elapsed = time.perf_counter() - window_start
+                    row['tokens_per_sec'] = window_tokens / max(elapsed, 1e-9)
+                    window_start, window_tokens = time.perf_counter(), 0
+                    bar.set_postfix(loss=f"{row['loss']:.3f}",
+                                    tok_s=f"{row['tokens_per_sec']:.0f}")
+                    run.metrics.write(row)
+            if evaluate_now:
                 row.update(evaluate(run, plan.topology, state.params))
                 run.metrics.write({'step': step, 'val_loss': row['val_loss'],
                                    'val_ppl': row['val_ppl']})
                 window_start = time.perf_counter()  # keep eval out of tokens/s
-            if run.checkpointer is not None:
+            if save_now:
                 run.checkpointer.maybe_save(step, state, run.train_data.get_state(),
                                             force=step == end)
     finally:
@@ -236,12 +258,30 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
     return summary
 
 
-def _stop_non_finite(run: Run, state, step: int, metrics, position: dict) -> None:
-    """Checkpoint the last good state (the step left it untouched) and stop.
+def _read_metrics(run: Run, state, in_flight: list) -> dict:
+    """Fetch the metrics of the steps in flight; stop at the first non-finite one.
 
-    `position` is the data position before the failed step's batch, so a
-    resumed run sees that batch again instead of silently skipping it.
+    Returns the metrics row of the newest step and empties `in_flight`.
     """
+    fetched = jax.device_get([f.metrics for f in in_flight])
+    for flight, metrics in zip(in_flight, fetched):
+        if not bool(metrics['finite']):
+            _stop_non_finite(run, state, flight.step, metrics, flight.position)
+    newest, metrics = in_flight[-1], fetched[-1]
+    in_flight.clear()
+    return {'step': newest.step + 1, 'loss': float(metrics['loss']),
+            'grad_norm': float(metrics['grad_norm']), 'replicas': newest.replicas}
+
+
+def _stop_non_finite(run: Run, state, step: int, metrics, position: dict) -> None:
+    """Checkpoint the last good state (the step guard froze it) and stop.
+
+    `state` is the state entering `step` (every step from there on left it
+    untouched) and `position` the data position before that step's batch, so
+    a resumed run sees the failed batch again instead of silently skipping it.
+    """
+    if int(state.step) != step:
+        raise AssertionError(f'step guard broken: state at {int(state.step)}, failed step {step}')
     where = 'no checkpoint (train.checkpoint_every=0)'
     if run.checkpointer is not None:
         run.checkpointer.maybe_save(step, state, position, force=True)

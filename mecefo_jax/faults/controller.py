@@ -142,16 +142,22 @@ class FaultController:
             self._tau_refresh_sec += seconds
         return state, train_lib.Plan(self.topology, self.layout, data_state=data_state)
 
-    def observe(self, clock: int, step: int, state, metrics, wall_sec: float) -> None:
-        """After a step: account modelled time, useful tokens, first-step times."""
+    def observe(self, clock: int, step: int, state, metrics, dispatched: float) -> None:
+        """After dispatching a step: account modelled time, useful tokens, first-step times.
+
+        Only the first step after an event is waited for (to time it); every
+        other step stays asynchronous (`metrics` are not read here). Useful tokens come from the layout: the
+        examples it assigns, times the predicted tokens of each.
+        """
         if self.timer is not None:
             slowest = self.timer.step_seconds(self.layout)
             normal = self.timer.step_seconds(self._normal_layout)
             self.measured_compute_sec += slowest
             self.modelled_compute_sec += self.step_time_sec * slowest / normal
-        self.step_tokens[step] = float(metrics['tokens'])
+        self.step_tokens[step] = float(self.layout.examples() * int(self.run.cfg.data.seq_len))
         if self._pending is not None:
-            self._pending.first_step_sec = wall_sec
+            jax.block_until_ready(state)
+            self._pending.first_step_sec = time.perf_counter() - dispatched
             self.run.metrics.write({'event': self._pending.kind, **dataclasses.asdict(self._pending)})
             self._pending = None
         if self._restart_ckpt is not None:

@@ -10,12 +10,14 @@ global batch and its order never change; only where shards are computed.
 | mecefo              | nearest live ring neighbour             | neighbour        |
 | ndb_naive           | nearest live ring neighbour             | normal (exact)   |
 | mecefo_spread       | split over the k nearest live neighbours| neighbour        |
-| elastic             | split over every live replica           | normal           |
+| elastic             | split evenly over every live replica    | normal           |
 | checkpoint_restart  | as elastic, after a restore             | normal           |
+
+Every replica joins its own shard and what it adopts into one batch, so the
+elastic re-split costs each survivor exactly `1 + f/(n-f)` of a batch (f of n
+replicas down), in one larger batch rather than many small ones.
 | drop                | nowhere (its samples are skipped)       | -                |
 """
-import math
-
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
 
 STRATEGIES = ('mecefo', 'ndb_naive', 'elastic', 'drop', 'checkpoint_restart', 'mecefo_spread')
@@ -67,13 +69,25 @@ def _ring_distance(a: int, b: int, n: int) -> int:
     return min((a - b) % n, (b - a) % n)
 
 
-def _chunks(shard: int, size: int, chunk: int) -> list[Piece]:
-    return [Piece(shard, s, min(s + chunk, size)) for s in range(0, size, chunk)]
+def _split_evenly(pieces: list[Piece], parts: int) -> list[list[Piece]]:
+    """Cut a run of pieces into `parts` consecutive groups whose sizes differ by <= 1.
 
-
-def _even_split(shard: int, size: int, parts: int) -> list[Piece]:
-    bounds = [round(i * size / parts) for i in range(parts + 1)]
-    return [Piece(shard, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    The orphaned examples are one sequence (shard by shard, in order); group
+    j gets examples [j*total//parts, (j+1)*total//parts). A group may span a
+    shard boundary and then holds two pieces.
+    """
+    total = sum(p.size for p in pieces)
+    bounds = [j * total // parts for j in range(parts + 1)]
+    groups: list[list[Piece]] = [[] for _ in range(parts)]
+    offset = 0
+    for piece in pieces:
+        for j in range(parts):
+            lo, hi = max(bounds[j], offset), min(bounds[j + 1], offset + piece.size)
+            if hi > lo:
+                start = piece.start + lo - offset
+                groups[j].append(Piece(piece.shard, start, start + hi - lo))
+        offset += piece.size
+    return groups
 
 
 def layout_for(strategy: str, live_mask, shard_batch: int, *, spread_k: int = 2) -> Layout:
@@ -85,7 +99,6 @@ def layout_for(strategy: str, live_mask, shard_batch: int, *, spread_k: int = 2)
     failed = [r for r, up in enumerate(live_mask) if not up]
     extra: dict[int, list[Piece]] = {r: [] for r in live}
     neighbours: set[int] = set()
-    slot_batch = shard_batch
 
     if strategy in ('mecefo', 'ndb_naive'):
         for shard, adopter in adopters(live_mask).items():
@@ -95,25 +108,20 @@ def layout_for(strategy: str, live_mask, shard_batch: int, *, spread_k: int = 2)
         if spread_k < 1:
             raise ValueError(f'fault.spread_k={spread_k} must be >= 1.')
         k = min(spread_k, len(live))
-        slot_batch = math.ceil(shard_batch / k)
         for shard in failed:
             helpers = ring_order(shard, live_mask)[:k]
-            for helper, piece in zip(helpers, _even_split(shard, shard_batch, k)):
-                extra[helper].append(piece)
+            for helper, group in zip(helpers, _split_evenly([Piece(shard, 0, shard_batch)], k)):
+                extra[helper].extend(group)
                 neighbours.add(helper)
     elif strategy in ('elastic', 'checkpoint_restart') and failed:
-        slot_batch = math.ceil(shard_batch / len(live))
-        pieces = [p for shard in failed for p in _even_split(shard, shard_batch, len(live))]
-        for piece in pieces:  # least-loaded first keeps the busiest replica minimal
-            target = min(live, key=lambda r: (sum(p.size for p in extra[r]), live.index(r)))
-            extra[target].append(piece)
+        # An exact re-split: every survivor takes at most ceil(orphans / live)
+        # extra examples, joined with its own shard into one larger batch.
+        orphans = [Piece(shard, 0, shard_batch) for shard in failed]
+        for r, group in zip(live, _split_evenly(orphans, len(live))):
+            extra[r].extend(group)
     # 'drop': failed shards are simply not assigned.
 
-    roles, slots = [], []
-    for r in live:
-        own = _chunks(r, shard_batch, slot_batch)
-        slots.append(tuple(own + extra[r]))
-        is_neighbour = r in neighbours and strategy in NEIGHBOUR_MODE_STRATEGIES
-        roles.append(ROLE_NEIGHBOUR if is_neighbour else ROLE_NORMAL)
-    return Layout(replicas=tuple(live), roles=tuple(roles), slots=tuple(slots),
-                  slot_batch=slot_batch)
+    roles = tuple(ROLE_NEIGHBOUR if r in neighbours and strategy in NEIGHBOUR_MODE_STRATEGIES
+                  else ROLE_NORMAL for r in live)
+    pieces = tuple((Piece(r, 0, shard_batch),) + tuple(extra[r]) for r in live)
+    return Layout(replicas=tuple(live), roles=roles, pieces=pieces)
