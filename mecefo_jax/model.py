@@ -4,7 +4,7 @@ Shape letters: B batch, L sequence length, D d_model, H query heads,
 K key/value heads, G query heads per KV head (H = K * G), E head dim,
 F FFN hidden, V vocab, R low-rank projection rank.
 
-Normal mode is the exact model. Neighbour mode (DESIGN.md section 2) has the
+Normal mode is the exact model. Neighbour mode (docs/algorithm.md) has the
 same forward output but a cheaper backward:
   * the attention branch is cut from the backward pass (no cotangent, no
     parameter gradient, no saved activations);

@@ -5,8 +5,8 @@ scans its slots (layout.py), branching once on its role with `lax.cond` so it
 runs only its own program: exact for normal devices, MeCeFO's neighbour mode
 for a neighbour. Devices return gradient *sums* and token counts; both are
 `psum`med and divided afterwards, so attention-branch parameters are averaged
-over normal devices' tokens and everything else over all tokens (DESIGN.md
-section 2, point 5). The 'model' axis stays automatic (GSPMD tensor
+over normal devices' tokens and everything else over all tokens (MeCeFO's
+combination rule, docs/algorithm.md section 4). The 'model' axis stays automatic (GSPMD tensor
 parallelism) inside the map.
 """
 import jax
