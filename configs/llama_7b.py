@@ -1,4 +1,4 @@
-"""LLaMA 7B on C4: the DESIGN.md shape with the paper's AdamW settings."""
+"""LLaMA 7B on C4: the shape of docs/algorithm.md with the MeCeFO paper's AdamW."""
 from mecefo_jax.config import llama_config
 
 

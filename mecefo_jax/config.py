@@ -82,7 +82,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def llama_config(*, d_model: int, num_layers: int, num_heads: int, ffn_hidden: int,
                  learning_rate: float) -> ml_collections.ConfigDict:
-    """A DESIGN.md LLaMA shape on C4 with the paper's AdamW settings.
+    """A LLaMA shape (docs/algorithm.md) on C4 with the MeCeFO paper's AdamW settings.
 
     Sequence length, batch, steps, learning rate and rank are not given by
     the paper: these are our choices (README), shared by every size.

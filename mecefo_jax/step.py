@@ -14,7 +14,7 @@ A layout's device programs (layout.py) decide the step's form:
   NeurIPS 2025, arXiv 2510.16415). Devices return gradient *sums* and token
   counts; both are `psum`med and divided afterwards, so attention-branch
   parameters are averaged over normal devices' tokens and everything else
-  over all tokens. Joining the neighbour's shards into one batch means no
+  over all tokens (the combination rule, docs/algorithm.md section 4). Joining the neighbour's shards into one batch means no
   float32 gradient accumulator beside the gradients.
 
 The 'model' axis stays automatic (GSPMD tensor parallelism) in both forms.

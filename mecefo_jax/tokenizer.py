@@ -12,6 +12,11 @@ whitespace kept verbatim (code indentation survives), newline and tab as
 dedicated pieces, and byte fallback once the vocabulary is large enough to hold
 the 256 byte pieces, so rare characters decode losslessly instead of to <unk>.
 Special ids are fixed: pad=0, unk=1, bos=2, eos=3.
+
+In a multi-process JAX run every process must tokenize with the same model
+bytes (`_agreed_model_bytes`): process 0 alone loads or trains the cached model
+and broadcasts it, and a given ``data.tokenizer_path`` must hold identical
+bytes on every host.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -84,13 +90,21 @@ def load_or_train_tokenizer(
     `train_texts` is only called when a model must be trained, so cache hits
     never touch the corpus text.
     """
+    multi_process = _process_count() > 1
     tokenizer_path = str(data_sources.config_value(data_cfg, "tokenizer_path", ""))
     if tokenizer_path:
+        if multi_process:
+            _agreed_model_bytes(lambda: _read_user_model(tokenizer_path), every_process_reads=True)
         tokenizer = _load_user_tokenizer(tokenizer_path)
         _check_vocab_size(tokenizer, vocab_size, "data.tokenizer_path")
         return tokenizer
     model_path = cached_model_path(data_cfg, vocab_size)
-    if not os.path.exists(model_path):
+    if multi_process:
+        model_bytes = _agreed_model_bytes(
+            lambda: _cached_or_trained_bytes(model_path, vocab_size, train_texts),
+            every_process_reads=False)
+        _replace_if_different(model_bytes, model_path)
+    elif not os.path.exists(model_path):
         model_bytes = train_sentencepiece(train_texts(), vocab_size)
         _publish_atomically(model_bytes, model_path)
     tokenizer = Tokenizer.from_file(model_path)
@@ -161,6 +175,115 @@ def _training_lines(texts: Iterable[str]) -> Iterator[str]:
                     return
 
 
+def _process_count() -> int:
+    # A multi-process run has imported jax to call jax.distributed.initialize;
+    # without it there is nobody to agree with, and tokenizer tooling stays
+    # free of JAX start-up.
+    if "jax" not in sys.modules:
+        return 1
+    import jax
+    return jax.process_count()
+
+
+def _agreed_model_bytes(read_model: Callable[[], bytes], *, every_process_reads: bool) -> bytes:
+    """The serialized tokenizer that every process of a multi-process run uses.
+
+    Why: hosts without a shared data.cache_dir would each train their own
+    model, and sentencepiece's result depends on its thread count (one per
+    CPU core, up to 16: a property of the host; even the pieces differ) and
+    on thread scheduling; a host's cache may also hold a stale model. Hosts
+    could then tokenize the same documents differently and, since parameters
+    stay replicated either way, silently train on batches nobody intended.
+    So one process decides:
+
+    * ``every_process_reads=False`` (a cached or newly trained model): only
+      process 0 calls `read_model`; its bytes are broadcast (length first, then
+      the bytes) and returned on every process.
+    * ``every_process_reads=True`` (``data.tokenizer_path``): each process
+      reads its own copy and the sha256 digests are gathered; differing bytes
+      raise on every process alike.
+
+    A `read_model` error is re-raised where it happened, after the others have
+    been told, so that no process waits forever in a collective.
+    """
+    import numpy as np
+    import jax
+    from jax.experimental import multihost_utils
+
+    local_error, model_bytes = None, b""
+    if every_process_reads or jax.process_index() == 0:
+        try:
+            model_bytes = read_model()
+        except Exception as error:  # re-raised below, once the others know
+            local_error = error
+    if every_process_reads:
+        digest = np.zeros(32, np.uint8)  # all zeros: this process could not read it
+        if local_error is None:
+            digest = np.frombuffer(hashlib.sha256(model_bytes).digest(), np.uint8)
+        digests = np.asarray(multihost_utils.process_allgather(digest))
+        if local_error is not None:
+            raise local_error
+        unreadable = [i for i, d in enumerate(digests) if not d.any()]
+        differing = [i for i, d in enumerate(digests) if (d != digests[0]).any()]
+        if unreadable or differing:
+            problem = (f"processes {unreadable} could not read it" if unreadable else
+                       f"processes {differing} hold different bytes than process 0")
+            raise ValueError(
+                f"data.tokenizer_path must name the same sentencepiece model on every"
+                f" host, but {problem}. Copy one .model file to every host (or onto a"
+                " shared filesystem), or set data.tokenizer_path='' to let process 0"
+                " train one for all."
+            )
+        return model_bytes
+    length = len(model_bytes) if local_error is None else -1
+    length = int(multihost_utils.broadcast_one_to_all(np.array([length], np.int32))[0])
+    if local_error is not None:
+        raise local_error
+    if length < 0:
+        raise RuntimeError(
+            "Process 0 failed to load or train the tokenizer (its log has the"
+            " error), so this process has no model to use."
+        )
+    source = jax.process_index() == 0
+    buffer = np.frombuffer(model_bytes, np.uint8) if source else np.zeros(length, np.uint8)
+    # The broadcast is a sum with zeros from the other processes, which widens uint8.
+    return np.asarray(multihost_utils.broadcast_one_to_all(buffer)).astype(np.uint8).tobytes()
+
+
+def _cached_or_trained_bytes(
+    model_path: str, vocab_size: int, train_texts: Callable[[], Iterable[str]]
+) -> bytes:
+    if not os.path.exists(model_path):
+        _publish_atomically(train_sentencepiece(train_texts(), vocab_size), model_path)
+    # Read back what was published: another job sharing the cache may have won.
+    with open(model_path, "rb") as f:
+        return f.read()
+
+
+def _replace_if_different(model_bytes: bytes, model_path: str) -> None:
+    """Makes `model_path` hold exactly `model_bytes` (a stale model is replaced)."""
+    try:
+        with open(model_path, "rb") as f:
+            if f.read() == model_bytes:
+                return
+    except FileNotFoundError:
+        pass
+    tmp_path = _write_temp(model_bytes, os.path.dirname(model_path))
+    try:
+        os.replace(tmp_path, model_path)  # readers see the old or the new model, whole
+    finally:
+        if os.path.exists(tmp_path):
+            os.unlink(tmp_path)
+
+
+def _write_temp(model_bytes: bytes, model_dir: str) -> str:
+    os.makedirs(model_dir, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=model_dir, suffix=".tmp", delete=False) as tmp:
+        tmp.write(model_bytes)
+    os.chmod(tmp.name, 0o644)  # NamedTemporaryFile is 0600; the cache may be shared.
+    return tmp.name
+
+
 def _publish_atomically(model_bytes: bytes, model_path: str) -> None:
     """Writes the model so that concurrent trainers all end up loading one file.
 
@@ -169,12 +292,7 @@ def _publish_atomically(model_bytes: bytes, model_path: str) -> None:
     load the winner's, which matters because sentencepiece training is not
     bit-reproducible across thread schedules.
     """
-    model_dir = os.path.dirname(model_path)
-    os.makedirs(model_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=model_dir, suffix=".tmp", delete=False) as tmp:
-        tmp.write(model_bytes)
-        tmp_path = tmp.name
-    os.chmod(tmp_path, 0o644)  # NamedTemporaryFile is 0600; the cache may be shared.
+    tmp_path = _write_temp(model_bytes, os.path.dirname(model_path))
     try:
         os.link(tmp_path, model_path)
     except FileExistsError:
@@ -187,13 +305,23 @@ def _publish_atomically(model_bytes: bytes, model_path: str) -> None:
             os.unlink(tmp_path)
 
 
-def _load_user_tokenizer(tokenizer_path: str) -> Tokenizer:
+def _user_model_file(tokenizer_path: str) -> str:
     path = os.path.expanduser(tokenizer_path)
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"data.tokenizer_path={tokenizer_path!r} does not exist; point it at"
             " a sentencepiece .model file, or set it to '' to train one."
         )
+    return path
+
+
+def _read_user_model(tokenizer_path: str) -> bytes:
+    with open(_user_model_file(tokenizer_path), "rb") as f:
+        return f.read()
+
+
+def _load_user_tokenizer(tokenizer_path: str) -> Tokenizer:
+    path = _user_model_file(tokenizer_path)
     try:
         tokenizer = Tokenizer.from_file(path)
     except (OSError, RuntimeError) as error:

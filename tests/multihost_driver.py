@@ -2,13 +2,18 @@
 
     python tests/multihost_driver.py --coordinator localhost:PORT --num_processes 2 \
         --process_id I --workdir DIR --cache_dir DIR --out FILE.npz [--steps N]
-        [--events S:R:D,...] [--strategy NAME]
+        [--events S:R:D,...] [--strategy NAME] [--tokenizer_paths FILE,FILE,...]
 
 Each process runs `FaultController.train` on the global 8-device mesh (4 local
 CPU devices each) and writes, to --out, every parameter leaf as this process
 sees it (after checking its own local copies agree bit for bit) plus the
-summary's events, the devices holding the final params and the params captured
-right after the first step run during a failure.
+summary's events, the devices holding the final params, the params captured
+right after the first step run during a failure, the sha256 of the tokenizer
+each data pipeline used and how many tokenizers this process trained.
+
+With --tokenizer_paths it only loads each of those tokenizers in turn (the
+multi-host agreement on data.tokenizer_path) and writes, per path, the model's
+sha256 or the error raised to FILE.npz.json.
 """
 import argparse
 import json
@@ -28,6 +33,7 @@ def _parse():
     p.add_argument('--events', default='2:3:3')
     p.add_argument('--strategy', default='mecefo')
     p.add_argument('--local_devices', type=int, default=4)
+    p.add_argument('--tokenizer_paths', default='')
     return p.parse_args()
 
 
@@ -53,10 +59,33 @@ def main():
                                process_id=args.process_id)
 
     from configs.tiny import get_config
+    from mecefo_jax import tokenizer as tokenizer_lib
     from mecefo_jax.faults.controller import FaultController
+
+    trainings = []
+    real_train = tokenizer_lib.train_sentencepiece
+
+    def counting_train(texts, vocab_size):
+        trainings.append(vocab_size)
+        return real_train(texts, vocab_size)
+    tokenizer_lib.train_sentencepiece = counting_train
 
     cfg = get_config()
     cfg.data.cache_dir = args.cache_dir
+    if args.tokenizer_paths:
+        outcomes = []
+        for path in args.tokenizer_paths.split(','):
+            cfg.data.tokenizer_path = path
+            try:
+                tokenizer = tokenizer_lib.load_or_train_tokenizer(
+                    cfg.data, int(cfg.model.vocab_size), lambda: [])
+                outcomes.append({'sha256': tokenizer.model_sha256})
+            except (OSError, ValueError, RuntimeError) as error:
+                outcomes.append({'error': f'{type(error).__name__}: {error}'})
+        with open(args.out + '.json', 'w') as f:
+            json.dump({'tokenizer_paths': outcomes}, f)
+        jax.distributed.shutdown()
+        return
     cfg.train.steps = args.steps
     cfg.train.eval_every = 0
     cfg.train.checkpoint_every = 0
@@ -87,6 +116,9 @@ def main():
     class Capturing(FaultController):
         def observe(self, clock, step, state, metrics, wall_sec):
             super().observe(clock, step, state, metrics, wall_sec)
+            captured.setdefault('tokenizer_sha256', {
+                'train': self.run.train_data.tokenizer.model_sha256,
+                'validation': self.run.val_data.tokenizer.model_sha256})
             if not all(self.live) and 'during' not in captured:
                 captured['during'] = local_copy(state.params)
                 captured['during_live'] = int(sum(self.live))
@@ -106,6 +138,8 @@ def main():
             'during_devices': captured.get('during_devices'),
             'final_loss': summary['final_loss'],
             'final_val_loss': summary['final_val_loss'],
+            'tokenizer_sha256': captured.get('tokenizer_sha256'),
+            'tokenizer_trainings': len(trainings),
             'process_index': jax.process_index(),
             'process_count': jax.process_count(),
             'global_devices': jax.device_count(),

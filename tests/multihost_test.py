@@ -6,6 +6,13 @@ the test checks both processes took the same decisions and ended (and passed
 through the failure) with bitwise identical parameters. Replica 3 lives on
 process 0 and its adopter, replica 4, on process 1, so the adoption crosses
 the process boundary.
+
+The processes get separate tokenizer caches, as hosts without a shared
+data.cache_dir do, and process 1's cache already holds a different model for
+the same corpus (a stale cache, or a training run whose thread schedule
+differed): both processes must still tokenize with the model process 0 decides.
+A second, short two-process run checks that a data.tokenizer_path holding
+different bytes on different hosts is refused by every process.
 """
 import json
 import os
@@ -26,31 +33,14 @@ EVENTS = '2:3:3'  # replica 3 down for steps 2, 3, 4; back at 5
 STEPS = 8
 
 
-@pytest.fixture(scope='session')
-def cache_dir(tmp_path_factory):
-    # Same path as controller_test.py's fixture: the tokenizer trains once per session.
-    path = tmp_path_factory.getbasetemp() / 'fault_tests_tokenizer_cache'
-    path.mkdir(exist_ok=True)
-    return str(path)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(('localhost', 0))
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope='module')
-def two_process_run(cache_dir, tmp_path_factory):
-    # Train the tokenizer here first, so the two processes only read the cache
-    # instead of racing to write it.
-    from mecefo_jax import data as data_lib
-    cfg = get_config()
-    cfg.data.cache_dir = cache_dir
-    data_lib.make_pipeline(cfg.data, vocab_size=int(cfg.model.vocab_size), num_shards=8,
-                           split='train')
-
-    out_dir = tmp_path_factory.mktemp('multihost')
+def _run_two_processes(out_dir, args_of_process, timeout_sec=TIMEOUT_SEC):
+    """Runs the driver as processes 0 and 1; returns (exit code, log text) of each."""
     env = dict(os.environ)
     env['JAX_PLATFORMS'] = 'cpu'
     env['PYTHONPATH'] = os.pathsep.join([REPO, env.get('PYTHONPATH', '')]).rstrip(os.pathsep)
@@ -66,10 +56,10 @@ def two_process_run(cache_dir, tmp_path_factory):
         procs.append(subprocess.Popen(
             [sys.executable, DRIVER, '--coordinator', coordinator, '--num_processes', '2',
              '--process_id', str(i), '--workdir', str(out_dir / f'work{i}'),
-             '--cache_dir', cache_dir, '--out', str(out_dir / f'params{i}.npz'),
-             '--steps', str(STEPS), '--events', EVENTS, '--strategy', 'mecefo'],
+             '--cache_dir', str(out_dir / f'cache{i}'), '--out', str(out_dir / f'params{i}.npz'),
+             *args_of_process(i)],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO))
-    deadline = time.monotonic() + TIMEOUT_SEC
+    deadline = time.monotonic() + timeout_sec
     try:
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -82,11 +72,41 @@ def two_process_run(cache_dir, tmp_path_factory):
                 p.wait()
         for log in logs:
             log.close()
+    return [(p.returncode, (out_dir / f'log{i}.txt').read_text()) for i, p in enumerate(procs)]
 
-    def tail(i):
-        return (out_dir / f'log{i}.txt').read_text()[-3000:]
-    for i, p in enumerate(procs):
-        assert p.returncode == 0, f'process {i} exited with {p.returncode}:\n{tail(i)}'
+
+@pytest.fixture(scope='module')
+def small_models():
+    """Two valid tokenizers of the tiny vocab size, unlike the one a run trains.
+
+    Trained on 40 documents each (a real run samples them all), in a second.
+    """
+    from mecefo_jax import data_sources
+    from mecefo_jax import tokenizer as tokenizer_lib
+    cfg = get_config()
+    documents = data_sources.load_documents(cfg.data, 'train')
+    vocab_size = int(cfg.model.vocab_size)
+    return [tokenizer_lib.train_sentencepiece(documents[i:i + 40], vocab_size) for i in (0, 40)]
+
+
+@pytest.fixture(scope='module')
+def two_process_run(tmp_path_factory, small_models):
+    from mecefo_jax import tokenizer as tokenizer_lib
+    out_dir = tmp_path_factory.mktemp('multihost')
+    # Process 1's cache already holds another model for this corpus: a stale
+    # cache, or a training run whose thread schedule differed.
+    cfg = get_config()
+    cfg.data.cache_dir = str(out_dir / 'cache1')
+    stale_path = tokenizer_lib.cached_model_path(cfg.data, int(cfg.model.vocab_size))
+    os.makedirs(os.path.dirname(stale_path))
+    with open(stale_path, 'wb') as f:
+        f.write(small_models[0])
+    stale_sha256 = tokenizer_lib.Tokenizer.from_file(stale_path).model_sha256
+
+    outcomes = _run_two_processes(out_dir, lambda i: [
+        '--steps', str(STEPS), '--events', EVENTS, '--strategy', 'mecefo'])
+    for i, (code, log) in enumerate(outcomes):
+        assert code == 0, f'process {i} exited with {code}:\n{log[-3000:]}'
     results = []
     for i in range(2):
         with open(out_dir / f'params{i}.npz.json') as f:
@@ -94,18 +114,29 @@ def two_process_run(cache_dir, tmp_path_factory):
         with np.load(out_dir / f'params{i}.npz') as npz:
             arrays = {k: npz[k] for k in npz.files}
         results.append((meta, arrays))
-    return results, out_dir
+    return results, out_dir, stale_sha256
 
 
 def test_both_processes_see_the_global_mesh(two_process_run):
-    results, _ = two_process_run
+    results, _, _ = two_process_run
     for i, (meta, _) in enumerate(results):
         assert meta['process_index'] == i and meta['process_count'] == 2
         assert meta['global_devices'] == 8 and meta['local_devices'] == 4
 
 
+def test_both_processes_use_process_zeros_tokenizer(two_process_run):
+    (a, _), (b, _) = two_process_run[0]
+    stale_sha256 = two_process_run[2]
+    assert a['tokenizer_trainings'] == 1  # its cache was empty; the validation split reuses it
+    assert b['tokenizer_trainings'] == 0  # it only receives process 0's model
+    used = [a['tokenizer_sha256'], b['tokenizer_sha256']]
+    assert len({sha for split in used for sha in split.values()}) == 1, (
+        f'the processes tokenized with different models: {used}')
+    assert stale_sha256 not in used[1].values(), 'process 1 kept its own cached model'
+
+
 def test_both_processes_take_the_same_decisions(two_process_run):
-    results, _ = two_process_run
+    results, _, _ = two_process_run
     expected = [{'kind': 'failure', 'step': 2, 'replicas': [3], 'live': 7},
                 {'kind': 'recovery', 'step': 5, 'replicas': [3], 'live': 8}]
     for meta, _ in results:
@@ -129,10 +160,35 @@ def test_both_processes_end_with_identical_parameters(two_process_run):
 
 
 def test_only_process_zero_writes_metrics(two_process_run):
-    _, out_dir = two_process_run
+    _, out_dir, _ = two_process_run
     assert not (out_dir / 'work1' / 'metrics.jsonl').exists()
     text = (out_dir / 'work0' / 'metrics.jsonl').read_text()
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     assert [r['kind'] for r in rows if r.get('event') in ('failure', 'recovery')] == [
         'failure', 'recovery']
     assert len([r for r in rows if 'loss' in r]) == STEPS
+
+
+def test_tokenizer_path_must_hold_the_same_model_on_every_host(tmp_path, small_models):
+    # One pair of processes tries three cases in turn; each host has its own copy.
+    cases = {'same': small_models[:1] * 2, 'different': small_models,
+             'missing_on_1': small_models[:1]}
+    for case, models in cases.items():
+        for host, model_bytes in enumerate(models):
+            (tmp_path / f'host{host}').mkdir(exist_ok=True)
+            (tmp_path / f'host{host}' / f'{case}.model').write_bytes(model_bytes)
+    outcomes = _run_two_processes(tmp_path, lambda i: [
+        '--tokenizer_paths', ','.join(str(tmp_path / f'host{i}' / f'{c}.model') for c in cases)],
+        timeout_sec=180)
+    for i, (code, log) in enumerate(outcomes):  # a failed agreement leaves nobody waiting
+        assert code == 0, f'process {i} exited with {code}:\n{log[-3000:]}'
+    same, different, missing = zip(*[
+        json.loads((tmp_path / f'params{i}.npz.json').read_text())['tokenizer_paths']
+        for i in range(2)])
+    assert 'sha256' in same[0] and same[0] == same[1]
+    for outcome in different:  # every process refuses, naming the field
+        assert 'data.tokenizer_path' in outcome.get('error', ''), outcome
+        assert 'processes [1] hold different bytes' in outcome['error']
+    assert 'processes [1] could not read it' in missing[0].get('error', ''), missing
+    assert 'data.tokenizer_path' in missing[1].get('error', ''), missing
+    assert 'does not exist' in missing[1]['error']

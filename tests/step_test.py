@@ -114,7 +114,7 @@ def _run(rows, layout, setup, tokens_nbt=None, place_params=False):
 
 
 def _hand_average(reference, roles_by_shard):
-    """The combination rule of DESIGN.md section 2.5, from per-shard grads.
+    """MeCeFO's gradient-combination rule (docs/algorithm.md), from per-shard grads.
 
     `roles_by_shard[s]` is the role shard s was computed in. All shards have
     the same token count, so token-weighted means are plain means: attention
