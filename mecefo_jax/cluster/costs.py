@@ -1,13 +1,13 @@
 """Per-role step costs for the cluster simulator: what one device pays per step.
 
-This module owns the *cost table* of `cluster_sim`: for each role a device can
+This module owns the *cost table* of `cluster.sim`: for each role a device can
 run, the cost of computing `x` batch shards, relative to one normal (exact)
 shard, plus the seconds of one fault-free step. Pure numpy: no jax import.
 
 Three sources, whichever is given:
 
 ``analytic``
-    The FLOP model of DESIGN.md section 3 for the paper's LLaMA shapes
+    The FLOP model of docs/algorithm.md section 6 for the paper's LLaMA shapes
     (`PAPER_MODELS`). Per block and token, with width d, FFN width h,
     sequence length L, vocab V and low-rank r:
 
@@ -265,41 +265,36 @@ def bench_table(bench: dict, shape: ModelShape, *, metric: str, seq_len: int,
                           + ('' if same_shape else ' (another shape: ratios applied as they are)'))
 
 
-_ROLE_KEY = re.compile(r'^role(\d+)_(?:slots(\d+)_batch(\d+)|rows(\d+))$')
+# RoleTimer's program names (layout.Program.name): '<role>x<rows>'.
+_PROGRAM_NAME = re.compile(r'^(normal|neighbour)x(\d+)$')
+_ROLES = {'normal': 0, 'neighbour': 1}
 
 
 def roles_table(roles: dict, shape: ModelShape, *, seq_len: int, replica_seqs: int,
                 mfu: float, path: str = 'compare_faults.json', **analytic_kw) -> CostTable:
-    """The table of per-role seconds measured by the strategy comparison.
+    """The table of per-program seconds measured by the strategy comparison.
 
-    Role 0 is normal (exact), role 1 the neighbour. The reference is the
-    fault-free program: role 0 with one slot at the largest slot batch (or,
-    for the `rows` form, role 0 with the fewest rows). Ratios only: these are
-    CPU timings of a small config, so absolute time is analytic.
+    Keys are program names, e.g. 'normalx2' (2 examples exact) or
+    'neighbourx4'. The reference is the fault-free program: the normal one
+    with the fewest rows. Ratios only: these are CPU timings of a small
+    config, so absolute time is analytic.
     """
     table = roles.get('role_seconds', roles)
-    parsed = []  # (role, examples, slots, seconds)
+    parsed = []  # (role, examples, seconds)
     for key, sec in table.items():
-        m = _ROLE_KEY.match(str(key))
+        m = _PROGRAM_NAME.match(str(key))
         if m:
-            role = int(m.group(1))
-            if m.group(4) is not None:
-                parsed.append((role, int(m.group(4)), 1, float(sec)))
-            else:
-                slots, batch = int(m.group(2)), int(m.group(3))
-                parsed.append((role, slots * batch, slots, float(sec)))
-    normals = [p for p in parsed if p[0] == 0 and p[2] == 1]
+            parsed.append((_ROLES[m.group(1)], int(m.group(2)), float(sec)))
+    normals = [p for p in parsed if p[0] == 0]
     if not normals or not any(p[0] == 1 for p in parsed):
-        raise ValueError(f'--roles_json={path}: needs role_seconds with a normal one-slot '
-                         f'program (role0_slots1_batchB) and a neighbour program (role1_...); '
+        raise ValueError(f'--roles_json={path}: needs role_seconds with a normal program '
+                         f"('normalxB') and a neighbour program ('neighbourx...'); "
                          f'got keys {sorted(table)[:8]}. Run scripts/compare_faults.py.')
-    rows_form = any(_ROLE_KEY.match(str(k)).group(4) for k in table if _ROLE_KEY.match(str(k)))
-    ref = min(normals, key=lambda p: p[1]) if rows_form else max(normals, key=lambda p: p[1])
-    ref_examples, ref_sec = ref[1], ref[3]
+    ref_examples, ref_sec = min(normals, key=lambda p: p[1])[1:]
 
     def points(role):
         by_x: dict[float, list[float]] = {}
-        for r, ex, _, sec in parsed:
+        for r, ex, sec in parsed:
             if r == role:
                 by_x.setdefault(ex / ref_examples, []).append(sec / ref_sec)
         return tuple((x, float(np.mean(v))) for x, v in sorted(by_x.items()))

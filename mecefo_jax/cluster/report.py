@@ -1,6 +1,6 @@
 """Reports of the cluster simulator: JSON, markdown and the size plot.
 
-This module owns the presentation of `cluster_sim.monte_carlo`'s result: the
+This module owns the presentation of `sim.monte_carlo`'s result: the
 paper's Table-2 layout with the paper's own figures beside ours, the
 computed explanation of where and why our ordering differs from the
 paper's, the drop-against-cluster-size table and plot, and the cost and
@@ -15,10 +15,10 @@ import math
 import os
 from typing import Any
 
-from mecefo_jax import cluster_costs as costs_lib
-from mecefo_jax import cluster_recovery as recovery_lib
-from mecefo_jax import cluster_traces as traces_lib
-from mecefo_jax.cluster_traces import READINGS, REGIMES
+from mecefo_jax.cluster import costs as costs_lib
+from mecefo_jax.cluster import recovery as recovery_lib
+from mecefo_jax.cluster import traces as traces_lib
+from mecefo_jax.cluster.traces import READINGS, REGIMES
 
 # The paper's Table 2 (MeCeFO, NeurIPS 2025; 32 A100s = 4 nodes x 8): MeCeFO
 # throughput in k tokens/s, failure-free and under `high`, and the drops of
@@ -31,7 +31,7 @@ PAPER = {
     '7B': {'none': 111.1, 'high': 106.5, 'high_drop_pct': 4.18,
            'bamboo_high_drop_pct': 20.84, 'oobleck_high_drop_pct': 28.09},
 }
-# bench_step.py on CPU, XLA cost analysis (DESIGN.md section 3): two shards
+# bench_step.py on CPU, XLA cost analysis (docs/algorithm.md section 6): two shards
 # in neighbour mode over one normal shard, 350M width, 24 blocks.
 MEASURED_CPU_RATIO_350M = 1.30
 ASSUMPTION_TEXT = {

@@ -3,9 +3,9 @@
 This module owns the *throughput model* of a strategy over a failure trace
 and the Monte Carlo that runs it over many seeded traces, models, regimes,
 readings and cluster sizes. Its pieces live beside it, one concern each:
-`cluster_traces` (failure traces and per-live-set loads), `cluster_costs`
-(per-role step costs), `cluster_recovery` (per-event overheads) and
-`cluster_report` (JSON, markdown, plot). Pure numpy: nothing here imports
+`traces` (failure traces and per-live-set loads), `costs`
+(per-role step costs), `recovery` (per-event overheads) and
+`report` (JSON, markdown, plot). Pure numpy: nothing here imports
 jax, so a projection to 1,024 replicas runs in seconds on a laptop.
 
 The model, per interval of constant live set (continuous time):
@@ -46,9 +46,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mecefo_jax import cluster_costs as costs_lib
-from mecefo_jax import cluster_recovery as recovery_lib
-from mecefo_jax import cluster_traces as traces_lib
+from mecefo_jax.cluster import costs as costs_lib
+from mecefo_jax.cluster import recovery as recovery_lib
+from mecefo_jax.cluster import traces as traces_lib
 
 STRATEGIES = ('fault_free', 'mecefo', 'ndb_naive', 'mecefo_spread', 'elastic', 'drop',
               'checkpoint_restart')
@@ -407,7 +407,7 @@ def run(config: SimConfig, *, out_dir: str | None = None, cost: str = 'analytic'
         recovery_overrides: dict | None = None,
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Loads the tables, runs the Monte Carlo, writes the reports to `out_dir`."""
-    from mecefo_jax import cluster_report  # matplotlib only when writing
+    from mecefo_jax.cluster import report as cluster_report  # matplotlib only when writing
 
     config.validate()
     bench = costs_lib.load_json(bench_json, '--bench_json') if bench_json else None

@@ -1,0 +1,10 @@
+"""Cluster-scale projection of the fault-tolerance strategies (pure numpy, no jax).
+
+| module | owns |
+|---|---|
+| `traces` | Monte Carlo failure traces (per cluster or per node) and per-live-set loads |
+| `costs` | per-role step costs: analytic FLOP model, a `bench_step.json`, or measured roles |
+| `recovery` | per-event recovery overheads (in-process, from memory, from disk) |
+| `sim` | the synchronous-step throughput model and the Monte Carlo driver |
+| `report` | JSON, markdown and plot of the result |
+"""
