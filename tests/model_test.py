@@ -3,6 +3,11 @@
 The neighbour-mode checks compare against `_ref_*`, a plain-jnp LLaMA written
 here from the textbook formulas (no Flax, no custom_vjp, no remat), so a
 mistake in model.py cannot cancel against the same mistake in the reference.
+
+The model under test is the production one: blocks under `nn.scan`. Tests
+hold parameters per layer (`layers_<i>`, the reference's form) and the jitted
+wrappers below stack them for the scanned model, so gradients come back per
+layer too (tests/layer_trees.py).
 """
 import dataclasses
 import functools
@@ -21,6 +26,7 @@ from configs import tiny
 from mecefo_jax import sharding
 from mecefo_jax.model import Block, Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
+from layer_trees import stack_layers, unstack_layers
 from tree_asserts import assert_tree_close
 
 # tiny config: D=32, 2 layers, H=4, K=2 (G=2), E=8, F=64, V=256. Batch and
@@ -47,18 +53,24 @@ def _model_cfg(**overrides) -> ModelConfig:
 
 
 CFG = _model_cfg()
+assert CFG.scan_layers  # the production path
+LOOP_CFG = dataclasses.replace(CFG, scan_layers=False)
 D, F, H, K, E = CFG.d_model, CFG.ffn_hidden, CFG.num_heads, CFG.num_kv_heads, CFG.head_dim
 G = H // K
 
 
 def _init(model, seed):
-    """(boxed shapes, float32 params) without compiling Flax's RNG initialisers.
+    """(boxed shapes, float32 per-layer params) without compiling Flax's RNG initialisers.
 
     `init_params` under `jax.eval_shape` gives the real tree and logical axis
     boxes at no compile cost; values are drawn with numpy at the init scales
     (1/sqrt(fan-in)). Norm scales are spread around 1 so a wrong scale path shows.
+    The boxes are the model's own (scanned: a leading layer axis); the values
+    are drawn for the per-layer (looped) tree of the same parameters.
     """
     boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+    looped = Llama(dataclasses.replace(model.cfg, scan_layers=False))
+    per_layer = jax.eval_shape(lambda: init_params(looped, jax.random.key(0)))
     rng = np.random.default_rng(seed)
 
     def fill(path, sds):
@@ -72,7 +84,7 @@ def _init(model, seed):
             value = rng.standard_normal(sds.shape) / np.sqrt(fan_in)
         return jnp.asarray(value, jnp.float32)
 
-    return boxed, jax.tree_util.tree_map_with_path(fill, nn.unbox(boxed))
+    return boxed, jax.tree_util.tree_map_with_path(fill, nn.unbox(per_layer))
 
 
 _projections = _jit(compute_projections, static_argnums=1)
@@ -86,12 +98,18 @@ def setup():
     return model, boxed, params, tokens
 
 
+def _variables(model, p, v):
+    """Per-layer trees in the form `model` takes (stacked when scanned)."""
+    if model.cfg.scan_layers:
+        p, v = stack_layers(p), stack_layers(v)
+    return {'params': p, 'projections': v}
+
+
 @functools.lru_cache(maxsize=None)
 def _apply_fn(model):
     """Jitted logits (default compiler options); `neighbour` is static."""
     return jax.jit(
-        lambda p, v, t, neighbour: model.apply({'params': p, 'projections': v}, t,
-                                               neighbour=neighbour),
+        lambda p, v, t, neighbour: model.apply(_variables(model, p, v), t, neighbour=neighbour),
         static_argnames='neighbour')
 
 
@@ -104,7 +122,7 @@ def _loss_weights(seed=2):
 def _value_and_grad(model, neighbour):
     """fn(params, projections, tokens, w) -> value and grads of sum(logits * w)."""
     def loss(p, v, t, w):
-        return jnp.sum(model.apply({'params': p, 'projections': v}, t, neighbour=neighbour) * w)
+        return jnp.sum(model.apply(_variables(model, p, v), t, neighbour=neighbour) * w)
     return _jit(jax.value_and_grad(loss))
 
 
@@ -196,31 +214,57 @@ def _at(tree, path):
 
 def test_param_and_logit_shapes(setup):
     model, boxed, params, tokens = setup
-    shapes = jax.tree.map(lambda x: x.shape, params)
+    n = CFG.num_layers
+    layer_shapes = {'attn': {'wq': (D, H, E), 'wk': (D, K, E), 'wv': (D, K, E), 'wo': (H, E, D)},
+                    'attn_norm': {'scale': (D,)}, 'ffn_norm': {'scale': (D,)},
+                    'ffn': {'w_gate': {'kernel': (D, F)}, 'w_up': {'kernel': (D, F)},
+                            'w_down': {'kernel': (F, D)}}}
+    # Scanned: one tree per block type, every leaf with a leading layer axis.
+    shapes = jax.tree.map(lambda x: x.shape, nn.unbox(boxed))
     assert shapes['embedding'] == (CFG.vocab_size, D)
     assert shapes['head'] == (D, CFG.vocab_size)
     assert shapes['final_norm']['scale'] == (D,)
-    for i in range(CFG.num_layers):
-        layer = shapes[f'layers_{i}']
-        assert layer['attn'] == {'wq': (D, H, E), 'wk': (D, K, E), 'wv': (D, K, E),
-                                 'wo': (H, E, D)}
-        assert layer['attn_norm']['scale'] == (D,) and layer['ffn_norm']['scale'] == (D,)
-        assert layer['ffn'] == {'w_gate': {'kernel': (D, F)}, 'w_up': {'kernel': (D, F)},
-                                'w_down': {'kernel': (F, D)}}
-    assert f'layers_{CFG.num_layers}' not in shapes
+    assert shapes['layers'] == jax.tree.map(lambda s: (n,) + s, layer_shapes,
+                                            is_leaf=lambda x: isinstance(x, tuple))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.unbox(boxed)))
-    # Boxes carry logical axis names for every parameter.
+    # Boxes carry logical axis names for every parameter, the layer axis first.
     specs = nn.get_partition_spec(boxed)
-    assert specs['layers_0']['attn']['wq'] == P('embed', 'heads', 'head_dim')
-    assert specs['layers_0']['ffn']['w_down']['kernel'] == P('mlp', 'embed')
+    assert specs['layers']['attn']['wq'] == P('layers', 'embed', 'heads', 'head_dim')
+    assert specs['layers']['ffn']['w_down']['kernel'] == P('layers', 'mlp', 'embed')
+    # Looped (the tests' per-layer form): the same leaves, one tree per block.
+    looped = jax.tree.map(lambda x: x.shape, params)
+    for i in range(n):
+        assert looped[f'layers_{i}'] == layer_shapes
+    assert f'layers_{n}' not in looped
 
     logits = _apply_fn(model)(params, {}, tokens, neighbour=False)
     assert logits.shape == (B, L, CFG.vocab_size) and logits.dtype == jnp.float32
     assert np.all(np.isfinite(logits))
 
 
+def test_scanned_layers_equal_the_loop(setup):
+    """nn.scan over blocks is the same computation as the Python loop of blocks."""
+    model, _, params, tokens = setup
+    loop = Llama(LOOP_CFG)
+    v = _projections(params, RANK)
+    for neighbour in (False, True):
+        # Same ops per block; only how XLA schedules them around the loop differs.
+        np.testing.assert_allclose(_apply_fn(model)(params, v, tokens, neighbour=neighbour),
+                                   _apply_fn(loop)(params, v, tokens, neighbour=neighbour),
+                                   rtol=1e-5, atol=1e-5)
+        assert_tree_close(_grads(model, neighbour, params, v, tokens),
+                          _grads(loop, neighbour, params, v, tokens), 1e-5,
+                          f'scan vs loop (neighbour={neighbour}) ')
+
+
 def test_is_attention_branch_selects_attn_and_attn_norm(setup):
-    _, _, params, _ = setup
+    _, boxed, params, _ = setup
+    scanned = sorted(jax.tree_util.keystr(path) for path, _ in
+                     jax.tree_util.tree_leaves_with_path(nn.unbox(boxed))
+                     if is_attention_branch(path))
+    assert scanned == sorted(f"['layers']['{m}']['{n}']" for m, n in
+                             [('attn', 'wq'), ('attn', 'wk'), ('attn', 'wv'), ('attn', 'wo'),
+                              ('attn_norm', 'scale')])
     selected = sorted(jax.tree_util.keystr(path) for path, _ in
                       jax.tree_util.tree_leaves_with_path(params) if is_attention_branch(path))
     expected = sorted(f"['layers_{i}']['{m}']['{n}']" for i in range(CFG.num_layers)
@@ -287,21 +331,23 @@ def test_sharded_mesh_gives_same_logits(setup):
     devices = np.array(jax.devices()[:8]).reshape(4, 2)
     mesh = sharding.mesh_from_rows(devices)
     assert dict(mesh.shape) == {'data': 4, 'model': 2}
-    sharded_params = jax.device_put(params, sharding.logical_shardings(boxed, mesh))
-    # The tensor-parallel placement really splits heads / FFN hidden / vocab.
-    assert sharded_params['layers_0']['attn']['wq'].sharding.spec == P(None, 'model', None)
-    assert sharded_params['layers_0']['attn']['wk'].sharding.spec == P(None, 'model', None)
-    assert sharded_params['layers_0']['ffn']['w_down']['kernel'].sharding.spec == P('model', None)
+    scanned = stack_layers(params)
+    sharded_params = jax.device_put(scanned, sharding.logical_shardings(boxed, mesh))
+    # The tensor-parallel placement really splits heads / FFN hidden / vocab
+    # (the stacked layer axis stays whole).
+    layers = sharded_params['layers']
+    assert layers['attn']['wq'].sharding.spec == P(None, None, 'model', None)
+    assert layers['attn']['wk'].sharding.spec == P(None, None, 'model', None)
+    assert layers['ffn']['w_down']['kernel'].sharding.spec == P(None, 'model', None)
     assert sharded_params['head'].sharding.spec == P(None, 'model')
     tokens4 = np.concatenate([tokens, tokens[:1]], axis=0)  # 4 rows for data=4
     sharded_tokens = jax.device_put(tokens4, NamedSharding(mesh, P('data')))
 
-    fn = _apply_fn(model)
-    logits_sharded = fn(sharded_params, {}, sharded_tokens, neighbour=False)
+    fn = jax.jit(lambda p, t: model.apply({'params': p}, t))
+    logits_sharded = fn(sharded_params, sharded_tokens)
     assert logits_sharded.sharding.mesh.shape == mesh.shape
     single = jax.devices()[0]
-    logits = fn(jax.device_put(params, single), {}, jax.device_put(tokens4, single),
-                neighbour=False)
+    logits = fn(jax.device_put(scanned, single), jax.device_put(tokens4, single))
     # Tensor parallelism splits the head/FFN/attention-output contractions into
     # partial sums, so agreement is to float32 rounding, not bitwise.
     np.testing.assert_allclose(logits_sharded, logits, rtol=1e-5, atol=1e-5)
@@ -331,7 +377,8 @@ def test_neighbour_forward_is_bitwise_exact(setup):
 def test_neighbour_mode_needs_projections(setup):
     model, _, params, tokens = setup
     with pytest.raises(ValueError, match='projections'):
-        jax.eval_shape(lambda p: model.apply({'params': p}, tokens, neighbour=True), params)
+        jax.eval_shape(lambda p: model.apply({'params': stack_layers(p)}, tokens,
+                                             neighbour=True), params)
 
 
 def test_neighbour_gradients_match_reference(setup):
@@ -391,7 +438,7 @@ def _block_cotangents(p0, v0, x, g):
 
     def block(neighbour):
         return lambda x_bld: Block(CFG, neighbour=neighbour).apply(
-            {'params': p0, 'projections': v0}, x_bld)
+            {'params': p0, 'projections': v0}, x_bld)[0]
 
     out = {}
     for name, fn in [('reference', residual_only), ('neighbour', block(True)),
@@ -433,32 +480,39 @@ def _saved(capsys, fn, *args):
     return rows
 
 
+@pytest.mark.parametrize('scan', [True, False])
 @pytest.mark.parametrize('remat', [True, False])
-def test_saved_residuals(capsys, remat):
-    # Tracing only (no compile). One block so every residual is attributable.
-    model = Llama(_model_cfg(num_layers=1, remat_ffn=remat))
+def test_saved_residuals(capsys, remat, scan):
+    # Tracing only (no compile). One block so every residual is attributable;
+    # under nn.scan a block's residuals carry a leading layer axis of 1, which
+    # is dropped here (B = 3, so a leading 1 is never the batch).
+    model = Llama(_model_cfg(num_layers=1, remat_ffn=remat, scan_layers=scan))
     _, params = _init(model, seed=5)
     v = jax.eval_shape(lambda p: compute_projections(p, RANK), params)
     v = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), v)
     tokens = np.random.default_rng(6).integers(0, CFG.vocab_size, (B, L), dtype=np.int32)
 
     def loss(neighbour):
-        return lambda p: jnp.sum(model.apply({'params': p, 'projections': v}, tokens,
+        return lambda p: jnp.sum(model.apply(_variables(model, p, v), tokens,
                                              neighbour=neighbour))
+
+    def shapes(rows):
+        return [s[1:] if scan and len(s) >= 3 and s[0] == 1 else s for s, _ in rows]
 
     normal = _saved(capsys, loss(False), params)
     neigh = _saved(capsys, loss(True), params)
-    normal_shapes = [s for s, _ in normal]
-    neigh_shapes = [s for s, _ in neigh]
+    normal_shapes, neigh_shapes = shapes(normal), shapes(neigh)
 
-    # Exact mode keeps the attention probabilities and the FFN inner activations.
-    assert (B, K, G, L, L) in normal_shapes, normal
+    # Exact mode keeps attention-score-sized tensors ([..., L, L]) and the
+    # FFN inner activations.
+    assert any(len(s) >= 4 and s[-2:] == (L, L) for s in normal_shapes), normal
     assert (B, L, F) in normal_shapes, normal
     # Neighbour mode keeps nothing attention-sized and nothing from inside attention.
-    assert not any(len(s) == 5 for s in neigh_shapes), neigh
+    assert not any(len(s) >= 4 and s[-2:] == (L, L) for s in neigh_shapes), neigh
     for shape in [(B, L, H, E), (B, L, K, E), (B, L, K, G, E)]:
         assert shape not in neigh_shapes, (shape, neigh)
-    assert not any('Attention' in src or 'rotary' in src for _, src in neigh), neigh
+    assert not any('Attention' in src or 'rotary' in src or 'dot_product_attention' in src
+                   for _, src in neigh), neigh
     assert not any(path in src for _, src in neigh
                    for path in ("['attn']", "['attn_norm']")), neigh
     if remat:
@@ -466,7 +520,8 @@ def test_saved_residuals(capsys, remat):
         # projected [B, L, r] activation (both are recomputed in backward).
         assert (B, L, F) not in neigh_shapes, neigh
         assert (B, L, RANK) not in neigh_shapes, neigh
-        assert any(s == (B, L, D) and 'RMSNorm' in src for s, src in neigh), neigh
+        assert any(s == (B, L, D) and 'RMSNorm' in src
+                   for s, (_, src) in zip(neigh_shapes, neigh)), neigh
     else:
         # Control for the check above: without remat the FFN activations stay.
         assert (B, L, F) in neigh_shapes, neigh

@@ -16,7 +16,8 @@ from flax import linen as nn
 
 from configs import tiny
 from mecefo_jax import sharding, state, step
-from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, assemble, full_layout
+from mecefo_jax.layout import (ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program, assemble,
+                               full_layout)
 from mecefo_jax.model import Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
 from tree_asserts import assert_tree_close
@@ -53,10 +54,12 @@ def setup():
         if jax.tree_util.keystr(path).endswith("['scale']"):
             return jnp.asarray(1.0 + 0.3 * rng.standard_normal(sds.shape), jnp.float32)
         name = jax.tree_util.keystr(path)
+        # Scanned blocks carry a leading layer axis; the fan-in comes after it.
+        shape = sds.shape[1:] if name.startswith("['layers']") else sds.shape
         if name == "['embedding']":
             fan_in = 1
         else:
-            fan_in = sds.shape[0] * (sds.shape[1] if name.endswith("['wo']") else 1)
+            fan_in = shape[0] * (shape[1] if name.endswith("['wo']") else 1)
         return jnp.asarray(rng.standard_normal(sds.shape) / np.sqrt(fan_in), jnp.float32)
 
     params = jax.tree_util.tree_map_with_path(fill, nn.unbox(boxed))
@@ -91,25 +94,29 @@ def reference(setup):
 
 
 @functools.lru_cache(maxsize=None)
-def _mesh_and_step(rows):
+def _mesh_and_step(rows, programs):
     """Mesh over `rows` (tuples of device ids) and its jitted grad fn, built once."""
     by_id = {d.id: d for d in jax.devices()}
     mesh = sharding.mesh_from_rows([[by_id[i] for i in row] for row in rows])
-    return mesh, _jit(step.make_grad_fn(MODEL, mesh))
+    return mesh, _jit(step.make_grad_fn(MODEL, mesh, programs))
+
+
+def _put(batch, mesh):
+    shardings = step.batch_shardings(mesh)
+    return jax.device_put(batch, {k: shardings[k] for k in batch})
 
 
 def _run(rows, layout, setup, tokens_nbt=None, place_params=False):
     _, params, projections, default_tokens = setup
     tokens_nbt = default_tokens if tokens_nbt is None else tokens_nbt
-    mesh, fn = _mesh_and_step(rows)
+    mesh, fn = _mesh_and_step(rows, layout.programs)
     assert layout.signature[0] == len(rows)
     if place_params:
         # Production placement: params and V split over 'model' by logical names.
         shardings = state.state_shardings(MODEL, optax.sgd(0.1), mesh, RANK)
         params = jax.device_put(params, shardings.params)
         projections = jax.device_put(projections, shardings.projections)
-    batch = jax.device_put(assemble(layout, tokens_nbt), step.batch_shardings(mesh))
-    grads, stats = fn(params, projections, batch)
+    grads, stats = fn(params, projections, _put(assemble(layout, tokens_nbt), mesh))
     return fn, grads, stats
 
 
@@ -141,11 +148,11 @@ def _failure_layout(neighbour_row):
     shard; the adopting row computes its own shard and then shard FAILED.
     """
     replicas = tuple(r for r in range(N_SHARDS) if r != FAILED)
-    slots = [(Piece(r, 0, SHARD_BATCH),) for r in replicas]
-    slots[neighbour_row] += (Piece(FAILED, 0, SHARD_BATCH),)
+    pieces = [(Piece(r, 0, SHARD_BATCH),) for r in replicas]
+    pieces[neighbour_row] += (Piece(FAILED, 0, SHARD_BATCH),)
     roles = tuple(ROLE_NEIGHBOUR if i == neighbour_row else ROLE_NORMAL
                   for i in range(len(replicas)))
-    return Layout(replicas=replicas, roles=roles, slots=tuple(slots), slot_batch=SHARD_BATCH)
+    return Layout(replicas=replicas, roles=roles, pieces=tuple(pieces))
 
 
 LIVE_ROWS = tuple((r,) for r in range(N_SHARDS) if r != FAILED)  # 7 devices, model width 1
@@ -183,9 +190,13 @@ def test_reference_per_shard_grads_average_to_global(reference):
 
 
 def test_failure_layout_combines_neighbour_and_normal_grads(setup, reference):
-    # Replica 3 failed; replica 2 (live row 2) computes shards 2 and 3 as the neighbour.
+    # Replica 3 failed; replica 2 (live row 2) computes shards 2 and 3 as the neighbour,
+    # in one joined batch; the normal rows are padded to that capacity.
     layout = _failure_layout(neighbour_row=2)
     assert layout.shards_covered() == {s: SHARD_BATCH for s in range(N_SHARDS)}
+    assert layout.programs == (Program(ROLE_NORMAL, SHARD_BATCH),
+                               Program(ROLE_NEIGHBOUR, 2 * SHARD_BATCH))
+    assert not layout.is_plain
     _, grads, stats = _run(LIVE_ROWS, layout, setup)
 
     roles_by_shard = [ROLE_NORMAL] * N_SHARDS
@@ -194,7 +205,7 @@ def test_failure_layout_combines_neighbour_and_normal_grads(setup, reference):
     assert_tree_close(grads, expected, REL, 'failure layout ')
     # The neighbour's contribution is really approximate: the result is not the exact grad.
     for path in [('ffn', 'w_up', 'kernel'), ('attn', 'wq')]:
-        g, exact = grads['layers_0'], reference['grads']['layers_0']
+        g, exact = grads['layers'], reference['grads']['layers']
         for key in path:
             g, exact = g[key], exact[key]
         assert np.max(np.abs(g - exact)) > 1e-3 * np.max(np.abs(exact)), path
@@ -205,23 +216,22 @@ def test_failure_layout_combines_neighbour_and_normal_grads(setup, reference):
     assert float(stats['attn_tokens']) == (N_SHARDS - 2) * TOKENS_PER_SHARD
 
 
-def test_padding_slots_change_nothing(setup, reference):
-    """Whole empty slots and weight-0 rows inside a slot add nothing.
+def test_padding_rows_change_nothing(setup, reference):
+    """Weight-0 rows add nothing, in a layout that runs as plain data parallelism.
 
-    Same mesh and signature (7 replicas, 2 slots of 2) as the failure layout,
-    all roles normal: row 0 splits its shard into two half-filled slots, row 2
-    computes shards 2 and 3 (normal-role adoption, i.e. exact), every other
-    row has an all-padding second slot. Grads must be the exact global ones.
+    All roles normal: row 0 holds its shard as two pieces, row 2 also computes
+    shard 3 (a normal-role adoption, i.e. exact), so every other row is padded
+    to the capacity of 2 shards. Grads must be the exact global ones.
     """
     replicas = tuple(r for r in range(N_SHARDS) if r != FAILED)
-    slots = [(Piece(r, 0, SHARD_BATCH),) for r in replicas]
-    slots[0] = (Piece(0, 0, 1), Piece(0, 1, SHARD_BATCH))
-    slots[2] = (Piece(2, 0, SHARD_BATCH), Piece(FAILED, 0, SHARD_BATCH))
+    pieces = [(Piece(r, 0, SHARD_BATCH),) for r in replicas]
+    pieces[0] = (Piece(0, 0, 1), Piece(0, 1, SHARD_BATCH))
+    pieces[2] = (Piece(2, 0, SHARD_BATCH), Piece(FAILED, 0, SHARD_BATCH))
     layout = Layout(replicas=replicas, roles=(ROLE_NORMAL,) * len(replicas),
-                    slots=tuple(slots), slot_batch=SHARD_BATCH)
-    assert layout.signature == (7, 2, SHARD_BATCH)
+                    pieces=tuple(pieces))
+    assert layout.is_plain and layout.capacity == 2 * SHARD_BATCH
     batch = assemble(layout, setup[3])
-    assert (batch['weights'] == 0).any(axis=1).sum() >= 6  # padding really present
+    assert (batch['weights'] == 0).sum() == 6 * SHARD_BATCH  # padding really present
     _, grads, stats = _run(LIVE_ROWS, layout, setup)
     assert_tree_close(grads, reference['grads'], REL, 'padded layout ')
     np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
@@ -229,25 +239,28 @@ def test_padding_slots_change_nothing(setup, reference):
     assert float(stats['tokens']) == total and float(stats['attn_tokens']) == total
 
 
-def test_roles_are_data_one_compilation(setup, reference):
-    """Moving the neighbour (or making everyone one) reuses the compiled step."""
-    layouts = {
-        'neighbour at row 2': (_failure_layout(2), {2, FAILED}),
-        'neighbour at row 3 (replica 4)': (_failure_layout(3), {4, FAILED}),
-        'all normal': (dataclasses.replace(_failure_layout(2), roles=(ROLE_NORMAL,) * 7), set()),
-        'all neighbours': (dataclasses.replace(_failure_layout(2), roles=(ROLE_NEIGHBOUR,) * 7),
-                           set(range(N_SHARDS))),
-    }
-    fn = _mesh_and_step(LIVE_ROWS)[1]
-    for name, (layout, neighbour_shards) in layouts.items():
-        assert layout.signature == (7, 2, SHARD_BATCH)
+def test_moving_the_neighbour_reuses_the_compiled_step(setup, reference):
+    """Which device runs which program is data: no recompilation."""
+    fn = _mesh_and_step(LIVE_ROWS, _failure_layout(2).programs)[1]
+    for row, neighbour_replica in ((2, 2), (3, 4), (0, 0)):
+        layout = _failure_layout(row)
         _, grads, stats = _run(LIVE_ROWS, layout, setup)
-        roles_by_shard = [ROLE_NEIGHBOUR if s in neighbour_shards else ROLE_NORMAL
+        roles_by_shard = [ROLE_NEIGHBOUR if s in (neighbour_replica, FAILED) else ROLE_NORMAL
                           for s in range(N_SHARDS)]
-        # With no normal device, attention params get an exactly-zero gradient.
-        assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL, f'{name}: ')
+        assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL,
+                          f'neighbour at row {row}: ')
         np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
-        assert fn._cache_size() == 1, f'{name} recompiled the step'
+        assert fn._cache_size() == 1, f'neighbour at row {row} recompiled the step'
+
+
+def test_every_replica_a_neighbour_gives_attention_no_gradient(setup, reference):
+    layout = dataclasses.replace(_failure_layout(2), roles=(ROLE_NEIGHBOUR,) * 7)
+    assert layout.programs == (Program(ROLE_NEIGHBOUR, 2 * SHARD_BATCH),)
+    _, grads, stats = _run(LIVE_ROWS, layout, setup)
+    # With no normal device, attention params get an exactly-zero gradient.
+    assert_tree_close(grads, _hand_average(reference, [ROLE_NEIGHBOUR] * N_SHARDS), REL,
+                      'all neighbours: ')
+    assert float(stats['attn_tokens']) == 0.0
 
 
 def test_neighbour_under_tensor_parallelism(setup, reference):
@@ -257,11 +270,11 @@ def test_neighbour_under_tensor_parallelism(setup, reference):
     and replica 1 also adopts replica 2's two shards as the neighbour.
     """
     rows = ((0, 1), (2, 3), (6, 7))
-    slots = ((Piece(0, 0, SHARD_BATCH), Piece(1, 0, SHARD_BATCH)),
-             tuple(Piece(s, 0, SHARD_BATCH) for s in (2, 3, 4, 5)),
-             (Piece(6, 0, SHARD_BATCH), Piece(7, 0, SHARD_BATCH)))
+    pieces = ((Piece(0, 0, SHARD_BATCH), Piece(1, 0, SHARD_BATCH)),
+              tuple(Piece(s, 0, SHARD_BATCH) for s in (2, 3, 4, 5)),
+              (Piece(6, 0, SHARD_BATCH), Piece(7, 0, SHARD_BATCH)))
     layout = Layout(replicas=(0, 1, 3), roles=(ROLE_NORMAL, ROLE_NEIGHBOUR, ROLE_NORMAL),
-                    slots=slots, slot_batch=SHARD_BATCH)
+                    pieces=pieces)
     _, grads, stats = _run(rows, layout, setup, place_params=True)
     roles_by_shard = [ROLE_NEIGHBOUR if s in (2, 3, 4, 5) else ROLE_NORMAL
                       for s in range(N_SHARDS)]
@@ -286,30 +299,32 @@ def test_no_attention_gradient_leaves_attention_and_its_adam_state_untouched(set
     both = sharding.mesh_from_rows([[by_id[0]], [by_id[1]]])
     survivor = sharding.mesh_from_rows([[by_id[0]]])
 
-    def train_step(mesh):
-        shardings = state.state_shardings(MODEL, optimizer, mesh, RANK)
-        return step.make_train_step(MODEL, optimizer, mesh, shardings), shardings
+    full = full_layout(2, SHARD_BATCH)
+    neighbour_only = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,),
+                            pieces=((Piece(0, 0, SHARD_BATCH), Piece(1, 0, SHARD_BATCH)),))
 
-    full_step, full_shardings = train_step(both)
+    def train_step(mesh, layout):
+        shardings = state.state_shardings(MODEL, optimizer, mesh, RANK)
+        return step.make_train_step(MODEL, optimizer, mesh, shardings, layout.programs), shardings
+
+    def batch(layout, mesh, at_step):
+        return _put(dict(assemble(layout, two_shards), step=np.int32(at_step)), mesh)
+
+    full_step, full_shardings = train_step(both, full)
     current = jax.device_put(
         state.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                          opt_state=optimizer.init(params), projections=projections),
         full_shardings)
     two_shards = tokens_nbt[:2]
-    full = full_layout(2, SHARD_BATCH)
-    for _ in range(2):
-        current, _ = full_step(current, jax.device_put(assemble(full, two_shards),
-                                                       step.batch_shardings(both)))
-    lone_step, lone_shardings = train_step(survivor)
+    for i in range(2):
+        current, _ = full_step(current, batch(full, both, i))
+    lone_step, lone_shardings = train_step(survivor, neighbour_only)
     before = jax.device_get(current)
-    neighbour_only = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,),
-                            slots=((Piece(0, 0, SHARD_BATCH), Piece(1, 0, SHARD_BATCH)),),
-                            slot_batch=SHARD_BATCH)
     after, metrics = lone_step(jax.device_put(current, lone_shardings),
-                               jax.device_put(assemble(neighbour_only, two_shards),
-                                              step.batch_shardings(survivor)))
+                               batch(neighbour_only, survivor, 2))
     after = jax.device_get(after)
-    assert float(metrics['attn_tokens']) == 0.0 and bool(metrics['finite'])
+    assert float(metrics['attn_tokens']) == 0.0 and bool(metrics['applied'])
+    assert int(after.step) == 3
     params_before = jax.tree_util.tree_leaves_with_path(before.params)
     params_after = jax.tree.leaves(after.params)
     moved = {jax.tree_util.keystr(p): not np.array_equal(a, b)
@@ -321,8 +336,35 @@ def test_no_attention_gradient_leaves_attention_and_its_adam_state_untouched(set
     adam_before, adam_after = before.opt_state[1][0], after.opt_state[1][0]
     for moments in ('mu', 'nu'):
         b, a = getattr(adam_before, moments), getattr(adam_after, moments)
-        np.testing.assert_array_equal(a['layers_0']['attn']['wq'], b['layers_0']['attn']['wq'])
-        np.testing.assert_array_equal(a['layers_0']['attn_norm']['scale'],
-                                      b['layers_0']['attn_norm']['scale'])
-        assert not np.array_equal(a['layers_0']['ffn']['w_up']['kernel'],
-                                  b['layers_0']['ffn']['w_up']['kernel'])
+        np.testing.assert_array_equal(a['layers']['attn']['wq'], b['layers']['attn']['wq'])
+        np.testing.assert_array_equal(a['layers']['attn_norm']['scale'],
+                                      b['layers']['attn_norm']['scale'])
+        assert not np.array_equal(a['layers']['ffn']['w_up']['kernel'],
+                                  b['layers']['ffn']['w_up']['kernel'])
+
+
+def test_a_batch_for_another_step_leaves_the_state_untouched(setup):
+    """The guard behind the asynchronous loop's NaN stop.
+
+    After a non-finite step the state keeps its step number, so every later
+    batch in flight (stamped with later steps) must change nothing, even when
+    its own loss is finite.
+    """
+    _, params, projections, tokens_nbt = setup
+    optimizer = optax.adamw(1e-2)
+    mesh = sharding.mesh_from_rows([[jax.devices()[0]]])
+    layout = full_layout(1, SHARD_BATCH)
+    shardings = state.state_shardings(MODEL, optimizer, mesh, RANK)
+    train_step = step.make_train_step(MODEL, optimizer, mesh, shardings, layout.programs)
+    start = jax.device_put(state.TrainState(step=jnp.asarray(4, jnp.int32), params=params,
+                                            opt_state=optimizer.init(params),
+                                            projections=projections), shardings)
+    before = jax.device_get(start)
+    host = assemble(layout, tokens_nbt[:1])
+    stale, metrics = train_step(start, _put(dict(host, step=np.int32(5)), mesh))
+    assert bool(metrics['finite']) and not bool(metrics['applied'])
+    for a, b in zip(jax.tree.leaves(jax.device_get(stale)), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(a, b)
+    # Control: the batch of the state's own step trains.
+    moved, metrics = train_step(stale, _put(dict(host, step=np.int32(4)), mesh))
+    assert bool(metrics['applied']) and int(moved.step) == 5

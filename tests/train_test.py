@@ -74,11 +74,14 @@ def test_resume_equals_uninterrupted(straight_run, cache_dir, tmp_path, capsys):
         np.testing.assert_array_equal(a, b)
 
 
-def test_non_finite_loss_stops_after_saving_last_good_state(cache_dir, tmp_path):
+@pytest.mark.parametrize('log_every', [1, 5])
+def test_non_finite_loss_stops_after_saving_last_good_state(cache_dir, tmp_path, log_every):
     # An absurd learning rate without clipping blows the parameters up in a
-    # couple of steps; the step guard must keep the last finite state.
+    # couple of steps; the step guard must keep the last finite state. With
+    # log_every=5 the loop reads metrics only every 5 steps, so the bad step
+    # is found among steps already dispatched after it.
     cfg = tiny(cache_dir, learning_rate=1e30, grad_clip=0.0, warmup_fraction=0.0,
-               checkpoint_every=100)
+               checkpoint_every=100, log_every=log_every)
     with pytest.raises(train_lib.NonFiniteLossError, match='learning_rate'):
         train_lib.train(cfg, str(tmp_path))
     ckpt = ckpt_lib.Checkpointer(os.path.join(tmp_path, 'checkpoints'), save_every=100)
