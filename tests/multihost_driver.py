@@ -114,8 +114,8 @@ def main():
         return out
 
     class Capturing(FaultController):
-        def observe(self, clock, step, state, metrics, wall_sec):
-            super().observe(clock, step, state, metrics, wall_sec)
+        def observe(self, clock, step, state, metrics, dispatched):
+            super().observe(clock, step, state, metrics, dispatched)
             captured.setdefault('tokenizer_sha256', {
                 'train': self.run.train_data.tokenizer.model_sha256,
                 'validation': self.run.val_data.tokenizer.model_sha256})
