@@ -6,7 +6,7 @@ import pytest
 
 from mecefo_jax.faults.strategies import (STRATEGIES, AllReplicasDownError, adopters,
                                           layout_for, ring_order)
-from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, assemble
+from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program, assemble
 
 N = 8
 B = 4  # examples per shard
@@ -19,14 +19,14 @@ def mask(n=N, down=()):
 def example_counts(layout, num_shards=N, shard_batch=B):
     """counts[shard, example]: how often each example is computed."""
     counts = np.zeros((num_shards, shard_batch), int)
-    for pieces in layout.slots:
+    for pieces in layout.pieces:
         for p in pieces:
             counts[p.shard, p.start:p.stop] += 1
     return counts
 
 
 def examples_per_replica(layout):
-    return {r: sum(p.size for p in pieces) for r, pieces in zip(layout.replicas, layout.slots)}
+    return {r: sum(p.size for p in pieces) for r, pieces in zip(layout.replicas, layout.pieces)}
 
 
 def ring_distance(a, b, n=N):
@@ -36,7 +36,7 @@ def ring_distance(a, b, n=N):
 def adopted_by(layout):
     """Failed shard -> live replicas computing part of it."""
     out = {}
-    for r, pieces in zip(layout.replicas, layout.slots):
+    for r, pieces in zip(layout.replicas, layout.pieces):
         for p in pieces:
             if p.shard != r:
                 out.setdefault(p.shard, []).append(r)
@@ -66,7 +66,7 @@ def test_every_example_computed_exactly_once(strategy, live):
     expected = {s: B for s in range(N) if live[s] or strategy != 'drop'}
     assert layout.shards_covered() == expected
     # Each live replica always computes its own shard itself, first.
-    for r, pieces in zip(layout.replicas, layout.slots):
+    for r, pieces in zip(layout.replicas, layout.pieces):
         own = [p for p in pieces if p.shard == r]
         assert sum(p.size for p in own) == B
         assert list(pieces[:len(own)]) == own
@@ -82,7 +82,9 @@ def test_assemble_holds_the_global_batch_rows(strategy):
     kept = [s for s in range(N) if live[s] or strategy != 'drop']
     expected = tokens[kept].reshape(-1, 5)
     assert sorted(map(tuple, rows)) == sorted(map(tuple, expected))
-    np.testing.assert_array_equal(batch['roles'], layout.roles)
+    np.testing.assert_array_equal(batch['programs'], layout.program_index())
+    roles = [layout.programs[k].role for k in batch['programs']]
+    assert tuple(roles) == layout.roles
 
 
 def test_ring_order_is_by_distance_next_first():
@@ -133,15 +135,17 @@ def test_one_replica_adopts_several_shards():
     live = (True, False, False, False)  # 4 replicas, only 0 left
     layout = layout_for('mecefo', live, B)
     assert layout.replicas == (0,)
-    assert [p.shard for p in layout.slots[0]] == [0, 1, 2, 3]
-    assert layout.num_slots == 4 and layout.roles == (ROLE_NEIGHBOUR,)
+    assert [p.shard for p in layout.pieces[0]] == [0, 1, 2, 3]
+    assert layout.roles == (ROLE_NEIGHBOUR,)
+    assert layout.programs == (Program(ROLE_NEIGHBOUR, 4 * B),)  # one joined batch
     # Runs of failures on both sides of a replica pile onto the nearest ones.
     live = mask(down=(1, 2, 3))
     assert adopters(live) == {1: 0, 2: 4, 3: 4}
     layout = layout_for('mecefo', live, B)
     per_replica = examples_per_replica(layout)
     assert per_replica[4] == 3 * B and per_replica[0] == 2 * B
-    assert layout.num_slots == 3 and layout.signature == (5, 3, B)
+    assert layout.signature == (5, (Program(ROLE_NORMAL, B), Program(ROLE_NEIGHBOUR, 3 * B)))
+    assert layout.capacity == 3 * B
     assert (example_counts(layout) == 1).all()
 
 
@@ -165,7 +169,7 @@ def test_exact_strategies_all_normal(strategy, live):
 def test_ndb_naive_places_like_mecefo():
     for live in MASKS + RNG_MASKS:
         a, b = layout_for('mecefo', live, B), layout_for('ndb_naive', live, B)
-        assert (a.replicas, a.slots, a.slot_batch) == (b.replicas, b.slots, b.slot_batch)
+        assert (a.replicas, a.pieces) == (b.replicas, b.pieces)
 
 
 @pytest.mark.parametrize('k', [1, 2, 3, 4])
@@ -174,11 +178,11 @@ def test_spread_splits_over_k_nearest_and_bounds_the_slowest_device(k):
     layout = layout_for('mecefo_spread', live, B, spread_k=k)
     helpers = adopted_by(layout)[3]
     assert sorted(helpers) == sorted(ring_order(3, live)[:k])
-    sizes = [p.size for pieces in layout.slots for p in pieces if p.shard == 3]
+    sizes = [p.size for pieces in layout.pieces for p in pieces if p.shard == 3]
     assert len(sizes) == k and sum(sizes) == B and max(sizes) - min(sizes) <= 1
-    assert layout.slot_batch == math.ceil(B / k)
     busiest = max(examples_per_replica(layout).values())
     assert busiest == B + math.ceil(B / k)
+    assert layout.programs == (Program(ROLE_NORMAL, B), Program(ROLE_NEIGHBOUR, busiest))
     naive = max(examples_per_replica(layout_for('mecefo', live, B)).values())
     assert busiest <= naive and (k == 1 or busiest < naive)
 
@@ -206,18 +210,29 @@ def test_elastic_spreads_over_every_live_replica(strategy):
     layout = layout_for(strategy, live, 7)  # 7 examples over 7 live replicas
     per_replica = examples_per_replica(layout)
     assert set(per_replica.values()) == {8}
-    assert layout.slot_batch == 1
+    assert layout.programs == (Program(ROLE_NORMAL, 8),) and layout.is_plain
     live = mask(down=(1, 2))  # 14 examples over 6 replicas: nobody beyond 3 extra
     per_replica = examples_per_replica(layout_for(strategy, live, 7))
     assert max(per_replica.values()) - min(per_replica.values()) <= 1
 
 
+@pytest.mark.parametrize('strategy', ['elastic', 'checkpoint_restart'])
+@pytest.mark.parametrize('live', MASKS[1:] + RNG_MASKS)
+def test_elastic_busiest_device_takes_its_shard_plus_its_share_in_one_batch(strategy, live):
+    """The strongest re-split: shard + ceil(orphans / live) examples, one program."""
+    layout = layout_for(strategy, live, B)
+    live_count = sum(live)
+    orphans = (N - live_count) * B
+    assert max(examples_per_replica(layout).values()) == B + math.ceil(orphans / live_count)
+    assert len(layout.programs) == 1 and layout.is_plain  # no branching, no per-slot overhead
+
+
 @pytest.mark.parametrize('strategy', STRATEGIES)
 def test_full_mesh_is_plain_data_parallelism(strategy):
     layout = layout_for(strategy, mask(), B)
-    assert [[(p.shard, p.start, p.stop) for p in pieces] for pieces in layout.slots] == [
+    assert [[(p.shard, p.start, p.stop) for p in pieces] for pieces in layout.pieces] == [
         [(r, 0, B)] for r in range(N)]
-    assert layout.signature == (N, 1, B)
+    assert layout.signature == (N, (Program(ROLE_NORMAL, B),)) and layout.is_plain
     assert set(layout.roles) == {ROLE_NORMAL}
 
 
