@@ -56,7 +56,17 @@ class Run:
 
     @property
     def num_shards(self) -> int:
+        """Logical data-parallel replicas: the global batch always has this many shards."""
         return len(self.full_rows)
+
+    @property
+    def present(self) -> tuple[bool, ...]:
+        """Which replicas have devices in this job (all, unless relaunched on survivors)."""
+        return tuple(row is not None for row in self.full_rows)
+
+    @property
+    def present_rows(self) -> tuple:
+        return tuple(row for row in self.full_rows if row is not None)
 
     @property
     def shard_batch(self) -> int:
@@ -67,17 +77,32 @@ class Run:
         return int(self.cfg.data.global_batch_size) * int(self.cfg.data.seq_len)
 
 
-def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None) -> Run:
-    """Model, optimizer, mesh rows, data pipelines, checkpointer and metrics."""
+def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
+              replica_rows=None) -> Run:
+    """Model, optimizer, mesh rows, data pipelines, checkpointer and metrics.
+
+    `replica_rows` lists the devices of every logical data-parallel replica,
+    None for a replica whose devices are not in this job (a launcher relaunch
+    on the survivors of a crash); default: the config's mesh over all
+    devices. The number of replicas, not of present ones, fixes how the
+    global batch is sharded, so a relaunch never changes which samples a
+    shard holds.
+    """
     from mecefo_jax import data as data_lib  # grain/sentencepiece only when training
 
     os.makedirs(workdir, exist_ok=True)
     model = Llama(ModelConfig.from_config(cfg))
     optimizer = optim.make_optimizer(cfg.train)
-    mesh = sharding.make_mesh(cfg.mesh)
+    if replica_rows is None:
+        replica_rows = sharding.mesh_rows(sharding.make_mesh(cfg.mesh))
+    replica_rows = tuple(None if row is None else tuple(row) for row in replica_rows)
+    present_rows = [row for row in replica_rows if row is not None]
+    if not present_rows:
+        raise ValueError('build_run: no replica has devices in this job.')
+    mesh = sharding.mesh_from_rows(present_rows)
     rank = cfg.mecefo.rank
     base_shardings = state_lib.state_shardings(model, optimizer, mesh, rank)
-    num_shards = mesh.shape[sharding.DATA_AXIS]
+    num_shards = len(replica_rows)
     vocab = int(cfg.model.vocab_size)
     train_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
                                         split='train')
@@ -93,7 +118,7 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None) -> Run:
         with open(os.path.join(workdir, 'config.json'), 'w') as f:
             f.write(cfg.to_json_best_effort(indent=2))
     return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
-               full_rows=tuple(sharding.mesh_rows(mesh)),
+               full_rows=replica_rows,
                topologies=TopologyCache(model, optimizer, base_shardings, rank),
                train_data=train_data, val_data=val_data, checkpointer=checkpointer,
                metrics=MetricsWriter(workdir))
@@ -106,16 +131,26 @@ def restore_onto(run: Run, checkpointer: ckpt_lib.Checkpointer, topology: Topolo
     return checkpointer.restore(ckpt_lib.abstract_like(abstract, topology.state_shardings))
 
 
-def init_or_restore(run: Run):
-    """A fresh state on the full mesh, or the latest checkpoint and its data state."""
-    topo = run.topologies.get(run.full_rows)
+def init_or_restore(run: Run, restore=None):
+    """The state to start from, placed on the mesh of the present replicas.
+
+    `restore(run, topology) -> (state, data_state, source)` (e.g. from the
+    in-memory snapshots of a launcher relaunch) wins; otherwise the latest
+    Orbax checkpoint and its data state; otherwise a fresh initialisation.
+    """
+    topo = run.topologies.get(run.present_rows)
     cfg = run.cfg
-    if run.checkpointer is not None and run.checkpointer.latest_step() is not None:
+    restored = restore(run, topo) if restore is not None else None
+    if restored is None and run.checkpointer is not None \
+            and run.checkpointer.latest_step() is not None:
         state, data_state = restore_onto(run, run.checkpointer, topo)
+        restored = state, data_state, run.checkpointer.directory
+    if restored is not None:
+        state, data_state, source = restored
         run.train_data.set_state(data_state)
         step = int(state.step)
         if jax.process_index() == 0:
-            print(f'resumed from step {step} ({run.checkpointer.directory})', flush=True)
+            print(f'resumed from step {step} ({source})', flush=True)
         run.metrics.write({'event': 'resumed', 'step': step})
         return state
     state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
@@ -127,6 +162,9 @@ class StaticController:
     """Fault-free data parallelism on the full mesh."""
 
     def __init__(self, run: Run):
+        if not all(run.present):
+            raise ValueError('Some replicas have no devices in this job: train it under the '
+                             'fault controller (faults.controller.FaultController).')
         self._topology = run.topologies.get(run.full_rows)
         self._layout = full_layout(run.num_shards, run.shard_batch)
 
@@ -168,6 +206,26 @@ def _progress(total: int, initial: int):
 
 
 @dataclasses.dataclass
+class StepDone:
+    """What `train(on_step=...)` is told after each step is dispatched.
+
+    `state` is the step's output (not yet computed: reading it waits), the
+    state the checkpoint of step `step + 1` would hold; `data_position` the
+    data iterator's position after this step's batch, which belongs with it;
+    `tokens_nbt` the global batch and `layout` where its shards were computed;
+    `loss` the step's loss array (`loss.is_ready()` tells, without waiting,
+    whether the step has finished: its state may be donated by then).
+    """
+    step: int
+    state: object
+    layout: Layout
+    tokens_nbt: np.ndarray
+    data_position: dict
+    loss: object
+    compile_sec: float = 0.0  # compiling this step's program in the loop (0: cached)
+
+
+@dataclasses.dataclass
 class _InFlight:
     """A dispatched step whose metrics have not been read yet."""
     step: int
@@ -177,11 +235,13 @@ class _InFlight:
 
 
 def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
-          stop_at: int | None = None) -> dict:
+          stop_at: int | None = None, restore=None, on_step=None) -> dict:
     """Train for `train.steps` steps (resuming if `workdir` has checkpoints).
 
     `stop_at` ends the job early, as a preempted or time-limited job would,
     after checkpointing; the learning-rate schedule still spans `train.steps`.
+    `restore` and `on_step` serve a launcher: see `init_or_restore` and
+    `StepDone` (called after every dispatched step: snapshots, heartbeats).
 
     The loop never waits for a step it has just dispatched: while step k runs
     on the devices, the host draws, assembles and transfers batch k + 1.
@@ -194,7 +254,7 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
     tokens/s, and what the controller reported.
     """
     run = run or build_run(cfg, workdir)
-    state = init_or_restore(run)
+    state = init_or_restore(run, restore)
     controller = (controller_factory or StaticController)(run)
     total = int(cfg.train.steps)
     end = total if stop_at is None else min(total, int(stop_at))
@@ -215,14 +275,18 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
                 step = int(state.step)
                 bar.n = step
             position = run.train_data.get_state()
-            host_batch = assemble(plan.layout, next(run.train_data))
+            tokens_nbt = next(run.train_data)
+            host_batch = assemble(plan.layout, tokens_nbt)
             host_batch['step'] = np.int32(step)
             batch = plan.topology.put_batch(host_batch)
-            step_fn, _ = plan.topology.compiled_step(state, batch, plan.layout)
+            step_fn, compile_sec = plan.topology.compiled_step(state, batch, plan.layout)
             dispatched = time.perf_counter()
             state, metrics = step_fn(state, batch)
             in_flight.append(_InFlight(step, plan.topology.num_replicas, metrics, position))
             controller.observe(clock, step, state, metrics, dispatched)
+            if on_step is not None:
+                on_step(StepDone(step, state, plan.layout, tokens_nbt,
+                                 run.train_data.get_state(), metrics['loss'], compile_sec))
             step, clock = step + 1, clock + 1
             window_tokens += run.tokens_per_step
             bar.update(1)

@@ -61,6 +61,7 @@ class Event:
     relaunch_sec_modelled: float = 0.0
     lost_steps: int = 0
     first_step_sec: float | None = None
+    relaunch: bool = False  # replicas absent from a relaunched job, down from its first step
 
     @property
     def measured_overhead_sec(self) -> float:
@@ -88,9 +89,13 @@ class FaultController:
         self.timer = timer
         self.tau = proj_lib.validate_tau(int(cfg.mecefo.tau))
         self.spread_k = int(cfg.fault.spread_k)
+        # A job relaunched without some replicas (launch.py) starts as if they
+        # had just failed: the first prepare moves to the present replicas'
+        # layout, compiles and refreshes V as for any failure onset.
         self.live = (True,) * run.num_shards
-        self.topology = run.topologies.get(run.full_rows)
-        self.layout = self._layout(self.live)
+        self._absent = tuple(not present for present in run.present)
+        self.topology = run.topologies.get(run.present_rows)
+        self.layout = self._layout(run.present)
         self._normal_layout = full_layout(run.num_shards, run.shard_batch)  # the time unit
         self.events: list[Event] = []
         self.refresh_steps: list[int] = []
@@ -110,18 +115,23 @@ class FaultController:
         self._ckpt_block_sec = 0.0
 
     @classmethod
-    def train(cls, cfg, workdir: str, *, timer=None, run=None) -> dict:
-        """Build the schedule from `cfg.fault` and train under it."""
-        run = run or train_lib.build_run(cfg, workdir)
+    def from_config(cls, run, *, timer=None) -> 'FaultController':
+        """The controller of `run.cfg.fault`'s schedule and strategy (logged to metrics)."""
+        cfg = run.cfg
         events = schedule_lib.events_from_config(cfg.fault, num_replicas=run.num_shards,
                                                  total_steps=int(cfg.train.steps))
-        schedule = schedule_lib.FailureSchedule(events, run.num_shards)
         for e in events:
             run.metrics.write({'event': 'scheduled_failure', 'step': e.step,
                                'replica': e.replica, 'duration_steps': e.duration_steps})
+        return cls(run, schedule_lib.FailureSchedule(events, run.num_shards),
+                   cfg.fault.strategy, timer=timer)
+
+    @classmethod
+    def train(cls, cfg, workdir: str, *, timer=None, run=None) -> dict:
+        """Build the schedule from `cfg.fault` and train under it."""
+        run = run or train_lib.build_run(cfg, workdir)
         return train_lib.train(cfg, workdir, run=run,
-                               controller_factory=lambda r: cls(r, schedule, cfg.fault.strategy,
-                                                                timer=timer))
+                               controller_factory=lambda r: cls.from_config(r, timer=timer))
 
     # -- the loop's hooks ---------------------------------------------------
 
@@ -132,7 +142,9 @@ class FaultController:
                 step, state, self.run.train_data.get_state(), force=True)
             self._initial_saved = True
         start = time.perf_counter()
-        desired = agreed_live_mask(self.schedule.live_mask(clock))
+        scheduled = self.schedule.live_mask(clock)
+        desired = agreed_live_mask([up and not absent for up, absent in
+                                    zip(scheduled, self._absent)])
         detect_sec = time.perf_counter() - start
         if desired != self.live:
             state, data_state = self._transition(clock, step, state, desired, detect_sec)
@@ -210,7 +222,8 @@ class FaultController:
             self._stop_all_down(step, state)
         event = Event(kind='failure' if failing else 'recovery', clock=clock, step=step,
                       replicas=failing or recovering, live=sum(desired),
-                      recovered=recovering, detect_sec=detect_sec)
+                      recovered=recovering, detect_sec=detect_sec,
+                      relaunch=any(self._absent[r] for r in failing))
         start = time.perf_counter()
         rows = [row for row, up in zip(self.run.full_rows, desired) if up]
         topology = self.run.topologies.get(rows)

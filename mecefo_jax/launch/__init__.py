@@ -1,0 +1,13 @@
+"""Surviving real crashes: a launcher that relaunches on the survivors and carries on under MeCeFO.
+
+| module | owns |
+|---|---|
+| `__main__` | the command line: `python -m mecefo_jax.launch --nprocs N --config CFG --workdir DIR` |
+| `supervisor` | generations of workers, failure detection and injection, teardown, recovery reports |
+| `worker` | one training process: join, restore, train with absent replicas down, snapshot |
+| `snapshots` | the worker's snapshot hook and its restore from keepers (heal from peers) |
+| `placement` | which worker holds which data-parallel replica |
+| `heartbeat` | UDP heartbeats: liveness and progress |
+
+The keepers that hold the in-memory snapshots are `mecefo_jax.snapshot`.
+"""

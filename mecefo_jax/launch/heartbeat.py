@@ -1,0 +1,91 @@
+"""Worker heartbeats over UDP: liveness, and how far each worker has got.
+
+The sender is a daemon thread started before the worker imports jax, so the
+launcher hears from a worker within a fraction of a second of its start, and
+keeps hearing from it while its main thread is blocked in a collective that a
+dead peer will never finish. It also ends the worker when the launcher dies. A stopped (SIGSTOP) or killed process stops
+sending: silence beyond `launch.heartbeat_timeout_sec` is a failure.
+
+Each beat reports the steps dispatched and the steps completed; completion
+is read without blocking from the step outputs the loop hands over
+(`jax.Array.is_ready`). Standard library only.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import socket
+import threading
+import time
+
+
+class HeartbeatSender:
+    """Sends `{worker, generation, pid, dispatched, completed}` every `interval` s."""
+
+    def __init__(self, address: tuple[str, int], worker: int, generation: int,
+                 interval: float = 0.2):
+        self._address, self._interval = address, interval
+        self._fields = {'worker': worker, 'generation': generation, 'pid': os.getpid()}
+        self._parent = os.getppid()  # the launcher
+        self.dispatched = 0
+        self.completed = 0
+        self._pending: collections.deque = collections.deque()  # (steps done, output array)
+        self._lock = threading.Lock()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._thread = threading.Thread(target=self._run, name='heartbeat', daemon=True)
+        self._thread.start()
+
+    def dispatched_step(self, steps_done: int, output) -> None:
+        """The loop dispatched step `steps_done - 1`; `output` becomes ready when it ends."""
+        with self._lock:
+            self.dispatched = steps_done
+            self._pending.append((steps_done, output))
+
+    def _refresh_completed(self) -> None:
+        with self._lock:
+            while self._pending and self._pending[0][1].is_ready():
+                self.completed = self._pending.popleft()[0]
+
+    def _run(self) -> None:
+        while True:
+            if os.getppid() != self._parent:
+                os._exit(70)  # the launcher is gone: nobody will tear us down or relaunch
+            try:
+                self._refresh_completed()
+            except Exception:  # a deleted array after the job tore down: keep beating
+                pass
+            beat = dict(self._fields, dispatched=self.dispatched, completed=self.completed,
+                        time=time.time())
+            try:
+                self._sock.sendto(json.dumps(beat).encode(), self._address)
+            except OSError:
+                pass  # the launcher is gone; it will also have killed us
+            time.sleep(self._interval)
+
+
+class HeartbeatMonitor:
+    """The launcher's end: the latest beat of every worker of every generation."""
+
+    def __init__(self, host: str = '127.0.0.1'):
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind((host, 0))
+        self._sock.setblocking(False)
+        self.address = self._sock.getsockname()
+        self.latest: dict[tuple[int, int], dict] = {}  # (generation, worker) -> beat
+
+    def poll(self) -> None:
+        while True:
+            try:
+                data, _ = self._sock.recvfrom(65536)
+            except BlockingIOError:
+                return
+            beat = json.loads(data)
+            beat['received'] = time.monotonic()
+            self.latest[(beat['generation'], beat['worker'])] = beat
+
+    def beat(self, generation: int, worker: int) -> dict | None:
+        return self.latest.get((generation, worker))
+
+    def close(self) -> None:
+        self._sock.close()

@@ -1,0 +1,84 @@
+"""Which worker holds which data-parallel replica, and the replica rows of a relaunch.
+
+A job of N workers with `launch.local_devices` devices each has N x local
+devices in a fixed global order: worker w's devices come w-th. Replica r is
+the r-th group of `mesh.model` consecutive devices, so it lives on one worker
+or (tensor parallelism wider than a worker) spans several. When the launcher
+relaunches on the survivors, the workers that are members of this generation
+hold their replicas; a replica with any device on an absent worker is absent
+as a whole. The number of replicas never changes: it fixes how the global
+batch is sharded.
+
+Pure Python apart from reading jax devices in `replica_rows`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    workers: int
+    local_devices: int
+    model: int  # mesh.model: devices per replica
+
+    def __post_init__(self):
+        total = self.workers * self.local_devices
+        if self.workers < 1 or self.local_devices < 1:
+            raise ValueError(f'--nprocs={self.workers} and launch.local_devices='
+                             f'{self.local_devices} must both be >= 1.')
+        if self.model < 1 or total % self.model:
+            raise ValueError(f'mesh.model={self.model} must divide the {total} devices of '
+                             f'{self.workers} workers x launch.local_devices={self.local_devices}.')
+
+    @property
+    def replicas(self) -> int:
+        return self.workers * self.local_devices // self.model
+
+    def devices_of(self, replica: int) -> range:
+        """Global device indices of a replica."""
+        return range(replica * self.model, (replica + 1) * self.model)
+
+    def workers_of(self, replica: int) -> tuple[int, ...]:
+        return tuple(sorted({d // self.local_devices for d in self.devices_of(replica)}))
+
+    def replicas_of(self, worker: int) -> tuple[int, ...]:
+        """Replicas with at least one device on `worker` (its failure takes them down)."""
+        return tuple(r for r in range(self.replicas) if worker in self.workers_of(r))
+
+    def present(self, members) -> tuple[bool, ...]:
+        members = set(members)
+        return tuple(set(self.workers_of(r)) <= members for r in range(self.replicas))
+
+    def survives(self, members) -> bool:
+        """Whether `members` still hold at least one whole replica to train on."""
+        return any(self.present(members))
+
+    def check_mesh(self, mesh_cfg) -> None:
+        data = int(mesh_cfg.data)
+        if data not in (-1, self.replicas):
+            raise ValueError(f'mesh.data={data}: the launcher runs {self.replicas} replicas '
+                             f'({self.workers} workers x launch.local_devices='
+                             f'{self.local_devices} / mesh.model={self.model}); set mesh.data=-1.')
+
+
+def replica_rows(placement: Placement, members, devices) -> list:
+    """Each replica's jax devices in this generation, None where absent.
+
+    `members[p]` is the worker id running as process p; `devices` are
+    `jax.devices()` (every process's, each with its `process_index`).
+    """
+    by_process: dict[int, list] = {}
+    for d in devices:
+        by_process.setdefault(d.process_index, []).append(d)
+    local = {}
+    for process, worker in enumerate(members):
+        found = sorted(by_process.get(process, []), key=lambda d: d.id)
+        if len(found) != placement.local_devices:
+            raise ValueError(f'worker {worker} (process {process}) has {len(found)} devices, '
+                             f'launch.local_devices={placement.local_devices} expected.')
+        for j, d in enumerate(found):
+            local[worker * placement.local_devices + j] = d
+    present = placement.present(members)
+    return [tuple(local[i] for i in placement.devices_of(r)) if up else None
+            for r, up in enumerate(present)]

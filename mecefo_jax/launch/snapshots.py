@@ -1,0 +1,123 @@
+"""The worker's side of in-memory snapshots: take them after each step, restore after a relaunch.
+
+`SnapshotHook` is a `train(on_step=...)` hook. Right after step k is
+dispatched it asks for a copy of the step's output state in pinned host
+memory (`jax.device_put` returns at once; the copy is ordered before the next
+step, which donates the state, reuses its buffers), then hands it to an
+`AsyncSnapshotter` that writes it into this worker's keeper in a background
+thread and publishes it as step k + 1 together with the data position after
+batch k. At most one snapshot is in flight; a second waits for the first
+(that wait is the overhead the trainer sees, and is measured).
+
+`keeper_restore` is a `train(restore=...)` callback: it opens this worker's
+keeper (shared memory) and every reachable peer keeper (TCP), agrees with the
+other processes on the newest step that every one of them can assemble, and
+rebuilds the state at that step on the current mesh, healing from peers what
+the own keeper lacks (REFT, arXiv 2310.12670).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from mecefo_jax import checkpoint as ckpt_lib
+from mecefo_jax import state as state_lib
+from mecefo_jax.snapshot import (AsyncSnapshotter, KeeperClient, ParityPusher, SnapshotWriter,
+                                 SnapshotMissingError, feasible_steps, open_sources, restore)
+
+
+class SnapshotHook:
+    """Snapshot the train state every `every` steps into this worker's keeper."""
+
+    def __init__(self, keeper, every: int, *, parity: ParityPusher | None = None):
+        if every < 1:
+            raise ValueError(f'snapshot.every={every}: use >= 1 (or do not install the hook).')
+        self.every = int(every)
+        self._client = KeeperClient(tuple(keeper))
+        self._snapshotter = AsyncSnapshotter(SnapshotWriter(self._client, parity=parity))
+        self.blocked_sec = 0.0  # time the training loop waited for the previous snapshot
+        self.submitted = 0
+
+    def __call__(self, done) -> None:
+        step = done.step + 1  # the output state is the state entering step + 1
+        if step % self.every:
+            return
+        pinned = jax.tree.map(lambda x: x.sharding.with_memory_kind('pinned_host'), done.state)
+        start = time.perf_counter()
+        host = jax.device_put(done.state, pinned)
+        self.blocked_sec += time.perf_counter() - start
+        self.blocked_sec += self._snapshotter.submit(step, host, done.data_position)
+        self.submitted += 1
+
+    @property
+    def stats(self):
+        return self._snapshotter.stats
+
+    def close(self) -> None:
+        """Wait for the last snapshot to be published, then let go of the keeper."""
+        self._snapshotter.close()
+        self._client.close()
+
+
+@dataclasses.dataclass
+class RestoreInfo:
+    step: int
+    seconds: float
+    bytes_by_source: dict
+    healed_shards: int
+
+
+def agreed_step(feasible: set[int]) -> int | None:
+    """The newest step every process can restore (None if there is none)."""
+    if jax.process_count() == 1:
+        return max(feasible, default=None)
+    from jax.experimental import multihost_utils
+    width = 64  # more snapshots than a keeper ever holds
+    mine = np.full((width,), -1, np.int64)
+    newest = sorted(feasible, reverse=True)[:width]
+    mine[:len(newest)] = newest
+    everyone = np.asarray(multihost_utils.process_allgather(mine))
+    common = set(everyone[0].tolist())
+    for row in everyone[1:]:
+        common &= set(row.tolist())
+    common.discard(-1)
+    return max(common, default=None)
+
+
+def keeper_restore(keepers: list, worker: int, info: dict):
+    """A `train(restore=...)` callback restoring from the keepers' snapshots.
+
+    `keepers[w]` is worker w's keeper address (None if it is gone). Fills
+    `info['restore']` with a RestoreInfo. Returns None when no keeper holds
+    anything yet (a fresh start).
+    """
+    def restore_fn(run, topology):
+        start = time.perf_counter()
+        abstract = ckpt_lib.abstract_like(
+            state_lib.abstract_train_state(run.model, run.optimizer, rank=run.cfg.mecefo.rank),
+            topology.state_shardings)
+        own = keepers[worker]
+        peers = [tuple(a) for w, a in enumerate(keepers) if w != worker and a is not None]
+        snaps = open_sources(None if own is None else tuple(own), peers)
+        try:
+            step = agreed_step(set(feasible_steps(abstract, snaps)))
+            if step is None:
+                if any(s.step for s in snaps):
+                    raise SnapshotMissingError(
+                        'The keepers hold snapshots, but no step that every process can '
+                        'assemble. Fix: restart from the Orbax disk checkpoint '
+                        '(launch.recovery=disk, train.checkpoint_every).')
+                return None
+            state, data_state, report = restore(abstract, snaps, step=step)
+            jax.block_until_ready(state)
+        finally:
+            for s in snaps:
+                s.close()
+        info['restore'] = RestoreInfo(step=step, seconds=time.perf_counter() - start,
+                                      bytes_by_source=dict(report.bytes_by_source),
+                                      healed_shards=report.healed_shards)
+        return state, data_state, f'in-memory snapshot of step {step}'
+    return restore_fn

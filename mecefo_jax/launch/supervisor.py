@@ -1,0 +1,415 @@
+"""The launcher: start workers and keepers, detect failures, relaunch, report each recovery.
+
+A job runs in *generations*. Each generation is a set of worker processes
+(one `jax.distributed` job) over the workers that are up. The launcher watches
+every worker: its process exit, and its heartbeat (silence beyond
+`launch.heartbeat_timeout_sec` is a failure, so a hung or SIGSTOPped worker
+counts). On a failure it tears the generation down (a JAX collective cannot
+finish without the dead process) and starts the next one:
+
+* `launch.recovery=memory` (default): the survivors are relaunched with the
+  failed workers' replicas marked down, so the fault controller pins their
+  shards on live ring neighbours (`fault.strategy`, MeCeFO by default), and
+  the state comes from the keepers' in-memory snapshots (REFT, arXiv
+  2310.12670), not from disk. With `launch.return_after_steps` the failed
+  workers rejoin that many steps later: the survivors stop at that step and
+  all workers are relaunched, the returning one healing its state from its
+  peers' keepers. When the survivors no longer hold a whole replica
+  (`mesh.data=1` with `mesh.model` spanning workers) the failed worker is
+  replaced at once; if its keeper died with it, its snapshot is rebuilt from
+  the parity group (`snapshot.parity=xor`).
+* `launch.recovery=disk`: the old way, every worker restarts from the latest
+  Orbax checkpoint (`train.checkpoint_every`).
+
+Each recovery is one row of `<workdir>/launch/recoveries.jsonl`, split into
+the badput kinds of ml-goodput-measurement (detection and teardown:
+infrastructure recovery; relaunch: program startup; `jax.distributed` init:
+accelerator initialisation; restore; compile: training preparation; the
+first step; redone steps: wasted progress).
+
+Keepers are started by the launcher, not by workers, so they outlive a
+worker's crash; they and the workers exit when the launcher does, also on
+Ctrl-C or when the launcher is killed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from mecefo_jax.launch.heartbeat import HeartbeatMonitor
+from mecefo_jax.launch.placement import Placement
+
+_POLL_SEC = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Kill:
+    """Send `signal` to `worker` once it has completed `step` steps (and kill its keeper)."""
+    step: int
+    worker: int
+    signal: int = signal.SIGKILL
+    keeper: bool = False
+
+
+def parse_kills(text: str, workers: int) -> list[Kill]:
+    """`launch.kill`: 'STEP:WORKER[:SIGNAL[:keeper]],...' e.g. '12:1', '8:0:STOP', '9:2:KILL:keeper'."""
+    kills = []
+    for item in filter(None, (t.strip() for t in str(text).split(','))):
+        parts = item.split(':')
+        try:
+            step, worker = int(parts[0]), int(parts[1])
+            sig = signal.SIGKILL
+            if len(parts) > 2 and parts[2]:
+                name = parts[2].upper()
+                sig = getattr(signal, name if name.startswith('SIG') else f'SIG{name}')
+            keeper = len(parts) > 3 and parts[3] == 'keeper'
+            if len(parts) > 4 or (len(parts) > 3 and not keeper):
+                raise ValueError
+        except (ValueError, IndexError, AttributeError):
+            raise ValueError(f"launch.kill: cannot read {item!r}; use 'STEP:WORKER[:SIGNAL[:keeper]]', "
+                             "e.g. '12:1' or '8:0:STOP' or '9:2:KILL:keeper'.") from None
+        if not 0 <= worker < workers or step < 0:
+            raise ValueError(f'launch.kill: {item!r} names worker {worker} of {workers} workers '
+                             f'(0..{workers - 1}) at step {step} (>= 0).')
+        kills.append(Kill(step, worker, sig, keeper))
+    return kills
+
+
+@dataclasses.dataclass
+class _Proc:
+    worker: int
+    popen: subprocess.Popen
+    spawned: float  # time.time()
+
+
+@dataclasses.dataclass
+class Generation:
+    number: int
+    members: list
+    resume: str
+    stop_at: int
+    procs: dict = dataclasses.field(default_factory=dict)  # worker -> _Proc
+    started: float = 0.0
+
+
+@dataclasses.dataclass
+class Outcome:
+    kind: str  # 'finished' | 'stopped' | 'failed'
+    failed: list = dataclasses.field(default_factory=list)
+    cause: str = ''
+    failed_at: float = 0.0  # time.time() the failure happened (kill sent / last beat)
+    detected_at: float = 0.0
+    completed_steps: int = 0  # the most steps any worker had completed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+class Launcher:
+    """Runs one job to completion through failures (see the module docstring)."""
+
+    def __init__(self, cfg, config_args: list[str], workdir: str, nprocs: int, *, log=print):
+        self.cfg, self.config_args, self.log = cfg, list(config_args), log
+        self.workdir = os.path.abspath(workdir)
+        self.dir = os.path.join(self.workdir, 'launch')
+        self.placement = Placement(int(nprocs), int(cfg.launch.local_devices), int(cfg.mesh.model))
+        self.placement.check_mesh(cfg.mesh)
+        self.recovery = str(cfg.launch.recovery)
+        if self.recovery not in ('memory', 'disk'):
+            raise ValueError(f"launch.recovery={self.recovery!r}: use 'memory' or 'disk'.")
+        if self.recovery == 'disk' and int(cfg.train.checkpoint_every) < 1:
+            raise ValueError('launch.recovery=disk needs train.checkpoint_every >= 1.')
+        self.kills = parse_kills(cfg.launch.kill, self.placement.workers)
+        self.fired: set = set()
+        self.timeout = float(cfg.launch.heartbeat_timeout_sec)
+        self.keepers: dict = {}  # worker -> KeeperProcess
+        self.recoveries: list[dict] = []
+        self.monitor: HeartbeatMonitor | None = None
+        self._generation: Generation | None = None
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> dict:
+        os.makedirs(self.dir, exist_ok=True)
+        self.monitor = HeartbeatMonitor()
+        workers = list(range(self.placement.workers))
+        uses_keepers = self.recovery == 'memory' and int(self.cfg.snapshot.every) > 0
+        try:
+            if uses_keepers:
+                for w in workers:
+                    self._start_keeper(w)
+            gen = Generation(0, workers, 'fresh', 0)
+            pending = None
+            while True:
+                self._spawn(gen)
+                if pending is not None:
+                    pending.update(relaunched_at=gen.started, next_generation=gen.number)
+                outcome = self._watch(gen)
+                if pending is not None:
+                    self._finish(pending)
+                    pending = None
+                if outcome.kind == 'finished':
+                    self._stop_generation(gen)
+                    break
+                pending, gen = self._next(gen, outcome)
+                if gen.number > int(self.cfg.launch.max_relaunches):
+                    raise RuntimeError(f'Gave up after {gen.number - 1} relaunches '
+                                       '(launch.max_relaunches).')
+        finally:
+            self._stop_generation(self._generation)
+            for keeper in self.keepers.values():
+                keeper.stop()
+            self.monitor.close()
+        summary = {'generations': gen.number + 1, 'recoveries': self.recoveries,
+                   'final_members': gen.members}
+        with open(os.path.join(self.dir, 'summary.json'), 'w') as f:
+            json.dump(summary, f, indent=2)
+        return summary
+
+    # ------------------------------------------------------------- processes
+
+    def _start_keeper(self, worker: int):
+        from mecefo_jax.snapshot import start_keeper
+        name = f'mecefo{os.getpid()}w{worker}'
+        self.keepers[worker] = start_keeper(name, slots=int(self.cfg.snapshot.slots))
+        return self.keepers[worker]
+
+    def _keeper_addresses(self) -> list:
+        return [list(self.keepers[w].address) if w in self.keepers and self._keeper_alive(w)
+                else None for w in range(self.placement.workers)]
+
+    def _keeper_alive(self, worker: int) -> bool:
+        keeper = self.keepers.get(worker)
+        return keeper is not None and keeper.proc.poll() is None
+
+    def _spawn(self, gen: Generation) -> None:
+        self._generation = gen
+        port = _free_port()
+        gen.started = time.time()
+        keepers = json.dumps(self._keeper_addresses())
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
+        # Each worker is its own host: its own CPU device count, never the launcher's.
+        env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
+                                    if 'xla_force_host_platform_device_count' not in f)
+        host, hb_port = self.monitor.address
+        for process_id, worker in enumerate(gen.members):
+            cmd = [sys.executable, '-m', 'mecefo_jax.launch.worker', *self.config_args,
+                   f'--workdir={self.workdir}', f'--coordinator=127.0.0.1:{port}',
+                   f'--num_processes={len(gen.members)}', f'--process_id={process_id}',
+                   f'--worker={worker}', f"--members={','.join(map(str, gen.members))}",
+                   f'--workers={self.placement.workers}', f'--generation={gen.number}',
+                   f'--resume={gen.resume}', f'--stop_at={gen.stop_at}',
+                   f'--heartbeat={host}:{hb_port}', f'--keepers={keepers}']
+            log = open(os.path.join(self.dir, f'g{gen.number}_w{worker}.log'), 'w')
+            popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            gen.procs[worker] = _Proc(worker, popen, time.time())
+        self.log(f'[launch] generation {gen.number}: workers {gen.members} '
+                 f'({gen.resume}{f", stop at step {gen.stop_at}" if gen.stop_at else ""})')
+
+    def _stop_generation(self, gen: Generation | None) -> None:
+        """Kill every process of the generation (stopped ones too) and reap them."""
+        if gen is None:
+            return
+        for proc in gen.procs.values():
+            if proc.popen.poll() is None:
+                try:
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in gen.procs.values():
+            proc.popen.wait()
+
+    # ------------------------------------------------------------- watching
+
+    def _watch(self, gen: Generation) -> Outcome:
+        done: set = set()
+        while True:
+            time.sleep(_POLL_SEC)
+            self.monitor.poll()
+            now_mono, now = time.monotonic(), time.time()
+            self._inject(gen)
+            for worker, proc in gen.procs.items():
+                code = proc.popen.poll()
+                if code is None or worker in done:
+                    continue
+                if code == 0:
+                    done.add(worker)
+                    continue
+                return self._failed(gen, worker, f'exit code {code}', now)
+            if len(done) == len(gen.procs):
+                ends = [self._read(f'g{gen.number}_w{w}_end.json') or {} for w in gen.members]
+                finished = all(e.get('finished') for e in ends)
+                return Outcome('finished' if finished else 'stopped', failed_at=now,
+                               detected_at=now,
+                               completed_steps=max(e.get('final_step', 0) for e in ends))
+            for worker, proc in gen.procs.items():
+                if worker in done:
+                    continue
+                beat = self.monitor.beat(gen.number, worker)
+                silent = now_mono - (beat['received'] if beat else
+                                     now_mono - (now - proc.spawned))
+                if silent > self.timeout:
+                    return self._failed(gen, worker, f'no heartbeat for {silent:.1f} s', now,
+                                        failed_at=now - silent)
+
+    def _inject(self, gen: Generation) -> None:
+        for kill in self.kills:
+            if kill in self.fired or kill.worker not in gen.procs:
+                continue
+            beat = self.monitor.beat(gen.number, kill.worker)
+            if beat is None or beat['completed'] < kill.step:
+                continue
+            self.fired.add(kill)
+            self._kill_time = time.time()
+            self.log(f'[launch] injecting {signal.Signals(kill.signal).name} into worker '
+                     f'{kill.worker} at step {beat["completed"]}'
+                     f'{" and killing its keeper" if kill.keeper else ""}')
+            os.kill(gen.procs[kill.worker].popen.pid, kill.signal)
+            if kill.keeper and kill.worker in self.keepers:
+                self.keepers[kill.worker].proc.kill()
+                self.keepers[kill.worker].proc.wait()
+
+    def _failed(self, gen, worker, cause, now, failed_at=None) -> Outcome:
+        injected = getattr(self, '_kill_time', None)
+        failed_at = injected if injected is not None and failed_at is None else (failed_at or now)
+        self._kill_time = None
+        completed = [(self.monitor.beat(gen.number, w) or {}).get('completed', 0)
+                     for w in gen.members]
+        self.log(f'[launch] worker {worker} failed ({cause}); generation {gen.number} at '
+                 f'step {max(completed, default=0)}')
+        return Outcome('failed', [worker], cause, failed_at, now, max(completed, default=0))
+
+    # ------------------------------------------------------------- recovery
+
+    def _next(self, gen: Generation, outcome: Outcome):
+        """Tear `gen` down and plan the next generation; (pending recovery row, generation)."""
+        start = time.time()
+        workers = list(range(self.placement.workers))
+        row = {'kind': 'rejoin' if outcome.kind == 'stopped' else 'failure',
+               'ended_generation': gen.number, 'failed_workers': outcome.failed,
+               'cause': outcome.cause or 'planned rejoin', 'failed_at': outcome.failed_at,
+               'completed_steps': outcome.completed_steps}
+        if outcome.kind == 'failed':
+            row['detect_sec'] = outcome.detected_at - outcome.failed_at
+            if self.recovery == 'memory':
+                self._quiesce([w for w in gen.members if w not in outcome.failed])
+        self._stop_generation(gen)
+        row['teardown_sec'] = time.time() - start
+        survivors = [w for w in gen.members if w not in outcome.failed]
+        stop_at = 0
+        if self.recovery == 'disk':
+            members, resume = workers, 'disk'
+        elif outcome.kind == 'stopped' or not self.placement.survives(survivors):
+            members, resume = workers, 'memory'  # everyone back (rejoin or replacement)
+            row['parity_rebuild_sec'] = self._replace_lost_keepers(members)
+        else:
+            members, resume = survivors, 'memory'
+            returns = int(self.cfg.launch.return_after_steps)
+            if returns > 0:
+                stop_at = self._snapshot_step(survivors) + returns
+        row.update(members=members, resume=resume)
+        return row, Generation(gen.number + 1, members, resume, stop_at)
+
+    def _snapshot_step(self, workers) -> int:
+        """The newest snapshot step every worker's keeper holds (what they will resume from)."""
+        from mecefo_jax.snapshot import KeeperClient
+        steps = []
+        for w in workers:
+            with KeeperClient(self.keepers[w].address) as client:
+                steps.append({r.step for r in client.snapshots()})
+        common = set.intersection(*steps) if steps else set()
+        return max(common, default=0)
+
+    def _quiesce(self, workers, *, settle_sec: float = 0.3, limit_sec: float = 3.0) -> None:
+        """Let snapshots already being written land before the teardown kills their writers."""
+        from mecefo_jax.snapshot import KeeperClient
+        deadline, last, stable_since = time.monotonic() + limit_sec, None, time.monotonic()
+        while time.monotonic() < deadline:
+            latest = []
+            for w in workers:
+                if self._keeper_alive(w):
+                    with KeeperClient(self.keepers[w].address) as client:
+                        record = client.latest()
+                        latest.append(record.step if record else None)
+            if latest != last:
+                last, stable_since = latest, time.monotonic()
+            elif time.monotonic() - stable_since >= settle_sec:
+                return
+            time.sleep(_POLL_SEC)
+
+    def _replace_lost_keepers(self, members) -> float | None:
+        """Start fresh keepers for members whose keeper died; rebuild them from parity."""
+        lost = [w for w in members if w not in self.keepers or not self._keeper_alive(w)]
+        if not lost or int(self.cfg.snapshot.every) < 1:
+            return None
+        start = time.time()
+        old = self._keeper_addresses()
+        for w in lost:
+            self._start_keeper(w)
+        if not self.cfg.snapshot.parity:
+            return None  # the fresh keeper is empty: the worker heals from its peers
+        from mecefo_jax.snapshot import KeeperClient, SnapshotWriter, rebuild_member
+        size = int(self.cfg.snapshot.parity_group)
+        for w in lost:
+            first = w - w % size
+            group = range(first, min(first + size, self.placement.workers))
+            addresses = [None if old[m] is None else tuple(old[m]) for m in group]
+            rebuilt = rebuild_member(f'workers{first}-{group[-1]}', addresses, lost=w - first)
+            with KeeperClient(self.keepers[w].address) as client:
+                SnapshotWriter(client).write_blob(rebuilt.raw)
+            self.log(f'[launch] rebuilt worker {w}\'s snapshot of step {rebuilt.step} from parity')
+        return time.time() - start
+
+    def _finish(self, row: dict) -> None:
+        """Complete a recovery row from the next generation's start reports."""
+        starts = [self._read(f"g{row['next_generation']}_w{w}_start.json") for w in row['members']]
+        starts = [s for s in starts if s]
+        if starts:
+            first_step_done = max(s['first_step_done'] for s in starts)
+            row.update(
+                relaunch_sec=max(s['process_start'] for s in starts) - row['relaunched_at'],
+                distributed_init_sec=max(s['distributed_init_sec'] for s in starts),
+                restore_sec=max((s['restore_sec'] or 0.0) for s in starts),
+                restore_bytes=max((sum((s['restore_bytes'] or {}).values())) for s in starts),
+                healed_shards=sum((s['healed_shards'] or 0) for s in starts),
+                compile_sec=max(s['compile_sec'] for s in starts),
+                refresh_sec=max(s['refresh_sec'] for s in starts),
+                start_to_first_step_sec=max(s['train_start_to_first_step_sec'] for s in starts),
+                resume_step=min(s['resume_step'] for s in starts),
+                recovery_sec=first_step_done - row['failed_at'])
+            row['redone_steps'] = max(0, row['completed_steps'] - row['resume_step'])
+            row['badput_sec'] = {
+                'infrastructure_recovery_from_disruption': row.get('detect_sec', 0.0)
+                + row['teardown_sec'],
+                'program_startup': row['relaunch_sec'],
+                'accelerator_initialization': row['distributed_init_sec'],
+                'unproductive_checkpoint_restore': row['restore_sec']
+                + (row.get('parity_rebuild_sec') or 0.0),
+                'training_prep': row['compile_sec'] + row['refresh_sec'],
+                'first_step': row['start_to_first_step_sec'] - row['compile_sec']
+                - row['refresh_sec'],
+            }
+        self.recoveries.append(row)
+        with open(os.path.join(self.dir, 'recoveries.jsonl'), 'a') as f:
+            f.write(json.dumps(row) + '\n')
+        self.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
+                 f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")
+
+    def _read(self, name: str) -> dict | None:
+        try:
+            with open(os.path.join(self.dir, name)) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
