@@ -93,7 +93,7 @@ def base_config() -> ml_collections.ConfigDict:
     cfg.launch.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never
     cfg.launch.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)
     cfg.launch.max_relaunches = 8  # give up after this many relaunches
-    cfg.launch.compilation_cache = True  # workers share a persistent XLA cache under workdir/launch
+    cfg.launch.compilation_cache = 'auto'  # workers' persistent XLA cache: 'auto' (workdir/launch/xla_cache), a path, or '' (off)
     return cfg
 
 

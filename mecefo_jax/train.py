@@ -290,7 +290,9 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
             step, clock = step + 1, clock + 1
             window_tokens += run.tokens_per_step
             bar.update(1)
-            evaluate_now = (every_eval and step % every_eval == 0) or step == end
+            # The run's last step always evaluates; an early stop (stop_at: a
+            # preemption, or a launcher's planned rejoin) only on the cadence.
+            evaluate_now = (every_eval and step % every_eval == 0) or step == total
             save_now = run.checkpointer is not None and (
                 step % run.checkpointer.save_every == 0 or step == end)
             if step % log_every == 0 or evaluate_now or save_now:

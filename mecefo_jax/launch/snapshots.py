@@ -9,6 +9,8 @@ thread and publishes it as step k + 1 together with the data position after
 batch k. At most one snapshot is in flight; a second waits for the first
 (that wait is the overhead the trainer sees, and is measured).
 
+`disk_restore` is the old way, timed the same way: the latest Orbax checkpoint.
+
 `keeper_restore` is a `train(restore=...)` callback: it opens this worker's
 keeper (shared memory) and every reachable peer keeper (TCP), agrees with the
 other processes on the newest step that every one of them can assemble, and
@@ -66,8 +68,12 @@ class SnapshotHook:
 class RestoreInfo:
     step: int
     seconds: float
-    bytes_by_source: dict
-    healed_shards: int
+    bytes_by_source: dict  # e.g. {'shm:127.0.0.1:4123': n, 'tcp:127.0.0.1:4177': m, 'disk': k}
+
+    @property
+    def healed_bytes(self) -> int:
+        """Bytes read from peer keepers (over TCP) rather than the own keeper or disk."""
+        return sum(n for source, n in self.bytes_by_source.items() if source.startswith('tcp:'))
 
 
 def agreed_step(feasible: set[int]) -> int | None:
@@ -117,7 +123,23 @@ def keeper_restore(keepers: list, worker: int, info: dict):
             for s in snaps:
                 s.close()
         info['restore'] = RestoreInfo(step=step, seconds=time.perf_counter() - start,
-                                      bytes_by_source=dict(report.bytes_by_source),
-                                      healed_shards=report.healed_shards)
+                                      bytes_by_source=dict(report.bytes_by_source))
         return state, data_state, f'in-memory snapshot of step {step}'
+    return restore_fn
+
+
+def disk_restore(info: dict):
+    """A `train(restore=...)` callback restoring the latest Orbax checkpoint, timed."""
+    from mecefo_jax import train as train_lib
+
+    def restore_fn(run, topology):
+        if run.checkpointer is None or run.checkpointer.latest_step() is None:
+            return None
+        start = time.perf_counter()
+        state, data_state = train_lib.restore_onto(run, run.checkpointer, topology)
+        jax.block_until_ready(state)
+        nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
+        info['restore'] = RestoreInfo(step=int(state.step), seconds=time.perf_counter() - start,
+                                      bytes_by_source={'disk': nbytes})
+        return state, data_state, run.checkpointer.directory
     return restore_fn

@@ -135,6 +135,7 @@ class Launcher:
         self.recoveries: list[dict] = []
         self.monitor: HeartbeatMonitor | None = None
         self._generation: Generation | None = None
+        self._lost_snapshots: dict = {}  # worker -> {step: bytes} of a keeper killed on purpose
 
     # ------------------------------------------------------------------ run
 
@@ -276,6 +277,9 @@ class Launcher:
             self.log(f'[launch] injecting {signal.Signals(kill.signal).name} into worker '
                      f'{kill.worker} at step {beat["completed"]}'
                      f'{" and killing its keeper" if kill.keeper else ""}')
+            if kill.keeper and kill.worker in self.keepers:
+                # Keep what the keeper held, only to check a parity rebuild bit for bit.
+                self._lost_snapshots[kill.worker] = self._held_bytes(kill.worker)
             os.kill(gen.procs[kill.worker].popen.pid, kill.signal)
             if kill.keeper and kill.worker in self.keepers:
                 self.keepers[kill.worker].proc.kill()
@@ -313,7 +317,7 @@ class Launcher:
             members, resume = workers, 'disk'
         elif outcome.kind == 'stopped' or not self.placement.survives(survivors):
             members, resume = workers, 'memory'  # everyone back (rejoin or replacement)
-            row['parity_rebuild_sec'] = self._replace_lost_keepers(members)
+            row['parity_rebuild_sec'] = self._replace_lost_keepers(members, row)
         else:
             members, resume = survivors, 'memory'
             returns = int(self.cfg.launch.return_after_steps)
@@ -349,7 +353,14 @@ class Launcher:
                 return
             time.sleep(_POLL_SEC)
 
-    def _replace_lost_keepers(self, members) -> float | None:
+    def _held_bytes(self, worker: int) -> dict:
+        """Every snapshot a keeper holds, as bytes: {step: raw}."""
+        from mecefo_jax.snapshot import KeeperClient
+        with KeeperClient(self.keepers[worker].address) as client:
+            return {r.step: bytes(client.read(r.step, [(0, r.nbytes)]))
+                    for r in client.snapshots()}
+
+    def _replace_lost_keepers(self, members, row: dict) -> float | None:
         """Start fresh keepers for members whose keeper died; rebuild them from parity."""
         lost = [w for w in members if w not in self.keepers or not self._keeper_alive(w)]
         if not lost or int(self.cfg.snapshot.every) < 1:
@@ -370,6 +381,10 @@ class Launcher:
             with KeeperClient(self.keepers[w].address) as client:
                 SnapshotWriter(client).write_blob(rebuilt.raw)
             self.log(f'[launch] rebuilt worker {w}\'s snapshot of step {rebuilt.step} from parity')
+            original = self._lost_snapshots.get(w, {}).get(rebuilt.step)
+            if original is not None:
+                row.setdefault('parity_rebuild_bitwise', {})[str(w)] = (
+                    bytes(rebuilt.raw) == original)
         return time.time() - start
 
     def _finish(self, row: dict) -> None:
@@ -383,7 +398,7 @@ class Launcher:
                 distributed_init_sec=max(s['distributed_init_sec'] for s in starts),
                 restore_sec=max((s['restore_sec'] or 0.0) for s in starts),
                 restore_bytes=max((sum((s['restore_bytes'] or {}).values())) for s in starts),
-                healed_shards=sum((s['healed_shards'] or 0) for s in starts),
+                healed_bytes=sum((s['healed_bytes'] or 0) for s in starts),
                 compile_sec=max(s['compile_sec'] for s in starts),
                 refresh_sec=max(s['refresh_sec'] for s in starts),
                 start_to_first_step_sec=max(s['train_start_to_first_step_sec'] for s in starts),

@@ -62,11 +62,13 @@ def main(argv):
     import numpy as np
     from absl import logging
     logging.set_verbosity(logging.WARNING)
-    if cfg.launch.compilation_cache:
+    cache = str(cfg.launch.compilation_cache)
+    if cache:
         # Shared by every worker and generation: a program compiled once (the
         # full mesh before a failure, say) loads from disk after a relaunch.
-        jax.config.update('jax_compilation_cache_dir',
-                          os.path.join(_WORKDIR.value, 'launch', 'xla_cache'))
+        if cache == 'auto':
+            cache = os.path.join(_WORKDIR.value, 'launch', 'xla_cache')
+        jax.config.update('jax_compilation_cache_dir', cache)
         jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 
     members = [int(w) for w in _MEMBERS.value.split(',')]
@@ -96,6 +98,8 @@ def main(argv):
     restore = None
     if _RESUME.value == 'memory':
         restore = snapshots_lib.keeper_restore(keepers, _WORKER.value, info)
+    elif _RESUME.value == 'disk':
+        restore = snapshots_lib.disk_restore(info)
     elif _RESUME.value == 'fresh' and run.checkpointer is not None \
             and run.checkpointer.latest_step() is not None:
         raise ValueError(f'{run.checkpointer.directory} already holds checkpoints; '
@@ -137,7 +141,7 @@ def main(argv):
                 process_start=started, distributed_init_sec=distributed_init_sec,
                 resume=_RESUME.value, restore_sec=restored.seconds if restored else None,
                 restore_bytes=restored.bytes_by_source if restored else None,
-                healed_shards=restored.healed_shards if restored else None))
+                healed_bytes=restored.healed_bytes if restored else None))
 
     def controller_factory(r):
         controllers.append(FaultController.from_config(r))
@@ -151,6 +155,7 @@ def main(argv):
         snapshot_hook.close()
     state = summary.pop('state')
     end = {'worker': _WORKER.value, 'generation': _GENERATION.value,
+           'params_sha256': _local_params_sha256(state.params),
            'final_step': summary['final_step'], 'finished': summary['final_step'] >= int(cfg.train.steps),
            'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
            'snapshot_blocked_sec': snapshot_hook.blocked_sec if snapshot_hook else 0.0,
@@ -166,6 +171,28 @@ def main(argv):
     if provenance is not None:
         provenance.close()
     jax.distributed.shutdown()
+
+
+def _local_params_sha256(params) -> str:
+    """Hash of this process's parameter shards, after checking its copies of each agree.
+
+    Replicas of one shard index must be bit-identical on every device; the
+    hash then lets the launcher's caller compare processes.
+    """
+    import jax
+    import numpy as np
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        copies = {}
+        for shard in leaf.addressable_shards:
+            key = tuple((s.start, s.stop) for s in shard.index)
+            data = np.asarray(shard.data).tobytes()
+            if copies.setdefault(key, data) != data:
+                raise AssertionError(f'{jax.tree_util.keystr(path)}: local replicas differ')
+        for key in sorted(copies, key=str):
+            digest.update(repr((jax.tree_util.keystr(path), key)).encode())
+            digest.update(copies[key])
+    return digest.hexdigest()
 
 
 def _parity_pusher(cfg, keepers, worker):

@@ -1,0 +1,46 @@
+"""Real crashes on one machine, recovered from memory, from disk and simulated: see mecefo_jax/launch/drill.py.
+
+  python scripts/crash_drill.py --config configs/small.py --out runs/drill
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.')
+_OUT = flags.DEFINE_string('out', None, 'Output directory (crash_drill.json / .md).')
+_WORKERS = flags.DEFINE_integer('workers', 4, 'Worker processes of the memory and disk jobs.')
+_STEPS = flags.DEFINE_integer('steps', 40, 'Training steps of each job.')
+_KILL = flags.DEFINE_integer('kill_step', 15, 'Worker 1 is SIGKILLed when it reaches this step.')
+_RETURN = flags.DEFINE_integer('return_after', 10, 'Steps until the killed worker rejoins.')
+_CKPT = flags.DEFINE_integer('checkpoint_every', 10, 'Orbax period of the disk job (steps).')
+flags.mark_flags_as_required(['config', 'out'])
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    cfg = _CONFIG.value
+    cfg.train.steps = _STEPS.value
+    cfg.train.eval_every = 0
+    # The simulated run and the overhead measurement run here, on the devices
+    # all the workers together have.
+    from mecefo_jax.sharding import simulate_cpu_devices
+    simulate_cpu_devices(_WORKERS.value * int(cfg.launch.local_devices))
+    from mecefo_jax.launch.drill import run_drill
+    path = config_flags.get_config_filename(flags.FLAGS['config'])
+    overrides = [a for a in sys.argv[1:] if a.startswith('--config.')]
+    if overrides:
+        raise SystemExit('crash_drill: pass the config file only; its overrides would not reach '
+                         f'the workers ({overrides}).')
+    run_drill(cfg, os.path.abspath(path), os.path.abspath(_OUT.value), workers=_WORKERS.value,
+              kill_step=_KILL.value, return_after=_RETURN.value,
+              checkpoint_every=_CKPT.value)
+    print(open(os.path.join(_OUT.value, 'crash_drill.md')).read())
+
+
+if __name__ == '__main__':
+    app.run(main)
