@@ -2,7 +2,7 @@
 
 One job is SIGKILLed and recovered from the keepers' memory, then rejoined;
 another has a worker SIGSTOPped (a hang) and detected by its silent
-heartbeat; a third is interrupted with Ctrl-C. Workers share a persistent XLA
+heartbeat; two more end with the launcher interrupted or killed. Workers share a persistent XLA
 cache so the relaunches compile little. Snapshot publication under a crash,
 parity rebuilds and the two-lost-members error are tests/snapshot_test.py's
 and tests/parity_test.py's.
@@ -170,7 +170,9 @@ def test_a_hung_worker_is_detected_by_its_silent_heartbeat(caches, tmp_path):
     assert read(str(tmp_path), 'g1_w0_end.json')['finished']
 
 
-def test_ctrl_c_leaves_no_worker_keeper_or_shared_memory(caches, tmp_path):
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGKILL], ids=['ctrl_c', 'killed'])
+def test_a_stopped_launcher_leaves_no_worker_keeper_or_shared_memory(caches, tmp_path, sig):
+    """Ctrl-C tears down in the launcher; a SIGKILLed launcher is noticed by its children."""
     values = overrides(caches, **{'train.steps': 200})
     args = [sys.executable, '-m', 'mecefo_jax.launch', f'--nprocs={WORKERS}',
             f'--workdir={tmp_path}', '--config=' + os.path.join(REPO, 'configs', 'tiny.py')]
@@ -183,10 +185,10 @@ def test_ctrl_c_leaves_no_worker_keeper_or_shared_memory(caches, tmp_path):
         time.sleep(0.2)
     keeper_name = f'mecefo{launcher.pid}w'
     assert processes_mentioning(keeper_name) and processes_mentioning(str(tmp_path))
-    launcher.send_signal(signal.SIGINT)
+    launcher.send_signal(sig)
     launcher.wait(timeout=60)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10  # keepers and workers poll their parent every 0.2 s
     while processes_mentioning(keeper_name) or processes_mentioning(str(tmp_path)):
-        assert time.monotonic() < deadline, 'orphans left after Ctrl-C'
+        assert time.monotonic() < deadline, f'orphans left after {sig.name}'
         time.sleep(0.2)
     assert not [n for n in os.listdir('/dev/shm') if keeper_name in n]
