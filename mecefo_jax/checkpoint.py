@@ -24,6 +24,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from mecefo_jax.tree_paths import key_names
+
 _STATE = "state"
 _DATA = "data"
 # Orbax's own mismatch messages embed whole trees / tensorstore specs.
@@ -71,28 +73,6 @@ def _sds(x: Any, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
     if not hasattr(x, "dtype"):  # Python scalars
         x = np.asarray(x)
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-
-
-def _path_key(path: tuple) -> tuple[str, ...]:
-    """Normalise a pytree key path to the names Orbax stores.
-
-    Orbax writes dataclass/namedtuple fields as dict keys and tuples as lists,
-    so attribute, dict and sequence keys must all collapse to plain strings
-    for a saved tree and a live tree to be comparable.
-    """
-    out = []
-    for k in path:
-        if isinstance(k, jax.tree_util.DictKey):
-            out.append(str(k.key))
-        elif isinstance(k, jax.tree_util.GetAttrKey):
-            out.append(k.name)
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            out.append(str(k.idx))
-        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-            out.append(str(k.key))
-        else:
-            out.append(str(k))
-    return tuple(out)
 
 
 def _fmt(path: tuple[str, ...]) -> str:
@@ -331,13 +311,13 @@ class Checkpointer:
                 sds = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
             else:
                 raise TypeError(
-                    f"abstract_state leaf {_fmt(_path_key(path))} is "
+                    f"abstract_state leaf {_fmt(key_names(path))} is "
                     f"{type(x).__name__}; expected jax.ShapeDtypeStruct "
                     "(see checkpoint.abstract_like)."
                 )
             if sds.sharding is None:
                 raise ValueError(
-                    f"abstract_state leaf {_fmt(_path_key(path))} has no sharding; "
+                    f"abstract_state leaf {_fmt(key_names(path))} has no sharding; "
                     "give every leaf its target sharding (see checkpoint.abstract_like)."
                 )
             return sds
@@ -359,11 +339,11 @@ class Checkpointer:
             return
         saved_tree = getattr(metadata, "tree", metadata)
         saved = {
-            _path_key(p): leaf
+            key_names(p): leaf
             for p, leaf in jax.tree_util.tree_flatten_with_path(saved_tree)[0]
         }
         wanted = {
-            _path_key(p): leaf
+            key_names(p): leaf
             for p, leaf in jax.tree_util.tree_flatten_with_path(abstract_state)[0]
         }
         problems = []

@@ -2,7 +2,6 @@
 import dataclasses
 
 import jax
-import pytest
 
 from configs import tiny
 from mecefo_jax import optim

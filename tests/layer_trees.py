@@ -1,4 +1,4 @@
-"""Per-layer <-> scanned parameter trees, for tests written against per-layer references.
+"""Per-layer -> scanned parameter trees, for tests written against per-layer references.
 
 A scanned model keeps every block's parameters in `params['layers']` with a
 leading layer axis; the looped model (and the plain-jnp references in the
@@ -24,15 +24,4 @@ def stack_layers(tree):
     out = {k: v for k, v in tree.items() if k not in keys}
     if keys:
         out['layers'] = jax.tree.map(lambda *xs: jnp.stack(xs), *[tree[k] for k in keys])
-    return out
-
-
-def unstack_layers(tree):
-    """Inverse of `stack_layers`."""
-    if not isinstance(tree, dict) or 'layers' not in tree:
-        return tree
-    out = {k: v for k, v in tree.items() if k != 'layers'}
-    n = jax.tree.leaves(tree['layers'])[0].shape[0]
-    for i in range(n):
-        out[f'layers_{i}'] = jax.tree.map(lambda x, i=i: x[i], tree['layers'])
     return out

@@ -26,7 +26,7 @@ from configs import tiny
 from mecefo_jax import sharding
 from mecefo_jax.model import Block, Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
-from layer_trees import stack_layers, unstack_layers
+from layer_trees import stack_layers
 from tree_asserts import assert_tree_close
 
 # tiny config: D=32, 2 layers, H=4, K=2 (G=2), E=8, F=64, V=256. Batch and

@@ -196,7 +196,6 @@ def _trace_table(result) -> list[str]:
 
 
 def _explanation_text(result, expl) -> list[str]:
-    cfg = result['config']
     lines = ['## Ordering against the paper, and why (computed from the figures above)', '']
     if not expl:
         return lines + ['(No `high` regime in this run: nothing to compare.)', '']

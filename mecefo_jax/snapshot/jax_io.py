@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from mecefo_jax.snapshot import blob
+from mecefo_jax.tree_paths import key_names
 from mecefo_jax.snapshot.client import Snapshot
 
 _MAX_LISTED = 12
@@ -38,19 +39,7 @@ class SnapshotMismatchError(ValueError):
 
 def path_str(path: tuple) -> str:
     """'params.layers.mlp.kernel' for a pytree key path (dict, attribute and index keys)."""
-    parts = []
-    for k in path:
-        if isinstance(k, jax.tree_util.DictKey):
-            parts.append(str(k.key))
-        elif isinstance(k, jax.tree_util.GetAttrKey):
-            parts.append(k.name)
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            parts.append(str(k.idx))
-        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-            parts.append(str(k.key))
-        else:
-            parts.append(str(k))
-    return ".".join(parts) or "<root>"
+    return ".".join(key_names(path)) or "<root>"
 
 
 def index_bounds(index: tuple, shape: tuple) -> blob.Index:
