@@ -212,6 +212,8 @@ def test_overhead_is_timed_on_the_configs_mesh(result):
     assert ov['global_batch'] == BATCH
     assert len(ov['times_ms']['fault_free']) == len(ov['times_ms']['plain_dp']) == 2
     assert ov['ratio'] == pytest.approx(ov['fault_free_ms'] / ov['plain_dp_ms'])
+    low, high = ov['paired_ratio_quartiles']
+    assert low <= ov['paired_ratio_median'] <= high
     assert ov['met'] == (ov['ratio'] <= bench.OVERHEAD_TARGET)
 
 
