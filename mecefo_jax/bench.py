@@ -298,22 +298,24 @@ def count_while_loops(compiled) -> int:
     return (compiled.as_text() or '').count(' while(')
 
 
-def time_interleaved(programs: dict, *, warmup: int, iters: int):
+def time_interleaved(programs: dict, *, warmup: int, iters: int, seed: int = 0):
     """Per-name wall times (ms) of `iters` rounds calling every program once.
 
     `programs[name]` is a `call()` that runs one step and blocks until it is
     done. Round-robin, so a change in machine load during the run (shared
-    CPUs) hits every program alike instead of whichever ran last; the order
-    is reversed every other round, so no program always follows the same one
-    (warm caches, a previous call's lingering threads).
+    CPUs) hits every program alike instead of whichever ran last; each round
+    takes a fresh random order (seeded), so no program always runs next to
+    the same one (caches a big program leaves cold, its lingering threads).
     """
     names = list(programs)
+    rng = np.random.default_rng(seed)
     for _ in range(warmup):
         for call in programs.values():
             call()
     times = {name: [] for name in programs}
-    for i in range(iters):
-        for name in (names if i % 2 == 0 else names[::-1]):
+    for _ in range(iters):
+        for k in rng.permutation(len(names)):
+            name = names[k]
             start = time.perf_counter()
             programs[name]()
             times[name].append((time.perf_counter() - start) * 1e3)
@@ -534,7 +536,7 @@ def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: in
         del runner, state, calls, batches
 
         if device.platform == 'gpu':
-            result['mfu'] = _mfu(cfg, model, state_abs.params, modes['normal'], batch,
+            result['mfu'] = _mfu(cfg, state_abs.params, modes['normal'], batch,
                                  device, peak_tflops)
         else:
             result['mfu'] = {'applicable': False,
@@ -568,7 +570,8 @@ def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: in
     return result
 
 
-def _mfu(cfg, model, params_abs, normal, batch, device, peak_override):
+def _mfu(cfg, params_abs, normal, batch, device, peak_override):
+    """Model-FLOPs utilisation of the normal step (GPU): see the module docstring."""
     peak, source = peak_tflops_for(device, peak_override)
     tokens = batch * int(cfg.data.seq_len)
     formula = model_flops_per_token(cfg, params_abs) * tokens

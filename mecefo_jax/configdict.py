@@ -26,10 +26,10 @@ import json
 from typing import Any, Iterator
 
 try:  # the real thing whenever it is there
-    from ml_collections import ConfigDict  # noqa: F401
-    HAVE_ML_COLLECTIONS = True
-except ImportError:  # pragma: no cover - exercised by the blocked-import test
-    HAVE_ML_COLLECTIONS = False
+    import ml_collections
+except ImportError:  # exercised by tests/cli_test.py and the blocked-import bench test
+    ml_collections = None
+HAVE_ML_COLLECTIONS = ml_collections is not None
 
 
 class MinimalConfigDict:
@@ -166,5 +166,4 @@ def _same_type(key: str, old: Any, new: Any) -> Any:
     return new
 
 
-if not HAVE_ML_COLLECTIONS:
-    ConfigDict = MinimalConfigDict  # noqa: F811
+ConfigDict = ml_collections.ConfigDict if HAVE_ML_COLLECTIONS else MinimalConfigDict

@@ -74,8 +74,8 @@ def resolve(cfg, num_devices: int) -> dict[str, int]:
     if global_batch % data:
         raise ValueError(f'data.global_batch_size={global_batch} is not divisible by the '
                          f'{data} data replicas of mesh.data={cfg.mesh.data} x '
-                         f'mesh.model={model} on {num_devices} devices; change data.global_batch_size, '
-                         f'mesh.model or --num_devices.')
+                         f'mesh.model={model} on {num_devices} devices; change '
+                         'data.global_batch_size, mesh.model or --num_devices.')
     return {'data': data, 'model': model, 'per_replica_batch': global_batch // data,
             'global_batch': global_batch}
 

@@ -1,4 +1,4 @@
-"""Per-device memory of the train step in the normal and neighbour roles: see mecefo_jax/memory_plan.py.
+"""Per-device train-step memory, normal and neighbour roles: see mecefo_jax/memory_plan.py.
 
   python scripts/memory_plan.py --config configs/llama_7b.py --num_devices 32 --out /tmp/plan
 

@@ -390,3 +390,27 @@ def test_model_flops_per_token_counts_matmul_params_and_attention():
     matmul = m.num_layers * per_block + m.d_model * m.vocab_size  # the head, not the table
     expected = 6 * matmul + 12 * m.num_layers * m.d_model * cfg.data.seq_len
     assert bench.model_flops_per_token(cfg, _abstract_params()) == expected
+
+
+def test_time_interleaved_calls_every_program_once_per_round():
+    calls = []
+    programs = {name: (lambda name=name: calls.append(name)) for name in 'abc'}
+    times = bench.time_interleaved(programs, warmup=2, iters=5)
+    assert {name: len(t) for name, t in times.items()} == dict.fromkeys('abc', 5)
+    rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    assert len(rounds) == 7 and all(sorted(r) == list('abc') for r in rounds)
+    # Random order per round: not always the same sequence in 5 rounds
+    # (seeded, so this cannot flake).
+    assert len({tuple(r) for r in rounds[2:]}) > 1
+
+
+def test_mfu_divides_model_flops_per_second_by_the_peak():
+    cfg = tiny_config()
+    normal = {'step_ms': 2.0, 'flops': 4e9}
+    mfu = bench._mfu(cfg, _abstract_params(), normal, BATCH,
+                     _Device('NVIDIA H100 80GB HBM3'), None)
+    tokens = BATCH * cfg.data.seq_len
+    formula = bench.model_flops_per_token(cfg, _abstract_params()) * tokens
+    assert mfu['applicable'] and mfu['peak_tflops'] == 989.0
+    assert mfu['formula'] == pytest.approx(formula / 2e-3 / 989e12)
+    assert mfu['xla'] == pytest.approx(4e9 / 2e-3 / 989e12)
