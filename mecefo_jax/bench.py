@@ -49,8 +49,9 @@ Figures per mode (`modes[mode]`, and `ratios[mode]` = mode / normal)
               `peak_memory_in_bytes`, kept in `details`, leaves temporaries
               out on XLA:CPU.)
   step_ms     median wall time of one call, after `warmup` untimed calls, the
-              modes called round-robin ("interleaved") so that load changes
-              on a shared machine hit every mode alike. `iters=0` skips all
+              modes called round-robin ("interleaved", in a fresh random
+              order each round) so that load changes on a shared machine hit
+              every mode alike. `iters=0` skips all
               timing (and the gradient error, which needs real parameters):
               nothing is materialised, so a 350M model at full depth is costed
               on a CPU in minutes.
@@ -68,7 +69,8 @@ Fault-free overhead (`overhead`)
 The fault-free train step (`layout.full_layout` over the config's full mesh,
 e.g. 8 fake CPU devices) against `plain_dp` on the same mesh, state and
 global batch (`batch` sequences per data replica), timed interleaved; the
-ratio of medians is the price of MeCeFO's machinery when nothing has failed.
+ratio of medians is the price of MeCeFO's machinery when nothing has failed
+(the median and quartiles of the per-round ratios show how noisy it is).
 
 Model-FLOPs utilisation (GPU only)
 ----------------------------------
