@@ -1,78 +1,94 @@
-"""Step-cost benchmark: what one device pays per step in each role.
+"""Step-cost benchmark: what one device pays for a full train step in each role.
 
+This module owns the per-device cost comparison of MeCeFO (Hu et al.,
+NeurIPS 2025, arXiv 2510.16415) against exact and plain baselines, and the
+fault-free overhead check; `scripts/bench_step.py` is its command line.
+
+Per-device modes
+----------------
 For the SAME per-device batch (`batch` sequences of `seq_len + 1` random
-tokens from a fixed seed, two shards: the device's own and an adopted one)
-this compiles, on ONE device (a 1x1 ("data", "model") mesh), the per-device
-gradient program of `step.make_grad_fn` for four modes:
+tokens from a fixed seed; shard 0 is the device's own, shard 1 an adopted
+one) each mode is compiled on ONE device (a 1x1 ("data", "model") mesh) as
+the whole train step `step.make_train_step(..., programs)`: forward,
+backward, gradient combination, AdamW update and the step's state checks,
+with the state donated. A single program means no `lax.switch`: the role is
+a compile-time constant and the program is exactly what such a device runs.
 
-  normal     one slot (own shard), exact backward (ROLE_NORMAL);
-  ndb_naive  two slots (own + adopted), exact backward (naive Neighbor-Do-Both);
-  mecefo     two slots (own + adopted), MeCeFO neighbour backward (ROLE_NEIGHBOUR);
-  mecefo_per_batch  one slot in neighbour mode: the per-batch cost, without the
-             float32 gradient accumulator two sequential slots need.
+  normal            Program(ROLE_NORMAL, B): the fault-free program (plain
+                    GSPMD path of step.py);
+  ndb_naive         Program(ROLE_NORMAL, 2B): own + adopted shard joined,
+                    exact backward (naive neighbour-do-both);
+  mecefo            Program(ROLE_NEIGHBOUR, 2B): joined, MeCeFO neighbour mode;
+  mecefo_per_batch  Program(ROLE_NEIGHBOUR, B): the neighbour's per-batch cost;
+  plain_dp          an independently written `jax.jit` data-parallel step
+                    (`make_plain_dp_step`: value_and_grad of the mean
+                    next-token loss of the same model, the same optax
+                    optimizer, donated params and optimizer state; no layout,
+                    weights, step check or roles), on B sequences.
 
-What is measured, per mode
---------------------------
-The gradient computation only: `make_grad_fn(model, mesh)(params, projections,
-batch)`, i.e. forward + backward over the device's slots, the `psum` (a no-op
-on one device) and the division of gradient sums by token counts. The
-optimizer update is NOT included in the per-mode figures: it is identical in
-every mode (same parameters, same AdamW), so it would only dilute the ratios.
-It is measured once on its own and reported under `optimizer_update`, with
-`ratios_with_update` giving the FLOP and time ratios of grad + update.
-
-The layout's roles are compile-time constants of the benchmarked program, so
-XLA folds the step's `lax.cond` on the role and the program is exactly the
-branch the device executes (at run time a `lax.cond` runs one branch anyway;
-folding it also keeps the untaken branch out of the memory and cost figures).
-
-  flops       XLA's cost analysis (`compiled.cost_analysis()['flops']`) of the
-              gradient computation over all slots. XLA's cost analysis counts
-              a while-loop body ONCE whatever its trip count, and the step
-              scans its slots with `lax.scan` (a while loop; a one-slot scan
-              is no loop after compilation). So when the compiled step program
-              has a loop, the FLOPs come from a counting program with the same
-              per-slot computation (`step.token_loss_sum` under
-              `jax.value_and_grad`, summed over slots, then `step.combine`)
-              and the slot loop unrolled in Python (`details[mode]
-              ['flops_source']` says which). The raw count of the step program
-              is kept as `details[mode]['flops_xla_step_program']`.
-  temp_bytes  `compiled.memory_analysis().temp_size_in_bytes` of the step
-              program itself (scan included): XLA's scratch buffers
-              (activations kept for backward, gradient accumulators, ...),
-              excluding arguments (params, projections, tokens) and outputs.
-  step_ms     median wall time of calls to the compiled step program after
-              `warmup` untimed calls, each timed call ending with
-              `block_until_ready`; the modes are called round-robin so that
-              load changes on a shared machine hit all of them alike.
-
-`details[mode]` also keeps XLA's argument and output sizes: the outputs
-(the gradients) are the same in every mode, but only a scanned multi-slot
-program also needs a gradient accumulator (one float32 copy of the
-parameters) as temp while it computes the next slot,
-so `temp_size_in_bytes + output_size_in_bytes` (`ratios_temp_plus_output`)
-is the fairer device-memory comparison between one- and multi-slot programs:
-it is what a full train step (gradients + AdamW, state donated) holds as
-scratch, where the gradients are temporaries in every mode.
+Figures per mode (`modes[mode]`, and `ratios[mode]` = mode / normal)
+--------------------------------------------------------------------
+  flops       XLA's cost analysis of the train step compiled with
+              `ModelConfig.unroll_loops=True`. The model's layer scan and the
+              loss's chunk scan are while loops, and XLA's cost analysis
+              counts a while body ONCE whatever its trip count; unrolled, the
+              program does the same arithmetic as straight-line code and the
+              count is complete. `flops_xla_raw` is the count of the program
+              that really runs (loops counted once), kept for reference;
+              `details[mode]['while_loops_in_flops_program']` should be 0. A
+              program with no loop at all (one block, one loss chunk) is
+              counted as it is (`details[mode]['flops_source']`).
+  temp_bytes  `memory_analysis().temp_size_in_bytes` of the real (scanned)
+              step: XLA's scratch (gradients, activations kept for the
+              backward pass, optimizer intermediates).
+  peak_bytes  arguments + outputs + temporaries - aliased bytes of the real
+              step: everything the program holds while it runs. The state is
+              donated, so its outputs reuse the argument buffers and count
+              once; XLA packs the temporaries into one allocation by buffer
+              liveness, so temp is already their peak. (XLA's own
+              `peak_memory_in_bytes`, kept in `details`, leaves temporaries
+              out on XLA:CPU.)
+  step_ms     median wall time of one call, after `warmup` untimed calls, the
+              modes called round-robin ("interleaved", in a fresh random
+              order each round) so that load changes on a shared machine hit
+              every mode alike. `iters=0` skips all
+              timing (and the gradient error, which needs real parameters):
+              nothing is materialised, so a 350M model at full depth is costed
+              on a CPU in minutes.
 
 `grad_rel_error` is ||g_mecefo - g_exact|| / ||g_exact|| per parameter group
-on the same two shards (the mecefo program's output against the ndb_naive
-one's: same tokens, same divisor, so it is also the error of the sums):
-`attention` (MHA weights and their norm: the neighbour contributes none, so
-its output there is zero and the error is 1.0 by construction), `ffn` (the
-three FFN kernels: low-rank weight gradient plus the missing attention
-cotangent from later blocks), `other` (embeddings, the other norms, head) and
-`total_non_attention` (ffn + other).
+on the same two shards (`make_grad_fn` of the mecefo program against the
+ndb_naive one: same tokens, same divisor): `attention` (MHA and its norm; the
+neighbour contributes none, so it is 1.0 by construction), `ffn` (FFN
+kernels: low-rank weight gradients plus the attention cotangent missing from
+later blocks), `other` (embedding, ffn/final norms, head) and
+`total_non_attention`; `grad_rel_error_by_param` gives it per parameter.
 
-Works unchanged on CPU and GPU; on CPU bfloat16 runs, slowly
-(`--config.model.dtype=float32` to avoid it). Two XLA:CPU facts bias CPU
-figures: its pipeline expands `jax.checkpoint`'s optimization barriers before
-CSE, which then merges the FFN recomputation back into the forward (so on CPU
-`mecefo.remat_ffn` changes neither FLOPs nor memory), and it computes bf16
-dots in float32.
+Fault-free overhead (`overhead`)
+--------------------------------
+The fault-free train step (`layout.full_layout` over the config's full mesh,
+e.g. 8 fake CPU devices) against `plain_dp` on the same mesh, state and
+global batch (`batch` sequences per data replica), timed interleaved; the
+ratio of medians is the price of MeCeFO's machinery when nothing has failed
+(the median and quartiles of the per-round ratios show how noisy it is).
+
+Model-FLOPs utilisation (GPU only)
+----------------------------------
+On a GPU, `mfu` gives the normal step's model FLOPs per second over the
+device's peak (`peak_tflops`, else `PEAK_TFLOPS` by device kind), with the
+model FLOPs counted two ways: `formula` = 6 x matmul parameters (everything
+but the embedding table, which is a gather) x tokens + 12 x layers x d_model
+x seq_len x tokens (attention scores and context, forward and backward, the
+PaLM convention, not halved for the causal mask), and `xla` = the unrolled
+XLA count of the whole normal step. On CPU it is reported as not applicable.
+
+Two XLA:CPU facts bias CPU figures: it computes bfloat16 dots in float32
+(more temporary bytes and slower steps than a GPU would show), and its
+pipeline may CSE a `jax.checkpoint`'s recomputation back into the forward.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -83,31 +99,103 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-MODES = ('normal', 'ndb_naive', 'mecefo', 'mecefo_per_batch')
+MODES = ('normal', 'ndb_naive', 'mecefo', 'mecefo_per_batch', 'plain_dp')
+MECEFO_MODES = MODES[:4]  # the modes that run step.make_train_step
 GROUPS = ('attention', 'ffn', 'other', 'total_non_attention')
-METRICS = ('flops', 'temp_bytes', 'step_ms')
+METRICS = ('flops', 'temp_bytes', 'peak_bytes', 'step_ms')
 OUTPUT_FILE = 'bench_step.json'
+OVERHEAD_TARGET = 1.03  # fault-free step time / plain_dp step time
+# Dense bf16 peak TFLOP/s by device-kind substring, most specific first.
+PEAK_TFLOPS = (('H100 PCIe', 756.0), ('H100', 989.0), ('H200', 989.0), ('A100', 312.0))
 
 
-# ------------------------------------------------------------------ layouts
+# ------------------------------------------------------------------ programs
 
 
-def mode_layouts(batch: int) -> dict:
-    """The per-device layout of each mode: shard 0 is own, shard 1 adopted."""
+def mode_layout(mode: str, batch: int):
+    """The one-replica layout of a MeCeFO mode: shard 0 is own, shard 1 adopted."""
     from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
     own, adopted = Piece(0, 0, batch), Piece(1, 0, batch)
-    return {
-        'normal': Layout(replicas=(0,), roles=(ROLE_NORMAL,), slots=((own,),),
-                         slot_batch=batch),
-        'ndb_naive': Layout(replicas=(0,), roles=(ROLE_NORMAL,),
-                            slots=((own, adopted),), slot_batch=batch),
-        'mecefo': Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,),
-                         slots=((own, adopted),), slot_batch=batch),
-        # One batch in neighbour mode: the per-batch saving, without the
-        # float32 gradient accumulator that two sequential slots need.
-        'mecefo_per_batch': Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,), slots=((own,),),
-                                   slot_batch=batch),
-    }
+    role, pieces = {
+        'normal': (ROLE_NORMAL, (own,)),
+        'ndb_naive': (ROLE_NORMAL, (own, adopted)),
+        'mecefo': (ROLE_NEIGHBOUR, (own, adopted)),
+        'mecefo_per_batch': (ROLE_NEIGHBOUR, (own,)),
+    }[mode]
+    return Layout(replicas=(0,), roles=(role,), pieces=(pieces,))
+
+
+def make_plain_dp_step(model, optimizer, mesh, param_shardings, opt_shardings):
+    """Plain data parallelism: `step(params, opt_state, tokens) -> (params, opt_state, loss)`.
+
+    Written independently of step.py on purpose (it is the baseline): the
+    mean next-token loss of the model over the batch split on 'data', its
+    gradient by `value_and_grad` (GSPMD inserts the all-reduce), the optimizer
+    update, params and optimizer state donated. The loss is the model's own
+    (chunked, fused) cross-entropy, so the comparison isolates the step's
+    machinery, not the loss implementation.
+    """
+    import optax
+
+    from mecefo_jax import sharding
+
+    def mean_loss(params, tokens_nt):
+        targets_nl = tokens_nt[:, 1:]
+        loss_sum = model.apply({'params': params}, tokens_nt[:, :-1], targets_bl=targets_nl)
+        return loss_sum / targets_nl.size
+
+    def train_step(params, opt_state, tokens_nt):
+        loss, grads = jax.value_and_grad(mean_loss)(params, tokens_nt)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(train_step,
+                   in_shardings=(param_shardings, opt_shardings, sharding.data_sharded(mesh)),
+                   out_shardings=(param_shardings, opt_shardings, sharding.replicated(mesh)),
+                   donate_argnums=(0, 1))
+
+
+def abstract(tree, shardings):
+    """ShapeDtypeStructs carrying `shardings`: compile without materialising."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        tree, shardings)
+
+
+def abstract_batch(mesh, rows: int, seq: int, num_replicas: int = 1):
+    """The step's batch dict as ShapeDtypeStructs ([R*rows, seq] tokens, ...)."""
+    from mecefo_jax import step as step_lib
+    sh = step_lib.batch_shardings(mesh)
+    n = num_replicas * rows
+    return {'tokens': jax.ShapeDtypeStruct((n, seq), jnp.int32, sharding=sh['tokens']),
+            'weights': jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sh['weights']),
+            'programs': jax.ShapeDtypeStruct((num_replicas,), jnp.int32,
+                                             sharding=sh['programs']),
+            'step': jax.ShapeDtypeStruct((), jnp.int32, sharding=sh['step'])}
+
+
+def unrolled(model):
+    """The same model with straight-line layers and loss chunks (FLOP counting)."""
+    from mecefo_jax.model import Llama
+    return Llama(dataclasses.replace(model.cfg, unroll_loops=True))
+
+
+def normal_step_flops(model, cfg, batch: int, device=None) -> float:
+    """XLA's FLOP count of `model`'s normal train step on one device, as compiled.
+
+    Loops are counted once: pass `unrolled(model)` for the complete count.
+    """
+    from mecefo_jax import sharding, step as step_lib
+    from mecefo_jax.optim import make_optimizer
+    from mecefo_jax.state import abstract_train_state, state_shardings
+    mesh = sharding.mesh_from_rows([[device or jax.devices()[0]]])
+    optimizer = make_optimizer(cfg.train)
+    rank = cfg.mecefo.rank
+    shardings = state_shardings(model, optimizer, mesh, rank)
+    state_abs = abstract(abstract_train_state(model, optimizer, rank=rank), shardings)
+    programs = mode_layout('normal', batch).programs
+    step = step_lib.make_train_step(model, optimizer, mesh, shardings, programs)
+    batch_abs = abstract_batch(mesh, batch, int(cfg.data.seq_len) + 1)
+    return flops_of(step.lower(state_abs, batch_abs).compile())
 
 
 # ------------------------------------------------------- gradient error
@@ -127,22 +215,57 @@ def param_group(path) -> str:
     return 'other'  # embedding, ffn_norm, final_norm, head
 
 
+def _squared(approx, exact):
+    """{'/'-joined path: (||a - e||^2, ||e||^2)} in float64 on host."""
+    out = {}
+
+    def add(path, a, e):
+        a64, e64 = np.asarray(a, np.float64), np.asarray(e, np.float64)
+        out['/'.join(_path_names(path))] = (path, float(np.sum((a64 - e64) ** 2)),
+                                            float(np.sum(e64 ** 2)))
+    jax.tree_util.tree_map_with_path(add, approx, exact)
+    return out
+
+
+def _ratio(err2: float, ref2: float) -> float:
+    return float(np.sqrt(err2 / ref2)) if ref2 > 0 else float('nan')
+
+
+def two_shard_gradients(model, mesh, state, tokens_nbt) -> dict[str, Any]:
+    """Host gradients of the ndb_naive and mecefo programs on the same two shards.
+
+    `step.make_grad_fn` of each mode's program (gradient sums divided by the
+    token count, as the train step does): same tokens, same divisor.
+    """
+    from mecefo_jax import step as step_lib
+    from mecefo_jax.layout import assemble
+    batch = tokens_nbt.shape[1]
+    grads = {}
+    for mode in ('ndb_naive', 'mecefo'):
+        layout = mode_layout(mode, batch)
+        host = dict(assemble(layout, tokens_nbt), step=np.int32(0))
+        device_batch = jax.device_put(host, step_lib.batch_shardings(mesh))
+        grad_fn = jax.jit(step_lib.make_grad_fn(model, mesh, layout.programs))
+        grads[mode] = jax.device_get(grad_fn(state.params, state.projections, device_batch)[0])
+    return grads
+
+
 def grad_rel_error(approx, exact) -> dict[str, float]:
     """||approx - exact|| / ||exact|| per parameter group, in float64 on host."""
     err2 = dict.fromkeys(GROUPS[:3], 0.0)
     ref2 = dict.fromkeys(GROUPS[:3], 0.0)
-
-    def add(path, a, e):
+    for path, e2, r2 in _squared(approx, exact).values():
         group = param_group(path)
-        a64, e64 = np.asarray(a, np.float64), np.asarray(e, np.float64)
-        err2[group] += float(np.sum((a64 - e64) ** 2))
-        ref2[group] += float(np.sum(e64 ** 2))
-
-    jax.tree_util.tree_map_with_path(add, approx, exact)
+        err2[group] += e2
+        ref2[group] += r2
     err2['total_non_attention'] = err2['ffn'] + err2['other']
     ref2['total_non_attention'] = ref2['ffn'] + ref2['other']
-    return {g: (float(np.sqrt(err2[g] / ref2[g])) if ref2[g] > 0 else float('nan'))
-            for g in GROUPS}
+    return {g: _ratio(err2[g], ref2[g]) for g in GROUPS}
+
+
+def grad_rel_error_by_param(approx, exact) -> dict[str, float]:
+    """||approx - exact|| / ||exact|| per parameter ('/'-joined path)."""
+    return {name: _ratio(e2, r2) for name, (_, e2, r2) in _squared(approx, exact).items()}
 
 
 # ------------------------------------------------------- compiled costs
@@ -158,204 +281,287 @@ def flops_of(compiled) -> float:
     return float(analysis.get('flops', float('nan')))
 
 
+MEMORY_FIELDS = ('temp_size_in_bytes', 'argument_size_in_bytes', 'output_size_in_bytes',
+                 'alias_size_in_bytes', 'generated_code_size_in_bytes', 'peak_memory_in_bytes')
+
+
 def memory_of(compiled) -> dict[str, int]:
-    """The byte counts of `memory_analysis()` (temp, arguments, outputs, ...)."""
+    """`memory_analysis()` byte counts plus `peak_bytes` (args + out + temp - alias)."""
     stats = compiled.memory_analysis()
-    fields = ('temp_size_in_bytes', 'argument_size_in_bytes', 'output_size_in_bytes',
-              'alias_size_in_bytes', 'generated_code_size_in_bytes')
     if stats is None:
-        return {f: -1 for f in fields}
-    return {f: int(getattr(stats, f, -1)) for f in fields}
+        return {**{f: -1 for f in MEMORY_FIELDS}, 'peak_bytes': -1}
+    mem = {f: int(getattr(stats, f, -1)) for f in MEMORY_FIELDS}
+    mem['peak_bytes'] = (mem['argument_size_in_bytes'] + mem['output_size_in_bytes']
+                         + mem['temp_size_in_bytes'] - mem['alias_size_in_bytes'])
+    return mem
 
 
-def time_calls(fn: Callable, args, *, warmup: int, iters: int):
-    """(wall times in ms of `iters` calls after `warmup` calls, last output)."""
-    out = None
-    for _ in range(warmup):
-        out = jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(max(1, iters)):
-        start = time.perf_counter()
-        out = jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - start) * 1e3)
-    return times, out
+def count_while_loops(compiled) -> int:
+    return (compiled.as_text() or '').count(' while(')
 
 
-def time_interleaved(programs: dict, *, warmup: int, iters: int):
+def time_interleaved(programs: dict, *, warmup: int, iters: int, seed: int = 0):
     """Per-name wall times (ms) of `iters` rounds calling every program once.
 
-    Round-robin over the programs, so a change in machine load during the run
-    (shared CPUs) hits every mode alike instead of whichever ran last.
-    Returns (times by name, last output by name).
+    `programs[name]` is a `call()` that runs one step and blocks until it is
+    done. Round-robin, so a change in machine load during the run (shared
+    CPUs) hits every program alike instead of whichever ran last; each round
+    takes a fresh random order (seeded), so no program always runs next to
+    the same one (caches a big program leaves cold, its lingering threads).
     """
-    last = {}
+    names = list(programs)
+    rng = np.random.default_rng(seed)
     for _ in range(warmup):
-        for name, (fn, args) in programs.items():
-            last[name] = jax.block_until_ready(fn(*args))
+        for call in programs.values():
+            call()
     times = {name: [] for name in programs}
-    for _ in range(max(1, iters)):
-        for name, (fn, args) in programs.items():
+    for _ in range(iters):
+        for k in rng.permutation(len(names)):
+            name = names[k]
             start = time.perf_counter()
-            last[name] = jax.block_until_ready(fn(*args))
+            programs[name]()
             times[name].append((time.perf_counter() - start) * 1e3)
-    return times, last
+    return times
 
 
-def _counting_program(model, num_slots: int, neighbour: bool):
-    """The slots' gradient computation with the slot loop unrolled (FLOP counting)."""
-    from mecefo_jax import step
+class _Runner:
+    """Threads ONE donated train state through every compiled step it calls.
 
-    def program(params, projections, tokens_spt, weights_sp):
-        grad_sums, loss_sum = None, 0.0
-        for s in range(num_slots):
-            loss, grads = jax.value_and_grad(
-                lambda p, s=s: step.token_loss_sum(model, p, projections, tokens_spt[s],
-                                                   weights_sp[s], neighbour=neighbour))(params)
-            loss_sum = loss_sum + loss
-            grad_sums = grads if grad_sums is None else jax.tree.map(jnp.add, grad_sums, grads)
-        tokens = jnp.sum(weights_sp) * (tokens_spt.shape[-1] - 1)
-        attn_tokens = jnp.where(neighbour, 0.0, tokens)
-        return step.combine(grad_sums, tokens, attn_tokens), loss_sum
+    MeCeFO steps get a batch stamped with step 0: the first call applies its
+    update and later calls leave the state as it is (same arithmetic, see
+    step.py); plain_dp steps update params and optimizer state in place.
+    One state for all programs keeps a large model's memory to one copy.
+    """
 
-    return program
+    def __init__(self, state):
+        self.state = state
+
+    def mecefo(self, compiled, batch):
+        def call():
+            self.state, metrics = compiled(self.state, batch)
+            jax.block_until_ready((self.state, metrics))
+        return call
+
+    def plain(self, compiled, tokens):
+        def call():
+            params, opt_state, loss = compiled(self.state.params, self.state.opt_state, tokens)
+            self.state = self.state.replace(params=params, opt_state=opt_state)
+            jax.block_until_ready((self.state, loss))
+        return call
 
 
 # ---------------------------------------------------------------- driver
 
 
-def _config_summary(cfg, batch: int) -> dict[str, Any]:
+def config_summary(cfg, batch: int) -> dict[str, Any]:
     m = cfg.model
     return {'vocab_size': int(m.vocab_size), 'd_model': int(m.d_model),
             'num_layers': int(m.num_layers), 'num_heads': int(m.num_heads),
             'num_kv_heads': int(m.num_kv_heads), 'ffn_hidden': int(m.ffn_hidden),
             'dtype': str(m.dtype), 'seq_len': int(cfg.data.seq_len),
             'per_device_batch': int(batch), 'rank': cfg.mecefo.rank,
-            'remat_ffn': bool(cfg.mecefo.remat_ffn)}
+            'remat_ffn': bool(cfg.mecefo.remat_ffn), 'remat_policy': str(m.remat_policy),
+            'scan_layers': bool(m.scan_layers), 'attention': str(m.attention),
+            'loss_chunk_tokens': int(m.loss_chunk_tokens)}
+
+
+def random_tokens(cfg, batch: int, seed: int) -> np.ndarray:
+    """The benchmark's two shards (own, adopted): int32 [2, batch, seq_len + 1]."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, int(cfg.model.vocab_size), (2, batch, int(cfg.data.seq_len) + 1),
+                        dtype=np.int32)
+
+
+def model_flops_per_token(cfg, params_abstract) -> float:
+    """6 x matmul params + 12 x layers x d_model x seq_len (PaLM), per trained token.
+
+    Matmul params: every parameter but the embedding table (a gather) and the
+    norm scales (elementwise; [layers, d] when scanned, so not told by rank).
+    """
+    def is_matmul(path) -> bool:
+        names = _path_names(path)
+        return 'embedding' not in names and names[-1] != 'scale'
+    matmul_params = sum(int(np.prod(x.shape)) for path, x in
+                        jax.tree_util.tree_leaves_with_path(params_abstract) if is_matmul(path))
+    m = cfg.model
+    return 6.0 * matmul_params + 12.0 * int(m.num_layers) * int(m.d_model) * int(cfg.data.seq_len)
+
+
+def peak_tflops_for(device, override: float | None) -> tuple[float | None, str]:
+    if override:
+        return float(override), 'flag --peak_tflops'
+    for key, tflops in PEAK_TFLOPS:
+        if key in device.device_kind:
+            return tflops, f'table entry {key!r} (dense bf16)'
+    return None, f'unknown device kind {device.device_kind!r}: pass --peak_tflops'
 
 
 def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: int = 2,
-                  iters: int = 5, seed: int = 0, device=None, with_update: bool = True,
+                  iters: int = 5, seed: int = 0, device=None, overhead: bool = True,
+                  overhead_iters: int = 30, peak_tflops: float | None = None,
                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Compile, cost and time the three modes; write `out_dir/bench_step.json`.
+    """Cost (and with `iters > 0` time) every mode; write `out_dir/bench_step.json`.
 
-    `cfg` is the full ConfigDict (model, data.seq_len, mecefo.rank/remat_ffn,
-    train for the optimizer). Returns the dict written to the JSON file.
+    `cfg` is the full config (model, data.seq_len, mecefo.rank/remat_ffn,
+    train for the optimizer, mesh for the overhead check). Returns the dict
+    written to the JSON file.
     """
-    from mecefo_jax import sharding, step
+    from mecefo_jax import sharding, step as step_lib
     from mecefo_jax.layout import ROLE_NEIGHBOUR, assemble
     from mecefo_jax.model import Llama, ModelConfig
     from mecefo_jax.optim import make_optimizer
-    from mecefo_jax.state import create_train_state
+    from mecefo_jax.state import abstract_train_state, create_train_state, state_shardings
 
     if log is None:
-        log = lambda msg: print(msg, flush=True)
-    if batch < 1 or iters < 1 or warmup < 0:
-        raise ValueError(f'need batch >= 1, iters >= 1, warmup >= 0; got batch={batch}, '
-                         f'iters={iters}, warmup={warmup}')
+        log = lambda msg: print(msg, flush=True)  # noqa: E731
+    if batch < 1 or iters < 0 or warmup < 0 or overhead_iters < 1:
+        raise ValueError(f'need --batch >= 1, --iters >= 0, --warmup >= 0 and '
+                         f'--overhead_iters >= 1; got batch={batch}, iters={iters}, '
+                         f'warmup={warmup}, overhead_iters={overhead_iters}')
     device = jax.devices()[0] if device is None else device
     model = Llama(ModelConfig.from_config(cfg))
+    counting_model = unrolled(model)
     mesh = sharding.mesh_from_rows([[device]])
     optimizer = make_optimizer(cfg.train)
-    summary = _config_summary(cfg, batch)
+    rank = cfg.mecefo.rank
+    seq = int(cfg.data.seq_len) + 1
+    summary = config_summary(cfg, batch)
     log(f'bench: {summary} on {device.platform}:{device.device_kind}')
 
-    log('bench: initialising parameters and SVD projections...')
-    state, _ = create_train_state(model, optimizer, mesh, seed=seed, rank=cfg.mecefo.rank)
-    params, projections = state.params, state.projections
-    rng = np.random.default_rng(seed)
-    seq = int(cfg.data.seq_len) + 1
-    tokens_nbt = rng.integers(0, int(cfg.model.vocab_size), (2, batch, seq), dtype=np.int32)
-    data_sharding = sharding.data_sharded(mesh)
-    grad_fn = step.make_grad_fn(model, mesh)
+    shardings = state_shardings(model, optimizer, mesh, rank)
+    state_abs = abstract(abstract_train_state(model, optimizer, rank=rank), shardings)
+    tokens_abs = jax.ShapeDtypeStruct((batch, seq), jnp.int32,
+                                      sharding=sharding.data_sharded(mesh))
 
-    modes, details, outputs, programs = {}, {}, {}, {}
-    for mode, layout in mode_layouts(batch).items():
-        assembled = assemble(layout, tokens_nbt)
-        roles = np.asarray(assembled['roles'])  # a constant: XLA folds the role cond
-        tokens = jax.device_put(assembled['tokens'], data_sharding)
-        weights = jax.device_put(assembled['weights'], data_sharding)
-        args = (params, projections, tokens, weights)
+    def compile_pair(make, args, mode):
+        """(real program, the program whose FLOPs are counted), from abstract args.
 
-        def program(p, v, tok, w, roles=roles):
-            return grad_fn(p, v, {'tokens': tok, 'weights': w, 'roles': roles})
-
-        log(f'bench[{mode}]: compiling step program ({layout.num_slots} slot(s))...')
+        A real program with no while loop (one layer, one loss chunk) is
+        already straight-line code: its count is complete and it is its own
+        counting program.
+        """
         t0 = time.perf_counter()
-        compiled = jax.jit(program).lower(*args).compile()
-        compile_s = time.perf_counter() - t0
-        memory = memory_of(compiled)
-        hlo = compiled.as_text() or ''
+        real = make(model).lower(*args).compile()
+        t1 = time.perf_counter()
+        if not count_while_loops(real):
+            log(f'bench[{mode}]: compiled in {t1 - t0:.1f} s (no loops: counted as is)')
+            return real, real, {'compile_s': t1 - t0, 'flops_source': 'step (no loops)'}
+        counting = make(counting_model).lower(*args).compile()
+        t2 = time.perf_counter()
+        log(f'bench[{mode}]: compiled in {t1 - t0:.1f} s (+{t2 - t1:.1f} s unrolled for FLOPs)')
+        return real, counting, {'compile_s': t1 - t0, 'compile_unrolled_s': t2 - t1,
+                                'flops_source': 'unrolled step'}
 
-        neighbour = bool(layout.roles[0] == ROLE_NEIGHBOUR)
-        loops = hlo.count(' while(')
-        if loops:
-            log(f'bench[{mode}]: compiling FLOP-counting program (slots unrolled)...')
-            counting = jax.jit(_counting_program(model, layout.num_slots, neighbour))
-            flops, flops_source = flops_of(counting.lower(*args).compile()), 'unrolled_slots'
-        else:  # no loop: XLA's count of the step program is complete
-            flops, flops_source = flops_of(compiled), 'step_program'
+    modes, details, compiled = {}, {}, {}
+    for mode in MODES:
+        if mode == 'plain_dp':
+            make = lambda m: make_plain_dp_step(  # noqa: E731
+                m, optimizer, mesh, shardings.params, shardings.opt_state)
+            args = (state_abs.params, state_abs.opt_state, tokens_abs)
+            info = {'rows': batch, 'neighbour': False}
+        else:
+            programs = mode_layout(mode, batch).programs
+            make = lambda m, programs=programs: step_lib.make_train_step(  # noqa: E731
+                m, optimizer, mesh, shardings, programs)
+            args = (state_abs, abstract_batch(mesh, programs[0].rows, seq))
+            info = {'program': programs[0].name, 'rows': programs[0].rows,
+                    'neighbour': programs[0].role == ROLE_NEIGHBOUR}
+        real, counting, times = compile_pair(make, args, mode)
+        memory = memory_of(real)
+        compiled[mode] = real
+        modes[mode] = {'flops': flops_of(counting), 'flops_xla_raw': flops_of(real),
+                       'temp_bytes': memory['temp_size_in_bytes'],
+                       'peak_bytes': memory['peak_bytes'], 'step_ms': None}
+        details[mode] = {**info, **times, **memory,
+                         'while_loops_in_flops_program': count_while_loops(counting),
+                         'while_loops_in_step': count_while_loops(real),
+                         'conditionals_in_step': (real.as_text() or '').count(' conditional(')}
+        log(f'bench[{mode}]: flops={modes[mode]["flops"]:.4g} '
+            f'(raw {modes[mode]["flops_xla_raw"]:.4g}) '
+            f'temp={memory["temp_size_in_bytes"] / 2**20:.1f} MiB '
+            f'peak={memory["peak_bytes"] / 2**20:.1f} MiB')
 
-        programs[mode] = (compiled, args)
-        modes[mode] = {'flops': flops, 'temp_bytes': memory['temp_size_in_bytes']}
-        details[mode] = {'slots': layout.num_slots, 'neighbour': neighbour,
-                         'flops_source': flops_source,
-                         'flops_xla_step_program': flops_of(compiled), 'compile_s': compile_s,
-                         'conditionals_in_hlo': hlo.count(' conditional('),
-                         'while_loops_in_hlo': loops, **memory,
-                         'temp_plus_output_bytes': (memory['temp_size_in_bytes']
-                                                    + memory['output_size_in_bytes'])}
-        log(f'bench[{mode}]: flops={flops:.4g} '
-            f'temp={memory["temp_size_in_bytes"] / 2**20:.1f} MiB (compile {compile_s:.1f} s)')
+    # The batch-independent part of every step: AdamW (+ clipping) alone.
+    def update(grads, opt_state, params):
+        import optax
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+    upd = jax.jit(update).lower(state_abs.params, state_abs.opt_state,
+                                state_abs.params).compile()
+    optimizer_update = {'flops': flops_of(upd),
+                        'temp_bytes': memory_of(upd)['temp_size_in_bytes']}
 
-    log(f'bench: timing, modes interleaved ({warmup} warm-up + {iters} timed rounds)...')
-    times, last = time_interleaved(programs, warmup=warmup, iters=iters)
-    for mode, (grads, stats) in last.items():
-        outputs[mode] = grads
-        modes[mode]['step_ms'] = float(statistics.median(times[mode]))
-        details[mode].update(times_ms=times[mode], loss=float(stats['loss']))
-        log(f'bench[{mode}]: step={modes[mode]["step_ms"]:.1f} ms')
-
-    base = modes['normal']
-    ratios = {mode: {k: (v[k] / base[k] if base[k] else float('nan')) for k in METRICS}
-              for mode, v in modes.items()}
     result: dict[str, Any] = {
-        'modes': modes, 'ratios': ratios,
-        'grad_rel_error': grad_rel_error(outputs['mecefo'], outputs['ndb_naive']),
-        'measured': ('gradient computation only (make_grad_fn: forward + backward over the '
-                     'slots, psum, division by token counts); optimizer update excluded, '
-                     'reported separately under optimizer_update'),
-        'flops_note': ('XLA counts a while-loop body once; for programs with a slot loop, '
-                       'flops are from the same per-slot computation with the slot loop '
-                       'unrolled (details.flops_source); details.flops_xla_step_program is '
-                       'the raw count of the step program'),
-        'grad_rel_error_note': ('mecefo vs exact (ndb_naive) gradients of the same two shards; '
-                                'attention is 1.0 by construction: the neighbour contributes no '
-                                'attention-branch gradient'),
-        'ratios_temp_plus_output': {
-            mode: details[mode]['temp_plus_output_bytes']
-            / details['normal']['temp_plus_output_bytes'] for mode in modes},
+        'modes': modes, 'ratios': {}, 'grad_rel_error': None,
+        'grad_rel_error_by_param': None, 'optimizer_update': optimizer_update,
+        'overhead': None, 'mfu': None,
+        'measured': ('the full train step (step.make_train_step: forward, backward, '
+                     'gradient combination, AdamW update, state checks; state donated) on '
+                     'one device; plain_dp is an independent jax.jit data-parallel step'),
+        'flops_note': ('flops: XLA cost analysis of the step compiled with '
+                       'ModelConfig.unroll_loops=True (XLA counts a while body once); '
+                       'flops_xla_raw: the count of the scanned program that runs'),
+        'memory_note': ('peak_bytes = argument + output + temp - alias bytes of the real '
+                        'step (state donated). XLA:CPU computes bf16 dots in float32, so CPU '
+                        'bytes of a bf16 model estimate, and may exceed, GPU bytes'),
         'config': summary, 'device': f'{device.platform}:{device.device_kind}',
         'jax_version': jax.__version__, 'warmup': warmup, 'iters': iters, 'seed': seed,
         'details': details,
     }
 
-    if with_update:
-        log('bench[optimizer_update]: compiling and timing the AdamW update alone...')
-        import optax
+    if iters > 0:
+        log('bench: initialising parameters and SVD projections...')
+        state, _ = create_train_state(model, optimizer, mesh, seed=seed, rank=rank)
+        tokens_nbt = random_tokens(cfg, batch, seed)
+        batches = {}
+        for mode in MECEFO_MODES:
+            host = dict(assemble(mode_layout(mode, batch), tokens_nbt), step=np.int32(0))
+            batches[mode] = jax.device_put(host, step_lib.batch_shardings(mesh))
 
-        def update(grads, opt_state, p):
-            updates, opt_state = optimizer.update(grads, opt_state, p)
-            return optax.apply_updates(p, updates), opt_state
+        log('bench: gradient error of mecefo vs ndb_naive on the same two shards...')
+        grads = two_shard_gradients(model, mesh, state, tokens_nbt)
+        result['grad_rel_error'] = grad_rel_error(grads['mecefo'], grads['ndb_naive'])
+        result['grad_rel_error_by_param'] = grad_rel_error_by_param(grads['mecefo'],
+                                                                    grads['ndb_naive'])
+        del grads
 
-        upd_args = (outputs['normal'], state.opt_state, params)
-        upd = jax.jit(update).lower(*upd_args).compile()
-        times, _ = time_calls(upd, upd_args, warmup=warmup, iters=iters)
-        opt = {'flops': flops_of(upd), 'temp_bytes': memory_of(upd)['temp_size_in_bytes'],
-               'step_ms': float(statistics.median(times))}
-        result['optimizer_update'] = opt
-        result['ratios_with_update'] = {
-            mode: {k: (v[k] + opt[k]) / (base[k] + opt[k]) for k in ('flops', 'step_ms')}
-            for mode, v in modes.items()}
+        runner = _Runner(state)
+        calls = {mode: runner.mecefo(compiled[mode], batches[mode]) for mode in MECEFO_MODES}
+        calls['plain_dp'] = runner.plain(
+            compiled['plain_dp'], jax.device_put(tokens_nbt[0], sharding.data_sharded(mesh)))
+        log(f'bench: timing, modes interleaved ({warmup} warm-up + {iters} timed rounds)...')
+        times = time_interleaved(calls, warmup=warmup, iters=iters)
+        for mode in MODES:
+            modes[mode]['step_ms'] = float(statistics.median(times[mode]))
+            details[mode]['times_ms'] = times[mode]
+            log(f'bench[{mode}]: step={modes[mode]["step_ms"]:.2f} ms')
+        del runner, state, calls, batches
+
+        if device.platform == 'gpu':
+            result['mfu'] = _mfu(cfg, state_abs.params, modes['normal'], batch,
+                                 device, peak_tflops)
+        else:
+            result['mfu'] = {'applicable': False,
+                             'reason': f'model-FLOPs utilisation is reported on GPU only '
+                                       f'(this is {device.platform})'}
+    else:
+        result['mfu'] = {'applicable': False, 'reason': '--iters 0: nothing was timed'}
+
+    base = modes['normal']
+    result['ratios'] = {
+        mode: {k: (v[k] / base[k] if v[k] is not None and base[k] else None)
+               for k in METRICS} for mode, v in modes.items()}
+
+    if overhead and iters > 0:
+        try:  # e.g. a 4-way 'model' mesh on a one-GPU host
+            sharding.mesh_shape(cfg.mesh, len(jax.devices()))
+        except ValueError as error:
+            result['overhead'] = {'skipped': f"the config's mesh does not fit this host: {error}"}
+            log(f'bench[overhead]: skipped: {error}')
+        else:
+            result['overhead'] = fault_free_overhead(cfg, model, optimizer, batch=batch,
+                                                     warmup=warmup, iters=overhead_iters,
+                                                     seed=seed, log=log)
 
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -366,35 +572,125 @@ def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: in
     return result
 
 
+def _mfu(cfg, params_abs, normal, batch, device, peak_override):
+    """Model-FLOPs utilisation of the normal step (GPU): see the module docstring."""
+    peak, source = peak_tflops_for(device, peak_override)
+    tokens = batch * int(cfg.data.seq_len)
+    formula = model_flops_per_token(cfg, params_abs) * tokens
+    seconds = normal['step_ms'] / 1e3
+    out = {'applicable': peak is not None, 'peak_tflops': peak, 'peak_source': source,
+           'tokens_per_step': tokens, 'formula_flops': formula, 'xla_flops': normal['flops'],
+           'counting': ('formula: 6 x matmul params (all but the embedding table) x tokens '
+                        '+ 12 x layers x d_model x seq_len x tokens (PaLM; causal mask not '
+                        'halved); xla: XLA cost analysis of the unrolled normal train step'),
+           'dtype': str(cfg.model.dtype)}
+    if peak is not None:
+        out['formula'] = formula / seconds / (peak * 1e12)
+        out['xla'] = normal['flops'] / seconds / (peak * 1e12)
+    return out
+
+
+def fault_free_overhead(cfg, model, optimizer, *, batch: int, warmup: int, iters: int,
+                        seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fault-free train step vs plain_dp on the config's full mesh, timed interleaved."""
+    from mecefo_jax import sharding, step as step_lib
+    from mecefo_jax.layout import assemble, full_layout
+    from mecefo_jax.state import create_train_state
+
+    mesh = sharding.make_mesh(cfg.mesh)
+    data, model_width = mesh.shape[sharding.DATA_AXIS], mesh.shape[sharding.MODEL_AXIS]
+    layout = full_layout(data, batch)
+    rank = cfg.mecefo.rank
+    seq = int(cfg.data.seq_len) + 1
+    log(f'bench[overhead]: fault-free step vs plain_dp on a {data}x{model_width} mesh, '
+        f'{batch} sequences per replica...')
+    state, shardings = create_train_state(model, optimizer, mesh, seed=seed, rank=rank)
+    rng = np.random.default_rng(seed + 1)
+    tokens_nbt = rng.integers(0, int(cfg.model.vocab_size), (data, batch, seq), dtype=np.int32)
+    host = dict(assemble(layout, tokens_nbt), step=np.int32(0))
+    step_batch = jax.device_put(host, step_lib.batch_shardings(mesh))
+    tokens = jax.device_put(tokens_nbt.reshape(data * batch, seq), sharding.data_sharded(mesh))
+
+    fault_free = step_lib.make_train_step(model, optimizer, mesh, shardings,
+                                          layout.programs).lower(state, step_batch).compile()
+    plain = make_plain_dp_step(model, optimizer, mesh, shardings.params,
+                               shardings.opt_state).lower(
+        state.params, state.opt_state, tokens).compile()
+    runner = _Runner(state)
+    times = time_interleaved({'fault_free': runner.mecefo(fault_free, step_batch),
+                              'plain_dp': runner.plain(plain, tokens)},
+                             warmup=max(warmup, 2), iters=iters)
+    ff, pd = (float(statistics.median(times[k])) for k in ('fault_free', 'plain_dp'))
+    # Each round ran both steps back to back: the per-round ratio cancels
+    # load changes slower than a round; its quartiles show the noise.
+    paired = sorted(a / b for a, b in zip(times['fault_free'], times['plain_dp']))
+    quartiles = (statistics.quantiles(paired, n=4) if len(paired) > 1
+                 else [paired[0]] * 3)
+    out = {'mesh': {'data': int(data), 'model': int(model_width)},
+           'global_batch': int(data * batch), 'iters': iters,
+           'fault_free_ms': ff, 'plain_dp_ms': pd, 'ratio': ff / pd,
+           'paired_ratio_median': float(statistics.median(paired)),
+           'paired_ratio_quartiles': [float(quartiles[0]), float(quartiles[2])],
+           'target': OVERHEAD_TARGET, 'met': ff / pd <= OVERHEAD_TARGET,
+           'flops_xla_raw': {'fault_free': flops_of(fault_free), 'plain_dp': flops_of(plain)},
+           'peak_bytes': {'fault_free': memory_of(fault_free)['peak_bytes'],
+                          'plain_dp': memory_of(plain)['peak_bytes']},
+           'times_ms': times}
+    log(f'bench[overhead]: fault-free {ff:.2f} ms, plain_dp {pd:.2f} ms, '
+        f'ratio {ff / pd:.3f} (target <= {OVERHEAD_TARGET})')
+    return out
+
+
+# ---------------------------------------------------------------- output
+
+
+def _fmt(value, spec: str, width: int) -> str:
+    return f'{"-":>{width}}' if value is None else f'{value:>{width}{spec}}'
+
+
 def format_table(result: dict[str, Any]) -> str:
     """A plain-text table of the figures, their ratios and the gradient error."""
-    lines = [f"{'mode':<16} {'GFLOPs':>10} {'x':>6} {'temp MiB':>10} {'x':>6} "
-             f"{'step ms':>10} {'x':>6}"]
+    lines = [f"{'mode':<17}{'GFLOPs':>10}{'x':>7}{'raw GF':>9}{'temp MiB':>10}{'x':>7}"
+             f"{'peak MiB':>10}{'x':>7}{'step ms':>10}{'x':>7}"]
     for mode, v in result['modes'].items():
         r = result['ratios'][mode]
-        lines.append(f"{mode:<16} {v['flops'] / 1e9:>10.3f} {r['flops']:>6.3f} "
-                     f"{v['temp_bytes'] / 2**20:>10.1f} {r['temp_bytes']:>6.3f} "
-                     f"{v['step_ms']:>10.1f} {r['step_ms']:>6.3f}")
-    if 'ratios_temp_plus_output' in result:
-        lines.append('temp + output bytes (what a train step holds besides its state): ' + ', '.join(
-            f'{m} x{r:.3f}' for m, r in result['ratios_temp_plus_output'].items()))
-    if 'optimizer_update' in result:
-        o = result['optimizer_update']
-        lines.append(f"{'(update)':<16} {o['flops'] / 1e9:>10.3f} {'':>6} "
-                     f"{o['temp_bytes'] / 2**20:>10.1f} {'':>6} {o['step_ms']:>10.1f}")
-        lines.append('with update: ' + ', '.join(
-            f"{m} flops x{r['flops']:.3f} time x{r['step_ms']:.3f}"
-            for m, r in result['ratios_with_update'].items()))
+        lines.append(
+            f"{mode:<17}{v['flops'] / 1e9:>10.2f}{r['flops']:>7.3f}"
+            f"{v['flops_xla_raw'] / 1e9:>9.2f}"
+            f"{v['temp_bytes'] / 2**20:>10.1f}{r['temp_bytes']:>7.3f}"
+            f"{v['peak_bytes'] / 2**20:>10.1f}{r['peak_bytes']:>7.3f}"
+            + _fmt(v['step_ms'], '.2f', 10) + _fmt(r['step_ms'], '.3f', 7))
+    o = result['optimizer_update']
+    lines.append(f"(AdamW update alone: {o['flops'] / 1e9:.3f} GFLOPs; GFLOPs are XLA's count "
+                 f"of the unrolled step, raw GF of the scanned one)")
     err = result['grad_rel_error']
-    lines.append('grad rel error (mecefo vs exact, same 2 shards): ' + ', '.join(
-        f'{g}={err[g]:.4f}' for g in GROUPS)
-        + '  [attention=1 by construction: the neighbour gives no attention gradient]')
+    if err is not None:
+        lines.append('grad rel error (mecefo vs exact, same 2 shards): ' + ', '.join(
+            f'{g}={err[g]:.4g}' for g in GROUPS)
+            + '  [attention=1 by construction: the neighbour gives no attention gradient]')
+    ov = result.get('overhead')
+    if ov and 'skipped' in ov:
+        lines.append(f"fault-free overhead: skipped ({ov['skipped']})")
+    elif ov:
+        lines.append(f"fault-free overhead on a {ov['mesh']['data']}x{ov['mesh']['model']} mesh "
+                     f"(global batch {ov['global_batch']}, {ov['iters']} interleaved rounds): "
+                     f"fault-free {ov['fault_free_ms']:.2f} ms / plain_dp "
+                     f"{ov['plain_dp_ms']:.2f} ms = {ov['ratio']:.3f} "
+                     f"(target <= {ov['target']}: {'met' if ov['met'] else 'MISSED'}); "
+                     f"per-round ratio median {ov['paired_ratio_median']:.3f}, quartiles "
+                     f"{ov['paired_ratio_quartiles'][0]:.3f}-{ov['paired_ratio_quartiles'][1]:.3f}")
+    mfu = result.get('mfu') or {}
+    if mfu.get('applicable'):
+        lines.append(f"MFU of the normal step: {mfu['formula']:.1%} (formula FLOPs), "
+                     f"{mfu['xla']:.1%} (XLA count); peak {mfu['peak_tflops']} TFLOP/s "
+                     f"from {mfu['peak_source']}")
+    elif mfu:
+        lines.append(f"MFU: not applicable ({mfu.get('reason', mfu.get('peak_source'))})")
     return '\n'.join(lines)
 
 
-def main(cfg, out_dir: str, *, batch: int = 4, warmup: int = 2, iters: int = 5,
-         seed: int = 0) -> dict[str, Any]:
+def main(cfg, out_dir: str, **kwargs) -> dict[str, Any]:
     """Entry point for scripts/bench_step.py: run, print the table, write JSON."""
-    result = run_benchmark(cfg, out_dir, batch=batch, warmup=warmup, iters=iters, seed=seed)
+    result = run_benchmark(cfg, out_dir, **kwargs)
     print(format_table(result), flush=True)
     return result

@@ -2,15 +2,17 @@
 
 Each field is commented here once; configs override values, never add fields,
 so `--config.section.field=value` works the same for all of them.
+`ConfigDict` is ml_collections' when it is installed, else the minimal
+stand-in of `configdict.py` (the benchmark scripts run without it).
 """
-import ml_collections
+from mecefo_jax.configdict import ConfigDict
 
 
-def base_config() -> ml_collections.ConfigDict:
+def base_config() -> ConfigDict:
     """Defaults shared by every config (the paper's optimizer settings)."""
-    cfg = ml_collections.ConfigDict()
+    cfg = ConfigDict()
 
-    cfg.model = ml_collections.ConfigDict()
+    cfg.model = ConfigDict()
     cfg.model.vocab_size = 512  # tokenizer and embedding size; a trained tokenizer must match
     cfg.model.d_model = 64  # residual width d
     cfg.model.num_layers = 2  # transformer blocks
@@ -25,7 +27,7 @@ def base_config() -> ml_collections.ConfigDict:
     cfg.model.remat_policy = 'none'  # block remat: none | full | save_attention | save_dots
     cfg.model.loss_chunk_tokens = 4096  # cross-entropy chunk (tokens); bounds the live logits
 
-    cfg.data = ml_collections.ConfigDict()
+    cfg.data = ConfigDict()
     cfg.data.source = 'embedded'  # 'embedded' (CPython's docs, offline) | 'tfds' | 'text'
     cfg.data.tfds_name = 'c4/en'  # TFDS dataset name when source='tfds'
     cfg.data.data_dir = ''  # local TFDS data_dir (required for source='tfds')
@@ -38,12 +40,12 @@ def base_config() -> ml_collections.ConfigDict:
     cfg.data.val_fraction = 0.05  # documents held out for validation (embedded/text sources)
     cfg.data.seed = 0  # shuffle seed; the sample order depends on nothing else
 
-    cfg.mesh = ml_collections.ConfigDict()
+    cfg.mesh = ConfigDict()
     cfg.mesh.data = -1  # data-parallel replicas; -1 uses every device left over by mesh.model
     cfg.mesh.model = 1  # tensor-parallel width (shards heads and FFN hidden)
     cfg.mesh.num_cpu_devices = 8  # with no accelerator, simulate this many CPU devices
 
-    cfg.train = ml_collections.ConfigDict()
+    cfg.train = ConfigDict()
     cfg.train.steps = 200  # optimizer steps
     cfg.train.learning_rate = 3e-3  # peak learning rate after warmup
     cfg.train.warmup_fraction = 0.1  # linear warmup over this fraction of steps
@@ -60,12 +62,12 @@ def base_config() -> ml_collections.ConfigDict:
     cfg.train.checkpoint_every = 100  # steps between Orbax checkpoints; 0 disables
     cfg.train.keep_checkpoints = 2  # checkpoints kept on disk
 
-    cfg.mecefo = ml_collections.ConfigDict()
+    cfg.mecefo = ConfigDict()
     cfg.mecefo.rank = 0.25  # low-rank r: int >= 1 absolute, or float in (0, 1] of min(in, out)
     cfg.mecefo.tau = 100  # refresh the SVD projections every tau steps (paper: 100)
     cfg.mecefo.remat_ffn = True  # recompute FFN activations in the neighbour's backward
 
-    cfg.fault = ml_collections.ConfigDict()
+    cfg.fault = ConfigDict()
     cfg.fault.strategy = 'mecefo'  # mecefo | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
     cfg.fault.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
     cfg.fault.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
@@ -77,28 +79,11 @@ def base_config() -> ml_collections.ConfigDict:
     cfg.fault.spread_k = 2  # neighbours sharing a failed shard under mecefo_spread
     cfg.fault.checkpoint_every = 10  # checkpoint_restart: save period in steps
     cfg.fault.relaunch_delay_sec = 120.0  # checkpoint_restart: modelled job relaunch, reported apart
-
-    # In-memory snapshots held by keeper processes (launch.py; REFT-style).
-    cfg.snapshot = ml_collections.ConfigDict()
-    cfg.snapshot.every = 1  # steps between in-memory snapshots under the launcher; 0 disables
-    cfg.snapshot.slots = 3  # snapshots each keeper holds (>= 3 so every worker shares a step)
-    cfg.snapshot.parity = ''  # '' | 'xor': erasure-code snapshots across keepers
-    cfg.snapshot.parity_group = 4  # keepers per parity group (one lost member recoverable)
-
-    # The launcher (python -m mecefo_jax.launch): worker processes, failures, relaunches.
-    cfg.launch = ml_collections.ConfigDict()
-    cfg.launch.local_devices = 2  # CPU devices per worker on one machine (GPUs: what the host has)
-    cfg.launch.heartbeat_timeout_sec = 20.0  # a worker silent this long counts as failed
-    cfg.launch.kill = ''  # injected failures 'STEP:WORKER[:SIGNAL[:keeper]],...' (SIGKILL default)
-    cfg.launch.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never
-    cfg.launch.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)
-    cfg.launch.max_relaunches = 8  # give up after this many relaunches
-    cfg.launch.compilation_cache = 'auto'  # workers' persistent XLA cache: 'auto' (workdir/launch/xla_cache), a path, or '' (off)
     return cfg
 
 
 def llama_config(*, d_model: int, num_layers: int, num_heads: int, ffn_hidden: int,
-                 learning_rate: float) -> ml_collections.ConfigDict:
+                 learning_rate: float) -> ConfigDict:
     """A LLaMA shape (docs/algorithm.md) on C4 with the MeCeFO paper's AdamW settings.
 
     Sequence length, batch, steps, learning rate and rank are not given by
