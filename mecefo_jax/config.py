@@ -79,6 +79,23 @@ def base_config() -> ConfigDict:
     cfg.fault.spread_k = 2  # neighbours sharing a failed shard under mecefo_spread
     cfg.fault.checkpoint_every = 10  # checkpoint_restart: save period in steps
     cfg.fault.relaunch_delay_sec = 120.0  # checkpoint_restart: modelled job relaunch, reported apart
+
+    # In-memory snapshots held by keeper processes (docs/launch.md; REFT-style).
+    cfg.snapshot = ConfigDict()
+    cfg.snapshot.every = 1  # steps between in-memory snapshots under the launcher; 0 disables
+    cfg.snapshot.slots = 3  # snapshots each keeper holds (>= 3 so every worker shares a step)
+    cfg.snapshot.parity = ''  # '' | 'xor': erasure-code snapshots across keepers
+    cfg.snapshot.parity_group = 4  # keepers per parity group (one lost member recoverable)
+
+    # The launcher (python -m mecefo_jax.launch): worker processes, failures, relaunches.
+    cfg.launch = ConfigDict()
+    cfg.launch.local_devices = 2  # CPU devices per worker on one machine (GPUs: what the host has)
+    cfg.launch.heartbeat_timeout_sec = 20.0  # a worker silent this long counts as failed
+    cfg.launch.kill = ''  # injected failures 'STEP:WORKER[:SIGNAL[:keeper]],...' (SIGKILL default)
+    cfg.launch.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never
+    cfg.launch.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)
+    cfg.launch.max_relaunches = 8  # give up after this many relaunches
+    cfg.launch.compilation_cache = 'auto'  # workers' persistent XLA cache: 'auto' (workdir/launch/xla_cache), a path, or '' (off)
     return cfg
 
 
