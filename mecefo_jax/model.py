@@ -46,7 +46,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     dtype: str = 'float32'
-    remat_ffn: bool = True  # neighbour-mode FFN recomputation
+    remat_ffn: bool = False  # neighbour-mode FFN recomputation (mecefo.remat_ffn)
     attention: str = 'auto'  # 'auto' | 'xla' | 'cudnn' (jax.nn.dot_product_attention)
     scan_layers: bool = True  # nn.scan over blocks (compile time independent of depth)
     remat_policy: str = 'none'  # named block remat policy (REMAT_POLICIES)

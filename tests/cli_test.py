@@ -25,13 +25,13 @@ def _parser():
 def test_overrides_are_coerced_to_the_fields_type():
     args, cfg = cli.parse(_parser(), [
         '--config', TINY, '--iters', '0', '--config.model.d_model=48',
-        '--config.mecefo.rank=128', '--config.mecefo.remat_ffn=false',
+        '--config.mecefo.rank=128', '--config.mecefo.remat_ffn=true',
         '--config.model.dtype', 'bfloat16', '--config.train.learning_rate=1e-3'])
     assert args.iters == 0
     assert cfg.model.d_model == 48 and isinstance(cfg.model.d_model, int)
     # A float field stays a float: resolve_rank reads 128.0 as absolute.
     assert cfg.mecefo.rank == 128.0 and isinstance(cfg.mecefo.rank, float)
-    assert cfg.mecefo.remat_ffn is False
+    assert cfg.mecefo.remat_ffn is True  # the default is False
     assert cfg.model.dtype == 'bfloat16'
     assert cfg.train.learning_rate == 1e-3
 

@@ -311,6 +311,8 @@ def test_no_attention_gradient_leaves_attention_and_its_adam_state_untouched(set
         return _put(dict(assemble(layout, two_shards), step=np.int32(at_step)), mesh)
 
     full_step, full_shardings = train_step(both, full)
+    # Copies: the steps donate their state, and the module's fixture keeps its arrays.
+    params, projections = jax.tree.map(jnp.array, (params, projections))
     current = jax.device_put(
         state.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                          opt_state=optimizer.init(params), projections=projections),
@@ -356,6 +358,8 @@ def test_a_batch_for_another_step_leaves_the_state_untouched(setup):
     layout = full_layout(1, SHARD_BATCH)
     shardings = state.state_shardings(MODEL, optimizer, mesh, RANK)
     train_step = step.make_train_step(MODEL, optimizer, mesh, shardings, layout.programs)
+    # Copies: the step donates its state, and the module's fixture keeps its arrays.
+    params, projections = jax.tree.map(jnp.array, (params, projections))
     start = jax.device_put(state.TrainState(step=jnp.asarray(4, jnp.int32), params=params,
                                             opt_state=optimizer.init(params),
                                             projections=projections), shardings)
@@ -368,3 +372,18 @@ def test_a_batch_for_another_step_leaves_the_state_untouched(setup):
     # Control: the batch of the state's own step trains.
     moved, metrics = train_step(stale, _put(dict(host, step=np.int32(4)), mesh))
     assert bool(metrics['applied']) and int(moved.step) == 5
+
+
+def test_a_single_live_replica_under_tensor_parallelism(setup, reference):
+    """mesh.data=4 x model=2 with three replicas down: one 2-device replica adopts all.
+
+    A one-row data axis takes no shard_map (XLA rejects its psum beside the
+    automatic 'model' axis); the gradient must still be the combination rule's.
+    """
+    layout = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,),
+                    pieces=(tuple(Piece(s, 0, SHARD_BATCH) for s in range(N_SHARDS)),))
+    _, grads, stats = _run(((0, 1),), layout, setup, place_params=True)
+    assert_tree_close(grads, _hand_average(reference, [ROLE_NEIGHBOUR] * N_SHARDS), REL,
+                      'single TP replica ')
+    np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
+    assert float(stats['attn_tokens']) == 0.0
