@@ -8,12 +8,13 @@ bf16 dots in float32, so an estimate of the GPU's bytes):
 
                       normal  neighbour  failure_step
   params + Adam + V    20.40      20.40         20.40
-  temporaries          29.21      39.95         39.31   (gradients 6.74)
-  peak                 49.61      60.34         59.71   (budget 70)
+  temporaries          20.35      31.10         33.24   (gradients 6.74)
+  peak                 40.74      51.49         53.64   (budget 70)
 
-Alternatives the plan rejected: mesh.model=8 without remat, 180 GB for the
-normal role (128 sequences per replica); mesh.model=8 with full remat, 68.9
-GB for the neighbour (too close to 70): the residual stream is replicated
+Alternatives the plan rejected (with the FFN recomputation then on):
+mesh.model=8 without remat, 180 GB for the normal role (128 sequences per
+replica); mesh.model=8 with full remat, 68.9 GB for the neighbour (too close
+to 70): the residual stream is replicated
 over 'model', so a wider 'model' axis (more sequences per replica) grows
 what full remat keeps, the block inputs, and the neighbour keeps twice as many.
 """
