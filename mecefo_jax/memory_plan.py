@@ -19,10 +19,9 @@ split over 'model', and the batch rows a device holds are its replica's. So
 one replica's devices (`mesh.model` of them) suffice in principle to compile
 one device's program. We compile on TWO replicas (a 2 x model mesh, both
 running the role's program, so 2 x mesh.model fake devices): that adds the
-real data-parallel all-reduce, and it avoids an XLA bug on jax 0.10.2, which
-rejects the neighbour step's shard_map over a size-1 'data' axis when
-'model' > 1 ("Cross-partition allreduce must be in (partial) manual
-partitioning mode"). `failure_step=True` also compiles what a device really
+real data-parallel all-reduce and the shard_map a neighbour runs under (a
+single replica left alone runs without them; see step.py).
+`failure_step=True` also compiles what a device really
 runs during a failure: the `lax.switch` over both programs, one normal
 replica and one neighbour, rows padded to 2b.
 

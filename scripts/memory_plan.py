@@ -5,8 +5,7 @@
 Compiles ahead of time on fake CPU devices with no parameters materialised.
 One replica's devices (mesh.model of them) would suffice to compile one
 device's program; two replicas are compiled (2 x mesh.model fake devices),
-which adds the real all-reduce and avoids an XLA bug with a size-1 data axis
-(see mecefo_jax/memory_plan.py). Needs only jax, flax, optax and numpy.
+which adds the real all-reduce (see mecefo_jax/memory_plan.py). Needs only jax, flax, optax and numpy.
 """
 import argparse
 import os
