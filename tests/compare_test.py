@@ -55,12 +55,13 @@ def test_failure_events_carry_timings_and_the_neighbour_program_was_timed(report
     mask = [True] * 8
     mask[3] = False
     seconds = result['role_seconds']
-    failed_keys = [f'role{r}_slots{s}_batch{b}' for r, s, b in
-                   layout_keys(layout_for('mecefo', mask, 2))]
+    failed_keys = [p.name for p in layout_keys(layout_for('mecefo', mask, 2))]
+    # One neighbour joins its own and the adopted shard (2 + 2 rows); the rest stay normal.
+    assert sorted(failed_keys) == ['neighbourx4', 'normalx2']
     assert all(key in seconds for key in failed_keys)
     # Steps 2 and 3 last step_time_sec x (slowest device / normal device);
     # the other four last step_time_sec.
-    ratio = max(seconds[k] for k in failed_keys) / seconds['role0_slots1_batch2']
+    ratio = max(seconds[k] for k in failed_keys) / seconds['normalx2']
     expected = cfg.fault.step_time_sec * ((STEPS - 2) + 2 * ratio)
     assert result['strategies']['mecefo']['modelled_compute_sec'] == pytest.approx(expected)
 
