@@ -530,14 +530,15 @@ def seeds_markdown(report: dict) -> str:
               'seed (same trace for all strategies within a seed).', '',
               '| rank | strategy | drop % | gap to next | spread (std sum) | significant '
               '| same order in every seed |', '|---|---|---|---|---|---|---|']
+    def yes_no(value) -> str:
+        return 'n/a' if value is None else ('yes' if value else 'no')
+
     for row in report['ranking']:
-        has_next = 'next' in row
-        lines.append(
-            f"| {row['rank']} | {row['strategy']} | {_spread(row['drop_pct'], '.2f')} | "
-            f"{_fmt(row.get('gap'), '.2f') if has_next else '-'} | "
-            f"{_fmt(row.get('spread'), '.2f') if has_next else '-'} | "
-            f"{('n/a' if row['significant'] is None else ('yes' if row['significant'] else 'no')) if has_next else '-'} | "
-            f"{('yes' if row['same_order_in_every_seed'] else 'no') if has_next else '-'} |")
+        pair = (['-'] * 4 if 'next' not in row else
+                [_fmt(row['gap'], '.2f'), _fmt(row['spread'], '.2f'),
+                 yes_no(row['significant']), yes_no(row['same_order_in_every_seed'])])
+        lines.append(f"| {row['rank']} | {row['strategy']} | {_spread(row['drop_pct'], '.2f')} | "
+                     + ' | '.join(pair) + ' |')
     lines += ['', *ranking_sentences(report['ranking'])]
     lines += ['', *wins_markdown(report['baseline_wins'])]
     return '\n'.join(lines) + '\n'

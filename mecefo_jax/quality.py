@@ -301,7 +301,8 @@ def _fmt(s: dict | None, spec: str) -> str:
     if s is None:
         return 'n/a'
     std = 'n/a' if s['std'] is None else format(s['std'], spec.lstrip('+'))
-    return f"{format(s['mean'], spec)} ± {std} [{format(s['min'], spec)}, {format(s['max'], spec)}]"
+    low, high = format(s['min'], spec), format(s['max'], spec)
+    return f"{format(s['mean'], spec)} ± {std} [{low}, {high}]"
 
 
 def _per_seed(s: dict | None, spec: str) -> str:
