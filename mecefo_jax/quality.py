@@ -1,0 +1,403 @@
+"""Validation perplexity under failures: the analogue of the paper's Table 3 at our scale.
+
+Owns the quality experiment behind `scripts/reproduce_quality.py`: train
+`fault_free`, `mecefo` under the low / mid / high regimes, and `drop` and
+`ndb_naive` under high, from the same initialisation on the same data, once
+per seed; report the final validation perplexity of each run, its change
+against the fault-free run of the same seed, how many failures and steps in
+neighbour mode each run had, and the loss curves.
+
+Seeds: seed s sets both `train.seed` (initialisation) and `fault.seed` (the
+failure trace); the data order (`data.seed`) is the same for every run, so
+within a seed the runs differ only by what the failures did.
+
+Gradient error of the neighbour. While some replica is a MeCeFO neighbour,
+on the 1st, (k+1)-th, ... such step (`grad_error_every` = k) the controller
+takes the batch the step is about to train on, and for every neighbour
+computes, on the parameters and projections the step will use, the
+neighbour-mode gradient of its rows (own shard + adopted ones) and the exact
+gradient of the same rows, and their relative error per parameter group with
+`bench.grad_rel_error`. The attention group's error is 1.0 by construction
+(a neighbour contributes no attention gradient). The paper reports < 0.6 on
+the rest.
+
+Comparison: the paper's Table 3 (validation perplexity, LLaMA 350M / 1B / 7B
+on C4, no failures / low / mid / high). Our target: MeCeFO's perplexity
+increase under `high`, averaged over seeds, at most the paper's 350M one
+(19.04 / 18.74 - 1, i.e. +1.6%).
+"""
+import copy
+import json
+import math
+import os
+import time
+
+import jax
+
+from mecefo_jax import bench
+from mecefo_jax.compare import RecordingController, stats
+from mecefo_jax.faults.schedule import REGIMES
+from mecefo_jax.faults.strategies import validate_strategy
+from mecefo_jax.layout import ROLE_NEIGHBOUR, Layout, assemble
+
+# Validation perplexity (Hu et al., NeurIPS 2025, Table 3) without failures and under
+# the low, mid and high regimes.
+PAPER_TABLE3 = {'350M': (18.74, 18.75, 18.88, 19.04),
+                '1B': (15.49, 15.51, 15.61, 15.83),
+                '7B': (14.92, 14.97, 15.04, 15.16)}
+PAPER_REGIMES = ('none', 'low', 'mid', 'high')
+TARGET_SIZE, TARGET_REGIME = '350M', 'high'
+# (strategy, regime); '' is no failures.
+DEFAULT_RUNS = (('fault_free', ''), ('mecefo', 'low'), ('mecefo', 'mid'), ('mecefo', 'high'),
+                ('drop', 'high'), ('ndb_naive', 'high'))
+OUTPUT = 'quality'  # quality.{json,md,png}
+
+
+def run_name(strategy: str, regime: str) -> str:
+    return 'fault_free' if strategy == 'fault_free' else f'{strategy}_{regime}'
+
+
+def parse_runs(text: str) -> tuple:
+    """'fault_free,mecefo:high,...' -> ((strategy, regime), ...)."""
+    runs = []
+    for item in (x.strip() for x in text.split(',') if x.strip()):
+        strategy, _, regime = item.partition(':')
+        if strategy == 'fault_free':
+            if regime:
+                raise ValueError(f'--runs: {item!r}: fault_free takes no regime.')
+        else:
+            try:
+                validate_strategy(strategy)
+            except ValueError as e:
+                raise ValueError(f'--runs: {item!r}: {e}') from None
+            if regime not in REGIMES:
+                raise ValueError(f'--runs: {item!r} needs a regime, one of '
+                                 f'{", ".join(REGIMES)} (e.g. mecefo:high).')
+        runs.append((strategy, regime))
+    if not runs:
+        raise ValueError('--runs is empty; e.g. fault_free,mecefo:high.')
+    return tuple(runs)
+
+
+def paper_increase_pct() -> dict:
+    """{size: {regime: % perplexity increase over no failures}} from PAPER_TABLE3."""
+    return {size: {r: 100.0 * (ppl / row[0] - 1.0) for r, ppl in zip(PAPER_REGIMES[1:], row[1:])}
+            for size, row in PAPER_TABLE3.items()}
+
+
+class QualityController(RecordingController):
+    """Also measures the neighbour's gradient error and what the failures took away.
+
+    `grad_error_every` is a class attribute (set by `controller_class`)
+    because `FaultController.train` builds the controller itself.
+    """
+    grad_error_every = 10
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.grad_errors: list[dict] = []
+        self._neighbour_prepared = 0  # neighbour-mode steps seen in prepare
+        self._grad = None
+        self.live_replica_steps = 0
+        self.skipped_examples = 0  # examples of the global batch no one computed (drop)
+
+    def prepare(self, clock, step, state):
+        state, plan = super().prepare(clock, step, state)
+        if self._neighbour_active():
+            every = int(self.grad_error_every)
+            if every > 0 and self._neighbour_prepared % every == 0 and plan.data_state is None:
+                self._measure_grad_error(step, state, plan.layout)
+            self._neighbour_prepared += 1
+        return state, plan
+
+    def observe(self, clock, step, state, metrics, dispatched) -> None:
+        super().observe(clock, step, state, metrics, dispatched)
+        self.live_replica_steps += len(self.layout.replicas)
+        self.skipped_examples += (int(self.run.cfg.data.global_batch_size)
+                                  - self.layout.examples())
+
+    def summary(self) -> dict:
+        return dict(super().summary(), grad_errors=list(self.grad_errors),
+                    live_replica_steps=self.live_replica_steps,
+                    skipped_examples=self.skipped_examples)
+
+    def _measure_grad_error(self, step, state, layout) -> None:
+        """Every neighbour's relative gradient error on the batch this step trains on."""
+        data = self.run.train_data
+        position = data.get_state()
+        tokens_nbt = next(data)
+        data.set_state(position)  # the loop draws this very batch next
+        params, projections = jax.device_get((state.params, state.projections))
+        for i, role in enumerate(layout.roles):
+            if role != ROLE_NEIGHBOUR:
+                continue
+            alone = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,), pieces=(layout.pieces[i],))
+            batch = assemble(alone, tokens_nbt)
+            approx = self._grads(params, projections, batch['tokens'], batch['weights'], True)
+            exact = self._grads(params, projections, batch['tokens'], batch['weights'], False)
+            self.grad_errors.append({'step': step, 'replica': layout.replicas[i],
+                                     'rows': layout.rows(i),
+                                     **bench.grad_rel_error(approx, exact)})
+
+    def _grads(self, params, projections, tokens, weights, neighbour: bool):
+        """Gradient of the summed token loss (the same divisor cancels in the ratio)."""
+        if self._grad is None:
+            from mecefo_jax import step as step_lib
+            model = self.run.model
+
+            def grad(p, v, t, w, neighbour):
+                return jax.grad(lambda p: step_lib.token_loss_sum(
+                    model, p, v, t, w, neighbour=neighbour))(p)
+            self._grad = jax.jit(grad, static_argnames='neighbour')
+        return jax.device_get(self._grad(params, projections, tokens, weights,
+                                         neighbour=neighbour))
+
+
+def controller_class(grad_error_every: int):
+    if grad_error_every < 0:
+        raise ValueError(f'--grad_error_every={grad_error_every} must be >= 0 (0 disables).')
+    return type('QualityControllerEvery', (QualityController,),
+                {'grad_error_every': grad_error_every})
+
+
+def _run_config(cfg, strategy: str, regime: str, seed: int, evals: int):
+    run_cfg = copy.deepcopy(cfg)
+    run_cfg.train.seed = seed
+    run_cfg.fault.seed = seed
+    run_cfg.fault.events = ''
+    run_cfg.fault.regime = regime
+    run_cfg.fault.strategy = 'mecefo' if strategy == 'fault_free' else strategy
+    run_cfg.train.checkpoint_every = 0  # quality only: no checkpoint cost needed
+    run_cfg.train.eval_every = max(1, int(cfg.train.steps) // max(1, evals))
+    return run_cfg
+
+
+def _curves(workdir: str) -> tuple[list, list]:
+    from mecefo_jax.metrics import read_metrics
+    rows = read_metrics(workdir)
+    train = {r['step']: r['loss'] for r in rows if 'loss' in r and 'event' not in r}
+    val = {r['step']: r['val_loss'] for r in rows if 'val_loss' in r}
+    return sorted(train.items()), sorted(val.items())
+
+
+def _grad_summary(samples: list[dict]) -> dict | None:
+    if not samples:
+        return None
+    out = {'samples': len(samples)}
+    for group in bench.GROUPS:
+        values = [s[group] for s in samples]
+        out[group] = {'mean': sum(values) / len(values), 'max': max(values)}
+    return out
+
+
+def train_one(cfg, strategy: str, regime: str, seed: int, workdir: str, *,
+              grad_error_every: int, evals: int) -> dict:
+    """One run; its row of the report."""
+    from mecefo_jax.faults import schedule as schedule_lib
+    from mecefo_jax.train import build_run
+    run_cfg = _run_config(cfg, strategy, regime, seed, evals)
+    start = time.perf_counter()
+    run = build_run(run_cfg, workdir)
+    events = schedule_lib.events_from_config(run_cfg.fault, num_replicas=run.num_shards,
+                                             total_steps=int(run_cfg.train.steps))
+    summary = controller_class(grad_error_every).train(run_cfg, workdir, run=run)
+    summary.pop('state')
+    train_curve, val_curve = _curves(workdir)
+    executed = max(int(summary['executed_steps']), 1)
+    return {
+        'run': run_name(strategy, regime), 'strategy': strategy, 'regime': regime, 'seed': seed,
+        'final_val_loss': summary['final_val_loss'], 'final_val_ppl': summary['final_val_ppl'],
+        'schedule': schedule_lib.format_events(events),
+        'failures': len(events),  # replica outages starting within the run
+        'failure_events': sum(e['kind'] == 'failure' for e in summary['events']),
+        'degraded_steps': summary['degraded_steps'],
+        'neighbour_steps': summary['neighbour_steps'],
+        'mean_live_replicas': summary['live_replica_steps'] / executed,
+        'skipped_examples': summary['skipped_examples'],
+        'refreshes': len(summary['refresh_steps']),
+        'grad_error_every': grad_error_every,
+        'grad_error': _grad_summary(summary['grad_errors']),
+        'grad_error_samples': summary['grad_errors'],
+        'train_curve': train_curve, 'val_curve': val_curve,
+        'wall_sec': time.perf_counter() - start,
+    }
+
+
+def reproduce_quality(cfg, out_dir: str, *, seeds, runs=DEFAULT_RUNS, grad_error_every: int = 10,
+                      evals: int = 10, config_name: str = '', log=print) -> dict:
+    """Every run once per seed; writes quality.{json,md,png} in out_dir and returns the JSON."""
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f'--seeds must give at least one distinct seed, got {seeds}.')
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for seed in seeds:
+        for strategy, regime in runs:
+            name = run_name(strategy, regime)
+            log(f'[quality] seed {seed}: {name}, {cfg.train.steps} steps')
+            row = train_one(cfg, strategy, regime, seed, os.path.join(out_dir, f'seed{seed}', name),
+                            grad_error_every=grad_error_every, evals=evals)
+            log(f"[quality] seed {seed}: {name}: val ppl {row['final_val_ppl']:.3f}, "
+                f"{row['failures']} failures, {row['neighbour_steps']} neighbour steps "
+                f"({row['wall_sec']:.0f} s)")
+            rows.append(row)
+    report = summarise(rows, cfg=cfg, seeds=seeds, grad_error_every=grad_error_every,
+                       config_name=config_name)
+    with open(os.path.join(out_dir, f'{OUTPUT}.json'), 'w') as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out_dir, f'{OUTPUT}.md'), 'w') as f:
+        f.write(markdown(report))
+    plot(report, os.path.join(out_dir, f'{OUTPUT}.png'))
+    return report
+
+
+def summarise(rows: list[dict], *, cfg, seeds, grad_error_every: int, config_name: str) -> dict:
+    """Per run: perplexity and its change vs fault-free (per seed, then mean and spread)."""
+    free = {r['seed']: r for r in rows if r['run'] == 'fault_free'}
+    for r in rows:
+        ref = free.get(r['seed'])
+        r['ppl_vs_fault_free_pct'] = (100.0 * (r['final_val_ppl'] / ref['final_val_ppl'] - 1.0)
+                                      if ref else None)
+    runs = {}
+    for name in dict.fromkeys(r['run'] for r in rows):
+        mine = [r for r in rows if r['run'] == name]
+        samples = [s for r in mine for s in r['grad_error_samples']]
+        runs[name] = {
+            'strategy': mine[0]['strategy'], 'regime': mine[0]['regime'],
+            'seeds': [r['seed'] for r in mine],
+            **{key: stats(r[key] for r in mine) for key in (
+                'final_val_ppl', 'final_val_loss', 'ppl_vs_fault_free_pct', 'failures',
+                'degraded_steps', 'neighbour_steps', 'mean_live_replicas', 'skipped_examples')},
+            'grad_error': _grad_summary(samples),
+        }
+    steps, step_time = int(cfg.train.steps), float(cfg.fault.step_time_sec)
+    report = {
+        'config': config_name, 'steps': steps, 'seeds': list(seeds),
+        'step_time_sec': step_time, 'grad_error_every': grad_error_every,
+        # Expected failure arrivals per run: steps * step_time / MTBF (schedule.py).
+        'expected_arrivals': {reg: steps * step_time / (mtbf * 3600.0)
+                              for reg, (mtbf, _) in REGIMES.items()},
+        'paper_table3': PAPER_TABLE3, 'paper_increase_pct': paper_increase_pct(),
+        'runs': runs, 'rows': rows,
+    }
+    report['target'] = target(runs)
+    return report
+
+
+def target(runs: dict) -> dict:
+    """MeCeFO's mean perplexity increase under high vs the paper's 350M increase."""
+    bound = paper_increase_pct()[TARGET_SIZE][TARGET_REGIME]
+    name = run_name('mecefo', TARGET_REGIME)
+    ours = runs.get(name, {}).get('ppl_vs_fault_free_pct')
+    if ours is None:
+        return {'bound_pct': bound, 'ours_pct': None, 'met': None,
+                'why': f'needs the fault_free and {name} runs'}
+    return {'bound_pct': bound, 'ours_pct': ours['mean'], 'met': ours['mean'] <= bound,
+            'why': f'{name} mean perplexity increase over seeds vs the paper\'s '
+                   f'{TARGET_SIZE} {TARGET_REGIME} increase'}
+
+
+def _fmt(s: dict | None, spec: str) -> str:
+    if s is None:
+        return 'n/a'
+    std = 'n/a' if s['std'] is None else format(s['std'], spec.lstrip('+'))
+    low, high = format(s['min'], spec), format(s['max'], spec)
+    return f"{format(s['mean'], spec)} ± {std} [{low}, {high}]"
+
+
+def _per_seed(s: dict | None, spec: str) -> str:
+    return 'n/a' if s is None else ' / '.join(format(v, spec) for v in s['values'])
+
+
+def markdown(report: dict) -> str:
+    seeds = report['seeds']
+    arrivals = ', '.join(f'{reg} {n:.1f}' for reg, n in report['expected_arrivals'].items())
+    lines = [f"Validation perplexity under failures: `{report['config'] or 'config'}`, "
+             f"{report['steps']} steps, seeds {', '.join(map(str, seeds))} (train.seed = "
+             f"fault.seed), fault.step_time_sec={report['step_time_sec']:g} (expected failure "
+             f"arrivals per run: {arrivals}). Cells: mean ± sample std [min, max] over seeds; "
+             'per-seed values separated by /.', '',
+             '| run | val ppl | vs fault-free % | failures | steps degraded '
+             '| steps with a neighbour | mean live replicas | skipped examples |',
+             '|---|---|---|---|---|---|---|---|']
+    for name, r in report['runs'].items():
+        lines.append(
+            f"| {name} | {_fmt(r['final_val_ppl'], '.3f')} | "
+            f"{_fmt(r['ppl_vs_fault_free_pct'], '+.2f')} | {_per_seed(r['failures'], 'd')} | "
+            f"{_per_seed(r['degraded_steps'], 'd')} | {_per_seed(r['neighbour_steps'], 'd')} | "
+            f"{_per_seed(r['mean_live_replicas'], '.2f')} | "
+            f"{_per_seed(r['skipped_examples'], 'd')} |")
+
+    paper, inc = report['paper_table3'], report['paper_increase_pct']
+    lines += ['', "Against the paper's Table 3 (validation perplexity; increase over no failures):",
+              '', '| regime | ours: mecefo vs fault-free % | ' + ' | '.join(
+                  f'paper {size}' for size in paper) + ' |',
+              '|---|---|' + '---|' * len(paper)]
+    for k, regime in enumerate(PAPER_REGIMES):
+        name = 'fault_free' if regime == 'none' else run_name('mecefo', regime)
+        ours = report['runs'].get(name, {}).get('ppl_vs_fault_free_pct')
+        cells = [f'{row[k]:.2f}' + ('' if k == 0 else f' ({inc[size][regime]:+.2f}%)')
+                 for size, row in paper.items()]
+        lines.append(f"| {regime} | {_fmt(ours, '+.2f')} | " + ' | '.join(cells) + ' |')
+
+    lines += ['', f"Neighbour's relative gradient error ||g_neighbour - g_exact|| / ||g_exact|| "
+              f"on its own + adopted rows, every {report['grad_error_every']} neighbour-mode "
+              'steps, pooled over seeds and neighbours (mean / max):', '',
+              '| run | samples | ' + ' | '.join(bench.GROUPS) + ' |',
+              '|---|---|' + '---|' * len(bench.GROUPS)]
+    for name, r in report['runs'].items():
+        g = r['grad_error']
+        if g is None:
+            continue
+        lines.append(f"| {name} | {g['samples']} | " + ' | '.join(
+            f"{g[group]['mean']:.3f} / {g[group]['max']:.3f}" for group in bench.GROUPS) + ' |')
+    if not any(r['grad_error'] for r in report['runs'].values()):
+        lines.append('| (no neighbour-mode step was measured) | 0 |' + ' |' * len(bench.GROUPS))
+
+    t = report['target']
+    if t['met'] is None:
+        lines += ['', f"Target (MeCeFO under high within +{t['bound_pct']:.2f}%): not "
+                  f"evaluated, {t['why']}."]
+    else:
+        lines += ['', f"Target: MeCeFO's perplexity increase under high, mean over seeds, at most "
+                  f"the paper's 350M +{t['bound_pct']:.2f}%: ours {t['ours_pct']:+.2f}%, "
+                  f"{'met' if t['met'] else 'NOT met'}."]
+    return '\n'.join(lines) + '\n'
+
+
+def plot(report: dict, path: str) -> None:
+    """Training loss, validation perplexity, and its change vs fault-free of the same seed."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, (train_ax, val_ax, rel_ax) = plt.subplots(1, 3, figsize=(18, 4.5))
+    rows = report['rows']
+    free = {r['seed']: dict(r['val_curve']) for r in rows if r['run'] == 'fault_free'}
+    for k, name in enumerate(report['runs']):
+        color = f'C{k}'
+        for i, r in enumerate(x for x in rows if x['run'] == name):
+            label = name if i == 0 else None
+            train_ax.plot(*zip(*r['train_curve']), color=color, alpha=0.8, lw=1, label=label)
+            val_ax.plot([s for s, _ in r['val_curve']],
+                        [math.exp(min(v, 50.0)) for _, v in r['val_curve']],
+                        color=color, marker='o', ms=3, lw=1, label=label)
+            ref = free.get(r['seed'], {})
+            # ppl ratio = exp(loss difference); only at steps both runs evaluated.
+            rel = [(s, 100.0 * (math.exp(v - ref[s]) - 1.0)) for s, v in r['val_curve']
+                   if s in ref]
+            if rel and name != 'fault_free':
+                rel_ax.plot(*zip(*rel), color=color, marker='o', ms=3, lw=1, label=label)
+    train_ax.set_title('Training loss (one line per seed)')
+    train_ax.set_ylabel('training loss')
+    val_ax.set_title('Validation perplexity')
+    val_ax.set_ylabel('validation perplexity')
+    val_ax.set_yscale('log')
+    rel_ax.set_title('Validation perplexity vs fault-free, same seed')
+    rel_ax.set_ylabel('%')
+    rel_ax.axhline(0.0, color='k', lw=0.5)
+    for ax in (train_ax, val_ax, rel_ax):
+        ax.set_xlabel('step')
+    val_ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

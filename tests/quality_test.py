@@ -1,0 +1,171 @@
+"""The perplexity-under-failures script end to end on a tiny run, and its summary logic.
+
+The end-to-end run is a subprocess of scripts/reproduce_quality.py (its own
+flags and device setup, as a user runs it) on configs/tiny.py for 4 steps.
+fault.step_time_sec=900 and fault.seed=8 give the `high` regime one outage
+(replica 1 from step 1 on) inside those 4 steps; the schedule is recomputed
+here, not copied. Three runs keep the module short: fault_free (reference),
+mecefo:high (neighbour mode, gradient error) and ndb_naive:high (exact
+gradients, so it must match fault_free). A persistent compilation cache lets
+the runs share the programs they have in common.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from mecefo_jax import quality
+from mecefo_jax.faults import schedule as schedule_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS, STEP_TIME, SEED, EVERY = 4, 900.0, 8, 2
+RUNS = 'fault_free,mecefo:high,ndb_naive:high'
+
+
+@pytest.fixture(scope='module')
+def report(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp('quality'))
+    env = dict(os.environ, PYTHONPATH=ROOT,  # this checkout's package, not an installed one
+               JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp('xla_cache')),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+    cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'reproduce_quality.py'),
+           '--config', os.path.join(ROOT, 'configs', 'tiny.py'), '--out', out, '--seeds', '1',
+           '--runs', RUNS, '--grad_error_every', str(EVERY), '--evals', '1',
+           f'--config.train.steps={STEPS}', f'--config.fault.step_time_sec={STEP_TIME}',
+           f'--config.fault.seed={SEED}',
+           f"--config.data.cache_dir={tmp_path_factory.mktemp('tokenizer_cache')}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(os.path.join(out, 'quality.json')) as f:
+        return json.load(f), out
+
+
+def _high_schedule():
+    fault = ml_collections.ConfigDict(dict(regime='high', step_time_sec=STEP_TIME, seed=SEED,
+                                           events='', max_concurrent=0))
+    events = schedule_lib.events_from_config(fault, num_replicas=8, total_steps=STEPS)
+    sched = schedule_lib.FailureSchedule(events, 8)
+    degraded = sum(not all(sched.live_mask(step)) for step in range(STEPS))
+    return events, degraded
+
+
+def test_one_row_per_run_with_the_failures_the_schedule_has(report):
+    result, _ = report
+    rows = {r['run']: r for r in result['rows']}
+    assert list(rows) == ['fault_free', 'mecefo_high', 'ndb_naive_high']
+    events, degraded = _high_schedule()
+    assert events and degraded > 0  # the fixture's premise: high fails inside the run
+    for name, row in rows.items():
+        assert row['seed'] == SEED
+        assert row['final_val_ppl'] == pytest.approx(math.exp(row['final_val_loss']))
+        assert row['val_curve'][-1][0] == STEPS and row['train_curve']
+        failing = name != 'fault_free'
+        assert row['schedule'] == (schedule_lib.format_events(events) if failing else '')
+        assert row['failures'] == (len(events) if failing else 0)
+        assert row['degraded_steps'] == (degraded if failing else 0)
+        assert row['neighbour_steps'] == (degraded if name == 'mecefo_high' else 0)
+        assert row['skipped_examples'] == 0  # no drop run here: every example is computed
+    assert rows['fault_free']['ppl_vs_fault_free_pct'] == 0.0
+    assert result['runs']['mecefo_high']['final_val_ppl']['values'] == [
+        rows['mecefo_high']['final_val_ppl']]
+
+
+def test_exact_gradients_under_failures_match_fault_free(report):
+    result, _ = report
+    # ndb_naive computes the same examples exactly; only the float32 reduction
+    # order over 7 instead of 8 devices differs, far below 0.01% after 4 steps.
+    ndb = result['runs']['ndb_naive_high']['ppl_vs_fault_free_pct']['mean']
+    assert abs(ndb) < 1e-2
+    mecefo = result['runs']['mecefo_high']['ppl_vs_fault_free_pct']['mean']
+    assert mecefo != 0.0  # neighbour mode did change training
+
+
+def test_gradient_error_fields(report):
+    result, _ = report
+    row = next(r for r in result['rows'] if r['run'] == 'mecefo_high')
+    samples = row['grad_error_samples']
+    # The 1st, (EVERY+1)-th, ... neighbour-mode step, one sample per neighbour (one here).
+    assert len(samples) == math.ceil(row['neighbour_steps'] / EVERY)
+    for s in samples:
+        # A neighbour contributes no attention gradient: ||0 - g|| / ||g|| is 1 exactly.
+        assert s['attention'] == 1.0
+        for group in ('ffn', 'other', 'total_non_attention'):
+            assert math.isfinite(s[group]) and s[group] > 0.0
+    summary = result['runs']['mecefo_high']['grad_error']
+    assert summary['samples'] == len(samples)
+    for group in ('attention', 'ffn', 'other', 'total_non_attention'):
+        values = [s[group] for s in samples]
+        assert summary[group]['mean'] == pytest.approx(sum(values) / len(values))
+        assert summary[group]['max'] == max(values)
+    for name in ('fault_free', 'ndb_naive_high'):
+        assert result['runs'][name]['grad_error'] is None
+
+
+def test_markdown_plot_and_target(report):
+    result, out = report
+    table = open(os.path.join(out, 'quality.md')).read()
+    assert os.path.getsize(os.path.join(out, 'quality.png')) > 0
+    for name in ('fault_free', 'mecefo_high', 'ndb_naive_high'):
+        assert f'| {name} |' in table
+    target = result['target']
+    assert target['ours_pct'] == result['runs']['mecefo_high']['ppl_vs_fault_free_pct']['mean']
+    assert target['met'] == (target['ours_pct'] <= target['bound_pct'])
+    assert ('NOT met' in table) == (not target['met'])
+    assert '| high | ' in table and '19.04 (+1.60%)' in table
+
+
+# ------------------------------------------------------------ summary logic
+
+
+def _row(run, seed, ppl, **extra):
+    strategy, regime = ('fault_free', '') if run == 'fault_free' else run.rsplit('_', 1)
+    return dict({'run': run, 'strategy': strategy, 'regime': regime, 'seed': seed,
+                 'final_val_ppl': ppl, 'final_val_loss': math.log(ppl), 'failures': 2,
+                 'degraded_steps': 5, 'neighbour_steps': 0, 'mean_live_replicas': 7.5,
+                 'skipped_examples': 0, 'grad_error_samples': [], 'train_curve': [[1, 5.0]],
+                 'val_curve': [[1, math.log(ppl)]]}, **extra)
+
+
+def test_summary_pairs_each_run_with_the_fault_free_run_of_its_seed():
+    cfg = ml_collections.ConfigDict({'train': {'steps': 300}, 'fault': {'step_time_sec': 60.0}})
+    err = {'attention': 1.0, 'ffn': 0.5, 'other': 0.1, 'total_non_attention': 0.3}
+    rows = [_row('fault_free', 0, 20.0), _row('fault_free', 1, 25.0),
+            _row('mecefo_high', 0, 20.2, grad_error_samples=[dict(err, step=3)]),
+            _row('mecefo_high', 1, 25.75, grad_error_samples=[dict(err, ffn=0.7, step=5)])]
+    report = quality.summarise(rows, cfg=cfg, seeds=[0, 1], grad_error_every=10,
+                               config_name='x')
+    inc = report['runs']['mecefo_high']['ppl_vs_fault_free_pct']
+    assert inc['values'] == pytest.approx([1.0, 3.0])  # 20.2 / 20, 25.75 / 25
+    assert inc['mean'] == pytest.approx(2.0) and inc['std'] == pytest.approx(2 ** 0.5)
+    bound = 100.0 * (19.04 / 18.74 - 1.0)
+    assert report['target']['bound_pct'] == pytest.approx(bound)
+    assert report['target']['met'] is False  # +2.0% > +1.60%
+    grad = report['runs']['mecefo_high']['grad_error']
+    assert grad['samples'] == 2 and grad['ffn'] == {'mean': pytest.approx(0.6), 'max': 0.7}
+    # high: 300 steps of 60 s over a 0.5 h MTBF.
+    assert report['expected_arrivals']['high'] == pytest.approx(10.0)
+    assert 'ours +2.00%, NOT met' in quality.markdown(report)
+
+
+def test_summary_without_fault_free_leaves_the_target_unevaluated():
+    cfg = ml_collections.ConfigDict({'train': {'steps': 10}, 'fault': {'step_time_sec': 60.0}})
+    report = quality.summarise([_row('mecefo_high', 0, 20.0)], cfg=cfg, seeds=[0],
+                               grad_error_every=10, config_name='x')
+    assert report['runs']['mecefo_high']['ppl_vs_fault_free_pct'] is None
+    assert report['target']['met'] is None
+    assert 'not evaluated' in quality.markdown(report)
+
+
+def test_runs_flag_is_checked():
+    assert quality.parse_runs('fault_free, mecefo:high') == (('fault_free', ''),
+                                                            ('mecefo', 'high'))
+    for bad, words in (('mecefo', 'needs a regime'), ('mecefo:extreme', 'needs a regime'),
+                       ('fault_free:high', 'takes no regime'), ('magic:high', 'unknown'),
+                       ('', 'empty')):
+        with pytest.raises(ValueError, match=words):
+            quality.parse_runs(bad)
