@@ -143,8 +143,10 @@ def test_json_schema(result):
         # One block and one loss chunk: no loop, so the step's count is complete.
         assert result['details'][mode]['while_loops_in_step'] == 0
         assert figures['flops'] == figures['flops_xla_raw']
-        # A single program per device: no lax.switch left in the step.
-        assert result['details'][mode]['conditionals_in_step'] == 0
+        # A single program per device leaves no lax.switch in the step; the one
+        # conditional is the step guard (state kept after a non-finite step),
+        # which plain_dp does not have.
+        assert result['details'][mode]['conditionals_in_step'] == (mode != 'plain_dp')
     assert set(result['grad_rel_error']) == set(bench.GROUPS)
     assert result['mfu']['applicable'] is False  # CPU
 
@@ -191,19 +193,18 @@ def test_mecefo_is_cheaper_than_naive(result):
         assert mecefo[key] < naive[key], key
 
 
-def test_fault_free_program_adds_only_weights_and_a_state_select_to_plain_dp(result):
+def test_fault_free_program_adds_only_the_example_weights_to_plain_dp(result):
     # Over plain data parallelism the fault-free program multiplies every
     # logit's cotangent by its example weight (tokens x vocab FLOPs; plain_dp
-    # has no weights, and XLA folds its implicit ones) and selects between
-    # old and new state (`applied`): one FLOP per element of the params and
-    # both Adam moments, which XLA may repeat in several fusions (measured:
-    # ~11 per parameter on this model). Bounds: at least the weights and a
-    # 3-per-parameter select, at most the weights and 16 per parameter.
+    # has no weights, and XLA folds its implicit ones). Its step guard is a
+    # conditional choosing the whole new or old state, with no per-element
+    # work. Bound: the weights, plus at most one FLOP per parameter for the
+    # finiteness checks (measured: 78 FLOPs beyond the weights on this model).
     num_params = sum(int(np.prod(s)) for s in _param_shapes())
     cfg = tiny_config()
     weights = BATCH * cfg.data.seq_len * cfg.model.vocab_size
     extra = result['modes']['normal']['flops'] - result['modes']['plain_dp']['flops']
-    assert weights + 3 * num_params <= extra <= weights + 16 * num_params
+    assert weights <= extra <= weights + num_params
 
 
 def test_overhead_is_timed_on_the_configs_mesh(result):

@@ -115,23 +115,28 @@ class FaultController:
         self._ckpt_block_sec = 0.0
 
     @classmethod
-    def from_config(cls, run, *, timer=None) -> 'FaultController':
-        """The controller of `run.cfg.fault`'s schedule and strategy (logged to metrics)."""
-        cfg = run.cfg
+    def factory(cls, cfg, run, *, timer=None):
+        """`train(controller_factory=...)` for `cfg.fault`'s schedule and strategy.
+
+        The schedule and strategy are checked here, before any training
+        starts, so a bad `fault` config fails at once; the scheduled events
+        are logged to metrics.
+        """
+        validate_strategy(cfg.fault.strategy)
         events = schedule_lib.events_from_config(cfg.fault, num_replicas=run.num_shards,
                                                  total_steps=int(cfg.train.steps))
         for e in events:
             run.metrics.write({'event': 'scheduled_failure', 'step': e.step,
                                'replica': e.replica, 'duration_steps': e.duration_steps})
-        return cls(run, schedule_lib.FailureSchedule(events, run.num_shards),
-                   cfg.fault.strategy, timer=timer)
+        schedule = schedule_lib.FailureSchedule(events, run.num_shards)
+        return lambda r: cls(r, schedule, cfg.fault.strategy, timer=timer)
 
     @classmethod
-    def train(cls, cfg, workdir: str, *, timer=None, run=None) -> dict:
+    def train(cls, cfg, workdir: str, *, timer=None, run=None, **train_kwargs) -> dict:
         """Build the schedule from `cfg.fault` and train under it."""
         run = run or train_lib.build_run(cfg, workdir)
-        return train_lib.train(cfg, workdir, run=run,
-                               controller_factory=lambda r: cls.from_config(r, timer=timer))
+        return train_lib.train(cfg, workdir, run=run, **train_kwargs,
+                               controller_factory=cls.factory(cfg, run, timer=timer))
 
     # -- the loop's hooks ---------------------------------------------------
 

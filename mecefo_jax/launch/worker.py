@@ -143,8 +143,10 @@ def main(argv):
                 restore_bytes=restored.bytes_by_source if restored else None,
                 healed_bytes=restored.healed_bytes if restored else None))
 
+    make_controller = FaultController.factory(cfg, run)
+
     def controller_factory(r):
-        controllers.append(FaultController.from_config(r))
+        controllers.append(make_controller(r))
         return controllers[0]
 
     train_start = time.perf_counter()
