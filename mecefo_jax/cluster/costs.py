@@ -21,8 +21,8 @@ Three sources, whichever is given:
     * the head costs ``2dV`` forward and ``4dV`` backward per token, in every
       role (the neighbour runs it exactly on all its shards);
     * in neighbour mode the MHA backward disappears, the FFN forward runs a
-      second time when `recompute_ffn` (the memory-saving recompute; XLA:CPU
-      folds it away, which is why the CPU benchmark shows none), the FFN
+      second time when `recompute_ffn` (the memory-saving recompute of the
+      paper's rule 3, `mecefo.remat_ffn`, off by default), the FFN
       activation gradient ``6dh`` stays exact and each FFN weight gradient of
       an m x n kernel costs ``2r(m+n) + 2rmn/b`` instead of ``2mn`` per token
       (``G_y (x^T V) V^T``; the last product is paid once per batch of b

@@ -203,7 +203,7 @@ class SimConfig:
     spread_k: int = 2
     granularity: str = 'sequence'  # or 'continuous'
     checkpoint_every: int = 1000
-    recompute_ffn: bool = True
+    recompute_ffn: bool = False  # as mecefo.remat_ffn, off by default (docs/algorithm.md section 6)
     causal_scores: bool = False
     mfu: float = 0.4
     peak_tflops: float = 312.0
