@@ -74,6 +74,7 @@ def base_config() -> ConfigDict:
     cfg.fault.strategy = 'mecefo'  # mecefo | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
     cfg.fault.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
     cfg.fault.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
+    cfg.fault.regime_replicas = 0  # regime MTBF is for this many replicas (paper: 32); 0: as is
     cfg.fault.mtbf_hours = 0.0  # custom cluster-wide mean time between failures (with mttr_hours)
     cfg.fault.mttr_hours = 0.0  # custom mean time to recovery
     cfg.fault.step_time_sec = 60.0  # cluster seconds per step, converts hours to steps

@@ -228,6 +228,24 @@ def test_regime_config_uses_documented_conversion(regime):
     assert got == want and got
 
 
+def test_regime_replicas_keeps_the_per_replica_failure_rate():
+    """A regime defined for a 32-GPU cluster, run on 8 replicas: 4x longer MTBF, same MTTR."""
+    mtbf_h, mttr_h = S.REGIMES['high']
+    cfg = make_cfg(regime='high', regime_replicas=32, seed=3)
+    got = S.events_from_config(cfg, num_replicas=8, total_steps=2_000)
+    want = S.random_events(mtbf_steps=mtbf_h * 60.0 * 32 / 8, mttr_steps=mttr_h * 60.0,
+                           num_replicas=8, total_steps=2_000, seed=3, max_concurrent=0)
+    assert got == want and got
+    # 0 (the default) applies the regime's rate to the whole cluster as it is.
+    assert S.events_from_config(make_cfg(regime='high', regime_replicas=0, seed=3),
+                                num_replicas=8, total_steps=2_000) == S.random_events(
+        mtbf_steps=mtbf_h * 60.0, mttr_steps=mttr_h * 60.0, num_replicas=8,
+        total_steps=2_000, seed=3, max_concurrent=0)
+    with pytest.raises(ValueError, match='fault.regime_replicas'):
+        S.events_from_config(make_cfg(regime='high', regime_replicas=-1), num_replicas=8,
+                             total_steps=10)
+
+
 def test_config_custom_process_matches_random_events():
     cfg = make_cfg(mtbf_hours=1.5, mttr_hours=0.25, step_time_sec=30.0, seed=2,
                    max_concurrent=2)

@@ -14,7 +14,10 @@ Sources of events, in order of precedence:
    live again at step ``s+d`` (`FailureEvent.recovery_step`).
 2. `fault.regime`: one of the paper's cluster-wide regimes (MeCeFO,
    NeurIPS 2025), given as (mean time between failures, mean time to recovery):
-   ``low`` 2 h / 4 h, ``mid`` 1 h / 3 h, ``high`` 0.5 h / 2 h.
+   ``low`` 2 h / 4 h, ``mid`` 1 h / 3 h, ``high`` 0.5 h / 2 h, for its
+   32-GPU cluster. `fault.regime_replicas` = 32 keeps that per-replica
+   failure rate on a cluster of another size (MTBF x 32 / replicas); 0 (the
+   default) applies the cluster MTBF as it is.
 3. `fault.mtbf_hours` / `fault.mttr_hours`: a custom random process with the
    same shape, used only when both are > 0.
 
@@ -241,6 +244,22 @@ def _cfg_get(cfg: Any, name: str, default: Any) -> Any:
     return default if value is None else value
 
 
+def _regime_scale(fault_cfg: Any, num_replicas: int) -> float:
+    """MTBF factor that keeps each replica's failure rate of a `regime_replicas` cluster.
+
+    The paper's regimes are cluster-wide rates on 32 GPUs. Applied as they
+    are to fewer replicas (the default, `fault.regime_replicas=0`) every
+    replica fails more often; with `regime_replicas=32` the cluster MTBF
+    grows by 32 / replicas, so the same fraction of replicas is down.
+    """
+    size = int(_cfg_get(fault_cfg, "regime_replicas", 0))
+    if size < 0:
+        raise ValueError(f"fault.regime_replicas={size}: use 0 (apply the regime's cluster "
+                         "MTBF as it is) or the replica count it is defined for (32 in the "
+                         "paper).")
+    return size / num_replicas if size else 1.0
+
+
 def failures_requested(fault_cfg: Any) -> bool:
     """Whether any failure field is set, so the run needs the fault controller.
 
@@ -272,6 +291,7 @@ def events_from_config(fault_cfg: Any, *, num_replicas: int,
                     f"{sorted(REGIMES)} or '' (then fault.mtbf_hours / "
                     f"fault.mttr_hours, or no failures).")
             mtbf_hours, mttr_hours = REGIMES[regime]
+            mtbf_hours *= _regime_scale(fault_cfg, num_replicas)
         elif mtbf_hours < 0 or mttr_hours < 0 or (mtbf_hours > 0) != (mttr_hours > 0):
             # One of the two set alone is almost surely a typo, not "no failures".
             raise ValueError(
