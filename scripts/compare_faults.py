@@ -7,9 +7,15 @@ With --seeds S the comparison runs S times, with fault.seed = base, base+1, ...
 report mean, std, min and max of every figure and which drop-% rankings are significant.
 """
 import json
+import os
+import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# This checkout's package, whatever else is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.')
 _REGIME = flags.DEFINE_enum('regime', 'high', ['low', 'mid', 'high', ''],

@@ -8,8 +8,14 @@ start at --config.fault.seed), and writes DIR/quality.{json,md,png} plus each
 run's metrics under DIR/seed<s>/<run>/. Failures are drawn with
 --config.fault.step_time_sec seconds per step (default 60).
 """
-from absl import app, flags, logging
-from ml_collections import config_flags
+import os
+import sys
+
+# This checkout's package, whatever else is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.')
 _OUT = flags.DEFINE_string('out', None, 'Output directory.')
