@@ -1,9 +1,10 @@
 """The worker's side of in-memory snapshots: take them after each step, restore after a relaunch.
 
 `SnapshotHook` is a `train(on_step=...)` hook. Right after step k is
-dispatched it asks for a copy of the step's output state in pinned host
-memory (`jax.device_put` returns at once; the copy is ordered before the next
-step, which donates the state, reuses its buffers), then hands it to an
+dispatched it asks for a copy of this process's shards of the step's output
+state in pinned host memory (device-local `jax.device_put`s that return at
+once; each copy is ordered before the next step, which donates the state,
+reuses its buffers), then hands them to an
 `AsyncSnapshotter` that writes it into this worker's keeper in a background
 thread and publishes it as step k + 1 together with the data position after
 batch k. At most one snapshot is in flight; a second waits for the first
@@ -28,7 +29,8 @@ import numpy as np
 from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import state as state_lib
 from mecefo_jax.snapshot import (AsyncSnapshotter, KeeperClient, ParityPusher, SnapshotWriter,
-                                 SnapshotMissingError, feasible_steps, open_sources, restore)
+                                 SnapshotMissingError, feasible_steps, open_sources,
+                                 pinned_local_copies, restore)
 
 
 class SnapshotHook:
@@ -47,11 +49,10 @@ class SnapshotHook:
         step = done.step + 1  # the output state is the state entering step + 1
         if step % self.every:
             return
-        pinned = jax.tree.map(lambda x: x.sharding.with_memory_kind('pinned_host'), done.state)
         start = time.perf_counter()
-        host = jax.device_put(done.state, pinned)
+        copies = pinned_local_copies(done.state)
         self.blocked_sec += time.perf_counter() - start
-        self.blocked_sec += self._snapshotter.submit(step, host, done.data_position)
+        self.blocked_sec += self._snapshotter.submit(step, copies, done.data_position)
         self.submitted += 1
 
     @property

@@ -10,7 +10,7 @@ held by *keeper* processes that outlive the workers (REFT, arXiv
 | `keeper` | the keeper process (shared-memory slots, TCP protocol, lifecycle) and `start_keeper` |
 | `blob` | the byte format of one snapshot: shard bytes, JSON header, crc32s |
 | `client` | `KeeperClient`, `SnapshotWriter`, the `Snapshot` readers (shm, TCP, in-memory) |
-| `jax_io` | `host_shards`, `pinned_host_shardings`, `restore`, `feasible_steps` |
+| `jax_io` | `host_shards`, `pinned_local_copies`, `pinned_host_shardings`, `restore`, `feasible_steps` |
 | `async_writer` | `AsyncSnapshotter`: materialise, copy, publish in a background thread |
 | `erasure`, `parity` | the erasure-code interface (`XorCode`) and RAID-5 parity across a group |
 | `shm`, `wire` | shared-memory ownership rules and message framing |
@@ -40,6 +40,7 @@ _EXPORTS = {
     "KeeperClient": "client", "KeeperError": "client", "SnapshotWriter": "client",
     "open_snapshots": "client", "open_sources": "client", "BlobSnapshot": "client",
     "host_shards": "jax_io", "pinned_host_shardings": "jax_io", "restore": "jax_io",
+    "pinned_local_copies": "jax_io",
     "feasible_steps": "jax_io", "SnapshotMissingError": "jax_io",
     "AsyncSnapshotter": "async_writer", "SnapshotError": "async_writer",
     "XorCode": "erasure", "ErasureCode": "erasure",

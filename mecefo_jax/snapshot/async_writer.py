@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from mecefo_jax.snapshot import blob
 from mecefo_jax.snapshot.client import SnapshotWriter
 from mecefo_jax.snapshot.jax_io import host_shards
@@ -48,6 +50,17 @@ class SnapshotStats:
     materialize_sec: float = 0.0  # background: waiting for the host arrays
     bytes: int = 0  # snapshot bytes published
     parity_bytes: int = 0
+
+
+def _materialize(job) -> list[blob.HostShard]:
+    """Host shards with numpy data, from a tree of arrays or a list of HostShards.
+
+    A list comes from `jax_io.pinned_local_copies`: its data are pinned-host
+    jax Arrays still being copied, and reading them waits for the copy.
+    """
+    if isinstance(job, list) and all(isinstance(s, blob.HostShard) for s in job):
+        return [dataclasses.replace(s, data=np.asarray(s.data)) for s in job]
+    return host_shards(job)
 
 
 class AsyncSnapshotter:
@@ -127,7 +140,7 @@ class AsyncSnapshotter:
                 step, tree, data_state = self._job
             start = time.perf_counter()
             try:
-                shards = host_shards(tree)
+                shards = _materialize(tree)
                 materialized = time.perf_counter()
                 info = self.writer.write(step, shards, data_state, self.meta)
             except BaseException as e:  # surfaced to the caller on its next call

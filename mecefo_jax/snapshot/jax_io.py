@@ -73,6 +73,30 @@ def host_shards(tree: Any) -> list[blob.HostShard]:
     return out
 
 
+def pinned_local_copies(tree: Any) -> list[blob.HostShard]:
+    """This process's unique shards of `tree`, each being copied to pinned host memory.
+
+    The copies are dispatched, not finished: each is a device-local transfer
+    into the shard's own device's pinned host memory, ordered before any later
+    computation that donates the source. No program spanning processes is
+    launched (a `device_put` of the global arrays would be one, and launched
+    from the training loop beside the train steps it deadlocked a 4-process
+    CPU job). `data` is a jax.Array; `np.asarray` it to read it.
+    """
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = path_str(path)
+        seen = set()
+        for shard in leaf.addressable_shards:
+            bounds = index_bounds(shard.index, leaf.shape)
+            if bounds not in seen:
+                seen.add(bounds)
+                target = jax.sharding.SingleDeviceSharding(shard.device, memory_kind="pinned_host")
+                out.append(blob.HostShard(name, tuple(leaf.shape), bounds,
+                                          jax.device_put(shard.data, target)))
+    return out
+
+
 def pinned_host_shardings(shardings: Any) -> Any:
     """The same shardings in 'pinned_host' memory (targets of the async snapshot copy)."""
     leaves = jax.tree.leaves(shardings)
