@@ -95,6 +95,7 @@ def base_config() -> ConfigDict:
     cfg.launch = ConfigDict()
     cfg.launch.local_devices = 2  # CPU devices per worker on one machine (GPUs: what the host has)
     cfg.launch.heartbeat_timeout_sec = 20.0  # a worker silent this long counts as failed
+    cfg.launch.stall_timeout_sec = 600.0  # no step completed anywhere this long (after a generation's first): restart it
     cfg.launch.kill = ''  # injected failures 'STEP:WORKER[:SIGNAL[:keeper]],...' (SIGKILL default)
     cfg.launch.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never
     cfg.launch.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)

@@ -192,3 +192,20 @@ def test_a_stopped_launcher_leaves_no_worker_keeper_or_shared_memory(caches, tmp
         assert time.monotonic() < deadline, f'orphans left after {sig.name}'
         time.sleep(0.2)
     assert not [n for n in os.listdir('/dev/shm') if keeper_name in n]
+
+
+def test_a_job_that_completes_no_step_is_restarted(caches, tmp_path):
+    """Worker 0 stopped, its silence not yet past a long heartbeat timeout: the
+    other worker blocks in a collective while its heartbeat thread keeps
+    beating. Only the stalled step count shows the job is stuck. (16 steps: the
+    stop lands mid-run, not in the end-of-run phase after the last step.)"""
+    stall = 4.0
+    summary = launch(overrides(caches, **{'launch.kill': '2:0:STOP', 'train.steps': 16,
+                                          'launch.heartbeat_timeout_sec': 1000,
+                                          'launch.stall_timeout_sec': stall}), str(tmp_path))
+    (stuck,) = summary['recoveries']
+    assert stuck['cause'].startswith('no step completed') and stuck['failed_workers'] == []
+    assert stall <= stuck['detect_sec'] < stall + 1.0  # beats every 0.2 s, polled every 0.05 s
+    assert stuck['members'] == [0, 1] and stuck['resume'] == 'memory'
+    assert stuck['redone_steps'] == 0
+    assert read(str(tmp_path), 'g1_w0_end.json')['finished']

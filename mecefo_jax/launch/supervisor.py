@@ -21,6 +21,10 @@ finish without the dead process) and starts the next one:
 * `launch.recovery=disk`: the old way, every worker restarts from the latest
   Orbax checkpoint (`train.checkpoint_every`).
 
+A job whose workers all keep beating but complete no step for
+`launch.stall_timeout_sec` (a collective that never finishes) is torn down
+and relaunched on the same workers.
+
 Each recovery is one row of `<workdir>/launch/recoveries.jsonl`, split into
 the badput kinds of ml-goodput-measurement (detection and teardown:
 infrastructure recovery; relaunch: program startup; `jax.distributed` init:
@@ -131,6 +135,7 @@ class Launcher:
         self.kills = parse_kills(cfg.launch.kill, self.placement.workers)
         self.fired: set = set()
         self.timeout = float(cfg.launch.heartbeat_timeout_sec)
+        self.stall_timeout = float(cfg.launch.stall_timeout_sec)
         self.keepers: dict = {}  # worker -> KeeperProcess
         self.recoveries: list[dict] = []
         self.monitor: HeartbeatMonitor | None = None
@@ -236,11 +241,27 @@ class Launcher:
 
     def _watch(self, gen: Generation) -> Outcome:
         done: set = set()
+        progress, progressed_at = -1, time.monotonic()
         while True:
             time.sleep(_POLL_SEC)
             self.monitor.poll()
             now_mono, now = time.monotonic(), time.time()
             self._inject(gen)
+            # Heartbeats come from a thread: a hang that blocks every worker's
+            # training loop (a collective that never completes) keeps them
+            # beating. Steps completing is the other sign of life.
+            # The clock starts at the generation's first completed step: joining,
+            # restoring and compiling come before it and take what they take.
+            completed = max((self.monitor.beat(gen.number, w) or {}).get('completed', 0)
+                            for w in gen.members)
+            if completed > progress:
+                progress, progressed_at = completed, now_mono
+            elif (progress > 0 and now_mono - progressed_at > self.stall_timeout
+                  and len(done) < len(gen.procs)):
+                stalled = now_mono - progressed_at
+                self.log(f'[launch] no step completed for {stalled:.0f} s: the job is stuck')
+                return Outcome('failed', [], f'no step completed for {stalled:.1f} s',
+                               now - stalled, now, progress)
             for worker, proc in gen.procs.items():
                 code = proc.popen.poll()
                 if code is None or worker in done:
