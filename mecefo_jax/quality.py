@@ -206,6 +206,7 @@ def train_one(cfg, strategy: str, regime: str, seed: int, workdir: str, *,
     executed = max(int(summary['executed_steps']), 1)
     return {
         'run': run_name(strategy, regime), 'strategy': strategy, 'regime': regime, 'seed': seed,
+        'replicas': run.num_shards,
         'final_val_loss': summary['final_val_loss'], 'final_val_ppl': summary['final_val_ppl'],
         'schedule': schedule_lib.format_events(events),
         'failures': len(events),  # replica outages starting within the run
@@ -270,12 +271,16 @@ def summarise(rows: list[dict], *, cfg, seeds, grad_error_every: int, config_nam
                 'degraded_steps', 'neighbour_steps', 'mean_live_replicas', 'skipped_examples')},
             'grad_error': _grad_summary(samples),
         }
+    from mecefo_jax.faults.schedule import regime_scale
     steps, step_time = int(cfg.train.steps), float(cfg.fault.step_time_sec)
+    size = int(cfg.fault.get('regime_replicas', 0) or 0)
+    mtbf_scale = regime_scale(cfg.fault, rows[0]['replicas']) if size and rows else 1.0
     report = {
         'config': config_name, 'steps': steps, 'seeds': list(seeds),
         'step_time_sec': step_time, 'grad_error_every': grad_error_every,
+        'regime_replicas': size, 'mtbf_scale': mtbf_scale,
         # Expected failure arrivals per run: steps * step_time / MTBF (schedule.py).
-        'expected_arrivals': {reg: steps * step_time / (mtbf * 3600.0)
+        'expected_arrivals': {reg: steps * step_time / (mtbf * mtbf_scale * 3600.0)
                               for reg, (mtbf, _) in REGIMES.items()},
         'paper_table3': PAPER_TABLE3, 'paper_increase_pct': paper_increase_pct(),
         'runs': runs, 'rows': rows,
@@ -309,12 +314,21 @@ def _per_seed(s: dict | None, spec: str) -> str:
     return 'n/a' if s is None else ' / '.join(format(v, spec) for v in s['values'])
 
 
+def _regime_reading(report: dict) -> str:
+    size = report.get('regime_replicas', 0)
+    if not size:
+        return 'regime MTBFs applied to this cluster as they are (fault.regime_replicas=0)'
+    return (f"regime MTBFs read per replica of a {size}-replica cluster "
+            f"(fault.regime_replicas={size}: cluster MTBF x {report['mtbf_scale']:g})")
+
+
 def markdown(report: dict) -> str:
     seeds = report['seeds']
     arrivals = ', '.join(f'{reg} {n:.1f}' for reg, n in report['expected_arrivals'].items())
     lines = [f"Validation perplexity under failures: `{report['config'] or 'config'}`, "
              f"{report['steps']} steps, seeds {', '.join(map(str, seeds))} (train.seed = "
-             f"fault.seed), fault.step_time_sec={report['step_time_sec']:g} (expected failure "
+             f"fault.seed), fault.step_time_sec={report['step_time_sec']:g}, "
+             f"{_regime_reading(report)} (expected failure "
              f"arrivals per run: {arrivals}). Cells: mean ± sample std [min, max] over seeds; "
              'per-seed values separated by /.', '',
              '| run | val ppl | vs fault-free % | failures | steps degraded '

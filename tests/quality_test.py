@@ -152,6 +152,18 @@ def test_summary_pairs_each_run_with_the_fault_free_run_of_its_seed():
     assert 'ours +2.00%, NOT met' in quality.markdown(report)
 
 
+def test_expected_arrivals_follow_the_regime_reading():
+    """fault.regime_replicas=32 on 8 replicas: each replica fails as often as on
+    32, so the cluster MTBF is 4x the regime's and a quarter of the arrivals."""
+    cfg = ml_collections.ConfigDict({'train': {'steps': 300},
+                                     'fault': {'step_time_sec': 60.0, 'regime_replicas': 32}})
+    report = quality.summarise([_row('mecefo_high', 0, 20.0, replicas=8)], cfg=cfg, seeds=[0],
+                               grad_error_every=10, config_name='x')
+    assert report['mtbf_scale'] == 4.0
+    assert report['expected_arrivals']['high'] == pytest.approx(2.5)  # 300 * 60 s / (4 * 0.5 h)
+    assert 'fault.regime_replicas=32' in quality.markdown(report)
+
+
 def test_summary_without_fault_free_leaves_the_target_unevaluated():
     cfg = ml_collections.ConfigDict({'train': {'steps': 10}, 'fault': {'step_time_sec': 60.0}})
     report = quality.summarise([_row('mecefo_high', 0, 20.0)], cfg=cfg, seeds=[0],

@@ -244,7 +244,7 @@ def _cfg_get(cfg: Any, name: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def _regime_scale(fault_cfg: Any, num_replicas: int) -> float:
+def regime_scale(fault_cfg: Any, num_replicas: int) -> float:
     """MTBF factor that keeps each replica's failure rate of a `regime_replicas` cluster.
 
     The paper's regimes are cluster-wide rates on 32 GPUs. Applied as they
@@ -291,7 +291,7 @@ def events_from_config(fault_cfg: Any, *, num_replicas: int,
                     f"{sorted(REGIMES)} or '' (then fault.mtbf_hours / "
                     f"fault.mttr_hours, or no failures).")
             mtbf_hours, mttr_hours = REGIMES[regime]
-            mtbf_hours *= _regime_scale(fault_cfg, num_replicas)
+            mtbf_hours *= regime_scale(fault_cfg, num_replicas)
         elif mtbf_hours < 0 or mttr_hours < 0 or (mtbf_hours > 0) != (mttr_hours > 0):
             # One of the two set alone is almost surely a typo, not "no failures".
             raise ValueError(
