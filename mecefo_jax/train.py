@@ -8,6 +8,7 @@ moves training between meshes. Everything else (data order, metrics,
 checkpoints, NaN handling) is the same for both.
 """
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -53,6 +54,12 @@ class Run:
     checkpointer: ckpt_lib.Checkpointer | None
     metrics: MetricsWriter
     val_start: dict | None = None  # validation iterator state every eval restarts from
+
+    @functools.cached_property
+    def abstract_state(self):
+        """Shapes and dtypes of the train state (restore targets), traced once."""
+        return state_lib.abstract_train_state(self.model, self.optimizer,
+                                              rank=self.cfg.mecefo.rank)
 
     @property
     def num_shards(self) -> int:
@@ -126,9 +133,8 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
 
 def restore_onto(run: Run, checkpointer: ckpt_lib.Checkpointer, topology: Topology):
     """The latest checkpoint's (state, data state), placed on `topology`'s mesh."""
-    abstract = state_lib.abstract_train_state(run.model, run.optimizer,
-                                              rank=run.cfg.mecefo.rank)
-    return checkpointer.restore(ckpt_lib.abstract_like(abstract, topology.state_shardings))
+    return checkpointer.restore(ckpt_lib.abstract_like(run.abstract_state,
+                                                       topology.state_shardings))
 
 
 def init_or_restore(run: Run, restore=None):

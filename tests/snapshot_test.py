@@ -157,6 +157,28 @@ def test_missing_shards_heal_from_a_peer_or_are_listed(own, peer):
             s.close()
 
 
+def test_a_worker_restores_the_launchers_step_healing_from_a_peer_or_names_the_fallback(own, peer):
+    """The launcher chooses the step (no collective): a worker whose own keeper
+    lacks part of it heals from a peer; a step nobody holds is a clear error."""
+    import types
+    from mecefo_jax.launch.snapshots import keeper_restore
+    mesh, values = _mesh(4), _values(5)
+    tree = _put(values, mesh)
+    _write(own, 41, tree, keep=lambda s: s.path != "b")  # the own keeper lost all of 'b'
+    _write(peer, 41, tree)
+    run = types.SimpleNamespace(abstract_state={k: jax.ShapeDtypeStruct(v.shape, v.dtype)
+                                                for k, v in values.items()})
+    topology = types.SimpleNamespace(state_shardings=_shardings(mesh))
+    info = {}
+    state, data_state, source = keeper_restore([own.address, peer.address], 0, info,
+                                               step=41)(run, topology)
+    _assert_bitwise(state, values, mesh)
+    assert data_state == {"pos": 41} and source == "in-memory snapshot of step 41"
+    assert info["restore"].step == 41 and info["restore"].healed_bytes == 12 * 4 * 2  # bf16 'b'
+    with pytest.raises(jax_io.SnapshotMissingError, match=r"step 42 .*launch.recovery=disk"):
+        keeper_restore([own.address, peer.address], 0, {}, step=42)(run, topology)
+
+
 @contextlib.contextmanager
 def _free_address():
     """An address nothing listens on."""

@@ -13,10 +13,12 @@ batch k. At most one snapshot is in flight; a second waits for the first
 `disk_restore` is the old way, timed the same way: the latest Orbax checkpoint.
 
 `keeper_restore` is a `train(restore=...)` callback: it opens this worker's
-keeper (shared memory) and every reachable peer keeper (TCP), agrees with the
-other processes on the newest step that every one of them can assemble, and
-rebuilds the state at that step on the current mesh, healing from peers what
-the own keeper lacks (REFT, arXiv 2310.12670).
+keeper (shared memory), agrees with the other processes on the newest step
+that every one of them can assemble, and rebuilds the state at that step on
+the current mesh. When some process cannot (a rejoined worker's keeper is
+empty or stale), all of them also open every reachable peer keeper (TCP) and
+agree again, healing from peers what the own keeper lacks (REFT, arXiv
+2310.12670).
 """
 from __future__ import annotations
 
@@ -27,7 +29,6 @@ import jax
 import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import state as state_lib
 from mecefo_jax.snapshot import (AsyncSnapshotter, KeeperClient, ParityPusher, SnapshotWriter,
                                  SnapshotMissingError, feasible_steps, open_sources,
                                  pinned_local_copies, restore)
@@ -70,6 +71,7 @@ class RestoreInfo:
     step: int
     seconds: float
     bytes_by_source: dict  # e.g. {'shm:127.0.0.1:4123': n, 'tcp:127.0.0.1:4177': m, 'disk': k}
+    phases: dict = dataclasses.field(default_factory=dict)  # seconds per part of `seconds`
 
     @property
     def healed_bytes(self) -> int:
@@ -77,10 +79,15 @@ class RestoreInfo:
         return sum(n for source, n in self.bytes_by_source.items() if source.startswith('tcp:'))
 
 
-def agreed_step(feasible: set[int]) -> int | None:
-    """The newest step every process can restore (None if there is none)."""
+def agreed_step(feasible: set[int]) -> tuple[int | None, int | None]:
+    """(the newest step every process can restore, the newest any process can).
+
+    Both None when there is none. Every process gets the same pair, so they
+    all take the same branch after it.
+    """
     if jax.process_count() == 1:
-        return max(feasible, default=None)
+        newest = max(feasible, default=None)
+        return newest, newest
     from jax.experimental import multihost_utils
     width = 64  # more snapshots than a keeper ever holds
     mine = np.full((width,), -1, np.int64)
@@ -91,41 +98,70 @@ def agreed_step(feasible: set[int]) -> int | None:
     for row in everyone[1:]:
         common &= set(row.tolist())
     common.discard(-1)
-    return max(common, default=None)
+    anywhere = int(everyone.max())
+    return max(common, default=None), (None if anywhere < 0 else anywhere)
 
 
-def keeper_restore(keepers: list, worker: int, info: dict):
+def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None = None):
     """A `train(restore=...)` callback restoring from the keepers' snapshots.
 
-    `keepers[w]` is worker w's keeper address (None if it is gone). Fills
-    `info['restore']` with a RestoreInfo. Returns None when no keeper holds
-    anything yet (a fresh start).
+    `keepers[w]` is worker w's keeper address (None if it is gone). `step`,
+    the launcher's choice, is restored by every process with no collective
+    (an error names the fallback if this process cannot assemble it); without
+    it the processes agree on the newest common step. Fills `info['restore']`
+    with a RestoreInfo. Returns None when no keeper holds anything yet (a
+    fresh start).
     """
+    peers = [tuple(a) for w, a in enumerate(keepers) if w != worker and a is not None]
+
     def restore_fn(run, topology):
+        # The state's shapes: traced before the clock starts, as for a disk
+        # restore; a relaunched process needs them whatever it restores from.
+        abstract = ckpt_lib.abstract_like(run.abstract_state, topology.state_shardings)
         start = time.perf_counter()
-        abstract = ckpt_lib.abstract_like(
-            state_lib.abstract_train_state(run.model, run.optimizer, rank=run.cfg.mecefo.rank),
-            topology.state_shardings)
+        marks = [start]
         own = keepers[worker]
-        peers = [tuple(a) for w, a in enumerate(keepers) if w != worker and a is not None]
-        snaps = open_sources(None if own is None else tuple(own), peers)
+        snaps = open_sources(None if own is None else tuple(own))
         try:
-            step = agreed_step(set(feasible_steps(abstract, snaps)))
-            if step is None:
+            marks.append(time.perf_counter())
+            if step is not None:
+                chosen = step
+                if chosen not in feasible_steps(abstract, snaps):
+                    snaps += open_sources(None, peers)  # heal from peers what the own keeper lacks
+                if chosen not in feasible_steps(abstract, snaps):
+                    raise SnapshotMissingError(
+                        f'Worker {worker} cannot assemble the snapshot of step {chosen} from its '
+                        'own keeper or any live peer. Fix: restart from the Orbax disk '
+                        'checkpoint (launch.recovery=disk, train.checkpoint_every).')
+            else:
+                chosen, newest = agreed_step(set(feasible_steps(abstract, snaps)))
+                if chosen is None or chosen < newest:
+                    # Some process cannot assemble the newest step from its own
+                    # keeper (a rejoined or replaced worker's is empty or stale):
+                    # every process got the same pair, so all open the peers'
+                    # keepers (TCP) and agree again.
+                    snaps += open_sources(None, peers)
+                    chosen, _ = agreed_step(set(feasible_steps(abstract, snaps)))
+            marks.append(time.perf_counter())
+            if chosen is None:
                 if any(s.step for s in snaps):
                     raise SnapshotMissingError(
                         'The keepers hold snapshots, but no step that every process can '
                         'assemble. Fix: restart from the Orbax disk checkpoint '
                         '(launch.recovery=disk, train.checkpoint_every).')
                 return None
-            state, data_state, report = restore(abstract, snaps, step=step)
+            state, data_state, report = restore(abstract, snaps, step=chosen)
             jax.block_until_ready(state)
         finally:
             for s in snaps:
                 s.close()
-        info['restore'] = RestoreInfo(step=step, seconds=time.perf_counter() - start,
-                                      bytes_by_source=dict(report.bytes_by_source))
-        return state, data_state, f'in-memory snapshot of step {step}'
+        marks.append(time.perf_counter())
+        phases = dict(zip(('open_own_keeper', 'choose_step', 'read_and_place'),
+                          np.diff(marks).tolist()))
+        info['restore'] = RestoreInfo(step=chosen, seconds=marks[-1] - start,
+                                      bytes_by_source=dict(report.bytes_by_source),
+                                      phases=phases)
+        return state, data_state, f'in-memory snapshot of step {chosen}'
     return restore_fn
 
 
@@ -136,6 +172,7 @@ def disk_restore(info: dict):
     def restore_fn(run, topology):
         if run.checkpointer is None or run.checkpointer.latest_step() is None:
             return None
+        run.abstract_state  # traced before the clock starts, as for a keeper restore
         start = time.perf_counter()
         state, data_state = train_lib.restore_onto(run, run.checkpointer, topology)
         jax.block_until_ready(state)

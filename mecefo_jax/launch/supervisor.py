@@ -98,6 +98,7 @@ class Generation:
     members: list
     resume: str
     stop_at: int
+    resume_step: int = 0  # memory resumes: the snapshot step to restore (0: workers agree)
     procs: dict = dataclasses.field(default_factory=dict)  # worker -> _Proc
     started: float = 0.0
 
@@ -215,7 +216,8 @@ class Launcher:
                    f'--num_processes={len(gen.members)}', f'--process_id={process_id}',
                    f'--worker={worker}', f"--members={','.join(map(str, gen.members))}",
                    f'--workers={self.placement.workers}', f'--generation={gen.number}',
-                   f'--resume={gen.resume}', f'--stop_at={gen.stop_at}',
+                   f'--resume={gen.resume}', f'--resume_step={gen.resume_step}',
+                   f'--stop_at={gen.stop_at}',
                    f'--heartbeat={host}:{hb_port}', f'--keepers={keepers}']
             log = open(os.path.join(self.dir, f'g{gen.number}_w{worker}.log'), 'w')
             popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
@@ -345,7 +347,16 @@ class Launcher:
             if returns > 0:
                 stop_at = self._snapshot_step(survivors) + returns
         row.update(members=members, resume=resume)
-        return row, Generation(gen.number + 1, members, resume, stop_at)
+        resume_step = 0
+        if resume == 'memory':
+            # Every worker restores the same step, chosen here from the keepers
+            # that were written to until the end (and any rebuilt from parity):
+            # no collective on the way back. A rejoining worker's own keeper
+            # may be empty or stale; it heals that step from its peers.
+            rebuilt = row.get('parity_rebuilt_workers', [])
+            resume_step = self._snapshot_step(
+                [w for w in survivors + rebuilt if self._keeper_alive(w)])
+        return row, Generation(gen.number + 1, members, resume, stop_at, resume_step)
 
     def _snapshot_step(self, workers) -> int:
         """The newest snapshot step every worker's keeper holds (what they will resume from)."""
@@ -402,6 +413,7 @@ class Launcher:
             with KeeperClient(self.keepers[w].address) as client:
                 SnapshotWriter(client).write_blob(rebuilt.raw)
             self.log(f'[launch] rebuilt worker {w}\'s snapshot of step {rebuilt.step} from parity')
+            row.setdefault('parity_rebuilt_workers', []).append(w)
             original = self._lost_snapshots.get(w, {}).get(rebuilt.step)
             if original is not None:
                 row.setdefault('parity_rebuild_bitwise', {})[str(w)] = (

@@ -34,6 +34,8 @@ _MEMBERS = flags.DEFINE_string('members', None, 'Worker ids of this generation, 
 _WORKERS = flags.DEFINE_integer('workers', None, 'Workers of the full job.')
 _GENERATION = flags.DEFINE_integer('generation', 0, 'Relaunch count.')
 _RESUME = flags.DEFINE_enum('resume', 'fresh', ['fresh', 'memory', 'disk'], 'Where the state comes from.')
+_RESUME_STEP = flags.DEFINE_integer(
+    'resume_step', 0, 'With --resume=memory: the snapshot step to restore (0: the processes agree).')
 _STOP_AT = flags.DEFINE_integer('stop_at', 0, 'Stop after this step (0: train.steps).')
 _HEARTBEAT = flags.DEFINE_string('heartbeat', None, 'host:port of the launcher heartbeat socket.')
 _KEEPERS = flags.DEFINE_string('keepers', '[]', 'JSON list: each worker keeper [host, port] or null.')
@@ -97,7 +99,8 @@ def main(argv):
     info: dict = {}
     restore = None
     if _RESUME.value == 'memory':
-        restore = snapshots_lib.keeper_restore(keepers, _WORKER.value, info)
+        restore = snapshots_lib.keeper_restore(keepers, _WORKER.value, info,
+                                               step=_RESUME_STEP.value or None)
     elif _RESUME.value == 'disk':
         restore = snapshots_lib.disk_restore(info)
     elif _RESUME.value == 'fresh' and run.checkpointer is not None \
@@ -141,6 +144,7 @@ def main(argv):
                 process_start=started, distributed_init_sec=distributed_init_sec,
                 resume=_RESUME.value, restore_sec=restored.seconds if restored else None,
                 restore_bytes=restored.bytes_by_source if restored else None,
+                restore_phases=restored.phases if restored else None,
                 healed_bytes=restored.healed_bytes if restored else None))
 
     make_controller = FaultController.factory(cfg, run)
