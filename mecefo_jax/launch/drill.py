@@ -65,7 +65,8 @@ def _recovery(summary: dict) -> dict:
     return out
 
 
-def snapshot_overhead(cfg, *, blocks: int = 40, steps_per_block: int = 5, log=print) -> dict:
+def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: int = 5,
+                      log=print) -> dict:
     """Step time with and without in-memory snapshots, interleaved, in this process.
 
     Blocks alternate; each block with snapshots ends by waiting for the last
@@ -81,8 +82,7 @@ def snapshot_overhead(cfg, *, blocks: int = 40, steps_per_block: int = 5, log=pr
     from mecefo_jax.layout import assemble, full_layout
     from mecefo_jax.snapshot import start_keeper
 
-    run = train_lib.build_run(cfg, os.path.join(os.getcwd(), '.drill_overhead'),
-                              checkpoint_every=0)
+    run = train_lib.build_run(cfg, workdir, checkpoint_every=0)
     topology = run.topologies.get(run.full_rows)
     layout = full_layout(run.num_shards, run.shard_batch)
     state = train_lib.init_or_restore(run)
@@ -230,7 +230,7 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     diffs = {k: float(np.max(np.abs(real[k] - v))) for k, v in simulated.items()}
     bitwise = [v for r in parity['recoveries'] for v in
                (r.get('parity_rebuild_bitwise') or {}).values()]
-    overhead = snapshot_overhead(cfg, log=log)
+    overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'), log=log)
     alone = restore_comparison(cfg, os.path.join(out_dir, 'restore_alone'), log=log)
     dsk = _recovery(disk)
     report = {
