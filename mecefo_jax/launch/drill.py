@@ -142,9 +142,8 @@ def restore_comparison(cfg, workdir: str, *, repeats: int = 10, log=print) -> di
     import jax
     from mecefo_jax import checkpoint as ckpt_lib
     from mecefo_jax import train as train_lib
-    from mecefo_jax.snapshot import (KeeperClient, SnapshotWriter, open_sources,
-                                     pinned_local_copies, restore, start_keeper)
-    from mecefo_jax.snapshot.async_writer import _materialize
+    from mecefo_jax.snapshot import (KeeperClient, SnapshotWriter, host_shards, open_sources,
+                                     restore, start_keeper)
 
     run = train_lib.build_run(cfg, workdir, checkpoint_every=0)
     topology = run.topologies.get(run.full_rows)
@@ -154,7 +153,7 @@ def restore_comparison(cfg, workdir: str, *, repeats: int = 10, log=print) -> di
     checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'orbax'), save_every=1)
     try:
         with KeeperClient(keeper.address) as client:
-            SnapshotWriter(client).write(1, _materialize(pinned_local_copies(state)), {'step': 1})
+            SnapshotWriter(client).write(1, host_shards(state), {'step': 1})
         checkpointer.maybe_save(1, state, {'step': 1}, force=True)
         checkpointer.wait()
         times = {'memory': [], 'disk': []}

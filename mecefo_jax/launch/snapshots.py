@@ -13,12 +13,11 @@ batch k. At most one snapshot is in flight; a second waits for the first
 `disk_restore` is the old way, timed the same way: the latest Orbax checkpoint.
 
 `keeper_restore` is a `train(restore=...)` callback: it opens this worker's
-keeper (shared memory), agrees with the other processes on the newest step
-that every one of them can assemble, and rebuilds the state at that step on
-the current mesh. When some process cannot (a rejoined worker's keeper is
-empty or stale), all of them also open every reachable peer keeper (TCP) and
-agree again, healing from peers what the own keeper lacks (REFT, arXiv
-2310.12670).
+keeper (shared memory) and rebuilds the state on the current mesh at the
+step the launcher chose (`--resume_step`), opening peer keepers (TCP) only to
+heal what the own keeper lacks (REFT, arXiv 2310.12670). Without a chosen
+step the processes agree on the newest step every one of them can assemble,
+and all open the peers when some process cannot assemble the newest.
 """
 from __future__ import annotations
 
