@@ -361,9 +361,7 @@ def compare_seeds(cfg, regime: str, out_dir: str, *, seeds, runs=RUNS, log=print
     initialisation stay fixed) and re-times the device programs, interleaved,
     in its own `compare` call. Writes compare_faults.{json,md,png} in out_dir.
     """
-    seeds = [int(s) for s in seeds]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f'--seeds must give at least one distinct seed, got {seeds}.')
+    seeds = distinct_seeds(seeds)
     os.makedirs(out_dir, exist_ok=True)
     reports = []
     for seed in seeds:
@@ -382,6 +380,14 @@ def compare_seeds(cfg, regime: str, out_dir: str, *, seeds, runs=RUNS, log=print
         f.write(seeds_markdown(report))
     plot_seeds(report, os.path.join(out_dir, 'compare_faults.png'))
     return report
+
+
+def distinct_seeds(seeds) -> list[int]:
+    """`seeds` as ints, at least one and none repeated (a repeat would double-count it)."""
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f'--seeds must give at least one distinct seed, got {seeds}.')
+    return seeds
 
 
 def stats(values) -> dict | None:
@@ -477,7 +483,8 @@ def ranking(strategies: dict) -> list[dict]:
     return rows
 
 
-def _spread(s: dict | None, spec: str) -> str:
+def format_spread(s: dict | None, spec: str) -> str:
+    """A `stats` dict as 'mean ± std [min, max]' ('n/a' for none)."""
     if s is None:
         return 'n/a'
     std = 'n/a' if s['std'] is None else format(s['std'], spec.lstrip('+'))
@@ -489,7 +496,7 @@ def _seed_table(strategies: dict, columns) -> list[str]:
     lines = ['| strategy | ' + ' | '.join(label for _, label, _ in columns) + ' |',
              '|---|' + '---|' * len(columns)]
     for name, s in strategies.items():
-        lines.append(f'| {name} | ' + ' | '.join(_spread(s.get(k), spec)
+        lines.append(f'| {name} | ' + ' | '.join(format_spread(s.get(k), spec)
                                                   for k, _, spec in columns) + ' |')
     return lines
 
@@ -515,8 +522,8 @@ def seeds_markdown(report: dict) -> str:
               f"the normal program `{report['normal_program']}`:", '',
               '| program | seeds timed | seconds | x normal |', '|---|---|---|---|']
     for name, p in report['programs'].items():
-        lines.append(f"| {name} | {p['seeds_timed']} | {_spread(p['seconds'], '.5f')} | "
-                     f"{_spread(p['ratio_to_normal'], '.3f')} |")
+        lines.append(f"| {name} | {p['seeds_timed']} | {format_spread(p['seconds'], '.5f')} | "
+                     f"{format_spread(p['ratio_to_normal'], '.3f')} |")
     lines += ['', 'Programs per strategy, mean steps over seeds (on which some device ran it; '
               'on which it was the slowest):', '',
               '| strategy | programs run (mean steps) | slowest (mean steps) |', '|---|---|---|']
@@ -537,7 +544,8 @@ def seeds_markdown(report: dict) -> str:
         pair = (['-'] * 4 if 'next' not in row else
                 [_fmt(row['gap'], '.2f'), _fmt(row['spread'], '.2f'),
                  yes_no(row['significant']), yes_no(row['same_order_in_every_seed'])])
-        lines.append(f"| {row['rank']} | {row['strategy']} | {_spread(row['drop_pct'], '.2f')} | "
+        lines.append(f"| {row['rank']} | {row['strategy']} | "
+                     f"{format_spread(row['drop_pct'], '.2f')} | "
                      + ' | '.join(pair) + ' |')
     lines += ['', *ranking_sentences(report['ranking'])]
     lines += ['', *wins_markdown(report['baseline_wins'])]

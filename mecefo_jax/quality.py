@@ -35,7 +35,7 @@ import time
 import jax
 
 from mecefo_jax import bench
-from mecefo_jax.compare import RecordingController, stats
+from mecefo_jax.compare import RecordingController, distinct_seeds, format_spread, stats
 from mecefo_jax.faults.schedule import REGIMES
 from mecefo_jax.faults.strategies import validate_strategy
 from mecefo_jax.layout import ROLE_NEIGHBOUR, Layout, assemble
@@ -227,9 +227,7 @@ def train_one(cfg, strategy: str, regime: str, seed: int, workdir: str, *,
 def reproduce_quality(cfg, out_dir: str, *, seeds, runs=DEFAULT_RUNS, grad_error_every: int = 10,
                       evals: int = 10, config_name: str = '', log=print) -> dict:
     """Every run once per seed; writes quality.{json,md,png} in out_dir and returns the JSON."""
-    seeds = [int(s) for s in seeds]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f'--seeds must give at least one distinct seed, got {seeds}.')
+    seeds = distinct_seeds(seeds)
     os.makedirs(out_dir, exist_ok=True)
     rows = []
     for seed in seeds:
@@ -302,14 +300,6 @@ def target(runs: dict) -> dict:
                    f'{TARGET_SIZE} {TARGET_REGIME} increase'}
 
 
-def _fmt(s: dict | None, spec: str) -> str:
-    if s is None:
-        return 'n/a'
-    std = 'n/a' if s['std'] is None else format(s['std'], spec.lstrip('+'))
-    low, high = format(s['min'], spec), format(s['max'], spec)
-    return f"{format(s['mean'], spec)} ± {std} [{low}, {high}]"
-
-
 def _per_seed(s: dict | None, spec: str) -> str:
     return 'n/a' if s is None else ' / '.join(format(v, spec) for v in s['values'])
 
@@ -336,8 +326,9 @@ def markdown(report: dict) -> str:
              '|---|---|---|---|---|---|---|---|']
     for name, r in report['runs'].items():
         lines.append(
-            f"| {name} | {_fmt(r['final_val_ppl'], '.3f')} | "
-            f"{_fmt(r['ppl_vs_fault_free_pct'], '+.2f')} | {_per_seed(r['failures'], 'd')} | "
+            f"| {name} | {format_spread(r['final_val_ppl'], '.3f')} | "
+            f"{format_spread(r['ppl_vs_fault_free_pct'], '+.2f')} | "
+            f"{_per_seed(r['failures'], 'd')} | "
             f"{_per_seed(r['degraded_steps'], 'd')} | {_per_seed(r['neighbour_steps'], 'd')} | "
             f"{_per_seed(r['mean_live_replicas'], '.2f')} | "
             f"{_per_seed(r['skipped_examples'], 'd')} |")
@@ -352,7 +343,7 @@ def markdown(report: dict) -> str:
         ours = report['runs'].get(name, {}).get('ppl_vs_fault_free_pct')
         cells = [f'{row[k]:.2f}' + ('' if k == 0 else f' ({inc[size][regime]:+.2f}%)')
                  for size, row in paper.items()]
-        lines.append(f"| {regime} | {_fmt(ours, '+.2f')} | " + ' | '.join(cells) + ' |')
+        lines.append(f"| {regime} | {format_spread(ours, '+.2f')} | " + ' | '.join(cells) + ' |')
 
     lines += ['', f"Neighbour's relative gradient error ||g_neighbour - g_exact|| / ||g_exact|| "
               f"on its own + adopted rows, every {report['grad_error_every']} neighbour-mode "

@@ -335,7 +335,7 @@ class Launcher:
         self._stop_generation(gen)
         row['teardown_sec'] = time.time() - start
         survivors = [w for w in gen.members if w not in outcome.failed]
-        stop_at = 0
+        returns = 0
         if self.recovery == 'disk':
             members, resume = workers, 'disk'
         elif outcome.kind == 'stopped' or not self.placement.survives(survivors):
@@ -344,8 +344,6 @@ class Launcher:
         else:
             members, resume = survivors, 'memory'
             returns = int(self.cfg.launch.return_after_steps)
-            if returns > 0:
-                stop_at = self._snapshot_step(survivors) + returns
         row.update(members=members, resume=resume)
         resume_step = 0
         if resume == 'memory':
@@ -356,6 +354,7 @@ class Launcher:
             rebuilt = row.get('parity_rebuilt_workers', [])
             resume_step = self._snapshot_step(
                 [w for w in survivors + rebuilt if self._keeper_alive(w)])
+        stop_at = resume_step + returns if returns > 0 else 0
         return row, Generation(gen.number + 1, members, resume, stop_at, resume_step)
 
     def _snapshot_step(self, workers) -> int:
