@@ -26,7 +26,10 @@ from mecefo_jax.launch.supervisor import Launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS, LOCAL = 2, 2  # 4 replicas: worker 1 holds replicas 2 and 3
-STEPS = 8
+# The launcher sees a worker's step through heartbeats every 0.2 s, and tiny
+# steps take tens of ms, so a kill 'at step 3' lands a few steps later; 14
+# steps leave room for the rejoin 2 steps after the relaunch.
+STEPS = 14
 
 
 @pytest.fixture(scope='module')
@@ -199,7 +202,9 @@ def test_a_job_that_completes_no_step_is_restarted(caches, tmp_path):
     other worker blocks in a collective while its heartbeat thread keeps
     beating. Only the stalled step count shows the job is stuck. (16 steps: the
     stop lands mid-run, not in the end-of-run phase after the last step.)"""
-    stall = 4.0
+    # Long enough that a loaded 2-core machine's compile of a later step in the
+    # relaunched generation is not taken for a stall.
+    stall = 8.0
     summary = launch(overrides(caches, **{'launch.kill': '2:0:STOP', 'train.steps': 16,
                                           'launch.heartbeat_timeout_sec': 1000,
                                           'launch.stall_timeout_sec': stall}), str(tmp_path))
