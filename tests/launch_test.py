@@ -212,5 +212,9 @@ def test_a_job_that_completes_no_step_is_restarted(caches, tmp_path):
     assert stuck['cause'].startswith('no step completed') and stuck['failed_workers'] == []
     assert stall <= stuck['detect_sec'] < stall + 1.0  # beats every 0.2 s, polled every 0.05 s
     assert stuck['members'] == [0, 1] and stuck['resume'] == 'memory'
-    assert stuck['redone_steps'] == 0
+    # The stop may catch worker 0 mid-publish: its keeper then holds one step
+    # fewer than worker 1's, and the common step is one back. snapshot.every=1
+    # and one write in flight bound the loss to that step (the SIGKILL test,
+    # whose dead keeper is not consulted, loses none).
+    assert stuck['redone_steps'] <= 1
     assert read(str(tmp_path), 'g1_w0_end.json')['finished']
