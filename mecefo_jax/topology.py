@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from mecefo_jax import sharding
+from mecefo_jax import aot, sharding
 from mecefo_jax import step as step_lib
 from mecefo_jax.layout import Layout
 
@@ -81,12 +81,7 @@ class Topology:
 
     def batch_spec(self, layout: Layout, seq: int) -> dict:
         """Abstract step inputs for `layout`, to compile before the data arrives."""
-        shardings = step_lib.batch_shardings(self.mesh)
-        rows = len(layout.replicas) * layout.capacity
-        shapes = {'tokens': ((rows, seq), np.int32), 'weights': ((rows,), np.float32),
-                  'programs': ((len(layout.replicas),), np.int32), 'step': ((), np.int32)}
-        return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shardings[k])
-                for k, (shape, dtype) in shapes.items()}
+        return aot.abstract_batch(self.mesh, layout.capacity, seq, len(layout.replicas))
 
     def put_batch(self, host_batch: dict):
         """Host step inputs -> global arrays on this mesh (multi-process safe)."""

@@ -95,7 +95,7 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     global batch is sharded, so a relaunch never changes which samples a
     shard holds.
     """
-    from mecefo_jax import data as data_lib  # grain/sentencepiece only when training
+    from mecefo_jax.data import pipeline as data_lib  # grain/sentencepiece only when training
 
     os.makedirs(workdir, exist_ok=True)
     model = Llama(ModelConfig.from_config(cfg))

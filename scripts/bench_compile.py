@@ -1,4 +1,4 @@
-"""Compile time of a new topology's train step against depth: see mecefo_jax/bench_compile.py.
+"""Compile time of a new topology's train step against depth: see mecefo_jax/experiments/compile_time.py.
 
   python scripts/bench_compile.py --config configs/small.py --depths 2,24 --out /tmp/compile
 """
@@ -20,7 +20,7 @@ def main(argv=None):
     depths = [int(d) for d in args.depths.split(',')]
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(int(cfg.mesh.num_cpu_devices))
-    from mecefo_jax import bench_compile
+    from mecefo_jax.experiments import compile_time as bench_compile
     result = bench_compile.run(cfg, depths, args.out)
     for row in result['rows']:
         print(f"scan_layers={row['scan_layers']!s:5} layers={row['num_layers']:3d} "

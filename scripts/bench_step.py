@@ -1,4 +1,4 @@
-"""Per-device train-step cost of normal / naive NDB / MeCeFO / plain DP: see mecefo_jax/bench.py.
+"""Per-device train-step cost of normal / naive NDB / MeCeFO / plain DP: see mecefo_jax/experiments/step_cost.py.
 
   python scripts/bench_step.py --config configs/llama_350m.py \
       --config.data.seq_len=256 --config.mecefo.rank=128 --iters 0 --out /tmp/bench
@@ -45,7 +45,7 @@ def main(argv=None):
     # (ignored by GPU backends).
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(int(cfg.mesh.num_cpu_devices))
-    from mecefo_jax import bench
+    from mecefo_jax.experiments import step_cost as bench
     bench.main(cfg, args.out, batch=args.batch, warmup=args.warmup, iters=args.iters,
                overhead=not args.no_overhead, overhead_iters=args.overhead_iters,
                peak_tflops=args.peak_tflops, seed=args.seed)

@@ -31,7 +31,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(int(_CONFIG.value.mesh.num_cpu_devices))
-    from mecefo_jax.compare import compare_seeds
+    from mecefo_jax.experiments.compare import compare_seeds
     base = int(_CONFIG.value.fault.seed)
     report = compare_seeds(_CONFIG.value, _REGIME.value, _OUT.value,
                            seeds=range(base, base + _SEEDS.value))

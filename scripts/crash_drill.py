@@ -1,4 +1,4 @@
-"""Real crashes on one machine, recovered from memory, from disk and simulated: see mecefo_jax/launch/drill.py.
+"""Real crashes on one machine, recovered from memory, from disk and simulated: see mecefo_jax/experiments/crash_drill.py.
 
   python scripts/crash_drill.py --config configs/small.py --out runs/drill
 """
@@ -30,7 +30,7 @@ def main(argv):
     # all the workers together have.
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(_WORKERS.value * int(cfg.launch.local_devices))
-    from mecefo_jax.launch.drill import run_drill
+    from mecefo_jax.experiments.crash_drill import run_drill
     path = config_flags.get_config_filename(flags.FLAGS['config'])
     overrides = [a for a in sys.argv[1:] if a.startswith('--config.')]
     if overrides:

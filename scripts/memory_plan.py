@@ -1,11 +1,11 @@
-"""Per-device train-step memory, normal and neighbour roles: see mecefo_jax/memory_plan.py.
+"""Per-device train-step memory, normal and neighbour roles: see mecefo_jax/experiments/memory_plan.py.
 
   python scripts/memory_plan.py --config configs/llama_7b.py --num_devices 32 --out /tmp/plan
 
 Compiles ahead of time on fake CPU devices with no parameters materialised.
 One replica's devices (mesh.model of them) would suffice to compile one
 device's program; two replicas are compiled (2 x mesh.model fake devices),
-which adds the real all-reduce (see mecefo_jax/memory_plan.py). Needs only jax, flax, optax and numpy.
+which adds the real all-reduce (see mecefo_jax/experiments/memory_plan.py). Needs only jax, flax, optax and numpy.
 """
 import argparse
 import os
@@ -39,7 +39,7 @@ def main(argv=None):
     # Before jax starts: fake CPU devices for the replicas compiled.
     from mecefo_jax.sharding import mesh_shape, simulate_cpu_devices
     _, width = mesh_shape(cfg.mesh, args.num_devices)
-    from mecefo_jax import memory_plan
+    from mecefo_jax.experiments import memory_plan
     simulate_cpu_devices(memory_plan.REPLICAS * width)
     memory_plan.main(cfg, args.out, num_devices=args.num_devices, limit_gb=args.limit_gb,
                      failure_step=args.failure_step)

@@ -37,7 +37,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(int(_CONFIG.value.mesh.num_cpu_devices))
-    from mecefo_jax import quality
+    from mecefo_jax.experiments import quality
     base = int(_CONFIG.value.fault.seed)
     quality.reproduce_quality(_CONFIG.value, _OUT.value, seeds=range(base, base + _SEEDS.value),
                               runs=quality.parse_runs(_RUNS.value),

@@ -1,4 +1,4 @@
-"""Project the fault-tolerance strategies to a cluster: see mecefo_jax/cluster/sim.py.
+"""Project the fault-tolerance strategies to a cluster: see mecefo_jax/experiments/cluster/sim.py.
 
   python scripts/simulate_cluster.py --out /tmp/simc
   python scripts/simulate_cluster.py --out DIR --cost bench --bench_json bench_step.json \
@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mecefo_jax.cluster import sim as cluster_sim  # noqa: E402
+from mecefo_jax.experiments.cluster import sim as cluster_sim  # noqa: E402
 
 _DEFAULT = cluster_sim.SimConfig()
 

@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.bench and scripts/bench_step.py on a one-block tiny model.
+"""Tests for mecefo_jax.experiments.step_cost and scripts/bench_step.py on a one-block tiny model.
 
 Compile time dominates on CPU, so the tests share programs: the script run in
 a subprocess (with the optional packages blocked) and the in-process run use
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from mecefo_jax import bench, sharding
+from mecefo_jax import aot, sharding
+from mecefo_jax.experiments import step_cost as bench
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.optim import make_optimizer
 from mecefo_jax.state import create_train_state
@@ -347,10 +348,10 @@ class _Compiled:
 
 
 def test_flops_of_accepts_dict_list_and_none():
-    assert bench.flops_of(_Compiled({'flops': 3.0})) == 3.0
-    assert bench.flops_of(_Compiled([{'flops': 5.0}])) == 5.0
-    assert math.isnan(bench.flops_of(_Compiled(None)))
-    assert math.isnan(bench.flops_of(_Compiled([])))
+    assert aot.flops_of(_Compiled({'flops': 3.0})) == 3.0
+    assert aot.flops_of(_Compiled([{'flops': 5.0}])) == 5.0
+    assert math.isnan(aot.flops_of(_Compiled(None)))
+    assert math.isnan(aot.flops_of(_Compiled([])))
 
 
 def test_memory_of_counts_a_donated_state_once():
@@ -360,8 +361,8 @@ def test_memory_of_counts_a_donated_state_once():
     def update(s, v):
         return s + v
 
-    donated = bench.memory_of(jax.jit(update, donate_argnums=0).lower(state, x).compile())
-    kept = bench.memory_of(jax.jit(update).lower(state, x).compile())
+    donated = aot.memory_of(jax.jit(update, donate_argnums=0).lower(state, x).compile())
+    kept = aot.memory_of(jax.jit(update).lower(state, x).compile())
     size = 256 * 256 * 4
     # Arguments 2 x 256 KiB; the donated output reuses the state's buffer.
     assert donated['alias_size_in_bytes'] == size

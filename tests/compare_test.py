@@ -5,8 +5,8 @@ import os
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax import compare
-from mecefo_jax.faults.cost_model import layout_keys
+from mecefo_jax.experiments import compare
+from mecefo_jax.experiments.role_timer import layout_keys
 from mecefo_jax.faults.strategies import layout_for
 
 STEPS = 6

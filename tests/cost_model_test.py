@@ -1,11 +1,11 @@
-"""Unit tests of mecefo_jax.faults.cost_model: which programs a layout runs, and their cost."""
+"""Unit tests of mecefo_jax.experiments.role_timer: which programs a layout runs, and their cost."""
 import dataclasses
 
 import jax
 
 from configs import tiny
 from mecefo_jax import optim
-from mecefo_jax.faults.cost_model import RoleTimer, layout_keys
+from mecefo_jax.experiments.role_timer import RoleTimer, layout_keys
 from mecefo_jax.faults.strategies import layout_for
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program
 from mecefo_jax.model import Llama, ModelConfig

@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.data and mecefo_jax.data_sources.
+"""Tests for mecefo_jax.data and mecefo_jax.data.sources.
 
 Sample provenance (`DataPipeline.next_with_provenance`) lets these tests check
 sharding and resumption token by token instead of by comparing content only.
@@ -12,8 +12,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from mecefo_jax import data
-from mecefo_jax import data_sources
+from mecefo_jax.data import pipeline as data
+from mecefo_jax.data import sources as data_sources
 
 VOCAB_SIZE = 512
 SEQ_LEN = 16
@@ -330,7 +330,7 @@ def test_non_tfds_sources_do_not_import_tensorflow_datasets():
     """GPU benchmark machines lack tensorflow_datasets; only source='tfds' may need it."""
     probe = (
         "import sys, ml_collections\n"
-        "from mecefo_jax import data, data_sources, tokenizer\n"
+        "from mecefo_jax.data import pipeline, sources as data_sources, tokenizer\n"
         "data_sources.load_documents(ml_collections.ConfigDict({'source': 'embedded'}), 'train')\n"
         "assert 'tensorflow_datasets' not in sys.modules, 'tensorflow_datasets was imported'\n"
     )

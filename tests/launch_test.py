@@ -125,7 +125,7 @@ def test_every_sample_of_every_step_is_computed_exactly_once(crashed, caches):
     for row in rows:  # a later generation's record of a step supersedes (redone work)
         final[row['step']] = row
     assert sorted(final) == list(range(STEPS))
-    from mecefo_jax import data as data_lib
+    from mecefo_jax.data import pipeline as data_lib
     cfg = config(overrides(caches))
     reference = data_lib.make_pipeline(cfg.data, vocab_size=int(cfg.model.vocab_size),
                                        num_shards=4, split='train')

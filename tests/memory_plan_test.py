@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.memory_plan and scripts/memory_plan.py on a one-block tiny model.
+"""Tests for mecefo_jax.experiments.memory_plan and scripts/memory_plan.py on a one-block tiny model.
 
 The config matches tests/bench_test.py's (one block, square FFN, full rank,
 2 sequences per replica on 8 devices), so in one session both roles' programs
@@ -15,7 +15,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import tiny
-from mecefo_jax import memory_plan, sharding
+from mecefo_jax import sharding
+from mecefo_jax.experiments import memory_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ('--config.model.num_layers=1', '--config.model.ffn_hidden=32',

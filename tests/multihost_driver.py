@@ -59,7 +59,7 @@ def main():
                                process_id=args.process_id)
 
     from configs.tiny import get_config
-    from mecefo_jax import tokenizer as tokenizer_lib
+    from mecefo_jax.data import tokenizer as tokenizer_lib
     from mecefo_jax.faults.controller import FaultController
 
     trainings = []

@@ -81,8 +81,8 @@ def small_models():
 
     Trained on 40 documents each (a real run samples them all), in a second.
     """
-    from mecefo_jax import data_sources
-    from mecefo_jax import tokenizer as tokenizer_lib
+    from mecefo_jax.data import sources as data_sources
+    from mecefo_jax.data import tokenizer as tokenizer_lib
     cfg = get_config()
     documents = data_sources.load_documents(cfg.data, 'train')
     vocab_size = int(cfg.model.vocab_size)
@@ -91,7 +91,7 @@ def small_models():
 
 @pytest.fixture(scope='module')
 def two_process_run(tmp_path_factory, small_models):
-    from mecefo_jax import tokenizer as tokenizer_lib
+    from mecefo_jax.data import tokenizer as tokenizer_lib
     out_dir = tmp_path_factory.mktemp('multihost')
     # Process 1's cache already holds another model for this corpus: a stale
     # cache, or a training run whose thread schedule differed.

@@ -18,7 +18,7 @@ import sys
 import ml_collections
 import pytest
 
-from mecefo_jax import quality
+from mecefo_jax.experiments import quality
 from mecefo_jax.faults import schedule as schedule_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -161,7 +161,7 @@ def test_a_worker_restores_the_launchers_step_healing_from_a_peer_or_names_the_f
     """The launcher chooses the step (no collective): a worker whose own keeper
     lacks part of it heals from a peer; a step nobody holds is a clear error."""
     import types
-    from mecefo_jax.launch.snapshots import keeper_restore
+    from mecefo_jax.launch.worker_state import keeper_restore
     mesh, values = _mesh(4), _values(5)
     tree = _put(values, mesh)
     _write(own, 41, tree, keep=lambda s: s.path != "b")  # the own keeper lost all of 'b'

@@ -1,12 +1,12 @@
-"""Tests for mecefo_jax.tokenizer: training, exact round trips, caching, errors."""
+"""Tests for mecefo_jax.data.tokenizer: training, exact round trips, caching, errors."""
 
 import os
 
 import ml_collections
 import pytest
 
-from mecefo_jax import data_sources
-from mecefo_jax import tokenizer as tokenizer_lib
+from mecefo_jax.data import sources as data_sources
+from mecefo_jax.data import tokenizer as tokenizer_lib
 
 VOCAB_SIZE = 512
 

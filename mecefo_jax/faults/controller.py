@@ -35,6 +35,7 @@ import jax
 import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
+from mecefo_jax import multihost
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax.faults import schedule as schedule_lib
@@ -67,15 +68,6 @@ class Event:
     def measured_overhead_sec(self) -> float:
         return (self.detect_sec + self.rebuild_sec + self.compile_sec + self.restore_sec
                 + self.refresh_sec + self.checkpoint_block_sec)
-
-
-def agreed_live_mask(local_mask) -> tuple[bool, ...]:
-    """Process 0's decision, so every host acts identically at the same step."""
-    if jax.process_count() == 1:
-        return tuple(local_mask)
-    from jax.experimental import multihost_utils
-    agreed = multihost_utils.broadcast_one_to_all(np.asarray(local_mask, np.int32))
-    return tuple(bool(x) for x in np.asarray(agreed))
 
 
 class FaultController:
@@ -148,7 +140,7 @@ class FaultController:
             self._initial_saved = True
         start = time.perf_counter()
         scheduled = self.schedule.live_mask(clock)
-        desired = agreed_live_mask([up and not absent for up, absent in
+        desired = multihost.agreed_live_mask([up and not absent for up, absent in
                                     zip(scheduled, self._absent)])
         detect_sec = time.perf_counter() - start
         if desired != self.live:

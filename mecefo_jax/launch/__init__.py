@@ -5,7 +5,7 @@
 | `__main__` | the command line: `python -m mecefo_jax.launch --nprocs N --config CFG --workdir DIR` |
 | `supervisor` | generations of workers, failure detection and injection, teardown, recovery reports |
 | `worker` | one training process: join, restore, train with absent replicas down, snapshot |
-| `snapshots` | the worker's snapshot hook and its restore from keepers (heal from peers) |
+| `worker_state` | the worker's train state: snapshot after each step, restore from keepers (heal from peers) or disk |
 | `placement` | which worker holds which data-parallel replica |
 | `heartbeat` | UDP heartbeats: liveness and progress |
 

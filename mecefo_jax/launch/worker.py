@@ -85,7 +85,7 @@ def main(argv):
     from mecefo_jax import train as train_lib
     from mecefo_jax.faults.controller import FaultController
     from mecefo_jax.launch import placement as placement_lib
-    from mecefo_jax.launch import snapshots as snapshots_lib
+    from mecefo_jax.launch import worker_state as worker_state
 
     placement = placement_lib.Placement(_WORKERS.value, int(cfg.launch.local_devices),
                                         int(cfg.mesh.model))
@@ -99,10 +99,10 @@ def main(argv):
     info: dict = {}
     restore = None
     if _RESUME.value == 'memory':
-        restore = snapshots_lib.keeper_restore(keepers, _WORKER.value, info,
+        restore = worker_state.keeper_restore(keepers, _WORKER.value, info,
                                                step=_RESUME_STEP.value or None)
     elif _RESUME.value == 'disk':
-        restore = snapshots_lib.disk_restore(info)
+        restore = worker_state.disk_restore(info)
     elif _RESUME.value == 'fresh' and run.checkpointer is not None \
             and run.checkpointer.latest_step() is not None:
         raise ValueError(f'{run.checkpointer.directory} already holds checkpoints; '
@@ -112,7 +112,7 @@ def main(argv):
         parity = None
         if cfg.snapshot.parity:
             parity = _parity_pusher(cfg, keepers, _WORKER.value)
-        snapshot_hook = snapshots_lib.SnapshotHook(keepers[_WORKER.value],
+        snapshot_hook = worker_state.SnapshotHook(keepers[_WORKER.value],
                                                    int(cfg.snapshot.every), parity=parity)
 
     controllers = []

@@ -14,7 +14,6 @@ held by *keeper* processes that outlive the workers (REFT, arXiv
 | `async_writer` | `AsyncSnapshotter`: materialise, copy, publish in a background thread |
 | `erasure`, `parity` | the erasure-code interface (`XorCode`) and RAID-5 parity across a group |
 | `shm`, `wire` | shared-memory ownership rules and message framing |
-| `bench` | `python -m mecefo_jax.snapshot.bench`: snapshot/restore timings |
 
 A worker, given its keeper's address (and its peers'):
 

@@ -28,9 +28,10 @@ import copy
 import json
 import math
 import os
-import statistics
 import time
 
+from mecefo_jax.experiments.report import (distinct_seeds, fmt, format_spread, pyplot, significance,
+                                           stats)
 from mecefo_jax.faults.controller import FaultController
 from mecefo_jax.faults.strategies import STRATEGIES
 
@@ -83,7 +84,7 @@ def _run_config(cfg, name: str, regime: str):
 def _schedule_programs(cfg, runs) -> set:
     """Every device program any run will use: layouts follow from the live masks."""
     from mecefo_jax.faults import schedule as schedule_lib
-    from mecefo_jax.faults.cost_model import layout_keys
+    from mecefo_jax.experiments.role_timer import layout_keys
     from mecefo_jax.faults.strategies import layout_for
     replicas = num_replicas(cfg)
     steps = int(cfg.train.steps)
@@ -114,7 +115,7 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
     """Run every strategy, write compare_faults.{json,md,png}, return the JSON dict."""
     from mecefo_jax import optim
     from mecefo_jax.faults import schedule as schedule_lib
-    from mecefo_jax.faults.cost_model import RoleTimer
+    from mecefo_jax.experiments.role_timer import RoleTimer
     from mecefo_jax.layout import ROLE_NORMAL, Program
     from mecefo_jax.model import Llama, ModelConfig
 
@@ -243,10 +244,6 @@ def baseline_wins(strategies: dict, spreads: dict | None = None) -> list[str]:
     return lines
 
 
-def _fmt(value, spec: str) -> str:
-    return 'n/a' if value is None else format(value, spec)
-
-
 def num_replicas(cfg) -> int:
     """Data-parallel replicas of the full mesh this config builds."""
     import jax
@@ -267,9 +264,9 @@ def markdown_table(report: dict) -> str:
              '|---|---|---|---|---|---|---|---|---|---|---|']
     for name, r in report['strategies'].items():
         lines.append(
-            f"| {name} | {r['modeled_tokens_per_sec']:.2f} | {_fmt(r['throughput_drop_pct'], '.2f')} | "
+            f"| {name} | {r['modeled_tokens_per_sec']:.2f} | {fmt(r['throughput_drop_pct'], '.2f')} | "
             f"{r['unscaled_tokens_per_sec']:.0f} | {r['wall_tokens_per_sec']:.0f} | {r['final_val_loss']:.4f} | "
-            f"{_fmt(r['val_loss_vs_fault_free_pct'], '+.2f')} | {r['lost_steps']} | {len(r['events'])} | "
+            f"{fmt(r['val_loss_vs_fault_free_pct'], '+.2f')} | {r['lost_steps']} | {len(r['events'])} | "
             f"{r['measured_overhead_sec']:.2f} | {r['relaunch_sec_modelled']:.0f} |")
     if 'fault_free' not in report['strategies']:
         lines += ['', 'fault_free was not run: drops and loss changes are n/a.']
@@ -315,9 +312,7 @@ def wins_markdown(wins: list[str]) -> list[str]:
 
 
 def plot(report: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     names = list(report['strategies'])
     fig, (bars, curves) = plt.subplots(1, 2, figsize=(13, 4.5))
     bars.bar(names, [report['strategies'][n]['modeled_tokens_per_sec'] for n in names])
@@ -382,51 +377,6 @@ def compare_seeds(cfg, regime: str, out_dir: str, *, seeds, runs=RUNS, log=print
     return report
 
 
-def distinct_seeds(seeds) -> list[int]:
-    """`seeds` as ints, at least one and none repeated (a repeat would double-count it)."""
-    seeds = [int(s) for s in seeds]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f'--seeds must give at least one distinct seed, got {seeds}.')
-    return seeds
-
-
-def stats(values) -> dict | None:
-    """mean, sample std (ddof=1; None for one value), min, max and the values; None if any is."""
-    values = list(values)
-    if not values or any(v is None for v in values):
-        return None
-    return {'mean': statistics.fmean(values),
-            'std': statistics.stdev(values) if len(values) > 1 else None,
-            'min': min(values), 'max': max(values), 'values': values}
-
-
-def significance(a: dict | None, b: dict | None) -> dict:
-    """Whether two figures' means differ by more than their spread.
-
-    The gap |mean_b - mean_a| is called significant when it exceeds
-    std_a + std_b (sample stds over seeds): a loose one-sigma-each criterion,
-    as few seeds allow no more. Every seed runs all strategies on the same
-    trace, so the paired view is reported too: whether b - a has the same
-    sign in every seed.
-    """
-    if a is None or b is None:
-        return {'gap': None, 'spread': None, 'significant': None,
-                'same_order_in_every_seed': None, 'verdict': 'n/a'}
-    gap = abs(b['mean'] - a['mean'])
-    sign = math.copysign(1.0, b['mean'] - a['mean'])
-    same_order = all((vb - va) * sign > 0 for va, vb in zip(a['values'], b['values']))
-    if a['std'] is None or b['std'] is None:
-        return {'gap': gap, 'spread': None, 'significant': None,
-                'same_order_in_every_seed': same_order,
-                'verdict': 'one seed: no spread, so significance is unknown'}
-    spread = a['std'] + b['std']
-    significant = gap > spread
-    verdict = (f'the gap {gap:.4g} {"exceeds" if significant else "is within"} the spread '
-               f'{spread:.4g} (std sum): {"significant" if significant else "not significant"}')
-    return {'gap': gap, 'spread': spread, 'significant': significant,
-            'same_order_in_every_seed': same_order, 'verdict': verdict}
-
-
 def _scalar_figures(entry: dict) -> dict:
     figures = {k: v for k, v in entry.items()
                if (isinstance(v, (int, float)) and not isinstance(v, bool)) or v is None}
@@ -483,15 +433,6 @@ def ranking(strategies: dict) -> list[dict]:
     return rows
 
 
-def format_spread(s: dict | None, spec: str) -> str:
-    """A `stats` dict as 'mean ± std [min, max]' ('n/a' for none)."""
-    if s is None:
-        return 'n/a'
-    std = 'n/a' if s['std'] is None else format(s['std'], spec.lstrip('+'))
-    return (f"{format(s['mean'], spec)} ± {std} "
-            f"[{format(s['min'], spec)}, {format(s['max'], spec)}]")
-
-
 def _seed_table(strategies: dict, columns) -> list[str]:
     lines = ['| strategy | ' + ' | '.join(label for _, label, _ in columns) + ' |',
              '|---|' + '---|' * len(columns)]
@@ -509,7 +450,7 @@ def seeds_markdown(report: dict) -> str:
              '| fault.seed | schedule (step:replica:duration) | wall s |', '|---|---|---|']
     for s in seeds:
         lines.append(f"| {s['fault_seed']} | `{s['schedule'] or 'none'}` | "
-                     f"{_fmt(s['wall_sec'], '.0f')} |")
+                     f"{fmt(s['wall_sec'], '.0f')} |")
     if len({s['schedule'] for s in seeds}) < len(seeds):
         lines += ['', 'Some seeds share a schedule (explicit `fault.events`?): their spread '
                   'is timing noise only.']
@@ -542,7 +483,7 @@ def seeds_markdown(report: dict) -> str:
 
     for row in report['ranking']:
         pair = (['-'] * 4 if 'next' not in row else
-                [_fmt(row['gap'], '.2f'), _fmt(row['spread'], '.2f'),
+                [fmt(row['gap'], '.2f'), fmt(row['spread'], '.2f'),
                  yes_no(row['significant']), yes_no(row['same_order_in_every_seed'])])
         lines.append(f"| {row['rank']} | {row['strategy']} | "
                      f"{format_spread(row['drop_pct'], '.2f')} | "
@@ -570,9 +511,7 @@ def ranking_sentences(rows: list[dict]) -> list[str]:
 
 
 def plot_seeds(report: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     names = list(report['strategies'])
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     # Loss as a change vs fault-free when there is one: absolute losses differ by too

@@ -80,7 +80,7 @@ def resolve(cfg, num_devices: int) -> dict[str, int]:
 
 
 def _role_entry(compiled, state_abs, programs, limit_bytes) -> dict[str, Any]:
-    from mecefo_jax.bench import memory_of
+    from mecefo_jax.aot import memory_of
     in_shardings = compiled.input_shardings[0][0]  # (args, kwargs) -> args -> state
     params = device_bytes(state_abs.params, in_shardings.params)
     optimizer = device_bytes(state_abs.opt_state, in_shardings.opt_state)
@@ -103,7 +103,8 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
          platform: str = 'cpu', log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Compile each role's train step for one replica's devices; return the plan."""
     from mecefo_jax import sharding, step as step_lib
-    from mecefo_jax.bench import abstract, abstract_batch, config_summary
+    from mecefo_jax.aot import abstract, abstract_batch
+    from mecefo_jax.experiments.step_cost import config_summary
     from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
     from mecefo_jax.model import Llama, ModelConfig
     from mecefo_jax.optim import make_optimizer

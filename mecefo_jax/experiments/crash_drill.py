@@ -26,6 +26,7 @@ import statistics
 import time
 
 from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.experiments.report import fmt
 
 # Recovery components, in the order a recovery goes through them.
 COMPONENTS = ('detect_sec', 'teardown_sec', 'relaunch_sec', 'distributed_init_sec',
@@ -78,7 +79,7 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
     import jax
     import numpy as np
     from mecefo_jax import train as train_lib
-    from mecefo_jax.launch.snapshots import SnapshotHook
+    from mecefo_jax.launch.worker_state import SnapshotHook
     from mecefo_jax.layout import assemble, full_layout
     from mecefo_jax.snapshot import start_keeper
 
@@ -258,10 +259,6 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     return report
 
 
-def _fmt(value, spec='.2f'):
-    return 'n/a' if value is None else format(value, spec)
-
-
 def markdown(r: dict) -> str:
     mem, dsk = r['memory'], r['disk']
     lines = [f"Crash drill: `{r['config']}`, {r['workers']} workers x {r['local_devices']} CPU "
@@ -270,13 +267,13 @@ def markdown(r: dict) -> str:
              f"Orbax every {r['checkpoint_every']} steps (disk).", '',
              '| component (s) | memory (keepers) | disk (Orbax) |', '|---|---|---|']
     for key in COMPONENTS + ('recovery_sec',):
-        lines.append(f'| {key} | {_fmt(mem.get(key))} | {_fmt(dsk.get(key))} |')
+        lines.append(f'| {key} | {fmt(mem.get(key))} | {fmt(dsk.get(key))} |')
     lines.append(f"| lost (redone) steps | {mem['lost_steps']} | {dsk['lost_steps']} |")
     lines.append(f"| restored bytes | {mem['restore_bytes']} | {dsk['restore_bytes']} |")
     o = r['snapshot_overhead']
     speedup = r['restore_speedup_memory_vs_disk']
     a = r['restore_alone']
-    lines += ['', f"Restore from keepers is {_fmt(speedup, '.1f')}x faster than from disk in "
+    lines += ['', f"Restore from keepers is {fmt(speedup, '.1f')}x faster than from disk in "
               "the jobs (slowest worker each).",
               f"The restores alone (one process, the same {a['bytes'] / 2**20:.1f} MiB state, "
               f"{a['repeats']} interleaved repeats, medians): keeper "
@@ -297,7 +294,7 @@ def markdown(r: dict) -> str:
               f"({r['max_rel_param_diff_vs_simulated']:.3g} of the leaf's scale; bitwise: "
               f"{r['param_bitwise_equal_to_simulated']}).",
               f"Parity (`mesh.data=1`, worker 2 and its keeper killed): rebuilt in "
-              f"{_fmt(r['parity']['parity_rebuild_sec'], '.3f')} s, bitwise: "
+              f"{fmt(r['parity']['parity_rebuild_sec'], '.3f')} s, bitwise: "
               f"{r['parity_rebuild_bitwise']}; resumed at step {r['parity']['resume_step']}, "
               f"{r['parity']['lost_steps']} step(s) redone."]
     return '\n'.join(lines) + '\n'

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
+from mecefo_jax import multihost
 from mecefo_jax.snapshot import (AsyncSnapshotter, KeeperClient, ParityPusher, SnapshotWriter,
                                  SnapshotMissingError, feasible_steps, open_sources,
                                  pinned_local_copies, restore)
@@ -78,29 +79,6 @@ class RestoreInfo:
         return sum(n for source, n in self.bytes_by_source.items() if source.startswith('tcp:'))
 
 
-def agreed_step(feasible: set[int]) -> tuple[int | None, int | None]:
-    """(the newest step every process can restore, the newest any process can).
-
-    Both None when there is none. Every process gets the same pair, so they
-    all take the same branch after it.
-    """
-    if jax.process_count() == 1:
-        newest = max(feasible, default=None)
-        return newest, newest
-    from jax.experimental import multihost_utils
-    width = 64  # more snapshots than a keeper ever holds
-    mine = np.full((width,), -1, np.int64)
-    newest = sorted(feasible, reverse=True)[:width]
-    mine[:len(newest)] = newest
-    everyone = np.asarray(multihost_utils.process_allgather(mine))
-    common = set(everyone[0].tolist())
-    for row in everyone[1:]:
-        common &= set(row.tolist())
-    common.discard(-1)
-    anywhere = int(everyone.max())
-    return max(common, default=None), (None if anywhere < 0 else anywhere)
-
-
 def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None = None):
     """A `train(restore=...)` callback restoring from the keepers' snapshots.
 
@@ -133,14 +111,14 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
                         'own keeper or any live peer. Fix: restart from the Orbax disk '
                         'checkpoint (launch.recovery=disk, train.checkpoint_every).')
             else:
-                chosen, newest = agreed_step(set(feasible_steps(abstract, snaps)))
+                chosen, newest = multihost.agreed_step(set(feasible_steps(abstract, snaps)))
                 if chosen is None or chosen < newest:
                     # Some process cannot assemble the newest step from its own
                     # keeper (a rejoined or replaced worker's is empty or stale):
                     # every process got the same pair, so all open the peers'
                     # keepers (TCP) and agree again.
                     snaps += open_sources(None, peers)
-                    chosen, _ = agreed_step(set(feasible_steps(abstract, snaps)))
+                    chosen, _ = multihost.agreed_step(set(feasible_steps(abstract, snaps)))
             marks.append(time.perf_counter())
             if chosen is None:
                 if any(s.step for s in snaps):

@@ -1,7 +1,7 @@
 """The training/validation input pipeline: documents -> sharded token batches.
 
 This module owns everything between a split's documents
-(`mecefo_jax.data_sources`) and the int32 arrays the train step consumes:
+(`mecefo_jax.data.sources`) and the int32 arrays the train step consumes:
 
     document indices -> seeded shuffle (fresh permutation every epoch, forever)
       -> tokenize + EOS            (Grain worker threads)
@@ -33,8 +33,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from mecefo_jax import data_sources
-from mecefo_jax.tokenizer import Tokenizer, load_or_train_tokenizer
+from mecefo_jax.data import sources as data_sources
+from mecefo_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
 # Validation batches use a fixed shuffle seed so that eval numbers are computed
 # on the same batches whatever data.seed a training run uses.

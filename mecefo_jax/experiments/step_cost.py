@@ -99,6 +99,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mecefo_jax.aot import abstract, abstract_batch, count_while_loops, flops_of, memory_of
+from mecefo_jax.experiments.report import fmt
+
 MODES = ('normal', 'ndb_naive', 'mecefo', 'mecefo_per_batch', 'plain_dp')
 MECEFO_MODES = MODES[:4]  # the modes that run step.make_train_step
 GROUPS = ('attention', 'ffn', 'other', 'total_non_attention')
@@ -153,24 +156,6 @@ def make_plain_dp_step(model, optimizer, mesh, param_shardings, opt_shardings):
                    in_shardings=(param_shardings, opt_shardings, sharding.data_sharded(mesh)),
                    out_shardings=(param_shardings, opt_shardings, sharding.replicated(mesh)),
                    donate_argnums=(0, 1))
-
-
-def abstract(tree, shardings):
-    """ShapeDtypeStructs carrying `shardings`: compile without materialising."""
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        tree, shardings)
-
-
-def abstract_batch(mesh, rows: int, seq: int, num_replicas: int = 1):
-    """The step's batch dict as ShapeDtypeStructs ([R*rows, seq] tokens, ...)."""
-    from mecefo_jax import step as step_lib
-    sh = step_lib.batch_shardings(mesh)
-    n = num_replicas * rows
-    return {'tokens': jax.ShapeDtypeStruct((n, seq), jnp.int32, sharding=sh['tokens']),
-            'weights': jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sh['weights']),
-            'programs': jax.ShapeDtypeStruct((num_replicas,), jnp.int32,
-                                             sharding=sh['programs']),
-            'step': jax.ShapeDtypeStruct((), jnp.int32, sharding=sh['step'])}
 
 
 def unrolled(model):
@@ -269,35 +254,6 @@ def grad_rel_error_by_param(approx, exact) -> dict[str, float]:
 
 
 # ------------------------------------------------------- compiled costs
-
-
-def flops_of(compiled) -> float:
-    """FLOPs from `cost_analysis()`, which is a dict, a list of dicts or None."""
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0] if analysis else None
-    if not analysis:
-        return float('nan')
-    return float(analysis.get('flops', float('nan')))
-
-
-MEMORY_FIELDS = ('temp_size_in_bytes', 'argument_size_in_bytes', 'output_size_in_bytes',
-                 'alias_size_in_bytes', 'generated_code_size_in_bytes', 'peak_memory_in_bytes')
-
-
-def memory_of(compiled) -> dict[str, int]:
-    """`memory_analysis()` byte counts plus `peak_bytes` (args + out + temp - alias)."""
-    stats = compiled.memory_analysis()
-    if stats is None:
-        return {**{f: -1 for f in MEMORY_FIELDS}, 'peak_bytes': -1}
-    mem = {f: int(getattr(stats, f, -1)) for f in MEMORY_FIELDS}
-    mem['peak_bytes'] = (mem['argument_size_in_bytes'] + mem['output_size_in_bytes']
-                         + mem['temp_size_in_bytes'] - mem['alias_size_in_bytes'])
-    return mem
-
-
-def count_while_loops(compiled) -> int:
-    return (compiled.as_text() or '').count(' while(')
 
 
 def time_interleaved(programs: dict, *, warmup: int, iters: int, seed: int = 0):
@@ -644,10 +600,6 @@ def fault_free_overhead(cfg, model, optimizer, *, batch: int, warmup: int, iters
 # ---------------------------------------------------------------- output
 
 
-def _fmt(value, spec: str, width: int) -> str:
-    return f'{"-":>{width}}' if value is None else f'{value:>{width}{spec}}'
-
-
 def format_table(result: dict[str, Any]) -> str:
     """A plain-text table of the figures, their ratios and the gradient error."""
     lines = [f"{'mode':<17}{'GFLOPs':>10}{'x':>7}{'raw GF':>9}{'temp MiB':>10}{'x':>7}"
@@ -659,7 +611,8 @@ def format_table(result: dict[str, Any]) -> str:
             f"{v['flops_xla_raw'] / 1e9:>9.2f}"
             f"{v['temp_bytes'] / 2**20:>10.1f}{r['temp_bytes']:>7.3f}"
             f"{v['peak_bytes'] / 2**20:>10.1f}{r['peak_bytes']:>7.3f}"
-            + _fmt(v['step_ms'], '.2f', 10) + _fmt(r['step_ms'], '.3f', 7))
+            + fmt(v['step_ms'], '>10.2f', missing=f'{"-":>10}')
+            + fmt(r['step_ms'], '>7.3f', missing=f'{"-":>7}'))
     o = result['optimizer_update']
     lines.append(f"(AdamW update alone: {o['flops'] / 1e9:.3f} GFLOPs; GFLOPs are XLA's count "
                  f"of the unrolled step, raw GF of the scanned one)")

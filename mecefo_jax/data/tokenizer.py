@@ -14,7 +14,7 @@ the 256 byte pieces, so rare characters decode losslessly instead of to <unk>.
 Special ids are fixed: pad=0, unk=1, bos=2, eos=3.
 
 In a multi-process JAX run every process must tokenize with the same model
-bytes (`_agreed_model_bytes`): process 0 alone loads or trains the cached model
+bytes (`multihost.agreed_bytes`): process 0 alone loads or trains the cached model
 and broadcasts it, and a given ``data.tokenizer_path`` must hold identical
 bytes on every host.
 """
@@ -32,7 +32,8 @@ from typing import Any
 
 import sentencepiece as spm
 
-from mecefo_jax import data_sources
+from mecefo_jax import multihost
+from mecefo_jax.data import sources as data_sources
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "mecefo_jax")
@@ -82,6 +83,13 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size}, model_path={self.model_path!r})"
 
 
+# How to fix tokenizer models that differ between hosts (multihost.agreed_bytes).
+_TOKENIZER_MISMATCH_HINT = (
+    "data.tokenizer_path must name the same sentencepiece model on every host. Copy"
+    " one .model file to every host (or onto a shared filesystem), or set"
+    " data.tokenizer_path='' to let process 0 train one for all.")
+
+
 def load_or_train_tokenizer(
     data_cfg: Any, vocab_size: int, train_texts: Callable[[], Iterable[str]]
 ) -> Tokenizer:
@@ -94,13 +102,14 @@ def load_or_train_tokenizer(
     tokenizer_path = str(data_sources.config_value(data_cfg, "tokenizer_path", ""))
     if tokenizer_path:
         if multi_process:
-            _agreed_model_bytes(lambda: _read_user_model(tokenizer_path), every_process_reads=True)
+            multihost.agreed_bytes(lambda: _read_user_model(tokenizer_path), every_process_reads=True,
+                mismatch_hint=_TOKENIZER_MISMATCH_HINT)
         tokenizer = _load_user_tokenizer(tokenizer_path)
         _check_vocab_size(tokenizer, vocab_size, "data.tokenizer_path")
         return tokenizer
     model_path = cached_model_path(data_cfg, vocab_size)
     if multi_process:
-        model_bytes = _agreed_model_bytes(
+        model_bytes = multihost.agreed_bytes(
             lambda: _cached_or_trained_bytes(model_path, vocab_size, train_texts),
             every_process_reads=False)
         _replace_if_different(model_bytes, model_path)
@@ -183,71 +192,6 @@ def _process_count() -> int:
         return 1
     import jax
     return jax.process_count()
-
-
-def _agreed_model_bytes(read_model: Callable[[], bytes], *, every_process_reads: bool) -> bytes:
-    """The serialized tokenizer that every process of a multi-process run uses.
-
-    Why: hosts without a shared data.cache_dir would each train their own
-    model, and sentencepiece's result depends on its thread count (one per
-    CPU core, up to 16: a property of the host; even the pieces differ) and
-    on thread scheduling; a host's cache may also hold a stale model. Hosts
-    could then tokenize the same documents differently and, since parameters
-    stay replicated either way, silently train on batches nobody intended.
-    So one process decides:
-
-    * ``every_process_reads=False`` (a cached or newly trained model): only
-      process 0 calls `read_model`; its bytes are broadcast (length first, then
-      the bytes) and returned on every process.
-    * ``every_process_reads=True`` (``data.tokenizer_path``): each process
-      reads its own copy and the sha256 digests are gathered; differing bytes
-      raise on every process alike.
-
-    A `read_model` error is re-raised where it happened, after the others have
-    been told, so that no process waits forever in a collective.
-    """
-    import numpy as np
-    import jax
-    from jax.experimental import multihost_utils
-
-    local_error, model_bytes = None, b""
-    if every_process_reads or jax.process_index() == 0:
-        try:
-            model_bytes = read_model()
-        except Exception as error:  # re-raised below, once the others know
-            local_error = error
-    if every_process_reads:
-        digest = np.zeros(32, np.uint8)  # all zeros: this process could not read it
-        if local_error is None:
-            digest = np.frombuffer(hashlib.sha256(model_bytes).digest(), np.uint8)
-        digests = np.asarray(multihost_utils.process_allgather(digest))
-        if local_error is not None:
-            raise local_error
-        unreadable = [i for i, d in enumerate(digests) if not d.any()]
-        differing = [i for i, d in enumerate(digests) if (d != digests[0]).any()]
-        if unreadable or differing:
-            problem = (f"processes {unreadable} could not read it" if unreadable else
-                       f"processes {differing} hold different bytes than process 0")
-            raise ValueError(
-                f"data.tokenizer_path must name the same sentencepiece model on every"
-                f" host, but {problem}. Copy one .model file to every host (or onto a"
-                " shared filesystem), or set data.tokenizer_path='' to let process 0"
-                " train one for all."
-            )
-        return model_bytes
-    length = len(model_bytes) if local_error is None else -1
-    length = int(multihost_utils.broadcast_one_to_all(np.array([length], np.int32))[0])
-    if local_error is not None:
-        raise local_error
-    if length < 0:
-        raise RuntimeError(
-            "Process 0 failed to load or train the tokenizer (its log has the"
-            " error), so this process has no model to use."
-        )
-    source = jax.process_index() == 0
-    buffer = np.frombuffer(model_bytes, np.uint8) if source else np.zeros(length, np.uint8)
-    # The broadcast is a sum with zeros from the other processes, which widens uint8.
-    return np.asarray(multihost_utils.broadcast_one_to_all(buffer)).astype(np.uint8).tobytes()
 
 
 def _cached_or_trained_bytes(

@@ -34,8 +34,9 @@ import time
 
 import jax
 
-from mecefo_jax import bench
-from mecefo_jax.compare import RecordingController, distinct_seeds, format_spread, stats
+from mecefo_jax.experiments import step_cost as bench
+from mecefo_jax.experiments.compare import RecordingController
+from mecefo_jax.experiments.report import distinct_seeds, format_spread, pyplot, stats
 from mecefo_jax.faults.schedule import REGIMES
 from mecefo_jax.faults.strategies import validate_strategy
 from mecefo_jax.layout import ROLE_NEIGHBOUR, Layout, assemble
@@ -372,9 +373,7 @@ def markdown(report: dict) -> str:
 
 def plot(report: dict, path: str) -> None:
     """Training loss, validation perplexity, and its change vs fault-free of the same seed."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, (train_ax, val_ax, rel_ax) = plt.subplots(1, 3, figsize=(18, 4.5))
     rows = report['rows']
     free = {r['seed']: dict(r['val_curve']) for r in rows if r['run'] == 'fault_free'}

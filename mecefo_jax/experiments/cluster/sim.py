@@ -46,9 +46,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mecefo_jax.cluster import costs as costs_lib
-from mecefo_jax.cluster import recovery as recovery_lib
-from mecefo_jax.cluster import traces as traces_lib
+from mecefo_jax.experiments.cluster import costs as costs_lib
+from mecefo_jax.experiments.cluster import recovery as recovery_lib
+from mecefo_jax.experiments.cluster import traces as traces_lib
 
 STRATEGIES = ('fault_free', 'mecefo', 'ndb_naive', 'mecefo_spread', 'elastic', 'drop',
               'checkpoint_restart')
@@ -407,7 +407,7 @@ def run(config: SimConfig, *, out_dir: str | None = None, cost: str = 'analytic'
         recovery_overrides: dict | None = None,
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Loads the tables, runs the Monte Carlo, writes the reports to `out_dir`."""
-    from mecefo_jax.cluster import report as cluster_report  # matplotlib only when writing
+    from mecefo_jax.experiments.cluster import report as cluster_report  # matplotlib only when writing
 
     config.validate()
     bench = costs_lib.load_json(bench_json, '--bench_json') if bench_json else None

@@ -1,6 +1,6 @@
 """Timings of the snapshot store on this machine.
 
-    python -m mecefo_jax.snapshot.bench [--mb 256] [--leaves 8] [--repeats 3] [--group 3]
+    python -m mecefo_jax.experiments.snapshot_bench [--mb 256] [--leaves 8] [--repeats 3] [--group 3]
 
 Writes a float32 pytree of `--mb` MiB (one CPU device) into a keeper and
 reports medians of: the snapshot write (copy + crc + publish; cold = the

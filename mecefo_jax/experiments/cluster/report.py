@@ -15,10 +15,11 @@ import math
 import os
 from typing import Any
 
-from mecefo_jax.cluster import costs as costs_lib
-from mecefo_jax.cluster import recovery as recovery_lib
-from mecefo_jax.cluster import traces as traces_lib
-from mecefo_jax.cluster.traces import READINGS, REGIMES
+from mecefo_jax.experiments.cluster import costs as costs_lib
+from mecefo_jax.experiments.cluster import recovery as recovery_lib
+from mecefo_jax.experiments.cluster import traces as traces_lib
+from mecefo_jax.experiments.cluster.traces import READINGS, REGIMES
+from mecefo_jax.experiments.report import fmt, pyplot
 
 # The paper's Table 2 (MeCeFO, NeurIPS 2025; 32 A100s = 4 nodes x 8): MeCeFO
 # throughput in k tokens/s, failure-free and under `high`, and the drops of
@@ -53,10 +54,6 @@ def _pm(row, digits=2) -> str:
     if row is None:
         return 'n/a'
     return f"{row['drop_pct']:.{digits}f} ± {row['drop_pct_std']:.{digits}f}"
-
-
-def _fmt(x, digits=1) -> str:
-    return 'n/a' if x is None or (isinstance(x, float) and math.isnan(x)) else f'{x:.{digits}f}'
 
 
 # ------------------------------------------------------------ explanation
@@ -156,7 +153,7 @@ def _table2(result, reading, assumption) -> list[str]:
             paper_tps = paper.get(regime)
             paper_drop = 0.0 if regime == 'none' else paper.get(f'{regime}_drop_pct')
             lines.append(
-                f"| {model} | {regime} | {_fmt(paper_tps)} | {_fmt(paper_drop, 2)} | "
+                f"| {model} | {regime} | {fmt(paper_tps, '.1f')} | {fmt(paper_drop, '.2f')} | "
                 f"{mecefo['fault_free_tokens_per_sec'] / 1e3:.1f} | "
                 f"{mecefo['tokens_per_sec'] / 1e3:.1f} | {_pm(mecefo)} | "
                 + ' | '.join(_pm(get(s)) for s in others) + ' |')
@@ -171,7 +168,7 @@ def _paper_baselines(result, expl) -> list[str]:
                           for a in cfg['assumptions']) + ' |',
              '|' + '---|' * (4 + len(cfg['readings']) * len(cfg['assumptions']))]
     for model in cfg['models']:
-        cells = [_fmt(expl.get(f'{r}/{a}/{model}', {}).get('mecefo_drop_pct'), 2)
+        cells = [fmt(expl.get(f'{r}/{a}/{model}', {}).get('mecefo_drop_pct'), '.2f')
                  for r in cfg['readings'] for a in cfg['assumptions']]
         p = PAPER[model]
         lines.append(f"| {model} | {p['high_drop_pct']:.2f} | {p['bamboo_high_drop_pct']:.2f} | "
@@ -466,9 +463,7 @@ def plot(result: dict[str, Any], path: str) -> bool:
     rows = result['sweep_rows']
     if not rows:
         return False
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     cfg = result['config']
     panels = [(r, a) for r in cfg['readings'] for a in cfg['assumptions']]
     cols = len(cfg['assumptions'])

@@ -1,0 +1,15 @@
+"""Experiments: what measures, compares and projects the library. The library never imports it.
+
+| module | measures |
+|---|---|
+| `step_cost` | one device's train-step cost per role: FLOPs, memory, time, gradient error |
+| `compile_time` | a new failure topology's compile time against depth |
+| `memory_plan` | per-device memory plans of the real step, compiled ahead of time |
+| `role_timer` | each role program's wall time, for modelled step time |
+| `compare` | every fault strategy side by side on one failure schedule, over seeds |
+| `quality` | validation perplexity under failures (the paper's Table 3 analogue) |
+| `crash_drill` | real crashes on one machine, recovered from memory and from disk |
+| `snapshot_bench` | the keepers' write, publish and restore paths |
+| `cluster/` | the strategies projected to 8 to 1,024 replicas (numpy Monte Carlo) |
+| `report` | number formatting, spreads over seeds and plots shared by the reports |
+"""

@@ -1,0 +1,78 @@
+"""What every experiment report shares: number formatting, spreads over seeds, plots.
+
+The experiments (step cost, strategy comparison, quality, crash drill,
+cluster projection) write JSON for scripts and markdown for people; the
+helpers here make a missing figure read the same way everywhere ('n/a') and
+a figure over seeds read as 'mean ± std [min, max]'.
+"""
+import math
+import statistics
+
+
+def fmt(value, spec: str = '.2f', missing: str = 'n/a') -> str:
+    """`value` formatted with `spec`, or `missing` for None or NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return format(value, spec)
+
+
+def distinct_seeds(seeds) -> list[int]:
+    """`seeds` as ints, at least one and none repeated (a repeat would double-count it)."""
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f'--seeds must give at least one distinct seed, got {seeds}.')
+    return seeds
+
+
+def stats(values) -> dict | None:
+    """mean, sample std (ddof=1; None for one value), min, max and the values; None if any is."""
+    values = list(values)
+    if not values or any(v is None for v in values):
+        return None
+    return {'mean': statistics.fmean(values),
+            'std': statistics.stdev(values) if len(values) > 1 else None,
+            'min': min(values), 'max': max(values), 'values': values}
+
+
+def significance(a: dict | None, b: dict | None) -> dict:
+    """Whether two figures' means differ by more than their spread.
+
+    The gap |mean_b - mean_a| is called significant when it exceeds
+    std_a + std_b (sample stds over seeds): a loose one-sigma-each criterion,
+    as few seeds allow no more. Every seed runs all strategies on the same
+    trace, so the paired view is reported too: whether b - a has the same
+    sign in every seed.
+    """
+    if a is None or b is None:
+        return {'gap': None, 'spread': None, 'significant': None,
+                'same_order_in_every_seed': None, 'verdict': 'n/a'}
+    gap = abs(b['mean'] - a['mean'])
+    sign = math.copysign(1.0, b['mean'] - a['mean'])
+    same_order = all((vb - va) * sign > 0 for va, vb in zip(a['values'], b['values']))
+    if a['std'] is None or b['std'] is None:
+        return {'gap': gap, 'spread': None, 'significant': None,
+                'same_order_in_every_seed': same_order,
+                'verdict': 'one seed: no spread, so significance is unknown'}
+    spread = a['std'] + b['std']
+    significant = gap > spread
+    verdict = (f'the gap {gap:.4g} {"exceeds" if significant else "is within"} the spread '
+               f'{spread:.4g} (std sum): {"significant" if significant else "not significant"}')
+    return {'gap': gap, 'spread': spread, 'significant': significant,
+            'same_order_in_every_seed': same_order, 'verdict': verdict}
+
+
+def format_spread(s: dict | None, spec: str) -> str:
+    """A `stats` dict as 'mean ± std [min, max]' ('n/a' for none)."""
+    if s is None:
+        return 'n/a'
+    std = 'n/a' if s['std'] is None else format(s['std'], spec.lstrip('+'))
+    return (f"{format(s['mean'], spec)} ± {std} "
+            f"[{format(s['min'], spec)}, {format(s['max'], spec)}]")
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (imported only to draw)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
