@@ -123,11 +123,9 @@ def rotary(x_blhe, theta: float):
     return out.astype(x_blhe.dtype)
 
 
-
 # Names tagged with `checkpoint_name`, for remat policies.
 ATTN_PROJECTIONS = ('attn_q', 'attn_k', 'attn_v')
 ATTN_CONTEXT = 'attn_context'  # attention output before the output projection
-BLOCK_BRANCH_OUTPUTS = ('attn_out', 'ffn_out')
 
 # name -> (what is saved for backward; the rest of the block is recomputed).
 REMAT_POLICIES = {
@@ -248,14 +246,14 @@ class Block(nn.Module):
             # stop_gradient makes the branch's linearisation dead code, so XLA
             # keeps none of its activations and runs none of its backward.
             attn_bld = jax.lax.stop_gradient(attn_bld)
-        x_bld = x_bld + checkpoint_name(attn_bld, 'attn_out')
+        x_bld = x_bld + attn_bld
         ffn_cls = FeedForward
         if self.neighbour and c.remat_ffn:
             # Keep only the FFN input; recompute its inner activations.
             ffn_cls = nn.remat(FeedForward, static_argnums=())
         ffn_in_bld = RMSNorm(c.norm_eps, name='ffn_norm')(x_bld)
         ffn_bld = ffn_cls(c, self.neighbour, name='ffn')(ffn_in_bld)
-        return x_bld + checkpoint_name(ffn_bld, 'ffn_out'), None
+        return x_bld + ffn_bld, None
 
 
 def _run_blocks(cfg: ModelConfig, neighbour: bool, x_bld):

@@ -102,6 +102,7 @@ def result(script_json, tmp_path_factory):
     return res
 
 
+@pytest.mark.subprocess
 def test_blocker_blocks_every_optional_package():
     # Otherwise the script test below would prove nothing.
     proc = _run_blocked('ok = []\n'

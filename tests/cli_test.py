@@ -84,6 +84,7 @@ def test_minimal_configdict_behaves_like_ml_collections():
         _ = cfg.nope
 
 
+@pytest.mark.subprocess
 def test_config_module_falls_back_without_ml_collections():
     # In a fresh interpreter where `import ml_collections` fails, the base
     # config is built from the fallback and equals the ml_collections one.

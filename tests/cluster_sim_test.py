@@ -307,6 +307,7 @@ def test_needed_mttr_inverts_the_downtime():
 # ------------------------------------------------------------------ end to end
 
 
+@pytest.mark.subprocess
 def test_script_runs_end_to_end_without_jax(tmp_path):
     out = tmp_path / 'simc'
     code = (

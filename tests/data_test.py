@@ -326,6 +326,7 @@ def test_tfds_source_trains_its_own_tokenizer(tiny_tfds_dir, tmp_path):
     assert_same_batches(take(resumed, 3), expected)
 
 
+@pytest.mark.subprocess
 def test_non_tfds_sources_do_not_import_tensorflow_datasets():
     """GPU benchmark machines lack tensorflow_datasets; only source='tfds' may need it."""
     probe = (

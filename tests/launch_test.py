@@ -24,6 +24,8 @@ from configs.tiny import get_config
 from mecefo_jax.faults.controller import FaultController
 from mecefo_jax.launch.supervisor import Launcher
 
+pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS, LOCAL = 2, 2  # 4 replicas: worker 1 holds replicas 2 and 3
 # The launcher sees a worker's step through heartbeats every 0.2 s, and tiny

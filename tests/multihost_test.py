@@ -26,6 +26,8 @@ import pytest
 
 from configs.tiny import get_config
 
+pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(REPO, 'tests', 'multihost_driver.py')
 TIMEOUT_SEC = 420

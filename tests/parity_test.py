@@ -14,6 +14,8 @@ from mecefo_jax.snapshot import blob, erasure, parity
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter
 from mecefo_jax.snapshot.keeper import start_keeper
 
+pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
+
 GROUP = "g0"
 # Unequal snapshot sizes, one smaller than the number of chunks.
 SIZES = [10_000, 3, 70_001, 5_000]

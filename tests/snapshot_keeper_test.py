@@ -22,7 +22,8 @@ from mecefo_jax.snapshot.keeper import start_keeper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason="needs /dev/shm (Linux)")
+pytestmark = [pytest.mark.subprocess,  # spawns keepers
+              pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason="needs /dev/shm (Linux)")]
 
 
 def _fill(address, steps=(1, 2)):

@@ -23,6 +23,8 @@ from mecefo_jax.snapshot import async_writer, jax_io
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, SnapshotWriter, open_snapshots, open_sources
 from mecefo_jax.snapshot.keeper import start_keeper
 
+pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SPECS = {

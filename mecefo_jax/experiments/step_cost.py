@@ -352,6 +352,163 @@ def peak_tflops_for(device, override: float | None) -> tuple[float | None, str]:
     return None, f'unknown device kind {device.device_kind!r}: pass --peak_tflops'
 
 
+@dataclasses.dataclass
+class _Bench:
+    """What every stage of `run_benchmark` shares: the model, its mesh and abstract state."""
+    cfg: Any
+    batch: int
+    device: Any
+    log: Callable[[str], None]
+    model: Any
+    optimizer: Any
+    mesh: Any
+    shardings: Any
+    state_abs: Any
+
+    @property
+    def seq(self) -> int:
+        return int(self.cfg.data.seq_len) + 1
+
+
+def _compile_pair(bench: _Bench, make, args, mode):
+    """(real program, the program whose FLOPs are counted, compile times), from abstract args.
+
+    A real program with no while loop (one layer, one loss chunk) is already
+    straight-line code: its count is complete and it is its own counting program.
+    """
+    t0 = time.perf_counter()
+    real = make(bench.model).lower(*args).compile()
+    t1 = time.perf_counter()
+    if not count_while_loops(real):
+        bench.log(f'bench[{mode}]: compiled in {t1 - t0:.1f} s (no loops: counted as is)')
+        return real, real, {'compile_s': t1 - t0, 'flops_source': 'step (no loops)'}
+    counting = make(unrolled(bench.model)).lower(*args).compile()
+    t2 = time.perf_counter()
+    bench.log(f'bench[{mode}]: compiled in {t1 - t0:.1f} s (+{t2 - t1:.1f} s unrolled for FLOPs)')
+    return real, counting, {'compile_s': t1 - t0, 'compile_unrolled_s': t2 - t1,
+                            'flops_source': 'unrolled step'}
+
+
+def _mode_program(bench: _Bench, mode: str):
+    """(make(model) -> jitted step, its abstract args, what it computes) for one mode."""
+    from mecefo_jax import sharding
+    from mecefo_jax import step as step_lib
+    from mecefo_jax.layout import ROLE_NEIGHBOUR
+    if mode == 'plain_dp':
+        tokens_abs = jax.ShapeDtypeStruct((bench.batch, bench.seq), jnp.int32,
+                                          sharding=sharding.data_sharded(bench.mesh))
+        return (lambda m: make_plain_dp_step(m, bench.optimizer, bench.mesh,
+                                             bench.shardings.params, bench.shardings.opt_state),
+                (bench.state_abs.params, bench.state_abs.opt_state, tokens_abs),
+                {'rows': bench.batch, 'neighbour': False})
+    programs = mode_layout(mode, bench.batch).programs
+    return (lambda m: step_lib.make_train_step(m, bench.optimizer, bench.mesh,
+                                               bench.shardings, programs),
+            (bench.state_abs, abstract_batch(bench.mesh, programs[0].rows, bench.seq)),
+            {'program': programs[0].name, 'rows': programs[0].rows,
+             'neighbour': programs[0].role == ROLE_NEIGHBOUR})
+
+
+def _compile_modes(bench: _Bench):
+    """Compile every mode: (figures per mode, details per mode, the real programs)."""
+    modes, details, compiled = {}, {}, {}
+    for mode in MODES:
+        make, args, info = _mode_program(bench, mode)
+        real, counting, times = _compile_pair(bench, make, args, mode)
+        memory = memory_of(real)
+        compiled[mode] = real
+        modes[mode] = {'flops': flops_of(counting), 'flops_xla_raw': flops_of(real),
+                       'temp_bytes': memory['temp_size_in_bytes'],
+                       'peak_bytes': memory['peak_bytes'], 'step_ms': None}
+        details[mode] = {**info, **times, **memory,
+                         'while_loops_in_flops_program': count_while_loops(counting),
+                         'while_loops_in_step': count_while_loops(real),
+                         'conditionals_in_step': (real.as_text() or '').count(' conditional(')}
+        bench.log(f'bench[{mode}]: flops={modes[mode]["flops"]:.4g} '
+                  f'(raw {modes[mode]["flops_xla_raw"]:.4g}) '
+                  f'temp={memory["temp_size_in_bytes"] / 2**20:.1f} MiB '
+                  f'peak={memory["peak_bytes"] / 2**20:.1f} MiB')
+    return modes, details, compiled
+
+
+def _optimizer_update_cost(bench: _Bench) -> dict:
+    """The batch-independent part of every step: AdamW (+ clipping) alone."""
+    def update(grads, opt_state, params):
+        import optax
+        updates, opt_state = bench.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+    params, opt_state = bench.state_abs.params, bench.state_abs.opt_state
+    upd = jax.jit(update).lower(params, opt_state, params).compile()
+    return {'flops': flops_of(upd), 'temp_bytes': memory_of(upd)['temp_size_in_bytes']}
+
+
+def _time_modes(bench: _Bench, result: dict, compiled: dict, *, warmup: int, iters: int,
+                seed: int, peak_tflops: float | None) -> None:
+    """Gradient error of mecefo vs ndb_naive, then every mode timed interleaved (and MFU)."""
+    from mecefo_jax import sharding
+    from mecefo_jax import step as step_lib
+    from mecefo_jax.layout import assemble
+    from mecefo_jax.state import create_train_state
+    log, mesh, modes = bench.log, bench.mesh, result['modes']
+    log('bench: initialising parameters and SVD projections...')
+    state, _ = create_train_state(bench.model, bench.optimizer, mesh, seed=seed,
+                                  rank=bench.cfg.mecefo.rank)
+    tokens_nbt = random_tokens(bench.cfg, bench.batch, seed)
+    batches = {}
+    for mode in MECEFO_MODES:
+        host = dict(assemble(mode_layout(mode, bench.batch), tokens_nbt), step=np.int32(0))
+        batches[mode] = jax.device_put(host, step_lib.batch_shardings(mesh))
+    log('bench: gradient error of mecefo vs ndb_naive on the same two shards...')
+    grads = two_shard_gradients(bench.model, mesh, state, tokens_nbt)
+    result['grad_rel_error'] = grad_rel_error(grads['mecefo'], grads['ndb_naive'])
+    result['grad_rel_error_by_param'] = grad_rel_error_by_param(grads['mecefo'],
+                                                                grads['ndb_naive'])
+    del grads
+    runner = _Runner(state)
+    calls = {mode: runner.mecefo(compiled[mode], batches[mode]) for mode in MECEFO_MODES}
+    calls['plain_dp'] = runner.plain(
+        compiled['plain_dp'], jax.device_put(tokens_nbt[0], sharding.data_sharded(mesh)))
+    log(f'bench: timing, modes interleaved ({warmup} warm-up + {iters} timed rounds)...')
+    times = time_interleaved(calls, warmup=warmup, iters=iters)
+    for mode in MODES:
+        modes[mode]['step_ms'] = float(statistics.median(times[mode]))
+        result['details'][mode]['times_ms'] = times[mode]
+        log(f'bench[{mode}]: step={modes[mode]["step_ms"]:.2f} ms')
+    if bench.device.platform == 'gpu':
+        result['mfu'] = _mfu(bench.cfg, bench.state_abs.params, modes['normal'], bench.batch,
+                             bench.device, peak_tflops)
+    else:
+        result['mfu'] = {'applicable': False,
+                         'reason': f'model-FLOPs utilisation is reported on GPU only '
+                                   f'(this is {bench.device.platform})'}
+
+
+def _overhead(bench: _Bench, *, warmup: int, iters: int, seed: int) -> dict:
+    """The fault-free overhead check on the config's mesh, if it fits this host."""
+    from mecefo_jax import sharding
+    try:  # e.g. a 4-way 'model' mesh on a one-GPU host
+        sharding.mesh_shape(bench.cfg.mesh, len(jax.devices()))
+    except ValueError as error:
+        bench.log(f'bench[overhead]: skipped: {error}')
+        return {'skipped': f"the config's mesh does not fit this host: {error}"}
+    return fault_free_overhead(bench.cfg, bench.model, bench.optimizer, batch=bench.batch,
+                               warmup=warmup, iters=iters, seed=seed, log=bench.log)
+
+
+def _new_bench(cfg, batch: int, device, log) -> _Bench:
+    from mecefo_jax import sharding
+    from mecefo_jax.model import Llama, ModelConfig
+    from mecefo_jax.optim import make_optimizer
+    from mecefo_jax.state import abstract_train_state, state_shardings
+    model = Llama(ModelConfig.from_config(cfg))
+    mesh = sharding.mesh_from_rows([[device]])
+    optimizer = make_optimizer(cfg.train)
+    rank = cfg.mecefo.rank
+    shardings = state_shardings(model, optimizer, mesh, rank)
+    state_abs = abstract(abstract_train_state(model, optimizer, rank=rank), shardings)
+    return _Bench(cfg, batch, device, log, model, optimizer, mesh, shardings, state_abs)
+
+
 def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: int = 2,
                   iters: int = 5, seed: int = 0, device=None, overhead: bool = True,
                   overhead_iters: int = 30, peak_tflops: float | None = None,
@@ -362,94 +519,21 @@ def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: in
     train for the optimizer, mesh for the overhead check). Returns the dict
     written to the JSON file.
     """
-    from mecefo_jax import sharding, step as step_lib
-    from mecefo_jax.layout import ROLE_NEIGHBOUR, assemble
-    from mecefo_jax.model import Llama, ModelConfig
-    from mecefo_jax.optim import make_optimizer
-    from mecefo_jax.state import abstract_train_state, create_train_state, state_shardings
-
     if log is None:
-        log = lambda msg: print(msg, flush=True)  # noqa: E731
+        def log(msg):
+            print(msg, flush=True)
     if batch < 1 or iters < 0 or warmup < 0 or overhead_iters < 1:
         raise ValueError(f'need --batch >= 1, --iters >= 0, --warmup >= 0 and '
                          f'--overhead_iters >= 1; got batch={batch}, iters={iters}, '
                          f'warmup={warmup}, overhead_iters={overhead_iters}')
     device = jax.devices()[0] if device is None else device
-    model = Llama(ModelConfig.from_config(cfg))
-    counting_model = unrolled(model)
-    mesh = sharding.mesh_from_rows([[device]])
-    optimizer = make_optimizer(cfg.train)
-    rank = cfg.mecefo.rank
-    seq = int(cfg.data.seq_len) + 1
+    bench = _new_bench(cfg, batch, device, log)
     summary = config_summary(cfg, batch)
     log(f'bench: {summary} on {device.platform}:{device.device_kind}')
-
-    shardings = state_shardings(model, optimizer, mesh, rank)
-    state_abs = abstract(abstract_train_state(model, optimizer, rank=rank), shardings)
-    tokens_abs = jax.ShapeDtypeStruct((batch, seq), jnp.int32,
-                                      sharding=sharding.data_sharded(mesh))
-
-    def compile_pair(make, args, mode):
-        """(real program, the program whose FLOPs are counted), from abstract args.
-
-        A real program with no while loop (one layer, one loss chunk) is
-        already straight-line code: its count is complete and it is its own
-        counting program.
-        """
-        t0 = time.perf_counter()
-        real = make(model).lower(*args).compile()
-        t1 = time.perf_counter()
-        if not count_while_loops(real):
-            log(f'bench[{mode}]: compiled in {t1 - t0:.1f} s (no loops: counted as is)')
-            return real, real, {'compile_s': t1 - t0, 'flops_source': 'step (no loops)'}
-        counting = make(counting_model).lower(*args).compile()
-        t2 = time.perf_counter()
-        log(f'bench[{mode}]: compiled in {t1 - t0:.1f} s (+{t2 - t1:.1f} s unrolled for FLOPs)')
-        return real, counting, {'compile_s': t1 - t0, 'compile_unrolled_s': t2 - t1,
-                                'flops_source': 'unrolled step'}
-
-    modes, details, compiled = {}, {}, {}
-    for mode in MODES:
-        if mode == 'plain_dp':
-            make = lambda m: make_plain_dp_step(  # noqa: E731
-                m, optimizer, mesh, shardings.params, shardings.opt_state)
-            args = (state_abs.params, state_abs.opt_state, tokens_abs)
-            info = {'rows': batch, 'neighbour': False}
-        else:
-            programs = mode_layout(mode, batch).programs
-            make = lambda m, programs=programs: step_lib.make_train_step(  # noqa: E731
-                m, optimizer, mesh, shardings, programs)
-            args = (state_abs, abstract_batch(mesh, programs[0].rows, seq))
-            info = {'program': programs[0].name, 'rows': programs[0].rows,
-                    'neighbour': programs[0].role == ROLE_NEIGHBOUR}
-        real, counting, times = compile_pair(make, args, mode)
-        memory = memory_of(real)
-        compiled[mode] = real
-        modes[mode] = {'flops': flops_of(counting), 'flops_xla_raw': flops_of(real),
-                       'temp_bytes': memory['temp_size_in_bytes'],
-                       'peak_bytes': memory['peak_bytes'], 'step_ms': None}
-        details[mode] = {**info, **times, **memory,
-                         'while_loops_in_flops_program': count_while_loops(counting),
-                         'while_loops_in_step': count_while_loops(real),
-                         'conditionals_in_step': (real.as_text() or '').count(' conditional(')}
-        log(f'bench[{mode}]: flops={modes[mode]["flops"]:.4g} '
-            f'(raw {modes[mode]["flops_xla_raw"]:.4g}) '
-            f'temp={memory["temp_size_in_bytes"] / 2**20:.1f} MiB '
-            f'peak={memory["peak_bytes"] / 2**20:.1f} MiB')
-
-    # The batch-independent part of every step: AdamW (+ clipping) alone.
-    def update(grads, opt_state, params):
-        import optax
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-    upd = jax.jit(update).lower(state_abs.params, state_abs.opt_state,
-                                state_abs.params).compile()
-    optimizer_update = {'flops': flops_of(upd),
-                        'temp_bytes': memory_of(upd)['temp_size_in_bytes']}
-
+    modes, details, compiled = _compile_modes(bench)
     result: dict[str, Any] = {
         'modes': modes, 'ratios': {}, 'grad_rel_error': None,
-        'grad_rel_error_by_param': None, 'optimizer_update': optimizer_update,
+        'grad_rel_error_by_param': None, 'optimizer_update': _optimizer_update_cost(bench),
         'overhead': None, 'mfu': None,
         'measured': ('the full train step (step.make_train_step: forward, backward, '
                      'gradient combination, AdamW update, state checks; state donated) on '
@@ -464,61 +548,17 @@ def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: in
         'jax_version': jax.__version__, 'warmup': warmup, 'iters': iters, 'seed': seed,
         'details': details,
     }
-
     if iters > 0:
-        log('bench: initialising parameters and SVD projections...')
-        state, _ = create_train_state(model, optimizer, mesh, seed=seed, rank=rank)
-        tokens_nbt = random_tokens(cfg, batch, seed)
-        batches = {}
-        for mode in MECEFO_MODES:
-            host = dict(assemble(mode_layout(mode, batch), tokens_nbt), step=np.int32(0))
-            batches[mode] = jax.device_put(host, step_lib.batch_shardings(mesh))
-
-        log('bench: gradient error of mecefo vs ndb_naive on the same two shards...')
-        grads = two_shard_gradients(model, mesh, state, tokens_nbt)
-        result['grad_rel_error'] = grad_rel_error(grads['mecefo'], grads['ndb_naive'])
-        result['grad_rel_error_by_param'] = grad_rel_error_by_param(grads['mecefo'],
-                                                                    grads['ndb_naive'])
-        del grads
-
-        runner = _Runner(state)
-        calls = {mode: runner.mecefo(compiled[mode], batches[mode]) for mode in MECEFO_MODES}
-        calls['plain_dp'] = runner.plain(
-            compiled['plain_dp'], jax.device_put(tokens_nbt[0], sharding.data_sharded(mesh)))
-        log(f'bench: timing, modes interleaved ({warmup} warm-up + {iters} timed rounds)...')
-        times = time_interleaved(calls, warmup=warmup, iters=iters)
-        for mode in MODES:
-            modes[mode]['step_ms'] = float(statistics.median(times[mode]))
-            details[mode]['times_ms'] = times[mode]
-            log(f'bench[{mode}]: step={modes[mode]["step_ms"]:.2f} ms')
-        del runner, state, calls, batches
-
-        if device.platform == 'gpu':
-            result['mfu'] = _mfu(cfg, state_abs.params, modes['normal'], batch,
-                                 device, peak_tflops)
-        else:
-            result['mfu'] = {'applicable': False,
-                             'reason': f'model-FLOPs utilisation is reported on GPU only '
-                                       f'(this is {device.platform})'}
+        _time_modes(bench, result, compiled, warmup=warmup, iters=iters, seed=seed,
+                    peak_tflops=peak_tflops)
     else:
         result['mfu'] = {'applicable': False, 'reason': '--iters 0: nothing was timed'}
-
     base = modes['normal']
     result['ratios'] = {
         mode: {k: (v[k] / base[k] if v[k] is not None and base[k] else None)
                for k in METRICS} for mode, v in modes.items()}
-
     if overhead and iters > 0:
-        try:  # e.g. a 4-way 'model' mesh on a one-GPU host
-            sharding.mesh_shape(cfg.mesh, len(jax.devices()))
-        except ValueError as error:
-            result['overhead'] = {'skipped': f"the config's mesh does not fit this host: {error}"}
-            log(f'bench[overhead]: skipped: {error}')
-        else:
-            result['overhead'] = fault_free_overhead(cfg, model, optimizer, batch=batch,
-                                                     warmup=warmup, iters=overhead_iters,
-                                                     seed=seed, log=log)
-
+        result['overhead'] = _overhead(bench, warmup=warmup, iters=overhead_iters, seed=seed)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, OUTPUT_FILE)

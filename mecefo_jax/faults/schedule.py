@@ -351,21 +351,6 @@ class FailureSchedule:
         i = bisect.bisect_right(self._steps, step) - 1
         return self._masks[i] if i >= 0 else (True,) * self.num_replicas
 
-    def transitions(self, step: int) -> tuple[list[int], list[int]]:
-        """(replicas failing at `step`, replicas recovering at `step`), ascending.
-
-        Derived from the live masks of `step - 1` and `step`, so it agrees
-        with `live_mask` by construction.
-        """
-        before, now = self.live_mask(step - 1), self.live_mask(step)
-        failing = [r for r in range(self.num_replicas) if before[r] and not now[r]]
-        recovering = [r for r in range(self.num_replicas) if now[r] and not before[r]]
-        return failing, recovering
-
-    def change_steps(self) -> list[int]:
-        """Steps where the live set changes, ascending."""
-        return list(self._steps)
-
     def __repr__(self) -> str:
         return (f"FailureSchedule(num_replicas={self.num_replicas}, "
                 f"events={format_events(self.events)!r})")

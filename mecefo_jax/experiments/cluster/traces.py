@@ -67,10 +67,6 @@ class Trace:
     horizon_sec: float
     outages: np.ndarray  # float64 [k, 3]: unit, start, end (end may pass the horizon)
 
-    @property
-    def num_units(self) -> int:
-        return self.num_replicas // self.unit_size
-
 
 def regime_rates(regime: str, mtbf_hours: float = 0.0, mttr_hours: float = 0.0):
     """(mtbf_hours, mttr_hours) of a named regime, or the custom pair for 'custom'."""
