@@ -331,7 +331,8 @@ class Launcher:
         if outcome.kind == 'failed':
             row['detect_sec'] = outcome.detected_at - outcome.failed_at
             if self.recovery == 'memory':
-                self._quiesce([w for w in gen.members if w not in outcome.failed])
+                survivors = [w for w in gen.members if w not in outcome.failed]
+                row['completed_steps'] = self._await_snapshots(survivors, outcome.completed_steps)
         self._stop_generation(gen)
         row['teardown_sec'] = time.time() - start
         survivors = [w for w in gen.members if w not in outcome.failed]
@@ -367,22 +368,40 @@ class Launcher:
         common = set.intersection(*steps) if steps else set()
         return max(common, default=0)
 
-    def _quiesce(self, workers, *, settle_sec: float = 0.3, limit_sec: float = 3.0) -> None:
-        """Let snapshots already being written land before the teardown kills their writers."""
+    def _newest_held(self, worker: int) -> int:
+        """The newest snapshot step `worker`'s keeper has published (0: none, or no keeper)."""
         from mecefo_jax.snapshot import KeeperClient
-        deadline, last, stable_since = time.monotonic() + limit_sec, None, time.monotonic()
+        if not self._keeper_alive(worker):
+            return 0
+        with KeeperClient(self.keepers[worker].address) as client:
+            record = client.latest()
+            return record.step if record else 0
+
+    def _await_snapshots(self, survivors, completed: int, *, limit_sec: float = 60.0) -> int:
+        """Wait until every survivor's keeper holds the newest step the job completed.
+
+        The job's progress is the newest step any keeper published (the dead
+        worker's too) or any heartbeat reported complete, whichever is newer
+        (a heartbeat can lag the keepers, or lead them by a write in flight).
+        Data-parallel steps complete in lockstep, so every survivor finished
+        that step too, and its snapshot writer will publish it: wait for that,
+        rather than for a quiet moment, so the teardown never kills a write
+        that would have saved the step. Returns the progress, in steps.
+        """
+        every = int(self.cfg.snapshot.every)
+        held = max((self._newest_held(w) for w in range(self.placement.workers)), default=0)
+        progress = max(held, completed)
+        target = progress - progress % every if every > 0 else 0
+        deadline = time.monotonic() + limit_sec
         while time.monotonic() < deadline:
-            latest = []
-            for w in workers:
-                if self._keeper_alive(w):
-                    with KeeperClient(self.keepers[w].address) as client:
-                        record = client.latest()
-                        latest.append(record.step if record else None)
-            if latest != last:
-                last, stable_since = latest, time.monotonic()
-            elif time.monotonic() - stable_since >= settle_sec:
-                return
+            behind = [w for w in survivors if self._newest_held(w) < target]
+            if not behind:
+                break
             time.sleep(_POLL_SEC)
+        else:
+            self.log(f'[launch] keepers of workers {behind} still lack step {target} after '
+                     f'{limit_sec:.0f} s: resuming from an older snapshot')
+        return progress
 
     def _held_bytes(self, worker: int) -> dict:
         """Every snapshot a keeper holds, as bytes: {step: raw}."""

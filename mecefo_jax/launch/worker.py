@@ -176,6 +176,11 @@ def main(argv):
     _write_json(os.path.join(out_dir, f'{tag}_end.json'), end)
     if provenance is not None:
         provenance.close()
+    # Every process reaches the end before any leaves: a process that shuts
+    # down while a peer still talks to the coordination service can make that
+    # peer abort (SIGABRT) at a planned stop.
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f'end of generation {_GENERATION.value}')
     jax.distributed.shutdown()
 
 
