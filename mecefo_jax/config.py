@@ -5,6 +5,8 @@ so `--config.section.field=value` works the same for all of them.
 `ConfigDict` is ml_collections' when it is installed, else the minimal
 stand-in of `configdict.py` (the benchmark scripts run without it).
 """
+from ml_collections import config_dict
+
 from mecefo_jax.configdict import ConfigDict
 
 
@@ -86,7 +88,11 @@ def base_config() -> ConfigDict:
 
     # In-memory snapshots held by keeper processes (docs/launch.md; REFT-style).
     cfg.snapshot = ConfigDict()
-    cfg.snapshot.every = 1  # steps between in-memory snapshots under the launcher; 0 disables
+    # Steps between in-memory snapshots under the launcher: 'auto' picks the
+    # smallest interval within overhead_budget_pct of the step time (measured,
+    # and measured again after a topology change); an integer fixes it; 0 disables.
+    cfg.snapshot.every = config_dict.FieldReference('auto', field_type=object)
+    cfg.snapshot.overhead_budget_pct = 2.0  # snapshot.every=auto: most training slowdown, in %
     cfg.snapshot.slots = 3  # snapshots each keeper holds (>= 3 so every worker shares a step)
     cfg.snapshot.parity = ''  # '' | 'xor': erasure-code snapshots across keepers
     cfg.snapshot.parity_group = 4  # keepers per parity group (one lost member recoverable)

@@ -29,6 +29,14 @@ def agreed_live_mask(local_mask) -> tuple[bool, ...]:
     return tuple(bool(x) for x in np.asarray(agreed))
 
 
+def process_zero_int(value: int) -> int:
+    """Process 0's `value` on every process (a choice made from local measurements)."""
+    if _process_count() == 1:
+        return int(value)
+    from jax.experimental import multihost_utils
+    return int(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(value))))
+
+
 def agreed_step(feasible: set[int]) -> tuple[int | None, int | None]:
     """(the newest step every process can restore, the newest any process can).
 

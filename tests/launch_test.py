@@ -44,7 +44,7 @@ def overrides(caches, **extra):
     tokenizer, xla = caches
     values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': 4,
               'launch.local_devices': LOCAL, 'launch.compilation_cache': xla,
-              'data.cache_dir': tokenizer}
+              'data.cache_dir': tokenizer, 'snapshot.every': 1}
     values.update(extra)
     return values
 

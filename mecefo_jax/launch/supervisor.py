@@ -149,7 +149,7 @@ class Launcher:
         os.makedirs(self.dir, exist_ok=True)
         self.monitor = HeartbeatMonitor()
         workers = list(range(self.placement.workers))
-        uses_keepers = self.recovery == 'memory' and int(self.cfg.snapshot.every) > 0
+        uses_keepers = self.recovery == 'memory' and self.cfg.snapshot.every != 0
         try:
             if uses_keepers:
                 for w in workers:
@@ -388,10 +388,12 @@ class Launcher:
         rather than for a quiet moment, so the teardown never kills a write
         that would have saved the step. Returns the progress, in steps.
         """
-        every = int(self.cfg.snapshot.every)
+        every = self.cfg.snapshot.every
         held = max((self._newest_held(w) for w in range(self.placement.workers)), default=0)
         progress = max(held, completed)
-        target = progress - progress % every if every > 0 else 0
+        # A fixed cadence names the step a survivor is still writing; with
+        # 'auto' only the steps some keeper already published are known.
+        target = progress - progress % every if isinstance(every, int) and every > 0 else held
         deadline = time.monotonic() + limit_sec
         while time.monotonic() < deadline:
             behind = [w for w in survivors if self._newest_held(w) < target]
@@ -413,7 +415,7 @@ class Launcher:
     def _replace_lost_keepers(self, members, row: dict) -> float | None:
         """Start fresh keepers for members whose keeper died; rebuild them from parity."""
         lost = [w for w in members if w not in self.keepers or not self._keeper_alive(w)]
-        if not lost or int(self.cfg.snapshot.every) < 1:
+        if not lost or self.cfg.snapshot.every == 0:
             return None
         start = time.time()
         old = self._keeper_addresses()

@@ -108,12 +108,14 @@ def main(argv):
         raise ValueError(f'{run.checkpointer.directory} already holds checkpoints; '
                          'use a new --workdir for a new job.')
     snapshot_hook = None
-    if int(cfg.snapshot.every) > 0 and keepers and keepers[_WORKER.value] is not None:
+    if cfg.snapshot.every != 0 and keepers and keepers[_WORKER.value] is not None:
         parity = None
         if cfg.snapshot.parity:
             parity = _parity_pusher(cfg, keepers, _WORKER.value)
-        snapshot_hook = worker_state.SnapshotHook(keepers[_WORKER.value],
-                                                   int(cfg.snapshot.every), parity=parity)
+        snapshot_hook = worker_state.SnapshotHook(
+            keepers[_WORKER.value], cfg.snapshot.every, parity=parity,
+            budget_pct=cfg.snapshot.overhead_budget_pct,
+            log=lambda msg: print(f'[worker {_WORKER.value}] {msg}', flush=True))
 
     controllers = []
     provenance = (open(os.path.join(out_dir, 'provenance.jsonl'), 'a')
@@ -165,7 +167,8 @@ def main(argv):
            'final_step': summary['final_step'], 'finished': summary['final_step'] >= int(cfg.train.steps),
            'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
            'snapshot_blocked_sec': snapshot_hook.blocked_sec if snapshot_hook else 0.0,
-           'snapshots': snapshot_hook.submitted if snapshot_hook else 0}
+           'snapshots': snapshot_hook.submitted if snapshot_hook else 0,
+           'snapshot_cadence': snapshot_hook.cadence.history if snapshot_hook and snapshot_hook.cadence else None}
     if end['finished']:
         from jax.experimental import multihost_utils
         params = multihost_utils.process_allgather(state.params, tiled=True)

@@ -29,30 +29,73 @@ import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import multihost
+from mecefo_jax.snapshot.cadence import AutoCadence
 from mecefo_jax.snapshot import (AsyncSnapshotter, KeeperClient, ParityPusher, SnapshotWriter,
                                  SnapshotMissingError, feasible_steps, open_sources,
                                  pinned_local_copies, restore)
 
 
 class SnapshotHook:
-    """Snapshot the train state every `every` steps into this worker's keeper."""
+    """Snapshot the train state into this worker's keeper: every `every` steps, or 'auto'.
 
-    def __init__(self, keeper, every: int, *, parity: ParityPusher | None = None):
-        if every < 1:
-            raise ValueError(f'snapshot.every={every}: use >= 1 (or do not install the hook).')
-        self.every = int(every)
+    With `every='auto'` an `AutoCadence` picks the interval from the measured
+    step time and snapshot cost within `budget_pct` of the step time, agreed
+    across processes, and measures again after every topology change.
+    """
+
+    def __init__(self, keeper, every, *, parity: ParityPusher | None = None,
+                 budget_pct: float = 2.0, log=None):
         self._client = KeeperClient(tuple(keeper))
         self._snapshotter = AsyncSnapshotter(SnapshotWriter(self._client, parity=parity))
+        self.cadence = None
+        if every == 'auto':
+            self.cadence = AutoCadence(budget_pct, flush=self._flush,
+                                       agree=multihost.process_zero_int, log=log)
+            self.every = None
+        elif isinstance(every, int) and every >= 1:
+            self.every = every
+        else:
+            raise ValueError(f"snapshot.every={every!r}: use 'auto', an integer >= 1, "
+                             'or 0 to disable snapshots.')
         self.blocked_sec = 0.0  # time the training loop waited for the previous snapshot
         self.submitted = 0
+        self._last_done: float | None = None  # probing: when the previous step finished
+        self._blocked_at_last_done = 0.0
+
+    @property
+    def interval(self) -> int | None:
+        """Steps between snapshots now (None while 'auto' is still measuring)."""
+        return self.every if self.cadence is None else self.cadence.interval
+
+    def _flush(self) -> tuple[float, int]:
+        self.blocked_sec += self._snapshotter.wait()
+        stats = self._snapshotter.stats
+        return stats.write_sec, stats.published
+
+    def _due(self, done, step: int) -> bool:
+        if self.cadence is None:
+            return step % self.every == 0
+        if self.cadence.probing:  # time the step itself: wait for it, minus our own blocking
+            jax.block_until_ready(done.loss)
+            now = time.perf_counter()
+            if self._last_done is not None:
+                self.cadence.record_step(now - self._last_done
+                                         - (self.blocked_sec - self._blocked_at_last_done))
+            self._last_done, self._blocked_at_last_done = now, self.blocked_sec
+        else:
+            self._last_done = None
+        return self.cadence.due(step, done.layout.signature)
 
     def __call__(self, done) -> None:
         step = done.step + 1  # the output state is the state entering step + 1
-        if step % self.every:
+        if not self._due(done, step):
             return
         start = time.perf_counter()
         copies = pinned_local_copies(done.state)
-        self.blocked_sec += time.perf_counter() - start
+        copy_sec = time.perf_counter() - start
+        self.blocked_sec += copy_sec
+        if self.cadence is not None:
+            self.cadence.record_copy(copy_sec)
         self.blocked_sec += self._snapshotter.submit(step, copies, done.data_position)
         self.submitted += 1
 

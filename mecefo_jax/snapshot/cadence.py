@@ -1,0 +1,117 @@
+"""How often to snapshot: as often as a budget on the training slowdown allows.
+
+REFT (Wang et al., arXiv 2310.12670) snapshots as often as its saving cost
+allows, because the work lost to a crash is about half an interval. A fixed
+`snapshot.every` is either wasteful (a tiny model whose step is shorter than
+its snapshot) or loses more than it must (a large model whose snapshot hides
+behind its step). `AutoCadence` measures both and picks the smallest interval
+`k` whose modelled cost stays within `budget_pct` of `k` steps:
+
+    cost(k) = copy_sec + max(0, write_sec - k * step_sec)
+
+`copy_sec` is what the training loop blocks for (dispatching the
+device-to-host copies), `write_sec` the background write: it is free while it
+fits behind the next `k` steps, and back-pressure otherwise (one write in
+flight at most). After every topology change it measures again: a failure
+changes the step time and the shards a process holds.
+
+Every process of a job must snapshot the same steps, or the keepers would
+share no step to resume from: the caller agrees on the chosen interval
+(process 0's) before using it.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+# Steps after a topology change that are not measured: they include compiling.
+SETTLE_STEPS = 2
+# Steps measured (snapshotting each) before an interval is chosen.
+PROBE_STEPS = 4
+MAX_INTERVAL = 10_000
+
+
+def choose_interval(step_sec: float, copy_sec: float, write_sec: float,
+                    budget_pct: float) -> int:
+    """The smallest interval whose modelled snapshot cost is within budget (see module doc)."""
+    if step_sec <= 0:
+        return 1
+    budget = budget_pct / 100.0
+    for k in range(1, MAX_INTERVAL + 1):
+        if copy_sec + max(0.0, write_sec - k * step_sec) <= budget * k * step_sec:
+            return k
+    return MAX_INTERVAL
+
+
+class AutoCadence:
+    """Decides, step by step, whether to snapshot (see the module docstring).
+
+    After a topology change it lets `SETTLE_STEPS` pass, then snapshots each
+    of `PROBE_STEPS` steps while the caller reports step times
+    (`record_step`) and blocking copy times (`record_copy`); at a fixed count
+    of steps after the change (the same step on every process, since every
+    process sees the same topologies) it asks `flush` for the background
+    writes' total time and count, chooses, and passes the choice through
+    `agree` (process 0's choice, in a multi-process job).
+    """
+
+    def __init__(self, budget_pct: float, *, flush: Callable[[], tuple[float, int]],
+                 agree: Callable[[int], int] = lambda k: k,
+                 log: Callable[[str], None] | None = None):
+        if budget_pct <= 0:
+            raise ValueError(f'snapshot.overhead_budget_pct={budget_pct}: use a percentage > 0, '
+                             'e.g. --config.snapshot.overhead_budget_pct=2.')
+        self.budget_pct = budget_pct
+        self._flush, self._agree, self._log = flush, agree, log
+        self.history: list[dict] = []  # every choice made: step, interval, its inputs
+        self._topology = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.interval: int | None = None  # None while measuring
+        self._seen = 0
+        self._steps: list[float] = []
+        self._copies: list[float] = []
+        self._writes_before: tuple[float, int] | None = None
+
+    @property
+    def probing(self) -> bool:
+        """Whether the steps now are measured (the caller then times them)."""
+        return self.interval is None and self._seen > SETTLE_STEPS
+
+    def due(self, step: int, topology) -> bool:
+        """Whether the state entering `step` should be snapshotted."""
+        if topology != self._topology:
+            self._topology = topology
+            self._reset()
+        self._seen += 1
+        if self.interval is None and self._seen == SETTLE_STEPS + 1:
+            self._writes_before = self._flush()  # writes before probing are not measured
+        if self.interval is None and self._seen > SETTLE_STEPS + PROBE_STEPS:
+            self._choose(step)
+        return self.interval is None or step % self.interval == 0
+
+    def record_step(self, seconds: float) -> None:
+        if self.probing:
+            self._steps.append(seconds)
+
+    def record_copy(self, seconds: float) -> None:
+        if self.probing:
+            self._copies.append(seconds)
+
+    def _choose(self, step: int) -> None:
+        total, count = self._flush()
+        before_total, before_count = self._writes_before or (0.0, 0)
+        writes = count - before_count
+        figures = {'step_sec': statistics.median(self._steps) if self._steps else 0.0,
+                   'copy_sec': statistics.median(self._copies) if self._copies else 0.0,
+                   'write_sec': (total - before_total) / writes if writes > 0 else 0.0}
+        local = choose_interval(figures['step_sec'], figures['copy_sec'], figures['write_sec'],
+                                self.budget_pct)
+        self.interval = int(self._agree(local))
+        self.history.append({'step': step, 'interval': self.interval, **figures})
+        if self._log is not None:
+            self._log(f'snapshot.every=auto: every {self.interval} step(s) from step {step} '
+                      f'(step {figures["step_sec"] * 1e3:.1f} ms, copy '
+                      f'{figures["copy_sec"] * 1e3:.1f} ms, write '
+                      f'{figures["write_sec"] * 1e3:.1f} ms, budget {self.budget_pct:g}%)')
