@@ -1,0 +1,83 @@
+"""Preemption: a SIGTERM (or a first Ctrl-C) ends the run after a saved step, never mid-step.
+
+Cluster schedulers (SLURM, Kubernetes) send SIGTERM some seconds before they
+kill a job. Without a handler Python dies at once: the steps since the last
+checkpoint are lost and a rerun repeats them. With `PreemptionGuard` the
+training loop finishes the step in flight, saves synchronously, writes a
+`preempted` metrics row and raises `Preempted`; the entry point exits with
+`EXIT_PREEMPTED`, and a rerun resumes at exactly that step.
+
+Every process of a multi-process job must stop at the same step, or one would
+wait forever in a collective. There JAX's own preemption sync point
+(`multihost_utils.reached_preemption_sync_point`, backed by the coordination
+service, which installs its own SIGTERM notifier) picks the step; this module
+then leaves SIGTERM to it. In one process a Python handler sets a flag.
+A second Ctrl-C aborts at once (KeyboardInterrupt).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+# The exit status of a run stopped by preemption after saving (EX_TEMPFAIL:
+# "try again later"); distinct from a crash (1) and from SIGTERM's 143.
+EXIT_PREEMPTED = 75
+
+
+class Preempted(Exception):
+    """The run saved step `step` and stopped because it was asked to (SIGTERM, Ctrl-C)."""
+
+    def __init__(self, step: int, where: str):
+        super().__init__(f'preempted: saved step {step} ({where}); rerun the same command '
+                         f'to resume from step {step}.')
+        self.step, self.where = step, where
+
+
+def _multi_process() -> bool:
+    import jax
+    return jax.process_count() > 1
+
+
+class PreemptionGuard:
+    """Context manager: catches SIGTERM and a first SIGINT; `requested(step)` says when to stop."""
+
+    def __init__(self):
+        self._flag = threading.Event()
+        self._previous: dict = {}
+        self._multi = False
+        self.signal_name: str | None = None
+
+    def __enter__(self) -> PreemptionGuard:
+        self._multi = _multi_process()
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be installed from the main thread
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+        if not self._multi:  # multi-process: JAX's coordination service handles SIGTERM
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self._flag.is_set():
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without saving
+        self.signal_name = signal.Signals(signum).name
+        self._flag.set()
+        if self._multi:  # tell every process, through JAX's SIGTERM notifier
+            os.kill(os.getpid(), signal.SIGTERM)
+        print(f'\n{self.signal_name}: finishing the current step and saving '
+              '(Ctrl-C again to abort without saving)', flush=True)
+
+    def requested(self, step: int) -> bool:
+        """Whether to stop before running `step`, the same answer on every process.
+
+        Multi-process jobs must call it at every step from the same start step.
+        """
+        if self._multi:  # a local flag alone would stop this process only
+            from jax.experimental import multihost_utils
+            return multihost_utils.reached_preemption_sync_point(step)
+        return self._flag.is_set()
