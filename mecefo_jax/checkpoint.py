@@ -24,6 +24,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from mecefo_jax import disk_space
+from mecefo_jax.checkpoint_damage import CheckpointDamagedError, looks_damaged
 from mecefo_jax.tree_paths import key_names
 
 _STATE = "state"
@@ -119,6 +121,7 @@ class Checkpointer:
         self.keep = int(keep)
         self.async_save = bool(async_save)
         self._closed = False
+        self._needed_bytes = None  # one save's room; measured at the first save
         options = ocp.CheckpointManagerOptions(
             max_to_keep=self.keep,
             # The cadence is decided in maybe_save and every save is forced:
@@ -163,6 +166,9 @@ class Checkpointer:
         if not force and step % self.save_every != 0:
             return 0.0
         start = time.perf_counter()
+        if self._needed_bytes is None:
+            self._needed_bytes = disk_space.bytes_needed(state)
+            disk_space.warn_if_short(self.directory, state)
         if step in self._manager.all_steps():
             # Orbax would raise only after flagging a save as in progress;
             # skipping here keeps both the good checkpoint and the manager sane.
@@ -195,12 +201,11 @@ class Checkpointer:
                 ),
                 force=True,
             )
-        except BaseException:
+        except BaseException as e:
             # A failed save (this one or the previous async one surfacing
             # here) leaves the manager's step list stale; re-read the disk
             # so latest_step/restore still see the surviving good steps.
-            self._reload_quietly()
-            raise
+            self._save_failed(e)
         return time.perf_counter() - start
 
     def wait(self) -> None:
@@ -209,9 +214,8 @@ class Checkpointer:
             return
         try:
             self._manager.wait_until_finished()
-        except BaseException:
-            self._reload_quietly()
-            raise
+        except BaseException as e:
+            self._save_failed(e)
 
     def close(self) -> None:
         """Wait for pending saves, then release Orbax's threads. Idempotent."""
@@ -227,6 +231,10 @@ class Checkpointer:
         self.close()
 
     # --------------------------------------------------------------- restore
+
+    def reload(self) -> None:
+        """Re-read the step list from disk (after steps were moved aside)."""
+        self._manager.reload()
 
     def latest_step(self) -> int | None:
         """Newest step saved (including one still being written), or None."""
@@ -274,7 +282,11 @@ class Checkpointer:
                     }
                 ),
             )
-        except ValueError as e:
+        except Exception as e:
+            if looks_damaged(e):
+                raise CheckpointDamagedError(self.directory, step, e) from e
+            if not isinstance(e, ValueError):
+                raise
             # Fallback for mismatches the metadata pre-check cannot see.
             msg = str(e)
             if len(msg) > _MAX_ORBAX_MESSAGE:
@@ -290,6 +302,18 @@ class Checkpointer:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"Checkpointer for {self.directory!r} is closed.")
+
+    def _save_failed(self, error: BaseException) -> None:
+        """Re-read the surviving steps and raise `error`, explained if the disk failed."""
+        self._reload_quietly()
+        if not isinstance(error, Exception):
+            raise error
+        explained = disk_space.explain_failed_save(
+            self.directory, error, self._needed_bytes, self._manager.latest_step(),
+            clean=jax.process_index() == 0)
+        if explained is error:
+            raise error
+        raise explained from error
 
     def _reload_quietly(self) -> None:
         try:
@@ -332,7 +356,7 @@ class Checkpointer:
         """
         try:
             metadata = self._manager.item_metadata(step)[_STATE]
-        except Exception:  # unreadable metadata: leave it to Orbax
+        except Exception:  # unreadable metadata: leave it to Orbax (damage shows there)
             log.warning("Could not read checkpoint metadata for step %d.", step, exc_info=True)
             return
         if metadata is None:
