@@ -48,8 +48,9 @@ class CheckpointDamagedError(RuntimeError):
 
     def __init__(self, directory: str, step: int, cause: BaseException):
         self.directory, self.step = directory, int(step)
-        reason = f'{type(cause).__name__}: {_first_line(cause)}'
-        super().__init__(f'Checkpoint step {step} in {directory!r} is damaged ({reason}).')
+        culprit = next((e for e in _chain(cause) if _is_damage(e)), cause)
+        self.reason = f'{type(culprit).__name__}: {_first_line(culprit)}'
+        super().__init__(f'Checkpoint step {step} in {directory!r} is damaged ({self.reason}).')
 
 
 class NoIntactCheckpointError(RuntimeError):
@@ -57,7 +58,8 @@ class NoIntactCheckpointError(RuntimeError):
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:
-    text = str(exc).strip().splitlines()
+    """The gist of an Orbax/TensorStore message, without its multi-kB spec dump."""
+    text = str(exc).split(' [tensorstore_spec', 1)[0].strip().splitlines()
     line = text[0] if text else ''
     return line[:limit] + (' ...' if len(line) > limit else '')
 
@@ -72,12 +74,13 @@ def _chain(exc: BaseException):
 
 def looks_damaged(exc: BaseException) -> bool:
     """Whether `exc` (or an exception it wraps) reports unreadable checkpoint files."""
-    for e in _chain(exc):
-        if isinstance(e, (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError)):
-            return True
-        if isinstance(e, ValueError) and _STORAGE_CODES.search(str(e)):
-            return True
-    return False
+    return any(_is_damage(e) for e in _chain(exc))
+
+
+def _is_damage(e: BaseException) -> bool:
+    if isinstance(e, (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError)):
+        return True
+    return isinstance(e, ValueError) and bool(_STORAGE_CODES.search(str(e)))
 
 
 def move_aside(directory: str, step: int) -> str:
@@ -129,14 +132,13 @@ def restore_newest_intact(checkpointer, abstract_state: Any) -> tuple[Any, dict,
             damage = e
         if not _any_process(damage is not None):
             return state, data_state, step
-        if damage is None:
-            damage = RuntimeError('another process could not read its part of this step')
+        reason = damage.reason if damage else 'another process could not read its part'
         moved = f'{os.path.join(checkpointer.directory, str(step))}{_DAMAGED_SUFFIX}?'
         if _is_main_process():
             moved = move_aside(checkpointer.directory, step)
-        log.warning('Checkpoint step %d is damaged (%s); moved it aside to %s and trying '
-                    'the next older step.', step, damage, moved)
-        tried.append((step, moved, damage))
+        log.warning('Checkpoint step %d in %s is damaged (%s); moved it aside to %s and '
+                    'trying the next older step.', step, checkpointer.directory, reason, moved)
+        tried.append((step, moved, reason))
         _barrier(f'checkpoint_damage_{step}')
         checkpointer.reload()
 
@@ -149,7 +151,7 @@ def _barrier(name: str) -> None:
 
 
 def _none_left_message(directory: str, tried: list) -> str:
-    lines = [f'  step {step}: {damage} -> moved to {moved}' for step, moved, damage in tried]
+    lines = [f'  step {step}: {reason} -> moved to {moved}' for step, moved, reason in tried]
     return (f'No intact checkpoint is left in {directory!r}; every step failed to restore:\n'
             + '\n'.join(lines) + '\nNothing was deleted. Fix: restore the directory from a '
             'backup, or rename a step back (e.g. mv 20.damaged-1 20) if its damage is '

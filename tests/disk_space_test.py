@@ -13,6 +13,10 @@ from jax.sharding import PartitionSpec as P
 
 from mecefo_jax import checkpoint, disk_space
 
+# Orbax's read/write coroutines that fail on purpose here report again when
+# their event loop is gone ('Event loop is closed'); that noise is Orbax's.
+pytestmark = pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+
 
 def _state():
     return {'w': np.ones((64, 64), np.float32), 'b': np.zeros((3,), np.int32)}
