@@ -62,7 +62,8 @@ def _truncate_array(step_dir):
 
 def _flip_manifest(step_dir):
     path = os.path.join(step_dir, 'state', 'manifest.ocdbt')
-    data = bytearray(open(path, 'rb').read())
+    with open(path, 'rb') as f:
+        data = bytearray(f.read())
     middle = len(data) // 2
     data[middle:middle + 4] = bytes(b ^ 0xFF for b in data[middle:middle + 4])
     with open(path, 'wb') as f:

@@ -45,7 +45,8 @@ def test_mismatched_d_model_names_the_field_and_the_override(tmp_path):
 def test_record_is_written_atomically_and_round_trips(tmp_path):
     cfg = get_config()
     path = config_record.write_config_record(str(tmp_path), cfg)
-    assert json.load(open(path)) == json.loads(cfg.to_json_best_effort())
+    with open(path) as f:
+        assert json.load(f) == json.loads(cfg.to_json_best_effort())
     assert config_record.read_config_record(str(tmp_path))['model']['d_model'] == 32
     assert os.listdir(tmp_path) == ['config.json']  # no temporary file left
     assert config_record.config_differences(config_record.read_config_record(str(tmp_path)),

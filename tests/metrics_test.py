@@ -7,8 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mecefo_jax.metrics import (MetricsWriter, preempted_row, read_metrics, resumed_row,
-                                truncate_rows_after)
+from mecefo_jax.metrics import (
+    MetricsWriter,
+    preempted_row,
+    read_metrics,
+    resumed_row,
+    truncate_rows_after,
+)
 
 
 def test_round_trip_converts_numpy_and_jax(tmp_path):

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,17 +46,17 @@ def test_second_run_is_refused_naming_the_holder(tmp_path):
         assert proc.wait() == 0
     # Released by the holder on its way out: free again.
     with WorkdirLock(tmp_path) as lock:
-        assert json.load(open(lock.path))['pid'] == os.getpid()
+        assert json.loads(Path(lock.path).read_text())['pid'] == os.getpid()
     assert not os.path.exists(tmp_path / LOCK_FILENAME)
 
 
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     proc = _holder(tmp_path, 'crash')
     assert proc.wait() == 0  # dead and reaped, its lock file left behind
-    assert json.load(open(tmp_path / LOCK_FILENAME))['pid'] == proc.pid
+    assert json.loads((tmp_path / LOCK_FILENAME).read_text())['pid'] == proc.pid
     with caplog.at_level(logging.WARNING, logger='mecefo_jax.workdir_lock'):
         with WorkdirLock(tmp_path):
-            assert json.load(open(tmp_path / LOCK_FILENAME))['pid'] == os.getpid()
+            assert json.loads((tmp_path / LOCK_FILENAME).read_text())['pid'] == os.getpid()
     assert any('stale lock' in r.getMessage() and str(proc.pid) in r.getMessage()
                for r in caplog.records)
 
