@@ -34,6 +34,10 @@ import os
 import re
 from typing import Any
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 log = logging.getLogger(__name__)
 
 # TensorStore status codes that mean "the bytes on disk are missing or bad".
@@ -96,18 +100,10 @@ def move_aside(directory: str, step: int) -> str:
 
 def _any_process(flag: bool) -> bool:
     """True on every process when `flag` is True on any (no collective when alone)."""
-    import jax
     if jax.process_count() == 1:
         return flag
-    import numpy as np
-    from jax.experimental import multihost_utils
     flags = multihost_utils.process_allgather(np.asarray(int(flag), np.int32))
     return bool(np.asarray(flags).any())
-
-
-def _is_main_process() -> bool:
-    import jax
-    return jax.process_index() == 0
 
 
 def restore_newest_intact(checkpointer, abstract_state: Any) -> tuple[Any, dict, int]:
@@ -134,7 +130,7 @@ def restore_newest_intact(checkpointer, abstract_state: Any) -> tuple[Any, dict,
             return state, data_state, step
         reason = damage.reason if damage else 'another process could not read its part'
         moved = f'{os.path.join(checkpointer.directory, str(step))}{_DAMAGED_SUFFIX}?'
-        if _is_main_process():
+        if jax.process_index() == 0:
             moved = move_aside(checkpointer.directory, step)
         log.warning('Checkpoint step %d in %s is damaged (%s); moved it aside to %s and '
                     'trying the next older step.', step, checkpointer.directory, reason, moved)
@@ -144,9 +140,7 @@ def restore_newest_intact(checkpointer, abstract_state: Any) -> tuple[Any, dict,
 
 
 def _barrier(name: str) -> None:
-    import jax
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(name)
 
 

@@ -53,7 +53,8 @@ def tree_problems(saved_tree: Any, abstract_state: Any) -> list[str]:
         s_shape = getattr(s, 'shape', None)
         s_dtype = getattr(s, 'dtype', None)
         if s_shape is not None and tuple(s_shape) != tuple(w.shape):
-            diffs.append(f'{fmt_path(p)} shape saved {tuple(s_shape)} vs requested {tuple(w.shape)}')
+            diffs.append(f'{fmt_path(p)} shape saved {tuple(s_shape)} vs requested '
+                         f'{tuple(w.shape)}')
         elif s_dtype is not None and np.dtype(s_dtype) != np.dtype(w.dtype):
             diffs.append(f'{fmt_path(p)} dtype saved {np.dtype(s_dtype)} vs requested '
                          f'{np.dtype(w.dtype)}')
