@@ -11,6 +11,7 @@ import pytest
 
 from mecefo_jax.workdir_lock import LOCK_FILENAME, WorkdirLock, WorkdirLockedError
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Takes the lock, says so on stdout, then holds it until stdin closes; with
 # 'crash' it exits without releasing, as a SIGKILLed run would.
 _HOLDER = '''
@@ -26,7 +27,7 @@ lock.release()
 
 
 def _holder(workdir, mode='hold'):
-    env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
     proc = subprocess.Popen([sys.executable, '-c', _HOLDER, str(workdir), mode], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == 'held'  # the lock is held from here on
