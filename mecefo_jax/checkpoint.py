@@ -10,6 +10,11 @@ items written atomically together:
 
 Keeping both in one step directory means a restart can never pair model
 weights with the data position of a different step.
+
+A step that fails to restore because its files are damaged raises
+`CheckpointDamagedError` (see checkpoint_damage for the fallback to an older
+step); a save that fails on the filesystem raises an explained
+`disk_space.CheckpointSaveError` and leaves the previous step as the resume point.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -24,13 +30,17 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from mecefo_jax import disk_space
+from mecefo_jax.checkpoint_damage import CheckpointDamagedError, looks_damaged
+from mecefo_jax.checkpoint_match import fmt_path, tree_problems
 from mecefo_jax.tree_paths import key_names
 
 _STATE = "state"
 _DATA = "data"
 # Orbax's own mismatch messages embed whole trees / tensorstore specs.
 _MAX_ORBAX_MESSAGE = 2000
-_MAX_LISTED_PATHS = 10
+# How long a failed save waits for its other writes before removing its files.
+_WRITER_JOIN_SEC = 120.0
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +85,21 @@ def _sds(x: Any, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
-def _fmt(path: tuple[str, ...]) -> str:
-    return ".".join(path) if path else "<root>"
+def _join_orbax_writers(timeout: float) -> None:
+    """Wait for the writes a failed save leaves running, up to `timeout` seconds.
 
-
-def _listing(paths: list, limit: int = _MAX_LISTED_PATHS) -> str:
-    shown = ", ".join(paths[:limit])
-    more = len(paths) - limit
-    return shown + (f", ... (+{more} more)" if more > 0 else "")
-
-
-def _stored_form(sds: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
-    """Shape/dtype Orbax writes for a leaf: typed PRNG keys go as key data."""
-    if jax.dtypes.issubdtype(sds.dtype, jax.dtypes.prng_key):
-        return jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(sds.shape, sds.dtype))
-    return sds
+    Orbax raises on the first failed write while the other writes of the same
+    save go on in their own threads; removing the save's temporary directory
+    under them would race with the files they still create.
+    """
+    try:
+        from orbax.checkpoint._src.futures.future import _SignalingThread
+    except ImportError:  # another Orbax layout: nothing known to wait for
+        return
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if isinstance(thread, _SignalingThread) and thread is not threading.current_thread():
+            threading.Thread.join(thread, max(0.0, deadline - time.monotonic()))
 
 
 class Checkpointer:
@@ -119,6 +129,7 @@ class Checkpointer:
         self.keep = int(keep)
         self.async_save = bool(async_save)
         self._closed = False
+        self._needed_bytes = None  # one save's room; measured at the first save
         options = ocp.CheckpointManagerOptions(
             max_to_keep=self.keep,
             # The cadence is decided in maybe_save and every save is forced:
@@ -163,6 +174,9 @@ class Checkpointer:
         if not force and step % self.save_every != 0:
             return 0.0
         start = time.perf_counter()
+        if self._needed_bytes is None:
+            self._needed_bytes = disk_space.bytes_needed(state)
+            disk_space.warn_if_short(self.directory, state)
         if step in self._manager.all_steps():
             # Orbax would raise only after flagging a save as in progress;
             # skipping here keeps both the good checkpoint and the manager sane.
@@ -195,12 +209,11 @@ class Checkpointer:
                 ),
                 force=True,
             )
-        except BaseException:
+        except BaseException as e:
             # A failed save (this one or the previous async one surfacing
             # here) leaves the manager's step list stale; re-read the disk
             # so latest_step/restore still see the surviving good steps.
-            self._reload_quietly()
-            raise
+            self._save_failed(e)
         return time.perf_counter() - start
 
     def wait(self) -> None:
@@ -209,9 +222,8 @@ class Checkpointer:
             return
         try:
             self._manager.wait_until_finished()
-        except BaseException:
-            self._reload_quietly()
-            raise
+        except BaseException as e:
+            self._save_failed(e)
 
     def close(self) -> None:
         """Wait for pending saves, then release Orbax's threads. Idempotent."""
@@ -227,6 +239,10 @@ class Checkpointer:
         self.close()
 
     # --------------------------------------------------------------- restore
+
+    def reload(self) -> None:
+        """Re-read the step list from disk (after steps were moved aside)."""
+        self._manager.reload()
 
     def latest_step(self) -> int | None:
         """Newest step saved (including one still being written), or None."""
@@ -274,7 +290,11 @@ class Checkpointer:
                     }
                 ),
             )
-        except ValueError as e:
+        except Exception as e:
+            if looks_damaged(e):
+                raise CheckpointDamagedError(self.directory, step, e) from e
+            if not isinstance(e, ValueError):
+                raise
             # Fallback for mismatches the metadata pre-check cannot see.
             msg = str(e)
             if len(msg) > _MAX_ORBAX_MESSAGE:
@@ -290,6 +310,19 @@ class Checkpointer:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"Checkpointer for {self.directory!r} is closed.")
+
+    def _save_failed(self, error: BaseException) -> None:
+        """Re-read the surviving steps and raise `error`, explained if the disk failed."""
+        self._reload_quietly()
+        if not isinstance(error, Exception):
+            raise error
+        _join_orbax_writers(_WRITER_JOIN_SEC)
+        explained = disk_space.explain_failed_save(
+            self.directory, error, self._needed_bytes, self._manager.latest_step(),
+            clean=jax.process_index() == 0)
+        if explained is error:
+            raise error
+        raise explained from error
 
     def _reload_quietly(self) -> None:
         try:
@@ -311,13 +344,13 @@ class Checkpointer:
                 sds = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
             else:
                 raise TypeError(
-                    f"abstract_state leaf {_fmt(key_names(path))} is "
+                    f"abstract_state leaf {fmt_path(key_names(path))} is "
                     f"{type(x).__name__}; expected jax.ShapeDtypeStruct "
                     "(see checkpoint.abstract_like)."
                 )
             if sds.sharding is None:
                 raise ValueError(
-                    f"abstract_state leaf {_fmt(key_names(path))} has no sharding; "
+                    f"abstract_state leaf {fmt_path(key_names(path))} has no sharding; "
                     "give every leaf its target sharding (see checkpoint.abstract_like)."
                 )
             return sds
@@ -325,45 +358,16 @@ class Checkpointer:
         return jax.tree_util.tree_map_with_path(convert, abstract_state)
 
     def _check_matches_saved(self, step: int, abstract_state: Any) -> None:
-        """Compare paths, shapes and dtypes against the saved metadata.
-
-        Done before restoring so the error names the offending leaves, which
-        Orbax's own messages bury under full tree dumps.
-        """
+        """Compare paths, shapes and dtypes against the saved metadata (see checkpoint_match)."""
         try:
             metadata = self._manager.item_metadata(step)[_STATE]
-        except Exception:  # unreadable metadata: leave it to Orbax
-            log.warning("Could not read checkpoint metadata for step %d.", step, exc_info=True)
+        except Exception as e:  # unreadable: leave it to Orbax (damage shows there)
+            log.warning("Could not read checkpoint metadata for step %d (%s).", step,
+                        type(e).__name__)
             return
         if metadata is None:
             return
-        saved_tree = getattr(metadata, "tree", metadata)
-        saved = {
-            key_names(p): leaf
-            for p, leaf in jax.tree_util.tree_flatten_with_path(saved_tree)[0]
-        }
-        wanted = {
-            key_names(p): leaf
-            for p, leaf in jax.tree_util.tree_flatten_with_path(abstract_state)[0]
-        }
-        problems = []
-        missing = sorted(_fmt(p) for p in wanted.keys() - saved.keys())
-        extra = sorted(_fmt(p) for p in saved.keys() - wanted.keys())
-        if missing:
-            problems.append(f"not in checkpoint: {_listing(missing)}")
-        if extra:
-            problems.append(f"in checkpoint but not requested: {_listing(extra)}")
-        diffs = []
-        for p in sorted(wanted.keys() & saved.keys()):
-            w, s = _stored_form(wanted[p]), saved[p]
-            s_shape = getattr(s, "shape", None)
-            s_dtype = getattr(s, "dtype", None)
-            if s_shape is not None and tuple(s_shape) != tuple(w.shape):
-                diffs.append(f"{_fmt(p)} shape saved {tuple(s_shape)} vs requested {tuple(w.shape)}")
-            elif s_dtype is not None and np.dtype(s_dtype) != np.dtype(w.dtype):
-                diffs.append(f"{_fmt(p)} dtype saved {np.dtype(s_dtype)} vs requested {np.dtype(w.dtype)}")
-        if diffs:
-            problems.append(f"mismatched leaves: {_listing(diffs)}")
+        problems = tree_problems(getattr(metadata, "tree", metadata), abstract_state)
         if problems:
             raise CheckpointMismatchError(
                 f"Checkpoint step {step} in {self.directory!r} does not match the "

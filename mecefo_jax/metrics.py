@@ -3,8 +3,9 @@
 This module owns the metrics file format and who writes it. Only process 0
 writes (other hosts get a no-op writer) so multi-host runs produce one file.
 The file is opened for append, so a resumed run keeps the rows of earlier
-attempts; readers that want one row per step should keep the last row seen
-for each step.
+attempts. A resume first drops the rows past the resumed step
+(`MetricsWriter.truncate_after`), so after any number of resumes a step has
+at most one row of each kind and every reader can take the rows as they are.
 """
 
 from __future__ import annotations
@@ -19,6 +20,54 @@ import jax.numpy as jnp
 import numpy as np
 
 METRICS_FILENAME = "metrics.jsonl"
+RESUME_SOURCES = ('memory', 'disk')
+
+
+def resumed_row(step: int, source: str) -> dict:
+    """The row written on every resume: from which step, and from which tier."""
+    if source not in RESUME_SOURCES:
+        raise ValueError(f'resume source must be one of {RESUME_SOURCES}, got {source!r}.')
+    return {'event': 'resumed', 'step': int(step), 'source': source}
+
+
+def preempted_row(step: int) -> dict:
+    """The row written once a preemption save of `step` has completed."""
+    return {'event': 'preempted', 'step': int(step)}
+
+
+def truncate_rows_after(path: str, step: int) -> int:
+    """Drop the rows of a JSON-lines file whose "step" is past `step`; return how many.
+
+    Rows without a 'step' and event rows follow the same rule (kept when they
+    have no step). A cut-off last line is dropped too. The file is rewritten
+    to a temporary file and renamed over the old one, so a crash leaves
+    either the old or the new file. A missing file is left missing.
+    (metrics.jsonl rows name the steps done, so pass the resumed step;
+    provenance.jsonl rows name the 0-based step being run: pass it minus one.)
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding='utf-8') as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        return 0
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a row cut off by a crash: it belongs to no finished step
+        if not (isinstance(row, dict) and isinstance(row.get('step'), (int, float))
+                and row['step'] > step):
+            kept.append(line if line.endswith('\n') else line + '\n')
+    dropped = sum(1 for line in lines if line.strip()) - len(kept)
+    tmp = f'{path}.{os.getpid()}.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return dropped
 
 
 def _to_jsonable(value: Any, where: str) -> Any:
@@ -59,14 +108,33 @@ class MetricsWriter:
         self._closed = False
         if self.active:
             os.makedirs(os.fspath(workdir), exist_ok=True)
-            self._file = open(self.path, "a+", encoding="utf-8")
-            # A crash mid-write can leave a partial last line; start on a
-            # fresh line so the first new row is not glued onto it.
-            if self._file.tell() > 0:
-                self._file.seek(self._file.tell() - 1)
-                if self._file.read(1) != "\n":
-                    self._file.write("\n")
-                    self._file.flush()
+            self._open()
+
+    def _open(self) -> None:
+        self._file = open(self.path, "a+", encoding="utf-8")
+        # A crash mid-write can leave a partial last line; start on a
+        # fresh line so the first new row is not glued onto it.
+        if self._file.tell() > 0:
+            self._file.seek(self._file.tell() - 1)
+            if self._file.read(1) != "\n":
+                self._file.write("\n")
+                self._file.flush()
+
+    def truncate_after(self, step: int) -> int:
+        """On a resume at `step`: drop the rows past it; return how many.
+
+        The file is replaced, so it is reopened here; other writers of the
+        same file must reopen it too.
+        """
+        if self._closed:
+            raise ValueError(f'MetricsWriter for {self.path} is closed.')
+        if self._file is None:
+            return 0
+        self._file.close()
+        try:
+            return truncate_rows_after(self.path, step)
+        finally:
+            self._open()
 
     def write(self, row: dict) -> None:
         """Append one row; numpy/jax scalars become Python numbers.

@@ -1,12 +1,19 @@
 """Tests for mecefo_jax.metrics: JSONL round trip, conversion, append, hosts."""
 
 import math
+import os
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mecefo_jax.metrics import MetricsWriter, read_metrics
+from mecefo_jax.metrics import (
+    MetricsWriter,
+    preempted_row,
+    read_metrics,
+    resumed_row,
+    truncate_rows_after,
+)
 
 
 def test_round_trip_converts_numpy_and_jax(tmp_path):
@@ -90,3 +97,52 @@ def test_unserialisable_value_writes_nothing(tmp_path):
             w.write({"step": 1, "bad": object()})
         w.write({"step": 2})
     assert read_metrics(str(tmp_path)) == [{"step": 2}]
+
+
+def _loss_rows(path):
+    return [r['step'] for r in read_metrics(path) if 'loss' in r]
+
+
+def test_resume_truncates_rows_past_the_resumed_step(tmp_path):
+    with MetricsWriter(str(tmp_path), process_index=0) as w:
+        for step in range(1, 11):
+            w.write({'step': step, 'loss': 10.0 - step})
+            if step % 5 == 0:
+                w.write({'step': step, 'val_loss': 1.0})
+        w.write({'event': 'scheduled_failure', 'step': 8})
+        w.write(preempted_row(10))
+    with open(tmp_path / 'metrics.jsonl', 'a') as f:
+        f.write('{"step": 11, "lo')  # cut off by a crash
+    with MetricsWriter(str(tmp_path), process_index=0) as w:  # the resumed run, at step 6
+        assert w.truncate_after(6) == 8  # loss 7..10, val 10, 2 events, the cut line
+        assert _loss_rows(tmp_path) == [1, 2, 3, 4, 5, 6]
+        w.write(resumed_row(6, 'disk'))
+        for step in range(7, 11):  # the second pass over 7..10
+            w.write({'step': step, 'loss': 0.5})
+    rows = read_metrics(str(tmp_path))
+    assert _loss_rows(tmp_path) == list(range(1, 11))  # exactly one loss row per step
+    assert [r for r in rows if 'event' in r] == [{'event': 'resumed', 'step': 6, 'source': 'disk'}]
+    assert [r['step'] for r in rows if 'val_loss' in r] == [5]
+    assert os.listdir(tmp_path) == ['metrics.jsonl']  # no temporary file left
+
+
+def test_truncation_keeps_rows_without_a_step_and_ignores_a_missing_file(tmp_path):
+    path = tmp_path / 'provenance.jsonl'
+    assert truncate_rows_after(str(path), 3) == 0 and not path.exists()
+    path.write_text('{"note": "x"}\n{"step": 2}\n{"step": 4}\n')
+    assert truncate_rows_after(str(path), 3) == 1
+    assert path.read_text() == '{"note": "x"}\n{"step": 2}\n'
+
+
+def test_event_row_helpers():
+    assert resumed_row(12, 'memory') == {'event': 'resumed', 'step': 12, 'source': 'memory'}
+    assert preempted_row(np.int32(7)) == {'event': 'preempted', 'step': 7}
+    with pytest.raises(ValueError, match='memory'):
+        resumed_row(1, 'keepers')
+
+
+def test_inactive_writer_truncates_nothing(tmp_path):
+    (tmp_path / 'metrics.jsonl').write_text('{"step": 9}\n')
+    with MetricsWriter(str(tmp_path), process_index=1) as w:
+        assert w.truncate_after(1) == 0
+    assert (tmp_path / 'metrics.jsonl').read_text() == '{"step": 9}\n'
