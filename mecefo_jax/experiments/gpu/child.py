@@ -92,8 +92,16 @@ def run(target: str, result_path: str, params: dict) -> dict:
         if os.path.exists(partial_path(result_path)):
             with open(partial_path(result_path)) as f:
                 result['partial'] = json.load(f)
+    result['cpu_sec'] = cpu_seconds()
     write_json(result_path, result)
     return result
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process (and its reaped children) so far."""
+    import resource
+    own, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 2)
 
 
 def main(argv=None) -> int:

@@ -47,5 +47,6 @@ def run(out: str, *, budget_sec: float = 540.0, smoke: bool = False, sections=SE
     write_json(os.path.join(out, JSON_FILE), report)
     with open(os.path.join(out, MD_FILE), 'w') as f:
         f.write(tables.markdown(report))
-    echo(f'wrote {os.path.join(out, JSON_FILE)} and {MD_FILE} in {report["meta"]["wall_sec"]:.0f} s')
+    echo(f'wrote {os.path.join(out, JSON_FILE)} and {MD_FILE} '
+         f'in {report["meta"]["wall_sec"]:.0f} s')
     return report

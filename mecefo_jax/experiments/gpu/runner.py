@@ -40,12 +40,15 @@ def limits_left(sections, left_sec: float, min_sec: float) -> float:
 
 
 def _pump(stream, name: str, tail: collections.deque, log_file, echo) -> None:
-    for line in stream:
-        line = line.rstrip('\n')
-        tail.append(line)
-        log_file.write(line + '\n')
-        log_file.flush()
-        echo(f'[{name}] {line}')
+    try:
+        for line in stream:
+            line = line.rstrip('\n')
+            tail.append(line)
+            log_file.write(line + '\n')
+            log_file.flush()
+            echo(f'[{name}] {line}')
+    except (ValueError, OSError):
+        pass  # the log was closed: a grandchild still held the pipe after the section ended
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

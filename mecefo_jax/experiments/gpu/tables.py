@@ -19,7 +19,8 @@ def _scaled(value, scale, spec='.1f'):
 def environment(r) -> list[str]:
     cuda, pk = r.get('cuda') or {}, r.get('packages') or {}
     rows = [('device', f"{r['device_count']} x {r['platform']}:{r['device_kind']}"),
-            ('device memory (allocator limit)', _scaled(r.get('device_memory_bytes'), GIB) + ' GiB'),
+            ('device memory (allocator limit)',
+             _scaled(r.get('device_memory_bytes'), GIB) + ' GiB'),
             ('host memory', _scaled(r.get('host_memory_bytes'), GIB) + ' GiB'),
             ('CPU cores', r.get('cpu_count'))]
     rows += [(name, pk[name]) for name in ('jax', 'jaxlib', 'jax-cuda12-plugin', 'flax', 'optax')
@@ -33,8 +34,9 @@ def step(r) -> list[str]:
     rows = []
     for mode, v in modes.items():
         x, d = ratios.get(mode, {}), details.get(mode, {})
-        rows.append((mode, d.get('rows', ''), fmt(v['step_ms'], '.2f'), fmt(x.get('step_ms'), '.3f'),
-                     _scaled(v.get('flops'), 1e9, '.1f'), fmt(x.get('flops'), '.3f'),
+        rows.append((mode, d.get('rows', ''), fmt(v['step_ms'], '.2f'),
+                     fmt(x.get('step_ms'), '.3f'),
+                     _scaled(v.get('flops'), 1e9, '.4g'), fmt(x.get('flops'), '.3f'),
                      _scaled(v.get('peak_bytes'), MIB), _scaled(v.get('device_peak_bytes'), MIB),
                      fmt(d.get('compile_sec'), '.1f')))
     lines = [f"{r.get('config_name')} on {r.get('device')}, batch {r.get('batch')} "
@@ -89,7 +91,8 @@ def snapshot(r) -> list[str]:
             ('step without snapshots', _scaled(r.get('step_sec'), 1e-3, '.2f') + ' ms'),
             ('step, snapshot.every=1', _scaled(e.get('step_sec'), 1e-3, '.2f') + ' ms'),
             ('overhead, every=1', fmt(e.get('overhead_pct'), '.1f') + ' %'),
-            ('blocked per snapshot', _scaled(e.get('blocked_sec_per_snapshot'), 1e-3, '.1f') + ' ms'),
+            ('blocked per snapshot',
+             _scaled(e.get('blocked_sec_per_snapshot'), 1e-3, '.1f') + ' ms'),
             ('background write per snapshot', _scaled(e.get('write_sec_per_snapshot'), 1e-3, '.1f')
              + ' ms')]
     if a.get('status') == 'ok':
@@ -115,7 +118,8 @@ def section(name: str, result: dict) -> list[str]:
     """A heading with the status, then the section's table (of partial figures if it stopped)."""
     status = result['status']
     lines = [f"## {name}: {status} ({fmt(result.get('wall_sec'), '.1f')} s of "
-             f"{fmt(result.get('limit_sec'), '.0f')} s)", '']
+             f"{fmt(result.get('limit_sec'), '.0f')} s, "
+             f"{fmt(result.get('cpu_sec'), '.1f')} CPU s)", '']
     if status in ('failed', 'timeout'):
         lines += [f"{result.get('error')}", '']
     if status == 'skipped':
