@@ -19,9 +19,9 @@ SECTIONS = (
     runner.Section('environment', f'{_PKG}.environment:run', weight=0.5),
     runner.Section('step', f'{_PKG}.step:run_350m', weight=3.5),
     runner.Section('step_1b', f'{_PKG}.step:run_1b', weight=2.0),
-    runner.Section('attention', f'{_PKG}.attention:run', weight=0.7),
-    runner.Section('refresh', f'{_PKG}.refresh:run', weight=1.5),
-    runner.Section('snapshot', f'{_PKG}.snapshot:run', weight=1.5),
+    runner.Section('attention', f'{_PKG}.attention:run', weight=0.6),
+    runner.Section('refresh', f'{_PKG}.refresh:run', weight=1.6),
+    runner.Section('snapshot', f'{_PKG}.snapshot:run', weight=1.8),
     runner.Section('compile', f'{_PKG}.compile:run', weight=1.0),
 )
 JSON_FILE = 'gpu_report.json'
