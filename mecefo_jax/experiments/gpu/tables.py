@@ -76,7 +76,7 @@ def refresh(r) -> list[str]:
         for s in m['shapes'].values():
             rows.append((name, 'x'.join(map(str, s['shape'])), s['rank'], fmt(s['svd_sec'], '.4f'),
                          fmt(s.get('cheap_sec'), '.4f'), fmt(s.get('cheap_energy_ratio'), '.4f'),
-                         fmt(m.get('svd_model_sec'), '.2f'), fmt(m.get('cheap_model_sec'), '.2f')))
+                         fmt(m.get('svd_model_sec'), '.4g'), fmt(m.get('cheap_model_sec'), '.4g')))
     lines = [f"cheap refresh: {r.get('cheap_refresh')}; whole model: {r.get('extrapolation')}", '']
     return lines + _table(('model', 'matrix', 'r', 'SVD s', 'cheap s', 'cheap energy',
                            'model SVD s', 'model cheap s'), rows)
