@@ -10,6 +10,7 @@
 | `quality` | validation perplexity under failures (the paper's Table 3 analogue) |
 | `crash_drill` | real crashes on one machine, recovered from memory and from disk |
 | `snapshot_bench` | the keepers' write, publish and restore paths |
+| `gpu/` | every GPU figure in one command, each section in its own process (`scripts/gpu_report.py`) |
 | `cluster/` | the strategies projected to 8 to 1,024 replicas (numpy Monte Carlo) |
 | `report` | number formatting, spreads over seeds and plots shared by the reports |
 """

@@ -1,0 +1,70 @@
+"""Report section `compile`: the compile time of a new failure topology's step at 24 layers.
+
+After a failure every survivor compiles a step it has not seen. With two or
+more devices this is `experiments/compile_time.py`'s program: the MeCeFO
+failure step on the config's full mesh, replica 3 (or the last) down, its
+neighbour running two shards in neighbour mode. On one device no replica
+can fail and leave a survivor, so it compiles what each device of such a
+topology runs: the step with both programs (normal on one shard, neighbour
+on two) behind the per-device role switch, on a one-device mesh. Compiled
+ahead of time from shapes, with the persistent compilation cache off: the
+figure is a cold compile.
+"""
+from __future__ import annotations
+
+import time
+
+from mecefo_jax.experiments.gpu import configs
+
+SHAPES = {'full': {'config': 'llama_350m', 'overrides': {}, 'layers': 24},
+          'smoke': {'config': 'tiny', 'overrides': {'model.attention': 'xla'}, 'layers': 24}}
+CPU_DEVICES = 2  # fake CPU devices (smoke): the smallest mesh with a failure and a survivor
+
+
+def one_device_failure_step_sec(cfg, layers: int, batch: int) -> float:
+    """The two-program (normal x B, neighbour x 2B) step on one device, compiled cold."""
+    import dataclasses
+
+    import jax
+    from mecefo_jax import step as step_lib
+    from mecefo_jax.aot import abstract_batch
+    from mecefo_jax.experiments.gpu.step import Setup
+    from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program
+    from mecefo_jax.model import Llama, ModelConfig
+    model = Llama(dataclasses.replace(ModelConfig.from_config(cfg), num_layers=layers))
+    setup = Setup.build(cfg, model, jax.devices()[0])
+    programs = (Program(ROLE_NORMAL, batch), Program(ROLE_NEIGHBOUR, 2 * batch))
+    fn = step_lib.make_train_step(setup.model, setup.optimizer, setup.mesh, setup.shardings,
+                                  programs)
+    args = (setup.state_abs, abstract_batch(setup.mesh, 2 * batch, cfg.data.seq_len + 1))
+    start = time.perf_counter()
+    fn.lower(*args).compile()
+    return time.perf_counter() - start
+
+
+def run(ctx) -> dict:
+    from mecefo_jax import sharding
+    from mecefo_jax.experiments import compile_time
+    from mecefo_jax.experiments.gpu.step import SHAPES as STEP_SHAPES
+    kind = 'smoke' if ctx.smoke else 'full'
+    shape = SHAPES[kind]
+    cfg = configs.load(shape['config'], shape['overrides'])
+    sharding.simulate_cpu_devices(CPU_DEVICES)  # before jax starts; ignored by GPUs
+    import jax
+    jax.config.update('jax_enable_compilation_cache', False)
+    devices = jax.device_count()
+    out = {'config_name': shape['config'], 'num_layers': shape['layers'],
+           'devices': devices, 'scan_layers': cfg.model.scan_layers, 'cache': 'off (cold)'}
+    if devices >= 2:
+        seconds = compile_time.compile_seconds(cfg, shape['layers'], scan_layers=True)
+        replicas, width = sharding.mesh_shape(cfg.mesh, devices)
+        out.update(what=f'MeCeFO failure step on a {replicas}x{width} mesh, one replica down '
+                        '(experiments/compile_time.py)')
+    else:
+        batch = STEP_SHAPES['step'][kind]['batch']
+        seconds = one_device_failure_step_sec(cfg, shape['layers'], batch)
+        out.update(what=f'one device: the step with both programs (normal x {batch}, '
+                        f'neighbour x {2 * batch}) behind the role switch')
+    out['compile_sec'] = seconds
+    ctx.log(f'{out["what"]}: {seconds:.2f} s')
+    return out

@@ -1,0 +1,29 @@
+"""The report's model configs: a `configs/*.py` file with the few fields a section sets.
+
+Sections name a config file (`llama_350m`, `tiny`, ...) and override a few
+existing fields (`{'data.seq_len': 256}`); nothing else of the training
+setup matters to a measurement.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+
+
+def load(name: str, overrides: dict | None = None):
+    """`get_config()` of configs/NAME.py with `overrides` ('section.field': value) set."""
+    path = os.path.join(REPO, 'configs', f'{name}.py')
+    spec = importlib.util.spec_from_file_location(f'_gpu_report_config_{name}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+    for dotted, value in (overrides or {}).items():
+        section, field = dotted.split('.')
+        node = getattr(cfg, section)
+        if field not in node:
+            raise ValueError(f'gpu report: config {name} has no field {dotted}.')
+        setattr(node, field, value)
+    return cfg

@@ -1,0 +1,159 @@
+"""Report section `snapshot`: what in-memory snapshots cost one training process.
+
+On the `step` section's model and batch (350M, one device), with a keeper
+process holding the snapshots in shared memory:
+
+  * device-to-host bandwidth of the whole train state: `jax.device_get`, and
+    the worker's own path (`pinned_local_copies`, then reading the pinned
+    copies), best of a few;
+  * snapshot overhead per step: wall time per step of the normal train step
+    run back to back, with the worker's `SnapshotHook` at `snapshot.every=1`
+    against none, blocks of steps alternated over rounds (medians);
+  * at `snapshot.every=auto`, where the config has it
+    (`snapshot.overhead_budget_pct`): the smallest interval whose overhead,
+    from the every=1 figure, stays within the budget, then measured at that
+    interval (estimated when it is longer than the section can run).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import types
+
+import jax
+import numpy as np
+
+from mecefo_jax.experiments.gpu import configs
+from mecefo_jax.experiments.gpu.step import SHAPES as STEP_SHAPES, Setup
+
+# Steps per timed block: at 350M one snapshot (4.4 GB copied and checksummed)
+# takes seconds, so every=1 blocks are kept short to fit the section's time.
+RUNS = {'full': {'steps': 3, 'rounds': 2, 'max_auto_steps': 200, 'copies': 3},
+        'smoke': {'steps': 3, 'rounds': 2, 'max_auto_steps': 12, 'copies': 2}}
+KEEPER_SLOTS = 2  # one process: the snapshot being written and the last published
+
+
+def best_sec(fn, repeats: int) -> float:
+    best = float('inf')
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bandwidth(state, repeats: int) -> dict:
+    from mecefo_jax.snapshot import pinned_local_copies
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
+    out = {'state_bytes': nbytes}
+    out['device_get_sec'] = best_sec(lambda: jax.device_get(state), repeats)
+
+    def pinned():
+        for shard in pinned_local_copies(state):
+            np.asarray(shard.data)
+    try:
+        out['pinned_copy_sec'] = best_sec(pinned, repeats)
+    except Exception as error:  # noqa: BLE001  (a backend without pinned_host memory)
+        out['pinned_copy_error'] = f'{type(error).__name__}: {error}'
+    for key in ('device_get', 'pinned_copy'):
+        if f'{key}_sec' in out:
+            out[f'{key}_gbps'] = nbytes / out[f'{key}_sec'] / 1e9
+    return out
+
+
+class Loop:
+    """The normal train step run back to back, optionally with the worker's snapshot hook."""
+
+    def __init__(self, compiled, state, batch, keeper_address):
+        self.compiled, self.state, self.batch = compiled, state, batch
+        self.keeper_address = keeper_address
+        self.step = 0
+
+    def per_step_sec(self, steps: int, every: int | None) -> dict:
+        from mecefo_jax.launch.worker_state import SnapshotHook
+        hook = SnapshotHook(self.keeper_address, every) if every else None
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.state, metrics = self.compiled(self.state, self.batch)
+            if hook is not None:
+                hook(types.SimpleNamespace(step=self.step, state=self.state,
+                                           data_position={'step': self.step}))
+            self.step += 1
+        jax.block_until_ready((self.state, metrics))
+        out = {'sec': (time.perf_counter() - start) / steps}
+        if hook is not None:
+            hook.close()  # the last write finishes outside the timed block
+            out.update(blocked_sec=hook.blocked_sec / max(1, hook.submitted),
+                       write_sec=hook.stats.write_sec / max(1, hook.stats.published))
+        return out
+
+
+def overhead(loop: Loop, runs: dict, ctx) -> dict:
+    """every=1 against no snapshot: medians over alternated blocks."""
+    loop.per_step_sec(KEEPER_SLOTS, 1)  # warm: the keeper allocates its segments
+    blocks = {'none': [], 'every_1': []}
+    for r in range(runs['rounds']):
+        for key in (('none', 'every_1') if r % 2 == 0 else ('every_1', 'none')):
+            blocks[key].append(loop.per_step_sec(runs['steps'], 1 if key == 'every_1' else None))
+        ctx.log(f'round {r}: {blocks["none"][-1]["sec"] * 1e3:.2f} ms/step without, '
+                f'{blocks["every_1"][-1]["sec"] * 1e3:.2f} ms/step with a snapshot every step')
+    none = statistics.median(b['sec'] for b in blocks['none'])
+    every = statistics.median(b['sec'] for b in blocks['every_1'])
+    return {'step_sec': none, 'every_1': {
+        'step_sec': every, 'overhead_pct': 100 * (every / none - 1),
+        'blocked_sec_per_snapshot': statistics.median(b['blocked_sec'] for b in blocks['every_1']),
+        'write_sec_per_snapshot': statistics.median(b['write_sec'] for b in blocks['every_1'])}}
+
+
+def auto(loop: Loop, cfg, measured: dict, runs: dict) -> dict:
+    if 'overhead_budget_pct' not in cfg.snapshot:
+        return {'status': 'n/a', 'reason': 'the config has no snapshot.overhead_budget_pct '
+                                           '(snapshot.every=auto is not supported)'}
+    budget = cfg.snapshot.overhead_budget_pct
+    cost = max(0.0, measured['every_1']['overhead_pct'])
+    interval = max(1, math.ceil(cost / budget)) if budget > 0 else 1
+    out = {'status': 'ok', 'budget_pct': budget, 'interval': interval,
+           'rule': 'smallest interval with overhead(every=1) / interval <= budget'}
+    steps = max(runs['steps'], 2 * interval)
+    if steps > runs['max_auto_steps']:
+        out.update(overhead_pct=cost / interval, measured=False,
+                   note=f'interval too long to measure here: overhead(every=1) / {interval}')
+        return out
+    with_snap = loop.per_step_sec(steps, interval)['sec']
+    without = loop.per_step_sec(steps, None)['sec']
+    out.update(overhead_pct=100 * (with_snap / without - 1), measured=True, steps=steps)
+    return out
+
+
+def run(ctx) -> dict:
+    from mecefo_jax import step as step_lib
+    from mecefo_jax.layout import assemble
+    from mecefo_jax.model import Llama, ModelConfig
+    from mecefo_jax.snapshot import start_keeper
+    from mecefo_jax.state import create_train_state
+    from mecefo_jax.experiments import step_cost
+    kind = 'smoke' if ctx.smoke else 'full'
+    shape, runs = STEP_SHAPES['step'][kind], RUNS[kind]
+    cfg = configs.load(shape['config'], shape['overrides'])
+    setup = Setup.build(cfg, Llama(ModelConfig.from_config(cfg)), jax.devices()[0])
+    batch = shape['batch']
+    compiled = setup.compile('normal', batch)
+    state, _ = create_train_state(setup.model, setup.optimizer, setup.mesh, seed=0,
+                                  rank=cfg.mecefo.rank)
+    out = {'config_name': shape['config'], 'batch': batch}
+    out['bandwidth'] = bandwidth(state, runs['copies'])
+    ctx.log(f'state {out["bandwidth"]["state_bytes"] / 2**20:.1f} MiB: device_get '
+            f'{out["bandwidth"]["device_get_gbps"]:.2f} GB/s')
+    ctx.partial(out)
+    tokens = step_cost.random_tokens(cfg, batch, seed=0)
+    host = dict(assemble(step_cost.mode_layout('normal', batch), tokens), step=np.int32(0))
+    device_batch = jax.device_put(host, step_lib.batch_shardings(setup.mesh))
+    with start_keeper('gpu_report', slots=KEEPER_SLOTS) as keeper:
+        loop = Loop(compiled, state, device_batch, keeper.address)
+        del state
+        out.update(overhead(loop, runs, ctx))
+        ctx.partial(out)
+        out['auto'] = auto(loop, cfg, out, runs)
+    out['keeper'] = f'one keeper process, {KEEPER_SLOTS} slots in shared memory'
+    return out

@@ -1,0 +1,35 @@
+"""Every GPU figure in one command: see mecefo_jax/experiments/gpu/ and docs/gpu.md.
+
+  python scripts/gpu_report.py --out /tmp/gpu_report [--budget_sec 540]
+  python scripts/gpu_report.py --out /tmp/gpu_smoke --smoke   # tiny shapes, any CPU
+
+Sections (each in its own process, with its own time limit): environment,
+step (350M), step_1b, attention, refresh, snapshot, compile. Writes
+gpu_report.json, gpu_report.md and bench_step.json (for
+scripts/simulate_cluster.py --cost bench) under --out.
+"""
+import os
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_OUT = flags.DEFINE_string('out', None, 'Directory for gpu_report.json, gpu_report.md and '
+                                        'bench_step.json.', required=True)
+_BUDGET = flags.DEFINE_float('budget_sec', 540.0, 'Wall-clock budget shared by the sections.')
+_SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes: check the whole report on a CPU.')
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    from mecefo_jax.experiments.gpu import report
+    result = report.run(_OUT.value, budget_sec=_BUDGET.value, smoke=_SMOKE.value)
+    bad = [name for name, r in result['sections'].items() if r['status'] in ('failed', 'timeout')]
+    if bad:
+        print(f'sections not ok: {", ".join(bad)}', flush=True)
+
+
+if __name__ == '__main__':
+    app.run(main)

@@ -1,0 +1,158 @@
+"""scripts/gpu_report.py: the CPU smoke end to end, and a failing or hung section's report.
+
+The smoke runs in a subprocess (its sections in their own processes) with
+grain, tensorflow_datasets, tensorflow and matplotlib blocked in every one
+of them by a `sitecustomize` on PYTHONPATH: the report must run on a GPU
+image that lacks them. Its budget is generous so that a loaded machine
+slows it rather than failing it; its time is the smoke's own claim (see
+docs/gpu.md), not a test.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mecefo_jax.experiments.cluster import costs
+from mecefo_jax.experiments.gpu import report, runner, step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCKED = ('grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib')
+SITECUSTOMIZE = f'''
+import sys
+# None in sys.modules: `import x` raises ModuleNotFoundError and
+# importlib.util.find_spec('x') returns None, as for a package not installed
+# (libraries probing for an optional one, e.g. jax's cache for tensorflow, go on).
+for name in {BLOCKED!r}:
+    sys.modules[name] = None
+'''
+FAKE_SECTIONS = '''
+import threading
+from mecefo_jax.experiments.gpu.child import Skipped
+
+def boom(ctx):
+    raise RuntimeError('boom from a section')
+
+def skip(ctx):
+    raise Skipped('not on this machine', {'kept': 2})
+
+def hang(ctx):
+    ctx.partial({'reached': 'hold'})
+    threading.Event().wait()  # held here until the report kills it
+
+def fine(ctx):
+    return {'value': 1}
+'''
+
+
+def _env(*dirs):
+    env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}  # one CPU device
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [*dirs, ROOT, env.get('PYTHONPATH')]))
+    env['JAX_PLATFORMS'] = 'cpu'
+    return env
+
+
+@pytest.fixture(scope='module')
+def smoke(tmp_path_factory):
+    blocker = tmp_path_factory.mktemp('blocker')
+    (blocker / 'sitecustomize.py').write_text(SITECUSTOMIZE)
+    out = tmp_path_factory.mktemp('gpu_report')
+    env = _env(str(blocker))
+    probe = subprocess.run([sys.executable, '-c', 'import matplotlib'], env=env,
+                           capture_output=True, text=True)
+    assert 'ModuleNotFoundError' in probe.stderr  # the blocker is active in every child
+    proc = subprocess.run([sys.executable, 'scripts/gpu_report.py', '--out', str(out), '--smoke',
+                           '--budget_sec', '1500'], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / report.JSON_FILE) as f:
+        return json.load(f), out, proc.stdout
+
+
+def test_smoke_runs_every_section_ok_or_skipped_where_a_cpu_cannot(smoke):
+    result, _, stdout = smoke
+    sections = result['sections']
+    assert list(sections) == [s.name for s in report.SECTIONS]
+    expected = {name: 'ok' for name in sections} | {'attention': 'skipped'}
+    assert {n: s['status'] for n, s in sections.items()} == expected, stdout[-3000:]
+    assert 'GPU' in sections['attention']['reason']
+    assert sections['attention']['xla']['forward_backward_ms'] > 0
+    assert '[step] normal: compiled' in stdout  # progress lines while it runs
+
+
+def test_smoke_step_figures_are_plausible_and_the_simulator_reads_them(smoke):
+    result, out, _ = smoke
+    s = result['sections']['step']
+    assert list(s['modes']) == list(step.MODES) and not s['skipped_modes']
+    for mode, v in s['modes'].items():
+        assert v['step_ms'] > 0 and v['peak_bytes'] > 0 and v['flops_xla_raw'] > 0
+        assert math.isfinite(s['ratios'][mode]['step_ms'])
+    assert s['details']['mecefo_planned']['rows'] == 3 * s['batch'] // 2
+    assert s['modes']['normal']['flops'] > 0 and s['mfu']['achieved_tflops_xla'] > 0
+    # Blocks are identical, so the count is linear in depth: the 1-2 layer
+    # extrapolation matches the full unrolled count up to XLA's rounding.
+    assert s['flops_extrapolation_check']['ratio'] == pytest.approx(1.0, rel=1e-4)
+    with open(out / 'bench_step.json') as f:
+        bench = json.load(f)
+    table = costs.bench_table(bench, costs.PAPER_MODELS['350M'], metric='step_ms', seq_len=256,
+                              replica_seqs=16, mfu=0.4)
+    assert table.ratio('mecefo') > 0 and table.ratio('plain_dp') > 0
+
+
+def test_smoke_other_sections_have_positive_times(smoke):
+    sections = smoke[0]['sections']
+    assert sections['environment']['device_count'] >= 1
+    assert sections['environment']['packages']['jax']
+    assert sections['step_1b']['modes']['mecefo']['step_ms'] > 0
+    for model in sections['refresh']['models'].values():
+        assert model['svd_model_sec'] > 0 and model['matrices'] == 3 * model['num_layers']
+    snap = sections['snapshot']
+    assert snap['bandwidth']['device_get_gbps'] > 0 and snap['step_sec'] > 0
+    assert math.isfinite(snap['every_1']['overhead_pct'])
+    assert sections['compile']['compile_sec'] > 0 and sections['compile']['devices'] == 2
+
+
+def test_smoke_markdown_has_a_table_per_section(smoke):
+    _, out, _ = smoke
+    text = (out / report.MD_FILE).read_text()
+    for s in report.SECTIONS:
+        assert f'## {s.name}: ' in text
+    assert text.count('|---|') >= len(report.SECTIONS)
+
+
+def test_a_failing_section_is_failed_a_hung_one_timeout_and_the_next_still_runs(tmp_path,
+                                                                                 monkeypatch):
+    (tmp_path / 'fake_sections.py').write_text(FAKE_SECTIONS)
+    monkeypatch.setenv('PYTHONPATH', _env(str(tmp_path))['PYTHONPATH'])
+    sections = [runner.Section('boom', 'fake_sections:boom', weight=10),
+                runner.Section('skip', 'fake_sections:skip', weight=10),
+                runner.Section('hang', 'fake_sections:hang', weight=1),
+                runner.Section('fine', 'fake_sections:fine', weight=10)]
+    results = runner.run_sections(sections, {}, str(tmp_path / 'work'), budget_sec=60,
+                                  echo=lambda _: None)
+    assert results['boom']['status'] == 'failed'
+    assert 'boom from a section' in results['boom']['error']
+    assert 'RuntimeError' in results['boom']['traceback']
+    skip = results['skip']
+    assert (skip['status'], skip['reason'], skip['kept']) == ('skipped', 'not on this machine', 2)
+    assert results['hang']['status'] == 'timeout'
+    assert results['hang']['partial'] == {'reached': 'hold'}
+    assert results['hang']['wall_sec'] >= results['hang']['limit_sec']
+    assert results['fine']['status'] == 'ok' and results['fine']['value'] == 1
+
+
+def test_limits_share_what_is_left_by_weight_with_a_floor():
+    a, b = runner.Section('a', 'm:f', weight=1), runner.Section('b', 'm:f', weight=3)
+    assert runner.limits_left([a, b], 100.0, min_sec=5) == 25.0
+    assert runner.limits_left([b], 100.0, min_sec=5) == 100.0
+    assert runner.limits_left([a, b], 4.0, min_sec=5) == 5
+
+
+def test_the_report_process_imports_no_jax():
+    code = ('import sys; from mecefo_jax.experiments.gpu import report; '
+            'print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "flax")))')
+    proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == '[]'
