@@ -22,7 +22,9 @@ and V, 6 M N^2 + 20 N^3 for M >= N; thin Householder QR of [k, r],
 Drift: the weights after `tau` optimizer steps are modelled as W + D with D
 i.i.d. N(0, (lr * sqrt(tau))^2): AdamW moves each entry by about lr per step,
 in a direction that is random from step to step. V is refreshed every tau
-steps, so the warm start is the exact V of the pre-drift weights.
+steps, so the warm start is the exact V of the pre-drift weights. With
+`checkpoints` (a run's checkpoint directory) the same is measured on a real
+drift: V exact at the run's second-latest checkpoint, refreshed at the latest.
 Writes bench_refresh.json and bench_refresh.md into the output directory.
 """
 import json
@@ -113,7 +115,8 @@ def bench_shape(name, n, m, r, *, iterations, drift_std, seed, full_repeats, che
     return {
         'name': name, 'shape': [n, m], 'rank': r, 'iterations': iterations,
         'full_sec': statistics.median(full_times), 'full_sec_runs': full_times,
-        'full_first_sec': first[0],
+        'full_first_sec': first[0], 'full_sec_min': min(full_times),
+        'cheap_sec_min': min(cheap_times),
         'cheap_sec': statistics.median(cheap_times), 'cheap_sec_runs': cheap_times,
         'full_compile_sec': full_compile, 'cheap_compile_sec': cheap_compile,
         'full_flops': svd_flops(n, m), 'cheap_flops': subspace_flops(n, m, r, iterations),
@@ -126,8 +129,51 @@ def bench_shape(name, n, m, r, *, iterations, drift_std, seed, full_repeats, che
     }
 
 
+def checkpoint_kernels(directory: str, layer: int = 0) -> tuple[list[int], dict]:
+    """One layer's FFN kernels at a run's two latest checkpoint steps: (steps, {name: pair})."""
+    import orbax.checkpoint as ocp
+    steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+    if len(steps) < 2:
+        raise ValueError(f'--checkpoints {directory}: needs two checkpoint steps, found {steps}')
+    checkpointer = ocp.StandardCheckpointer()
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    kernels = {}
+    for step in steps[-2:]:
+        path = os.path.join(directory, str(step), 'state')
+        meta = checkpointer.metadata(path)
+        meta = getattr(meta, 'item_metadata', meta)
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                              meta)
+        ffn = checkpointer.restore(path, target)['params']['layers']['ffn']
+        for name in proj_lib.FFN_KERNEL_NAMES:
+            kernels.setdefault(name, []).append(jnp.asarray(ffn[name]['kernel'][layer]))
+    return steps[-2:], kernels
+
+
+def real_drift(cfg, directory: str, log=print) -> dict:
+    """Energy ratios on a real run's drift: V exact at the earlier step, refreshed at the later."""
+    _, iterations = proj_lib.validate_refresh(cfg.mecefo.refresh, cfg.mecefo.refresh_iters)
+    steps, kernels = checkpoint_kernels(directory)
+    rows = {}
+    for name, (early, late) in kernels.items():
+        r = proj_lib.resolve_rank(cfg.mecefo.rank, *early.shape)
+        v_early = proj_lib.top_singular_vectors(early, r)
+        exact = energy(late, proj_lib.top_singular_vectors(late, r))
+        by_iters = {str(its): energy(late, proj_lib.subspace_iteration(
+                        late, r, v_early, iterations=its)) / exact
+                    for its in sorted(set(ITERATION_SWEEP) | {iterations})}
+        rows[name] = {'shape': list(early.shape), 'rank': r,
+                      'energy_ratio_warm': by_iters[str(iterations)],
+                      'energy_ratio_stale': energy(late, v_early) / exact,
+                      'energy_ratio_by_iterations': by_iters}
+        log(f'  real drift {name} steps {steps[0]}->{steps[1]}: warm '
+            f"{rows[name]['energy_ratio_warm']:.5f}, stale {rows[name]['energy_ratio_stale']:.5f}")
+    return {'checkpoints': directory, 'steps': steps, 'kernels': rows,
+            'energy_ratio_warm': min(row['energy_ratio_warm'] for row in rows.values())}
+
+
 def run(cfg, out_dir: str, *, full_repeats: int = 2, cheap_repeats: int = 5,
-        seed: int = 0, log=print) -> dict:
+        seed: int = 0, checkpoints: str = '', log=print) -> dict:
     """Benchmarks every FFN shape of `cfg`; writes bench_refresh.{json,md} into out_dir."""
     method, iterations = proj_lib.validate_refresh(cfg.mecefo.refresh, cfg.mecefo.refresh_iters)
     tau = proj_lib.validate_tau(cfg.mecefo.tau)
@@ -157,6 +203,9 @@ def run(cfg, out_dir: str, *, full_repeats: int = 2, cheap_repeats: int = 5,
         'shapes': rows,
     }
     result['flops_ratio'] = result['full_flops'] / result['cheap_flops']
+    if checkpoints:
+        result['real_drift'] = real_drift(cfg, checkpoints, log=log)
+        result['energy_ratio_warm_real'] = result['real_drift']['energy_ratio_warm']
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, 'bench_refresh.json'), 'w') as f:
         json.dump(result, f, indent=2)
@@ -186,4 +235,11 @@ def markdown(result: dict) -> str:
               f"energy_ratio_warm {result['energy_ratio_warm']:.5f} "
               f"(XLA's FLOP counts: SVD {result['full_flops_xla']:.3g}, "
               f"subspace {result['cheap_flops_xla']:.3g}: the LAPACK calls count as 0).", '']
+    if 'real_drift' in result:
+        drift = result['real_drift']
+        lines += [f"Real drift, checkpoints {drift['steps'][0]} -> {drift['steps'][1]} of "
+                  f"{drift['checkpoints']}: " + ', '.join(
+                      f"{name} {row['shape'][0]}x{row['shape'][1]} warm "
+                      f"{row['energy_ratio_warm']:.5f} (stale {row['energy_ratio_stale']:.5f})"
+                      for name, row in drift['kernels'].items()), '']
     return '\n'.join(lines)
