@@ -14,8 +14,8 @@ from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.')
 _OUT = flags.DEFINE_string('out', None, 'Output directory for bench_refresh.{json,md}.')
-_FULL_REPEATS = flags.DEFINE_integer('full_repeats', 2, 'Timed full SVDs per shape, after '
-                                     'one warm-up (each takes minutes at 7B on 2 cores).',
+_FULL_REPEATS = flags.DEFINE_integer('full_repeats', 3, 'Timed full SVDs per shape, median '
+                                     'reported (at 7B each takes many minutes: use 1).',
                                      lower_bound=1)
 _CHEAP_REPEATS = flags.DEFINE_integer('cheap_repeats', 5, 'Timed subspace refreshes per shape.',
                                       lower_bound=1)
