@@ -137,7 +137,10 @@ def bench_shape(name, n, m, r, *, iterations, drift_std, seed, full_repeats, che
 
 
 def checkpoint_kernels(directory: str, layer: int = 0) -> tuple[list[int], dict]:
-    """One layer's FFN kernels at a run's two latest checkpoint steps: (steps, {name: pair})."""
+    """One layer's FFN kernels and held V at a run's two latest checkpoint steps.
+
+    (steps, {name: [kernel_early, v_early, kernel_late, v_late]}).
+    """
     import orbax.checkpoint as ocp
     steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit())
     if len(steps) < 2:
@@ -151,9 +154,11 @@ def checkpoint_kernels(directory: str, layer: int = 0) -> tuple[list[int], dict]
         meta = getattr(meta, 'item_metadata', meta)
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
                               meta)
-        ffn = checkpointer.restore(path, target)['params']['layers']['ffn']
+        state = checkpointer.restore(path, target)
+        ffn, held = state['params']['layers']['ffn'], state['projections']['layers']['ffn']
         for name in proj_lib.FFN_KERNEL_NAMES:
             kernels.setdefault(name, []).append(jnp.asarray(ffn[name]['kernel'][layer]))
+            kernels[name].append(jnp.asarray(held[name]['kernel'][layer]))
     return steps[-2:], kernels
 
 
@@ -162,19 +167,26 @@ def real_drift(cfg, directory: str, log=print) -> dict:
     _, iterations = proj_lib.validate_refresh(cfg.mecefo.refresh, cfg.mecefo.refresh_iters)
     steps, kernels = checkpoint_kernels(directory)
     rows = {}
-    for name, (early, late) in kernels.items():
-        r = proj_lib.resolve_rank(cfg.mecefo.rank, *early.shape)
+    for name, (early, _, late, held) in kernels.items():
+        r = held.shape[-1]
         v_early = proj_lib.top_singular_vectors(early, r)
         exact = energy(late, proj_lib.top_singular_vectors(late, r))
         by_iters = {str(its): energy(late, proj_lib.subspace_iteration(
                         late, r, v_early, iterations=its)) / exact
                     for its in sorted(set(ITERATION_SWEEP) | {iterations})}
+        # A failure onset warm-starts from whatever V the state holds (in a run
+        # without failures: the one computed at initialisation).
+        onset = energy(late, proj_lib.subspace_iteration(late, r, held,
+                                                         iterations=iterations)) / exact
         rows[name] = {'shape': list(early.shape), 'rank': r,
                       'energy_ratio_warm': by_iters[str(iterations)],
                       'energy_ratio_stale': energy(late, v_early) / exact,
+                      'energy_ratio_from_held_v': onset,
+                      'held_v_energy_ratio': energy(late, held) / exact,
                       'energy_ratio_by_iterations': by_iters}
         log(f'  real drift {name} steps {steps[0]}->{steps[1]}: warm '
-            f"{rows[name]['energy_ratio_warm']:.5f}, stale {rows[name]['energy_ratio_stale']:.5f}")
+            f"{rows[name]['energy_ratio_warm']:.5f}, stale {rows[name]['energy_ratio_stale']:.5f},"
+            f' from the held V {onset:.5f}')
     return {'checkpoints': directory, 'steps': steps, 'kernels': rows,
             'energy_ratio_warm': min(row['energy_ratio_warm'] for row in rows.values())}
 
