@@ -79,13 +79,19 @@ def top_energy(kernel_nm, r: int) -> float:
 
 
 def _timed(fn, args, repeats: int):
-    times = []
+    """(last output, wall seconds per run, process CPU seconds per run).
+
+    CPU seconds are reported beside wall seconds because on a shared machine
+    the wall clock mostly measures the other processes.
+    """
+    times, cpu = [], []
     out = None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         out = jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
-    return out, times
+        cpu.append(time.process_time() - start_cpu)
+    return out, times, cpu
 
 
 def _compile(fn, *args):
@@ -106,10 +112,10 @@ def bench_shape(name, n, m, r, *, iterations, drift_std, seed, full_repeats, che
         k0, jnp.zeros((n, r), jnp.float32))
     log(f'  {name} [{n}, {m}] r={r}: compiled (svd {full_compile:.1f} s, '
         f'subspace {cheap_compile:.1f} s); {full_repeats} full SVD(s)...')
-    v0, full_times = _timed(full, (k0,), full_repeats)  # v0: the pre-drift reference V
+    v0, full_times, full_cpu = _timed(full, (k0,), full_repeats)  # v0: the pre-drift reference V
     log(f'  {name}: full SVD {statistics.median(full_times):.3f} s; subspace iteration...')
     jax.block_until_ready(cheap(k1, v0))  # warm-up
-    _, cheap_times = _timed(cheap, (k1, v0), cheap_repeats)
+    _, cheap_times, cheap_cpu = _timed(cheap, (k1, v0), cheap_repeats)
     log(f'  {name}: subspace {statistics.median(cheap_times):.4f} s; energies...')
     exact0, exact1 = energy(k0, v0), top_energy(k1, r)
     sweep = {}
@@ -121,7 +127,8 @@ def bench_shape(name, n, m, r, *, iterations, drift_std, seed, full_repeats, che
     return {
         'name': name, 'shape': [n, m], 'rank': r, 'iterations': iterations,
         'full_sec': statistics.median(full_times), 'full_sec_runs': full_times,
-        'full_sec_min': min(full_times),
+        'full_sec_min': min(full_times), 'full_cpu_sec': statistics.median(full_cpu),
+        'cheap_cpu_sec': statistics.median(cheap_cpu),
         'cheap_sec_min': min(cheap_times),
         'cheap_sec': statistics.median(cheap_times), 'cheap_sec_runs': cheap_times,
         'full_compile_sec': full_compile, 'cheap_compile_sec': cheap_compile,
@@ -210,12 +217,15 @@ def run(cfg, out_dir: str, *, full_repeats: int = 2, cheap_repeats: int = 5,
         with open(os.path.join(out_dir, 'bench_refresh.partial.json'), 'w') as f:
             json.dump(rows, f, indent=2)  # a long run's finished shapes survive a kill
     full_sec = sum(row['full_sec'] for row in rows)
+    full_cpu, cheap_cpu = (sum(row[k] for row in rows) for k in ('full_cpu_sec', 'cheap_cpu_sec'))
     cheap_sec = sum(row['cheap_sec'] for row in rows)
     result = {
         'backend': jax.default_backend(), 'device_kind': jax.devices()[0].device_kind,
         'refresh': method, 'refresh_iters': iterations, 'tau': tau,
         'drift': f'W + N(0, (lr*sqrt(tau))^2) per entry, std {drift_std:.4g}',
         'full_sec': full_sec, 'cheap_sec': cheap_sec, 'speedup': full_sec / cheap_sec,
+        'full_cpu_sec': full_cpu, 'cheap_cpu_sec': cheap_cpu, 'cpu_speedup': full_cpu / cheap_cpu,
+        'load_average': os.getloadavg()[0],
         'full_flops': sum(row['full_flops'] for row in rows),
         'cheap_flops': sum(row['cheap_flops'] for row in rows),
         'full_flops_xla': sum(row['full_flops_xla'] for row in rows),
@@ -253,7 +263,9 @@ def markdown(result: dict) -> str:
             f"| {row['energy_ratio_cold']:.4f} | {row['energy_ratio_warm']:.5f} "
             f"| {row['energy_ratio_stale']:.5f} |")
     lines += ['', f"Total: SVD {result['full_sec']:.3f} s, subspace {result['cheap_sec']:.4f} s "
-              f"({result['speedup']:.1f}x); FLOPs {result['flops_ratio']:.1f}x fewer; "
+              f"({result['speedup']:.1f}x; CPU seconds {result['full_cpu_sec']:.3f} against "
+              f"{result['cheap_cpu_sec']:.4f}, {result['cpu_speedup']:.1f}x; load average "
+              f"{result['load_average']:.1f}); FLOPs {result['flops_ratio']:.1f}x fewer; "
               f"energy_ratio_warm {result['energy_ratio_warm']:.5f} "
               f"(XLA's FLOP counts: SVD {result['full_flops_xla']:.3g}, "
               f"subspace {result['cheap_flops_xla']:.3g}: the LAPACK calls count as 0).", '']
