@@ -222,3 +222,13 @@ def test_collective_check_sees_a_gathered_kernel():
                  in_shardings=(k_spec,), out_shardings=full)
     hlo = fn.lower(jax.ShapeDtypeStruct((N, M), jnp.float32, sharding=k_spec)).compile().as_text()
     assert max(_collective_sizes(hlo)) >= N * M
+
+
+def test_build_run_rejects_a_bad_refresh_before_building_anything(tmp_path):
+    from configs import tiny
+    from mecefo_jax.train import build_run
+    cfg = tiny.get_config()
+    cfg.mecefo.refresh = 'qr'
+    with pytest.raises(ValueError, match='mecefo.refresh must be one of'):
+        build_run(cfg, str(tmp_path))
+    assert not (tmp_path / 'config.json').exists()
