@@ -67,6 +67,11 @@ def base_config() -> ConfigDict:
     cfg.mecefo = ConfigDict()
     cfg.mecefo.rank = 0.25  # low-rank r: int >= 1 absolute, or float in (0, 1] of min(in, out)
     cfg.mecefo.tau = 100  # refresh the SVD projections every tau steps (paper: 100)
+    # How V is refreshed: 'subspace' (randomized subspace iteration warm-started
+    # from the held V, a few matmuls) | 'svd' (exact full SVD, the reference).
+    # docs/algorithm.md, "Cheap projection refresh".
+    cfg.mecefo.refresh = 'subspace'
+    cfg.mecefo.refresh_iters = 2  # subspace iterations per refresh (each: 2 matmuls + thin QRs)
     # Recompute the neighbour's FFN activations in backward (the paper's rule 3).
     # Off: at 350M the neighbour's whole-step peak is 0.93x a normal device's
     # without it, and it costs +19% FLOPs (docs/algorithm.md section 6).

@@ -2,9 +2,10 @@
 
 This module owns the V matrices used by `mecefo_jax.lowrank.lowrank_dense`:
 which kernels get one (the FFN kernels), how large r is (`resolve_rank`),
-how V is computed (top-r left singular vectors of the Flax kernel, via SVD),
-and when it is recomputed (`needs_refresh`: at failure onset and every `tau`
-steps while some device runs in neighbour mode).
+how V is computed (top-r left singular vectors of the Flax kernel: exactly by
+SVD, or cheaply by randomized subspace iteration warm-started from the held V,
+`mecefo.refresh`), and when it is recomputed (`needs_refresh`: at failure
+onset and every `tau` steps while some device runs in neighbour mode).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 FFN_KERNEL_NAMES = ('w_gate', 'w_up', 'w_down')
+REFRESH_METHODS = ('svd', 'subspace')
 
 
 def resolve_rank(rank: Any, n_in: int, m_out: int, field: str = 'mecefo.rank') -> int:
@@ -54,6 +56,16 @@ def validate_tau(tau: Any, field: str = 'mecefo.tau') -> int:
     return int(tau)
 
 
+def validate_refresh(method: Any, iterations: Any) -> tuple[str, int]:
+    """Checks `mecefo.refresh` and `mecefo.refresh_iters`; (method, iterations)."""
+    if method not in REFRESH_METHODS:
+        raise ValueError(f'mecefo.refresh must be one of {REFRESH_METHODS}; got {method!r}')
+    if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral) \
+            or iterations < 1:
+        raise ValueError(f'mecefo.refresh_iters must be an int >= 1; got {iterations!r}')
+    return method, int(iterations)
+
+
 def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
     """Top-r left singular vectors of a Flax kernel ([n_in, m_out] -> [n_in, r]).
 
@@ -70,6 +82,56 @@ def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
         return jnp.stack([top_singular_vectors(k, r) for k in kernel_nm])
     u_nk, _, _ = jnp.linalg.svd(kernel_nm, full_matrices=False)
     return u_nk[:, :r]
+
+
+def _orthonormal(y_kr: jax.Array) -> jax.Array:
+    """Q of a thin Householder QR: stays orthonormal even if y is rank deficient."""
+    return jnp.linalg.qr(y_kr, mode='reduced')[0]
+
+
+def subspace_iteration(kernel_nm: jax.Array, rank: int, init_v: jax.Array | None = None, *,
+                       iterations: int, key: jax.Array | None = None) -> jax.Array:
+    """Top-r left singular subspace of a Flax kernel by randomized subspace iteration.
+
+    Halko, Martinsson & Tropp (2011), Algorithm 4.4: starting from Q = orth(V0),
+    each iteration computes Z = orth(kernel^T Q), then Q = orth(kernel Z), so
+    Q converges to the top-r left singular subspace of the kernel at the rate
+    (sigma_{r+1} / sigma_r)^(2 * iterations) per direction. Re-orthonormalising
+    after every product keeps float32 accurate where plain powers of
+    kernel kernel^T would drown the smaller directions.
+
+    V0 is `init_v` ([..., n, r], e.g. the V the train state holds: the weights
+    drift slowly between refreshes, so one or two iterations track them) or,
+    when None, a Gaussian draw from `key`. Cost per iteration: two
+    [n, m] x [., r] products (4 n m r FLOPs) plus thin QRs of [n, r] and
+    [m, r], against O(n m min(n, m)) for a full SVD. Under GSPMD the products
+    stay sharded like the kernel; only the skinny [., r] blocks are reduced
+    or gathered, never the kernel. Products run at HIGHEST precision, as the
+    SVD path does in float32 (TF32/bf16 passes would cap the accuracy).
+
+    Returns [..., n, r] float32 with orthonormal columns; the basis inside the
+    subspace is arbitrary (MeCeFO only uses V V^T). Leading dims (scanned
+    layers [L, n, m]) are batched.
+    """
+    kernel_nm = kernel_nm.astype(jnp.float32)
+    n = kernel_nm.shape[-2]
+    if init_v is None:
+        if key is None:
+            raise ValueError('subspace_iteration: pass init_v (the previous V) or a PRNG key '
+                             'for a random start')
+        init_v = jax.random.normal(key, kernel_nm.shape[:-1] + (rank,), jnp.float32)
+    if init_v.shape != kernel_nm.shape[:-1] + (rank,):
+        raise ValueError(f'subspace_iteration: init_v has shape {init_v.shape}, expected '
+                         f'{kernel_nm.shape[:-1] + (rank,)} for a kernel {kernel_nm.shape} '
+                         f'and rank {rank} (n={n})')
+    if iterations < 1:
+        raise ValueError(f'subspace_iteration: iterations must be >= 1; got {iterations}')
+    hi = jax.lax.Precision.HIGHEST
+    q_nr = _orthonormal(init_v.astype(jnp.float32))
+    for _ in range(iterations):
+        z_mr = _orthonormal(jnp.einsum('...nm,...nr->...mr', kernel_nm, q_nr, precision=hi))
+        q_nr = _orthonormal(jnp.einsum('...nm,...mr->...nr', kernel_nm, z_mr, precision=hi))
+    return q_nr
 
 
 def _is_ffn_kernel(path: tuple[str, ...]) -> bool:
@@ -112,6 +174,26 @@ def compute_projections(params: Mapping[str, Any], rank: Any) -> dict[str, Any]:
             "'kernel') in params"
         )
     return projections
+
+
+def refresh_projections(params: Mapping[str, Any], previous: Mapping[str, Any], rank: Any, *,
+                        method: str, iterations: int) -> dict[str, Any]:
+    """New V for every FFN kernel: exact SVD or subspace iteration from `previous`.
+
+    `previous` is the projection tree the state holds (same paths as
+    `compute_projections` gives); under 'subspace' each of its V warm-starts
+    `subspace_iteration` on the kernel at the same path.
+    """
+    method, iterations = validate_refresh(method, iterations)
+    if method == 'svd':
+        return compute_projections(params, rank)
+
+    def refresh(path, v_nr):
+        kernel_nm = params
+        for entry in path:
+            kernel_nm = kernel_nm[entry.key]
+        return subspace_iteration(kernel_nm, v_nr.shape[-1], v_nr, iterations=iterations)
+    return jax.tree_util.tree_map_with_path(refresh, previous)
 
 
 def needs_refresh(step: int, *, tau: int, failure_onset: bool, neighbour_active: bool) -> bool:

@@ -193,9 +193,14 @@ def make_eval_step(model: Llama, mesh, param_shardings):
                    out_shardings=sharding.replicated(mesh))
 
 
-def make_refresh_fn(rank, state_shardings):
-    """Jitted state -> state with every FFN projection V recomputed by SVD."""
+def make_refresh_fn(rank, state_shardings, *, method: str, iterations: int):
+    """Jitted state -> state with every FFN projection V recomputed.
+
+    `method` 'svd' is exact; 'subspace' runs `iterations` of subspace
+    iteration warm-started from the V the state holds (mecefo.refresh).
+    """
     def refresh(state):
-        return state.replace(projections=proj_lib.compute_projections(state.params, rank))
+        return state.replace(projections=proj_lib.refresh_projections(
+            state.params, state.projections, rank, method=method, iterations=iterations))
     return jax.jit(refresh, in_shardings=(state_shardings,),
                    out_shardings=state_shardings, donate_argnums=0)

@@ -96,9 +96,11 @@ class Topology:
 class TopologyCache:
     """Builds each mesh (by its live rows) once and keeps it."""
 
-    def __init__(self, model, optimizer, base_shardings, rank):
+    def __init__(self, model, optimizer, base_shardings, rank, *, refresh: str,
+                 refresh_iters: int):
         self._model, self._optimizer = model, optimizer
         self._base_shardings, self._rank = base_shardings, rank
+        self._refresh = dict(method=refresh, iterations=refresh_iters)
         self._cache: dict[tuple, Topology] = {}
 
     def get(self, rows) -> Topology:
@@ -110,7 +112,7 @@ class TopologyCache:
             self._cache[rows] = Topology(
                 rows=rows, mesh=mesh, state_shardings=shardings,
                 eval_step=step_lib.make_eval_step(self._model, mesh, shardings.params),
-                refresh=step_lib.make_refresh_fn(self._rank, shardings),
+                refresh=step_lib.make_refresh_fn(self._rank, shardings, **self._refresh),
                 build_sec=time.perf_counter() - start,
                 model=self._model, optimizer=self._optimizer)
         return self._cache[rows]

@@ -19,6 +19,7 @@ import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import optim, sharding
+from mecefo_jax import projections as proj_lib
 from mecefo_jax import state as state_lib
 from mecefo_jax.layout import Layout, assemble, full_layout
 from mecefo_jax.metrics import MetricsWriter
@@ -108,6 +109,8 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
         raise ValueError('build_run: no replica has devices in this job.')
     mesh = sharding.mesh_from_rows(present_rows)
     rank = cfg.mecefo.rank
+    refresh, refresh_iters = proj_lib.validate_refresh(cfg.mecefo.refresh,
+                                                       cfg.mecefo.refresh_iters)
     base_shardings = state_lib.state_shardings(model, optimizer, mesh, rank)
     num_shards = len(replica_rows)
     vocab = int(cfg.model.vocab_size)
@@ -126,7 +129,8 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
             f.write(cfg.to_json_best_effort(indent=2))
     return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
                full_rows=replica_rows,
-               topologies=TopologyCache(model, optimizer, base_shardings, rank),
+               topologies=TopologyCache(model, optimizer, base_shardings, rank,
+                                        refresh=refresh, refresh_iters=refresh_iters),
                train_data=train_data, val_data=val_data, checkpointer=checkpointer,
                metrics=MetricsWriter(workdir))
 
