@@ -48,12 +48,16 @@ def main(argv):
         print(json.dumps(summary, indent=2, default=str))
 
 
-def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None) -> dict:
+def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None,
+        elastic: bool = False) -> dict:
     """Train under the configured failures, or fault-free when none are.
 
     The controller follows from the config: fault-free data parallelism when
     no failure is configured and every replica is present; otherwise the
     fault controller for `fault.strategy` (checkpoint/restart has its own).
+    `elastic` (a launcher's worker, whose job loses and regains workers)
+    always takes the fault controller: its processes then agree on the live
+    mask before every step, which also starts their collectives together.
     `run` is a prebuilt `train.Run` (default: built from `cfg`);
     `observers`, `stop_at` and `restore` go to `train.train`.
     """
@@ -61,7 +65,7 @@ def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None
     from mecefo_jax.faults.schedule import failures_requested
     failures = failures_requested(cfg.fault)
     built = run or train_lib.build_run(cfg, workdir)
-    if not failures and all(built.present):
+    if not failures and not elastic and all(built.present):
         controller = train_lib.StaticController(built)
     elif cfg.fault.strategy == 'checkpoint_restart':
         from mecefo_jax.faults.restart import RestartController

@@ -3,12 +3,11 @@
 A worker is one `jax.distributed` process holding `launch.local_devices`
 devices. It heartbeats to the launcher from its first line, joins the job,
 restores the state (from the keepers' in-memory snapshots, the Orbax
-checkpoint, or a fresh init), and trains through `main.run`, which picks the
-fault controller when some workers are absent: their replicas are marked
-down, so the strategy (MeCeFO by default) places their shards on live
-neighbours. It snapshots the state after every
-`snapshot.every` steps and stops at `--stop_at` when the launcher plans a
-rejoin.
+checkpoint, or a fresh init), and trains through `main.run` under the fault
+controller, with the replicas of absent workers marked down, so the strategy
+(MeCeFO by default) places their shards on live neighbours. It snapshots the
+state after every `snapshot.every` steps and stops at `--stop_at` when the
+launcher plans a rejoin.
 
 It writes, under `<workdir>/launch/`: `g<G>_w<W>_start.json` once its first
 step has run (how long joining, restoring, compiling and the first step
@@ -126,7 +125,7 @@ def main(argv):
                         start_record, info)
     observers = [step_log] + ([snapshot_hook] if snapshot_hook is not None else [])
     summary = train_run(cfg, _WORKDIR.value, run=run, restore=restore, observers=observers,
-                        stop_at=_STOP_AT.value or None)
+                        stop_at=_STOP_AT.value or None, elastic=True)
     if snapshot_hook is not None:
         snapshot_hook.close()
     _write_end(cfg, summary, snapshot_hook, out_dir, tag)
