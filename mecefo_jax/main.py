@@ -1,6 +1,10 @@
 """Entry point: `python -m mecefo_jax.main --config configs/tiny.py --workdir DIR`.
 
-Parses flags and calls `train.train`; all logic lives in importable modules.
+Parses flags and calls `run`, the one way to train: it picks the controller
+(fault-free, the fault controller, or checkpoint/restart) from the config and
+hands the loop the caller's observers. Its flags are defined only when this
+module runs as a program, so experiments and the launcher's workers (which
+define their own `--config`) can import `run`.
 Multi-host: pass --coordinator, --num_processes and --process_id (or set them
 through the cluster's environment) to start `jax.distributed` first.
 """
@@ -9,19 +13,22 @@ import json
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Where metrics, checkpoints and config go.')
-_COORDINATOR = flags.DEFINE_string('coordinator', None,
-                                   'host:port of process 0 for multi-host jax.distributed.')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index in a multi-host run.')
-flags.mark_flags_as_required(['config', 'workdir'])
+
+def _define_flags():
+    config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
+                                    lock_config=True)
+    flags.DEFINE_string('workdir', None, 'Where metrics, checkpoints and config go.')
+    flags.DEFINE_string('coordinator', None,
+                        'host:port of process 0 for multi-host jax.distributed.')
+    flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
+    flags.DEFINE_integer('process_id', None, 'This process index in a multi-host run.')
+    flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
     del argv
-    cfg = _CONFIG.value
+    FLAGS = flags.FLAGS
+    cfg = FLAGS.config
     # Orbax logs every save step at INFO; keep the console to progress and results.
     logging.set_verbosity(logging.WARNING)
     # Backends start lazily, so the fake-device count still applies here. It
@@ -29,26 +36,47 @@ def main(argv):
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(int(cfg.mesh.num_cpu_devices))
     import jax
-    if _COORDINATOR.value or _NUM_PROCESSES.value:
-        jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                                   num_processes=_NUM_PROCESSES.value,
-                                   process_id=_PROCESS_ID.value)
+    if FLAGS.coordinator or FLAGS.num_processes:
+        jax.distributed.initialize(coordinator_address=FLAGS.coordinator,
+                                   num_processes=FLAGS.num_processes,
+                                   process_id=FLAGS.process_id)
     logging.info('devices: %s', jax.devices())
-    summary = run(cfg, _WORKDIR.value)
+    from mecefo_jax.observers import TokenCount
+    summary = run(cfg, FLAGS.workdir, observers=[TokenCount(cfg.data.seq_len)])
     summary.pop('state', None)
     if jax.process_index() == 0:
         print(json.dumps(summary, indent=2, default=str))
 
 
-def run(cfg, workdir: str) -> dict:
-    """Train under the configured failures, or fault-free when none are."""
+def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None,
+        elastic: bool = False) -> dict:
+    """Train under the configured failures, or fault-free when none are.
+
+    The controller follows from the config: fault-free data parallelism when
+    no failure is configured and every replica is present; otherwise the
+    fault controller for `fault.strategy` (checkpoint/restart has its own).
+    `elastic` (a launcher's worker, whose job loses and regains workers)
+    always takes the fault controller: its processes then agree on the live
+    mask before every step, which also starts their collectives together.
+    `run` is a prebuilt `train.Run` (default: built from `cfg`);
+    `observers`, `stop_at` and `restore` go to `train.train`.
+    """
+    from mecefo_jax import train as train_lib
     from mecefo_jax.faults.schedule import failures_requested
-    if failures_requested(cfg.fault):
+    failures = failures_requested(cfg.fault)
+    built = run or train_lib.build_run(cfg, workdir)
+    if not failures and not elastic and all(built.present):
+        controller = train_lib.StaticController(built)
+    elif cfg.fault.strategy == 'checkpoint_restart':
+        from mecefo_jax.faults.restart import RestartController
+        controller = RestartController.from_config(cfg, built)
+    else:
         from mecefo_jax.faults.controller import FaultController
-        return FaultController.train(cfg, workdir)
-    from mecefo_jax.train import train
-    return train(cfg, workdir)
+        controller = FaultController.from_config(cfg, built)
+    return train_lib.train(cfg, workdir, controller=controller, run=built, observers=observers,
+                           stop_at=stop_at, restore=restore)
 
 
 if __name__ == '__main__':
+    _define_flags()
     app.run(main)

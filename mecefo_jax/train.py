@@ -2,10 +2,13 @@
 
 The loop asks a controller, before every step, where that step runs (which
 mesh, which layout of shards onto replicas), and tells it after dispatching
-the step (`observe`, which must not wait for the device unless it measures). `StaticController` is fault-free
-data parallelism; `faults.controller.FaultController` injects failures and
-moves training between meshes. Everything else (data order, metrics,
-checkpoints, NaN handling) is the same for both.
+the step (`after_dispatch`, which must not wait for the device unless it
+measures a recovery). `StaticController` is fault-free data parallelism;
+`faults.controller.FaultController` injects failures and moves training
+between meshes. Everything else (data order, metrics, checkpoints, NaN
+handling) is the same for both. Measurement is not the controller's: it is
+done by observers (observers.py), told about every step and every failure
+or recovery, which never change what is trained.
 """
 import dataclasses
 import functools
@@ -24,6 +27,7 @@ from mecefo_jax import state as state_lib
 from mecefo_jax.layout import Layout, assemble, full_layout
 from mecefo_jax.metrics import MetricsWriter
 from mecefo_jax.model import Llama, ModelConfig
+from mecefo_jax.observers import PlannedStep, StepDone
 from mecefo_jax.topology import Topology, TopologyCache
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,7 @@ class Plan:
     """Where the next step runs, and what the controller did to get there."""
     topology: Topology
     layout: Layout
+    live: tuple[bool, ...]  # which replicas are up (absent ones of a relaunch are down)
     data_state: dict | None = None  # set when the controller rolled training back
 
 
@@ -174,20 +179,29 @@ class StaticController:
     def __init__(self, run: Run):
         if not all(run.present):
             raise ValueError('Some replicas have no devices in this job: train it under the '
-                             'fault controller (faults.controller.FaultController).')
+                             'fault controller (main.run picks it).')
         self._topology = run.topologies.get(run.full_rows)
         self._layout = full_layout(run.num_shards, run.shard_batch)
+        self._live = (True,) * run.num_shards
 
     def prepare(self, clock: int, step: int, state):
         del clock, step
-        return state, Plan(self._topology, self._layout)
+        return state, Plan(self._topology, self._layout, self._live)
 
-    def observe(self, clock: int, step: int, state, metrics, dispatched: float) -> None:
-        """Nothing to account without failures.
+    def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:
+        """No failure or recovery to report.
 
-        `metrics` are the step's device arrays (reading them waits for the
-        step); `dispatched` is `time.perf_counter()` when the step was launched.
+        `state` is the step's output (reading it waits for the step);
+        `dispatched` is `time.perf_counter()` when the step was launched.
         """
+        del clock, step, state, dispatched
+        return []
+
+    def summary(self) -> dict:
+        """What failures cost: nothing, as the fault controller would report it."""
+        return {'events': [], 'lost_steps': 0, 'refresh_steps': [], 'compiles': 0,
+                'refresh_sec': 0.0, 'measured_overhead_sec': 0.0,
+                'checkpoint_block_sec': 0.0, 'relaunch_sec_modelled': 0.0}
 
 
 def evaluate(run: Run, topology: Topology, params) -> dict:
@@ -216,26 +230,6 @@ def _progress(total: int, initial: int):
 
 
 @dataclasses.dataclass
-class StepDone:
-    """What `train(on_step=...)` is told after each step is dispatched.
-
-    `state` is the step's output (not yet computed: reading it waits), the
-    state the checkpoint of step `step + 1` would hold; `data_position` the
-    data iterator's position after this step's batch, which belongs with it;
-    `tokens_nbt` the global batch and `layout` where its shards were computed;
-    `loss` the step's loss array (`loss.is_ready()` tells, without waiting,
-    whether the step has finished: its state may be donated by then).
-    """
-    step: int
-    state: object
-    layout: Layout
-    tokens_nbt: np.ndarray
-    data_position: dict
-    loss: object
-    compile_sec: float = 0.0  # compiling this step's program in the loop (0: cached)
-
-
-@dataclasses.dataclass
 class _InFlight:
     """A dispatched step whose metrics have not been read yet."""
     step: int
@@ -244,14 +238,16 @@ class _InFlight:
     position: dict  # data position before this step's batch
 
 
-def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
-          stop_at: int | None = None, restore=None, on_step=None) -> dict:
+def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
+          stop_at: int | None = None, restore=None, observers=()) -> dict:
     """Train for `train.steps` steps (resuming if `workdir` has checkpoints).
 
+    `controller` decides where each step runs (default `StaticController`;
+    `main.run` picks the fault controller when failures are configured).
     `stop_at` ends the job early, as a preempted or time-limited job would,
     after checkpointing; the learning-rate schedule still spans `train.steps`.
-    `restore` and `on_step` serve a launcher: see `init_or_restore` and
-    `StepDone` (called after every dispatched step: snapshots, heartbeats).
+    `restore` serves a launcher (see `init_or_restore`); `observers`
+    (observers.py) measure the run: timing, accounting, probes, snapshots.
 
     The loop never waits for a step it has just dispatched: while step k runs
     on the devices, the host draws, assembles and transfers batch k + 1.
@@ -260,78 +256,108 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
     in flight, and because the step guard froze the state there, the stop
     saves that step's state with the data position before its batch.
 
-    Returns a summary: final loss, final validation loss/perplexity, measured
-    tokens/s, and what the controller reported.
+    Returns a summary: final loss, final validation loss/perplexity, what the
+    controller reported, then what each observer reported, and `state`.
     """
     run = run or build_run(cfg, workdir)
     state = init_or_restore(run, restore)
-    controller = (controller_factory or StaticController)(run)
+    controller = StaticController(run) if controller is None else controller
     total = int(cfg.train.steps)
     end = total if stop_at is None else min(total, int(stop_at))
-    log_every, every_eval = int(cfg.train.log_every), int(cfg.train.eval_every)
-    step = int(state.step)
-    clock = step  # executed steps, redone ones included: the failure timeline
-    summary = {'start_step': step}
-    bar = _progress(total, step)
-    window_start, window_tokens = time.perf_counter(), 0
-    in_flight: list[_InFlight] = []
-    row = {}
+    loop = _Loop(run, controller, tuple(observers), total, int(state.step))
+    summary = {'start_step': loop.step}
     try:
-        while step < end:
-            state, plan = controller.prepare(clock, step, state)
-            if plan.data_state is not None:
-                in_flight.clear()  # rolled back: those steps are redone
-                run.train_data.set_state(plan.data_state)
-                step = int(state.step)
-                bar.n = step
-            position = run.train_data.get_state()
-            tokens_nbt = next(run.train_data)
-            host_batch = assemble(plan.layout, tokens_nbt)
-            host_batch['step'] = np.int32(step)
-            batch = plan.topology.put_batch(host_batch)
-            step_fn, compile_sec = plan.topology.compiled_step(state, batch, plan.layout)
-            dispatched = time.perf_counter()
-            state, metrics = step_fn(state, batch)
-            in_flight.append(_InFlight(step, plan.topology.num_replicas, metrics, position))
-            controller.observe(clock, step, state, metrics, dispatched)
-            if on_step is not None:
-                on_step(StepDone(step, state, plan.layout, tokens_nbt,
-                                 run.train_data.get_state(), metrics['loss'], compile_sec))
-            step, clock = step + 1, clock + 1
-            window_tokens += run.tokens_per_step
-            bar.update(1)
-            # The run's last step always evaluates; an early stop (stop_at: a
-            # preemption, or a launcher's planned rejoin) only on the cadence.
-            evaluate_now = (every_eval and step % every_eval == 0) or step == total
-            save_now = run.checkpointer is not None and (
-                step % run.checkpointer.save_every == 0 or step == end)
-            if step % log_every == 0 or evaluate_now or save_now:
-                row = _read_metrics(run, state, in_flight)
-                if step % log_every == 0 or step == end:
-                    elapsed = time.perf_counter() - window_start
-                    row['tokens_per_sec'] = window_tokens / max(elapsed, 1e-9)
-                    window_start, window_tokens = time.perf_counter(), 0
-                    bar.set_postfix(loss=f"{row['loss']:.3f}",
-                                    tok_s=f"{row['tokens_per_sec']:.0f}")
-                    run.metrics.write(row)
-            if evaluate_now:
-                row.update(evaluate(run, plan.topology, state.params))
-                run.metrics.write({'step': step, 'val_loss': row['val_loss'],
-                                   'val_ppl': row['val_ppl']})
-                window_start = time.perf_counter()  # keep eval out of tokens/s
-            if save_now:
-                run.checkpointer.maybe_save(step, state, run.train_data.get_state(),
-                                            force=step == end)
+        while loop.step < end:
+            state, plan = loop.run_step(state)
+            loop.log_eval_save(state, plan, end)
     finally:
-        bar.close()
-        if run.checkpointer is not None:
-            run.checkpointer.wait()
-    summary.update(final_step=step, executed_steps=clock, final_loss=row.get('loss'),
-                   final_val_loss=row.get('val_loss'), final_val_ppl=row.get('val_ppl'))
-    if hasattr(controller, 'summary'):
-        summary.update(controller.summary())
+        loop.close()
+    summary.update(final_step=loop.step, executed_steps=loop.clock,
+                   final_loss=loop.row.get('loss'), final_val_loss=loop.row.get('val_loss'),
+                   final_val_ppl=loop.row.get('val_ppl'))
+    summary.update(controller.summary())
+    for observer in observers:
+        summary.update(observer.summary(dict(summary)))
     summary['state'] = state
     return summary
+
+
+class _Loop:
+    """The loop's running position: step and clock, steps in flight, throughput window."""
+
+    def __init__(self, run: Run, controller, observers: tuple, total: int, step: int):
+        self.run, self.controller, self.observers = run, controller, observers
+        self.total, self.step = total, step
+        self.clock = step  # executed steps, redone ones included: the failure timeline
+        cfg = run.cfg
+        self.log_every, self.every_eval = int(cfg.train.log_every), int(cfg.train.eval_every)
+        self.bar = _progress(total, step)
+        self.window_start, self.window_tokens = time.perf_counter(), 0
+        self.in_flight: list[_InFlight] = []
+        self.row = {}
+
+    def run_step(self, state):
+        """Plan, draw, dispatch one step and tell the observers; (state, plan)."""
+        run, step = self.run, self.step
+        state, plan = self.controller.prepare(self.clock, step, state)
+        if plan.data_state is not None:
+            self.in_flight.clear()  # rolled back: those steps are redone
+            run.train_data.set_state(plan.data_state)
+            step = self.step = int(state.step)
+            self.bar.n = step
+        position = run.train_data.get_state()
+        tokens_nbt = next(run.train_data)
+        for observer in self.observers:
+            observer.on_plan(PlannedStep(self.clock, step, state, plan, tokens_nbt))
+        host_batch = assemble(plan.layout, tokens_nbt)
+        host_batch['step'] = np.int32(step)
+        batch = plan.topology.put_batch(host_batch)
+        step_fn, compile_sec = plan.topology.compiled_step(state, batch, plan.layout)
+        dispatched = time.perf_counter()
+        state, metrics = step_fn(state, batch)
+        self.in_flight.append(_InFlight(step, plan.topology.num_replicas, metrics, position))
+        events = self.controller.after_dispatch(self.clock, step, state, dispatched)
+        done = StepDone(self.clock, step, state, plan, tokens_nbt, run.train_data.get_state(),
+                        metrics, dispatched, compile_sec)
+        for observer in self.observers:
+            for event in events:
+                observer.on_event(event)
+            observer.on_step(done)
+        self.step, self.clock = step + 1, self.clock + 1
+        self.window_tokens += run.tokens_per_step
+        self.bar.update(1)
+        return state, plan
+
+    def log_eval_save(self, state, plan: Plan, end: int) -> None:
+        """After a step: metrics on the log cadence, evals, checkpoints."""
+        run, step = self.run, self.step
+        # The run's last step always evaluates; an early stop (stop_at: a
+        # preemption, or a launcher's planned rejoin) only on the cadence.
+        evaluate_now = (self.every_eval and step % self.every_eval == 0) or step == self.total
+        save_now = run.checkpointer is not None and (
+            step % run.checkpointer.save_every == 0 or step == end)
+        if step % self.log_every == 0 or evaluate_now or save_now:
+            self.row = _read_metrics(run, state, self.in_flight)
+            if step % self.log_every == 0 or step == end:
+                elapsed = time.perf_counter() - self.window_start
+                self.row['tokens_per_sec'] = self.window_tokens / max(elapsed, 1e-9)
+                self.window_start, self.window_tokens = time.perf_counter(), 0
+                self.bar.set_postfix(loss=f"{self.row['loss']:.3f}",
+                                     tok_s=f"{self.row['tokens_per_sec']:.0f}")
+                run.metrics.write(self.row)
+        if evaluate_now:
+            self.row.update(evaluate(run, plan.topology, state.params))
+            run.metrics.write({'step': step, 'val_loss': self.row['val_loss'],
+                               'val_ppl': self.row['val_ppl']})
+            self.window_start = time.perf_counter()  # keep eval out of tokens/s
+        if save_now:
+            run.checkpointer.maybe_save(step, state, run.train_data.get_state(),
+                                        force=step == end)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.run.checkpointer is not None:
+            self.run.checkpointer.wait()
 
 
 def _read_metrics(run: Run, state, in_flight: list) -> dict:

@@ -1,12 +1,12 @@
-"""FaultController end to end: the tiny config on 8 fake CPU devices under failures.
+"""The fault controllers end to end: the tiny config on 8 fake CPU devices under failures.
 
 Compilation dominates on CPU, so every run here shares one `TopologyCache`
 (a mesh and layout signature compiled by one run is reused by the next) and
 the deterministic initial state is created once and copied. All runs use the
 same model, optimizer and `train.steps`, so the shared compiled steps are the
 ones each run would have built itself. Runs are module-scoped fixtures whose
-probe (a `FaultController` subclass) records what every step saw; the tests
-only inspect those records.
+probe (an observer) records what every step saw; the tests only inspect
+those records.
 
 Exact gradients of the combined MeCeFO step against per-shard `jax.grad` are
 tests/step_test.py's job; here we check that the controller's strategy hands
@@ -20,14 +20,17 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
+from mecefo_jax import main
 from mecefo_jax import state as state_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax.faults import schedule as schedule_lib
-from mecefo_jax.faults.controller import FaultController
 from mecefo_jax.faults.strategies import (NEIGHBOUR_MODE_STRATEGIES, STRATEGIES,
                                           AllReplicasDownError, layout_for)
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, full_layout
+from mecefo_jax.experiments.observers import GradientError
 from mecefo_jax.metrics import read_metrics
+from mecefo_jax.model import Llama, ModelConfig
+from mecefo_jax.observers import Observer, TokenCount
 
 N = 8  # replicas (fake devices, mesh.model = 1)
 STEPS = 10
@@ -122,24 +125,26 @@ def devices_of(state) -> frozenset:
                      for d in leaf.sharding.device_set)
 
 
-class Probe(FaultController):
+class Probe(Observer):
     """Records, per executed step, what ran where and the state it produced."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self):
         self.trace = []  # one dict per executed step
         self.restored = []  # (clock, step, host state) after each rollback
+        self.events = []  # as reported to observers
 
-    def prepare(self, clock, step, state):
-        state, plan = super().prepare(clock, step, state)
-        if plan.data_state is not None:
-            self.restored.append((clock, int(state.step), jax.device_get(state)))
-        return state, plan
+    def on_plan(self, planned):
+        if planned.plan.data_state is not None:
+            self.restored.append((planned.clock, int(planned.state.step),
+                                  jax.device_get(planned.state)))
 
-    def observe(self, clock, step, state, metrics, dispatched):
-        super().observe(clock, step, state, metrics, dispatched)
+    def on_event(self, event):
+        self.events.append(dataclasses.asdict(event))
+
+    def on_step(self, done):
+        metrics, state = done.metrics, done.state
         self.trace.append({
-            'clock': clock, 'step': step, 'live': self.live, 'layout': self.layout,
+            'clock': done.clock, 'step': done.step, 'live': done.live, 'layout': done.layout,
             'devices': devices_of(state), 'mismatches': replica_mismatches(state),
             'tokens': float(metrics['tokens']), 'attn_tokens': float(metrics['attn_tokens']),
             'loss': float(metrics['loss']), 'state_after': jax.device_get(state)})
@@ -159,23 +164,18 @@ class Result:
         return read_metrics(self.workdir)
 
 
-def fault_run(cfg, workdir, topologies, *, checkpoint_every=None, watch=()):
-    """FaultController.train with a Probe on a run sharing `topologies`."""
-    made = []
-
-    class ThisProbe(Probe):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
+def fault_run(cfg, workdir, topologies, *, checkpoint_every=None, watch=(), observers=()):
+    """main.run with a Probe (and `observers`) on a run sharing `topologies`."""
     run = train_lib.build_run(cfg, workdir, checkpoint_every=checkpoint_every)
     run = dataclasses.replace(run, topologies=topologies, train_data=RecordingData(run.train_data))
     precompiled = {}
     for live, signature in watch:
         rows = [row for row, up in zip(run.full_rows, live) if up]
         precompiled[(tuple(live), signature)] = signature in topologies.get(rows).compiled
-    summary = ThisProbe.train(cfg, workdir, run=run)
-    return Result(summary, made[0], run, workdir, cfg, precompiled)
+    probe = Probe()
+    summary = main.run(cfg, workdir, run=run,
+                       observers=[probe, TokenCount(SEQ), *observers])
+    return Result(summary, probe, run, workdir, cfg, precompiled)
 
 
 def mask(*down):
@@ -194,6 +194,7 @@ def tree_equal(a, b) -> bool:
 # double failure where the adopter itself fails, a partial and a full recovery.
 MECEFO_EVENTS = '2:3:6,4:4:2'
 MECEFO_TAU = 3
+GRAD_ERROR_EVERY = 3
 MECEFO_MASKS = {2: mask(3), 3: mask(3), 4: mask(3, 4), 5: mask(3, 4), 6: mask(3), 7: mask(3)}
 
 
@@ -202,7 +203,11 @@ def mecefo_run(cache_dir, topologies, tmp_path_factory):
     cfg = config(cache_dir, strategy='mecefo', events=MECEFO_EVENTS)
     cfg.mecefo.tau = MECEFO_TAU
     watch = [(mask(3), (7, 2, B)), (mask(3, 4), (6, 2, B))]
-    return fault_run(cfg, str(tmp_path_factory.mktemp('mecefo')), topologies, watch=watch)
+    # A heavy observer too: it reads the state and computes gradients before
+    # steps, which must not change what is trained (test_observers_...).
+    model = Llama(ModelConfig.from_config(cfg))
+    return fault_run(cfg, str(tmp_path_factory.mktemp('mecefo')), topologies, watch=watch,
+                     observers=[GradientError(model, GRAD_ERROR_EVERY)])
 
 
 # checkpoint_restart: saves at steps 0, 4, 8; replica 3 fails at clock 6,
@@ -377,6 +382,32 @@ def test_v_refresh_exactly_onsets_and_tau_multiples_while_neighbour_active(mecef
     assert mecefo_run.summary['refresh_steps'] == expected  # [2, 3, 4, 6]
 
 
+def test_observers_see_every_step_and_event_and_do_not_change_training(
+        mecefo_run, cache_dir, topologies, tmp_path):
+    s, probe = mecefo_run.summary, mecefo_run.probe
+    assert [t['step'] for t in probe.trace] == list(range(STEPS))
+    # Every event reaches observers, timed (first step included), as the summary has it.
+    assert probe.events == s['events'] and len(s['events']) == 4
+    assert all(e['first_step_sec'] > 0 for e in probe.events)
+    # The gradient probe ran: neighbour-mode steps 2..7, every 3rd of them
+    # (steps 2 and 5), one sample per neighbour (one at step 2, two at 5).
+    assert [(g['step'], g['replica']) for g in s['grad_errors']] == [(2, 4), (5, 2), (5, 5)]
+    # The same run without any observer trains bit for bit the same.
+    workdir = str(tmp_path)
+    run = dataclasses.replace(train_lib.build_run(mecefo_run.cfg, workdir),
+                              topologies=topologies)
+    bare = main.run(mecefo_run.cfg, workdir, run=run)
+    assert 'grad_errors' not in bare and 'useful_tokens' not in bare
+
+    def curve(rows):
+        keys = ('step', 'loss', 'grad_norm', 'val_loss', 'val_ppl', 'replicas')
+        return [{k: r[k] for k in keys if k in r} for r in rows
+                if 'loss' in r or 'val_loss' in r]
+    assert curve(read_metrics(workdir)) == curve(mecefo_run.rows)
+    assert len(curve(mecefo_run.rows)) == STEPS + 1  # every step, and the final eval
+    assert tree_equal(jax.device_get(bare['state']), jax.device_get(s['state']))
+
+
 # ------------------------------------------------------ checkpoint/restart
 
 
@@ -389,6 +420,7 @@ def test_checkpoint_restart_redoes_lost_steps(restart_run):
     assert failure['restore_sec'] > 0 and failure['relaunch_sec_modelled'] == 42.0
     assert s['relaunch_sec_modelled'] == 42.0 * 2  # a relaunch for the rejoin too
     assert recovery['kind'] == 'recovery' and recovery['lost_steps'] == 0
+    assert restart_run.probe.events == s['events']
     steps = [t['step'] for t in restart_run.probe.trace]
     assert steps == [0, 1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9]
     assert [t['clock'] for t in restart_run.probe.trace] == list(range(STEPS + 2))
@@ -488,14 +520,14 @@ def test_bad_schedules_give_clear_errors(events, message, cache_dir, plain_run):
         schedule_lib.events_from_config(cfg.fault, num_replicas=N, total_steps=STEPS)
     run, workdir = plain_run
     with pytest.raises(ValueError, match=message):
-        FaultController.train(cfg, workdir, run=run)
+        main.run(cfg, workdir, run=run)
 
 
 def test_unknown_strategy_is_named(cache_dir, plain_run):
     run, workdir = plain_run
     cfg = config(cache_dir, strategy='bamboo', events='2:3:1')
     with pytest.raises(ValueError, match=r"fault\.strategy='bamboo' is unknown"):
-        FaultController.train(cfg, workdir, run=run)
+        main.run(cfg, workdir, run=run)
 
 
 # ------------------------------------------------------------ all replicas down
@@ -505,26 +537,20 @@ def test_all_replicas_down_stops_with_checkpoint(cache_dir, topologies, tmp_path
     events = ','.join(f'1:{r}:2' for r in range(N))
     cfg = config(cache_dir, strategy='mecefo', events=events)
     workdir = str(tmp_path)
-    made = []
-
-    class ThisProbe(Probe):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
+    probe = Probe()
     run = dataclasses.replace(train_lib.build_run(cfg, workdir, checkpoint_every=100),
                               topologies=topologies)
     try:
         with pytest.raises(AllReplicasDownError,
                            match=r'Every one of the 8 replicas is down at step 1 '
                                  r'\(saved step 1 to .*checkpoints\)') as info:
-            ThisProbe.train(cfg, workdir, run=run)
+            main.run(cfg, workdir, run=run, observers=[probe])
         assert 'fault.events' in str(info.value)
         assert run.checkpointer.all_steps() == [1]
         restored, data_state = train_lib.restore_onto(
             run, run.checkpointer, run.topologies.get(run.full_rows))
         assert int(restored.step) == 1
-        assert tree_equal(jax.device_get(restored), made[0].trace[0]['state_after'])
+        assert tree_equal(jax.device_get(restored), probe.trace[0]['state_after'])
         assert isinstance(data_state, dict) and data_state
     finally:
         run.checkpointer.close()

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax.faults.controller import FaultController
+from mecefo_jax import main
 from mecefo_jax.launch.supervisor import Launcher
 
 pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
@@ -149,7 +149,7 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
     values = overrides(caches)
     cfg = config(values)
     cfg.fault.events = f'{start}:2:2,{start}:3:2'  # worker 1's replicas, down for 2 steps
-    simulated = FaultController.train(cfg, str(tmp_path))['state'].params
+    simulated = main.run(cfg, str(tmp_path))['state'].params
     real = np.load(os.path.join(workdir, 'launch', 'final_params.npz'))
     for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(simulated)):
         name = jax.tree_util.keystr(path)

@@ -4,7 +4,7 @@
         --process_id I --workdir DIR --cache_dir DIR --out FILE.npz [--steps N]
         [--events S:R:D,...] [--strategy NAME] [--tokenizer_paths FILE,FILE,...]
 
-Each process runs `FaultController.train` on the global 8-device mesh (4 local
+Each process runs `main.run` under failures on the global 8-device mesh (4 local
 CPU devices each) and writes, to --out, every parameter leaf as this process
 sees it (after checking its own local copies agree bit for bit) plus the
 summary's events, the devices holding the final params, the params captured
@@ -59,8 +59,10 @@ def main():
                                process_id=args.process_id)
 
     from configs.tiny import get_config
+    from mecefo_jax import main as main_lib
+    from mecefo_jax import train as train_lib
     from mecefo_jax.data import tokenizer as tokenizer_lib
-    from mecefo_jax.faults.controller import FaultController
+    from mecefo_jax.observers import Observer
 
     trainings = []
     real_train = tokenizer_lib.train_sentencepiece
@@ -113,20 +115,19 @@ def main():
             out[name] = next(iter(by_index.values()))
         return out
 
-    class Capturing(FaultController):
-        def observe(self, clock, step, state, metrics, dispatched):
-            super().observe(clock, step, state, metrics, dispatched)
-            captured.setdefault('tokenizer_sha256', {
-                'train': self.run.train_data.tokenizer.model_sha256,
-                'validation': self.run.val_data.tokenizer.model_sha256})
-            if not all(self.live) and 'during' not in captured:
-                captured['during'] = local_copy(state.params)
-                captured['during_live'] = int(sum(self.live))
+    class Capturing(Observer):
+        def on_step(self, done):
+            if not all(done.live) and 'during' not in captured:
+                captured['during'] = local_copy(done.state.params)
+                captured['during_live'] = int(sum(done.live))
                 captured['during_devices'] = sorted(
-                    {d.id for leaf in jax.tree.leaves(state.params)
+                    {d.id for leaf in jax.tree.leaves(done.state.params)
                      for d in leaf.sharding.device_set})
 
-    summary = Capturing.train(cfg, args.workdir)
+    run = train_lib.build_run(cfg, args.workdir)
+    captured['tokenizer_sha256'] = {'train': run.train_data.tokenizer.model_sha256,
+                                    'validation': run.val_data.tokenizer.model_sha256}
+    summary = main_lib.run(cfg, args.workdir, run=run, observers=[Capturing()])
     final = local_copy(summary['state'].params)
     arrays = {f'final{k}': v for k, v in final.items()}
     arrays.update({f'during{k}': v for k, v in captured.get('during', {}).items()})

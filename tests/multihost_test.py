@@ -1,7 +1,7 @@
 """Two processes x 4 CPU devices through jax.distributed, one failure and a recovery.
 
-Each process runs tests/multihost_driver.py (FaultController.train under
-`mecefo` on the global 8-replica mesh) and writes its view of the parameters;
+Each process runs tests/multihost_driver.py (main.run under failures, strategy
+`mecefo`, on the global 8-replica mesh) and writes its view of the parameters;
 the test checks both processes took the same decisions and ended (and passed
 through the failure) with bitwise identical parameters. Replica 3 lives on
 process 0 and its adopter, replica 4, on process 1, so the adoption crosses

@@ -5,7 +5,7 @@ failure schedule, then reports modelled throughput, wall-clock throughput
 (labelled as such: fake CPU devices share the host's cores), final
 validation loss and lost steps.
 
-Modelled time (faults/controller.py): each step lasts `fault.step_time_sec`
+Modelled time (experiments/observers.py): each step lasts `fault.step_time_sec`
 times the measured ratio of its slowest live device's program to a normal
 device's (each role's program timed alone on one device), plus the measured
 rebuild, compile, restore and blocking-checkpoint seconds and the modelled
@@ -23,7 +23,6 @@ beats MeCeFO is stated in the markdown with both values.
 and max of every figure, and for each adjacent pair in the drop-% ranking
 whether the gap exceeds the spread.
 """
-import collections
 import copy
 import json
 import math
@@ -32,42 +31,9 @@ import time
 
 from mecefo_jax.experiments.report import (distinct_seeds, fmt, format_spread, pyplot, significance,
                                            stats)
-from mecefo_jax.faults.controller import FaultController
 from mecefo_jax.faults.strategies import STRATEGIES
 
 RUNS = ('fault_free',) + STRATEGIES
-
-
-class RecordingController(FaultController):
-    """A FaultController that also counts, per executed step, the programs it ran.
-
-    `summary()` adds `program_steps` (steps on which some device ran each
-    program), `slowest_program_steps` (steps each program set the pace,
-    with a timer), `neighbour_steps` and `degraded_steps` (steps with some
-    replica down). Counted in `observe`, i.e. per executed step, redone steps
-    of checkpoint/restart included, as the modelled time counts them.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.program_steps = collections.Counter()
-        self.slowest_program_steps = collections.Counter()
-        self.neighbour_steps = 0
-        self.degraded_steps = 0
-
-    def observe(self, clock, step, state, metrics, dispatched) -> None:
-        super().observe(clock, step, state, metrics, dispatched)
-        programs = self.layout.programs
-        self.program_steps.update(p.name for p in programs)
-        if self.timer is not None:
-            self.slowest_program_steps[max(programs, key=self.timer.seconds).name] += 1
-        self.neighbour_steps += self._neighbour_active()
-        self.degraded_steps += not all(self.live)
-
-    def summary(self) -> dict:
-        return dict(super().summary(), program_steps=dict(self.program_steps),
-                    slowest_program_steps=dict(self.slowest_program_steps),
-                    neighbour_steps=self.neighbour_steps, degraded_steps=self.degraded_steps)
 
 
 def _run_config(cfg, name: str, regime: str):
@@ -111,6 +77,20 @@ def _event_timings(events: list[dict]) -> list[dict]:
     return [{k: e[k] for k in keys} for e in events]
 
 
+def _train_observed(cfg, workdir: str, timer) -> dict:
+    """One run through `main.run`, with modelled time, tokens and program usage observed."""
+    from mecefo_jax.experiments.observers import ModelledTime, ProgramUsage
+    from mecefo_jax.layout import full_layout
+    from mecefo_jax.main import run as train_run
+    from mecefo_jax.observers import TokenCount
+    from mecefo_jax.train import build_run
+    run = build_run(cfg, workdir)
+    normal = full_layout(run.num_shards, run.shard_batch)
+    observers = [TokenCount(cfg.data.seq_len), ProgramUsage(timer),
+                 ModelledTime(timer, cfg.fault.step_time_sec, normal)]
+    return train_run(cfg, workdir, run=run, observers=observers)
+
+
 def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
     """Run every strategy, write compare_faults.{json,md,png}, return the JSON dict."""
     from mecefo_jax import optim
@@ -133,7 +113,7 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
         log(f'[compare] {name}: training {cfg.train.steps} steps')
         workdir = os.path.join(out_dir, name)
         start = time.perf_counter()
-        summary = RecordingController.train(_run_config(cfg, name, regime), workdir, timer=timer)
+        summary = _train_observed(_run_config(cfg, name, regime), workdir, timer)
         wall = time.perf_counter() - start
         summary.pop('state')
         results[name] = {

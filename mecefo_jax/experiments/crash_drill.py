@@ -86,6 +86,7 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
     run = train_lib.build_run(cfg, workdir, checkpoint_every=0)
     topology = run.topologies.get(run.full_rows)
     layout = full_layout(run.num_shards, run.shard_batch)
+    plan = train_lib.Plan(topology, layout, run.present)
     state = train_lib.init_or_restore(run)
     keeper = start_keeper(f'mecefodrill{os.getpid()}', slots=int(cfg.snapshot.slots))
     hook = SnapshotHook(keeper.address, 1)
@@ -103,8 +104,9 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
                 batch = topology.put_batch(host)
                 state, metrics = step_fn(state, batch)
                 if with_snapshots:
-                    hook(train_lib.StepDone(step, state, layout, None,
-                                            run.train_data.get_state(), metrics['loss']))
+                    hook.on_step(train_lib.StepDone(
+                        step, step, state, plan, None, run.train_data.get_state(), metrics,
+                        time.perf_counter()))
             jax.block_until_ready(state)
             if with_snapshots:
                 hook._snapshotter.wait()
@@ -186,11 +188,11 @@ def simulated_params(cfg, events: str, workdir: str, log=print) -> dict:
     """Final params of the same failure masked in one process (the fault controller)."""
     import jax
     import numpy as np
-    from mecefo_jax.faults.controller import FaultController
+    from mecefo_jax.main import run as train_run
     cfg = copy.deepcopy(cfg)
     cfg.fault.events = events
     log(f'[drill] simulated: fault.events={events}')
-    params = FaultController.train(cfg, workdir)['state'].params
+    params = train_run(cfg, workdir)['state'].params
     return {jax.tree_util.keystr(p): np.asarray(v)
             for p, v in jax.tree_util.tree_leaves_with_path(jax.device_get(params))}
 

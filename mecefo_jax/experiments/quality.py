@@ -12,8 +12,8 @@ failure trace); the data order (`data.seed`) is the same for every run, so
 within a seed the runs differ only by what the failures did.
 
 Gradient error of the neighbour. While some replica is a MeCeFO neighbour,
-on the 1st, (k+1)-th, ... such step (`grad_error_every` = k) the controller
-takes the batch the step is about to train on, and for every neighbour
+on the 1st, (k+1)-th, ... such step (`grad_error_every` = k) an observer
+(experiments/observers.py, `GradientError`) takes the batch the step is about to train on, and for every neighbour
 computes, on the parameters and projections the step will use, the
 neighbour-mode gradient of its rows (own shard + adopted ones) and the exact
 gradient of the same rows, and their relative error per parameter group with
@@ -32,14 +32,10 @@ import math
 import os
 import time
 
-import jax
-
 from mecefo_jax.experiments import step_cost as bench
-from mecefo_jax.experiments.compare import RecordingController
 from mecefo_jax.experiments.report import distinct_seeds, format_spread, pyplot, stats
 from mecefo_jax.faults.schedule import REGIMES
 from mecefo_jax.faults.strategies import validate_strategy
-from mecefo_jax.layout import ROLE_NEIGHBOUR, Layout, assemble
 
 # Validation perplexity (Hu et al., NeurIPS 2025, Table 3) without failures and under
 # the low, mid and high regimes.
@@ -86,81 +82,6 @@ def paper_increase_pct() -> dict:
             for size, row in PAPER_TABLE3.items()}
 
 
-class QualityController(RecordingController):
-    """Also measures the neighbour's gradient error and what the failures took away.
-
-    `grad_error_every` is a class attribute (set by `controller_class`)
-    because `FaultController.train` builds the controller itself.
-    """
-    grad_error_every = 10
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.grad_errors: list[dict] = []
-        self._neighbour_prepared = 0  # neighbour-mode steps seen in prepare
-        self._grad = None
-        self.live_replica_steps = 0
-        self.skipped_examples = 0  # examples of the global batch no one computed (drop)
-
-    def prepare(self, clock, step, state):
-        state, plan = super().prepare(clock, step, state)
-        if self._neighbour_active():
-            every = int(self.grad_error_every)
-            if every > 0 and self._neighbour_prepared % every == 0 and plan.data_state is None:
-                self._measure_grad_error(step, state, plan.layout)
-            self._neighbour_prepared += 1
-        return state, plan
-
-    def observe(self, clock, step, state, metrics, dispatched) -> None:
-        super().observe(clock, step, state, metrics, dispatched)
-        self.live_replica_steps += len(self.layout.replicas)
-        self.skipped_examples += (int(self.run.cfg.data.global_batch_size)
-                                  - self.layout.examples())
-
-    def summary(self) -> dict:
-        return dict(super().summary(), grad_errors=list(self.grad_errors),
-                    live_replica_steps=self.live_replica_steps,
-                    skipped_examples=self.skipped_examples)
-
-    def _measure_grad_error(self, step, state, layout) -> None:
-        """Every neighbour's relative gradient error on the batch this step trains on."""
-        data = self.run.train_data
-        position = data.get_state()
-        tokens_nbt = next(data)
-        data.set_state(position)  # the loop draws this very batch next
-        params, projections = jax.device_get((state.params, state.projections))
-        for i, role in enumerate(layout.roles):
-            if role != ROLE_NEIGHBOUR:
-                continue
-            alone = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,), pieces=(layout.pieces[i],))
-            batch = assemble(alone, tokens_nbt)
-            approx = self._grads(params, projections, batch['tokens'], batch['weights'], True)
-            exact = self._grads(params, projections, batch['tokens'], batch['weights'], False)
-            self.grad_errors.append({'step': step, 'replica': layout.replicas[i],
-                                     'rows': layout.rows(i),
-                                     **bench.grad_rel_error(approx, exact)})
-
-    def _grads(self, params, projections, tokens, weights, neighbour: bool):
-        """Gradient of the summed token loss (the same divisor cancels in the ratio)."""
-        if self._grad is None:
-            from mecefo_jax import step as step_lib
-            model = self.run.model
-
-            def grad(p, v, t, w, neighbour):
-                return jax.grad(lambda p: step_lib.token_loss_sum(
-                    model, p, v, t, w, neighbour=neighbour))(p)
-            self._grad = jax.jit(grad, static_argnames='neighbour')
-        return jax.device_get(self._grad(params, projections, tokens, weights,
-                                         neighbour=neighbour))
-
-
-def controller_class(grad_error_every: int):
-    if grad_error_every < 0:
-        raise ValueError(f'--grad_error_every={grad_error_every} must be >= 0 (0 disables).')
-    return type('QualityControllerEvery', (QualityController,),
-                {'grad_error_every': grad_error_every})
-
-
 def _run_config(cfg, strategy: str, regime: str, seed: int, evals: int):
     run_cfg = copy.deepcopy(cfg)
     run_cfg.train.seed = seed
@@ -194,14 +115,18 @@ def _grad_summary(samples: list[dict]) -> dict | None:
 def train_one(cfg, strategy: str, regime: str, seed: int, workdir: str, *,
               grad_error_every: int, evals: int) -> dict:
     """One run; its row of the report."""
+    from mecefo_jax.experiments.observers import Coverage, GradientError, ProgramUsage
     from mecefo_jax.faults import schedule as schedule_lib
+    from mecefo_jax.main import run as train_run
     from mecefo_jax.train import build_run
     run_cfg = _run_config(cfg, strategy, regime, seed, evals)
     start = time.perf_counter()
     run = build_run(run_cfg, workdir)
     events = schedule_lib.events_from_config(run_cfg.fault, num_replicas=run.num_shards,
                                              total_steps=int(run_cfg.train.steps))
-    summary = controller_class(grad_error_every).train(run_cfg, workdir, run=run)
+    observers = [ProgramUsage(), Coverage(run_cfg.data.global_batch_size),
+                 GradientError(run.model, grad_error_every)]
+    summary = train_run(run_cfg, workdir, run=run, observers=observers)
     summary.pop('state')
     train_curve, val_curve = _curves(workdir)
     executed = max(int(summary['executed_steps']), 1)

@@ -3,4 +3,7 @@
 `schedule` turns the `fault` config (an explicit event list, a paper regime or a
 custom MTBF/MTTR process) into a validated, host-identical list of failure
 events and answers per-step liveness queries for the training controller.
+`strategies` lays the global batch onto the live replicas; `controller`
+moves training between meshes as replicas fail and recover, and `restart`
+is the checkpoint/restart baseline, which relaunches from disk instead.
 """

@@ -1,46 +1,37 @@
 """The host-level fault controller: inject failures, move training, recover.
 
 Before every step the controller compares the schedule's live mask with the
-current one (agreed across processes through `multihost_utils`). On a change
-it rebuilds the mesh from the live replica rows (data shrinks, model stays),
-moves the train state there, re-derives the layout from the strategy, and
-precompiles the step for it; a topology seen before is reused, never
-recompiled. Under MeCeFO strategies the SVD projections are refreshed at every
-failure onset and every `mecefo.tau` steps while a neighbour is active.
-
-`checkpoint_restart` instead restores its latest Orbax checkpoint onto the new
-mesh and redoes the steps since; the relaunch a real cluster imposes is added
-as a configured, separately reported delay.
+current one (agreed across processes through `multihost.agreed_live_mask`).
+On a change it rebuilds the mesh from the live replica rows (data shrinks,
+model stays), moves the train state there, re-derives the layout from the
+strategy, and precompiles the step for it; a topology seen before is reused,
+never recompiled. Under MeCeFO strategies the SVD projections are refreshed
+at every failure onset and every `mecefo.tau` steps while a neighbour is
+active. `checkpoint_restart` recovers differently: faults/restart.py.
 
 Timeline: the schedule is indexed by executed steps (`clock`), which keeps
 advancing while rolled-back steps are redone, as wall time would.
 
-Every SVD refresh is waited for and timed (its first call on a topology
-includes compiling it) and counted in the measured overhead: on the event
-that triggered it, or as a refresh between events every `mecefo.tau` steps.
-
-Modelled time (when a `RoleTimer` is given) uses the same clock as the
-schedule: a fault-free step lasts `fault.step_time_sec` of cluster time, the
-hours of a failure regime are converted with it, and a step under some
-layout lasts that times the measured ratio of its slowest device's program
-to a normal device's. Measured controller overheads (detect, rebuild,
-compile, restore, blocking checkpoints) and the modelled relaunch delay are
-added in seconds. The unscaled sum of raw per-device times is reported too.
+What handling failures costs is measured where it is done: every event
+(failure or recovery) carries its detect, rebuild, compile, restore and
+refresh seconds and the time of its first step, and is reported to the
+loop's observers once that step is timed. Every SVD refresh is waited for
+and timed (its first call on a topology includes compiling it) and counted
+in the measured overhead: on the event that triggered it, or as a refresh
+between events every `mecefo.tau` steps. Modelled cluster time and token
+accounting are observers' work (experiments/observers.py, observers.py).
 """
 import dataclasses
-import os
 import time
 
 import jax
-import numpy as np
 
-from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import multihost
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.strategies import AllReplicasDownError, layout_for, validate_strategy
-from mecefo_jax.layout import ROLE_NEIGHBOUR, full_layout
+from mecefo_jax.layout import ROLE_NEIGHBOUR
 from mecefo_jax.topology import move_state
 
 
@@ -73,12 +64,10 @@ class Event:
 class FaultController:
     """Drives one strategy under one failure schedule (see module docstring)."""
 
-    def __init__(self, run, schedule: schedule_lib.FailureSchedule, strategy: str, *,
-                 timer=None):
+    def __init__(self, run, schedule: schedule_lib.FailureSchedule, strategy: str):
         cfg = run.cfg
         self.run, self.schedule = run, schedule
         self.strategy = validate_strategy(strategy)
-        self.timer = timer
         self.tau = proj_lib.validate_tau(int(cfg.mecefo.tau))
         self.spread_k = int(cfg.fault.spread_k)
         # A job relaunched without some replicas (launch.py) starts as if they
@@ -88,27 +77,17 @@ class FaultController:
         self._absent = tuple(not present for present in run.present)
         self.topology = run.topologies.get(run.present_rows)
         self.layout = self._layout(run.present)
-        self._normal_layout = full_layout(run.num_shards, run.shard_batch)  # the time unit
         self.events: list[Event] = []
         self.refresh_steps: list[int] = []
         self._tau_refresh_sec = 0.0  # refreshes between events (every tau steps)
         self.compiles = 0
-        self.step_time_sec = float(cfg.fault.step_time_sec)
-        self.modelled_compute_sec = 0.0  # cluster seconds (see module docstring)
-        self.measured_compute_sec = 0.0  # raw sum of slowest-device program times
-        self.step_tokens: dict[int, float] = {}
+        self.checkpoint_block_sec = 0.0  # training waiting for a save (checkpoint_restart)
+        self.stop_checkpointer = run.checkpointer  # where a stop with every replica down saves
         self._pending: Event | None = None
-        self._restart_ckpt = None
-        self._initial_saved = False  # checkpoint_restart needs a step to fall back to
-        if self.strategy == 'checkpoint_restart':
-            self._restart_ckpt = ckpt_lib.Checkpointer(
-                os.path.join(run.workdir, 'restart_checkpoints'),
-                save_every=int(cfg.fault.checkpoint_every), keep=2)
-        self._ckpt_block_sec = 0.0
 
     @classmethod
-    def factory(cls, cfg, run, *, timer=None):
-        """`train(controller_factory=...)` for `cfg.fault`'s schedule and strategy.
+    def from_config(cls, cfg, run):
+        """The controller for `cfg.fault`'s schedule and strategy.
 
         The schedule and strategy are checked here, before any training
         starts, so a bad `fault` config fails at once; the scheduled events
@@ -120,24 +99,12 @@ class FaultController:
         for e in events:
             run.metrics.write({'event': 'scheduled_failure', 'step': e.step,
                                'replica': e.replica, 'duration_steps': e.duration_steps})
-        schedule = schedule_lib.FailureSchedule(events, run.num_shards)
-        return lambda r: cls(r, schedule, cfg.fault.strategy, timer=timer)
-
-    @classmethod
-    def train(cls, cfg, workdir: str, *, timer=None, run=None, **train_kwargs) -> dict:
-        """Build the schedule from `cfg.fault` and train under it."""
-        run = run or train_lib.build_run(cfg, workdir)
-        return train_lib.train(cfg, workdir, run=run, **train_kwargs,
-                               controller_factory=cls.factory(cfg, run, timer=timer))
+        return cls(run, schedule_lib.FailureSchedule(events, run.num_shards), cfg.fault.strategy)
 
     # -- the loop's hooks ---------------------------------------------------
 
     def prepare(self, clock: int, step: int, state):
         data_state = None
-        if self._restart_ckpt is not None and not self._initial_saved:
-            self._ckpt_block_sec += self._restart_ckpt.maybe_save(
-                step, state, self.run.train_data.get_state(), force=True)
-            self._initial_saved = True
         start = time.perf_counter()
         scheduled = self.schedule.live_mask(clock)
         desired = multihost.agreed_live_mask([up and not absent for up, absent in
@@ -149,53 +116,35 @@ class FaultController:
                 step, tau=self.tau, failure_onset=False, neighbour_active=True):
             state, seconds = self._refresh(state, step)
             self._tau_refresh_sec += seconds
-        return state, train_lib.Plan(self.topology, self.layout, data_state=data_state)
+        return state, train_lib.Plan(self.topology, self.layout, self.live,
+                                     data_state=data_state)
 
-    def observe(self, clock: int, step: int, state, metrics, dispatched: float) -> None:
-        """After dispatching a step: account modelled time, useful tokens, first-step times.
+    def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:
+        """After dispatching a step: the events whose first step this was, now timed.
 
         Only the first step after an event is waited for (to time it); every
-        other step stays asynchronous (`metrics` are not read here). Useful tokens come from the layout: the
-        examples it assigns, times the predicted tokens of each.
+        other step stays asynchronous.
         """
-        if self.timer is not None:
-            slowest = self.timer.step_seconds(self.layout)
-            normal = self.timer.step_seconds(self._normal_layout)
-            self.measured_compute_sec += slowest
-            self.modelled_compute_sec += self.step_time_sec * slowest / normal
-        self.step_tokens[step] = float(self.layout.examples() * int(self.run.cfg.data.seq_len))
-        if self._pending is not None:
-            jax.block_until_ready(state)
-            self._pending.first_step_sec = time.perf_counter() - dispatched
-            self.run.metrics.write({'event': self._pending.kind, **dataclasses.asdict(self._pending)})
-            self._pending = None
-        if self._restart_ckpt is not None:
-            self._ckpt_block_sec += self._restart_ckpt.maybe_save(
-                step + 1, state, self.run.train_data.get_state())
+        del clock, step
+        if self._pending is None:
+            return []
+        event, self._pending = self._pending, None
+        jax.block_until_ready(state)
+        event.first_step_sec = time.perf_counter() - dispatched
+        self.run.metrics.write({'event': event.kind, **dataclasses.asdict(event)})
+        return [event]
 
     def summary(self) -> dict:
-        events = [dataclasses.asdict(e) for e in self.events]
-        overhead = (sum(e.measured_overhead_sec for e in self.events) + self._ckpt_block_sec
-                    + self._tau_refresh_sec)
-        relaunch = sum(e.relaunch_sec_modelled for e in self.events)
-        out = {'strategy': self.strategy, 'events': events,
-               'lost_steps': sum(e.lost_steps for e in self.events),
-               'refresh_steps': list(self.refresh_steps), 'compiles': self.compiles,
-               'refresh_sec': self._tau_refresh_sec + sum(e.refresh_sec for e in self.events),
-               'useful_tokens': sum(self.step_tokens.values()),
-               'measured_overhead_sec': overhead, 'checkpoint_block_sec': self._ckpt_block_sec,
-               'relaunch_sec_modelled': relaunch}
-        if self.timer is not None:
-            total = self.modelled_compute_sec + overhead + relaunch
-            unscaled = self.measured_compute_sec + overhead + relaunch
-            out.update(modelled_compute_sec=self.modelled_compute_sec, modelled_sec=total,
-                       modeled_tokens_per_sec=out['useful_tokens'] / max(total, 1e-12),
-                       unscaled_modelled_sec=unscaled,
-                       unscaled_tokens_per_sec=out['useful_tokens'] / max(unscaled, 1e-12),
-                       role_seconds=self.timer.table())
-        if self._restart_ckpt is not None:
-            self._restart_ckpt.close()
-        return out
+        """Strategy, events and what handling them cost (measured seconds)."""
+        overhead = (sum(e.measured_overhead_sec for e in self.events)
+                    + self.checkpoint_block_sec + self._tau_refresh_sec)
+        return {'strategy': self.strategy, 'events': [dataclasses.asdict(e) for e in self.events],
+                'lost_steps': sum(e.lost_steps for e in self.events),
+                'refresh_steps': list(self.refresh_steps), 'compiles': self.compiles,
+                'refresh_sec': self._tau_refresh_sec + sum(e.refresh_sec for e in self.events),
+                'measured_overhead_sec': overhead,
+                'checkpoint_block_sec': self.checkpoint_block_sec,
+                'relaunch_sec_modelled': sum(e.relaunch_sec_modelled for e in self.events)}
 
     # -- internals ----------------------------------------------------------
 
@@ -224,12 +173,7 @@ class FaultController:
         start = time.perf_counter()
         rows = [row for row, up in zip(self.run.full_rows, desired) if up]
         topology = self.run.topologies.get(rows)
-        data_state = None
-        if self._restart_ckpt is not None:
-            state, data_state, event = self._restart(topology, step, state, event)
-        else:
-            state = jax.block_until_ready(move_state(state, topology.state_shardings))
-            event.rebuild_sec = time.perf_counter() - start
+        state, data_state = self._recover(topology, step, state, event, start)
         self.live, self.topology = desired, topology
         self.layout = self._layout(desired)
         start = time.perf_counter()
@@ -245,23 +189,19 @@ class FaultController:
         self._pending = event
         return state, data_state
 
-    def _restart(self, topology, step, state, event):
-        """Checkpoint/restart: relaunch on the new mesh from the latest checkpoint."""
-        cfg = self.run.cfg
-        if event.kind != 'failure':  # growing back: save now, nothing is lost
-            self._ckpt_block_sec += self._restart_ckpt.maybe_save(
-                step, state, self.run.train_data.get_state(), force=True)
-        self._restart_ckpt.wait()
-        start = time.perf_counter()
-        restored, data_state = train_lib.restore_onto(self.run, self._restart_ckpt, topology)
-        event.restore_sec = time.perf_counter() - start
-        event.relaunch_sec_modelled = float(cfg.fault.relaunch_delay_sec)
-        event.lost_steps = step - int(restored.step)
-        return restored, data_state, event
+    def _recover(self, topology, step, state, event, started):
+        """Move the live state onto `topology`; (state, None): nothing is rolled back.
+
+        `started` is when the rebuild began (the rebuild time is charged from it).
+        """
+        del step
+        state = jax.block_until_ready(move_state(state, topology.state_shardings))
+        event.rebuild_sec = time.perf_counter() - started
+        return state, None
 
     def _stop_all_down(self, step, state):
         where = 'no checkpointer configured'
-        ckpt = self._restart_ckpt or self.run.checkpointer
+        ckpt = self.stop_checkpointer
         if ckpt is not None:
             ckpt.maybe_save(step, state, self.run.train_data.get_state(), force=True)
             ckpt.wait()

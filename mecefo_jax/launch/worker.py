@@ -3,11 +3,11 @@
 A worker is one `jax.distributed` process holding `launch.local_devices`
 devices. It heartbeats to the launcher from its first line, joins the job,
 restores the state (from the keepers' in-memory snapshots, the Orbax
-checkpoint, or a fresh init), and trains under `FaultController` with the
-replicas of absent workers marked down, so the strategy (MeCeFO by default)
-places their shards on live neighbours. It snapshots the state after every
-`snapshot.every` steps and stops at `--stop_at` when the launcher plans a
-rejoin.
+checkpoint, or a fresh init), and trains through `main.run` under the fault
+controller, with the replicas of absent workers marked down, so the strategy
+(MeCeFO by default) places their shards on live neighbours. It snapshots the
+state after every `snapshot.every` steps and stops at `--stop_at` when the
+launcher plans a rejoin.
 
 It writes, under `<workdir>/launch/`: `g<G>_w<W>_start.json` once its first
 step has run (how long joining, restoring, compiling and the first step
@@ -23,6 +23,8 @@ import time
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from mecefo_jax.observers import Observer  # pure Python: no jax before heartbeats
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The job directory.')
@@ -61,7 +63,6 @@ def main(argv):
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(int(cfg.launch.local_devices))
     import jax
-    import numpy as np
     from absl import logging
     logging.set_verbosity(logging.WARNING)
     cache = str(cfg.launch.compilation_cache)
@@ -83,9 +84,9 @@ def main(argv):
     distributed_init_sec = time.perf_counter() - t0
 
     from mecefo_jax import train as train_lib
-    from mecefo_jax.faults.controller import FaultController
     from mecefo_jax.launch import placement as placement_lib
     from mecefo_jax.launch import worker_state as worker_state
+    from mecefo_jax.main import run as train_run
 
     placement = placement_lib.Placement(_WORKERS.value, int(cfg.launch.local_devices),
                                         int(cfg.mesh.model))
@@ -117,66 +118,19 @@ def main(argv):
             budget_pct=cfg.snapshot.overhead_budget_pct,
             log=lambda msg: print(f'[worker {_WORKER.value}] {msg}', flush=True))
 
-    controllers = []
     provenance = (open(os.path.join(out_dir, 'provenance.jsonl'), 'a')
                   if jax.process_index() == 0 else None)
-    first = {}
-
-    def on_step(done):
-        heartbeat.dispatched_step(done.step + 1, done.loss)
-        if provenance is not None:
-            provenance.write(json.dumps({
-                'generation': _GENERATION.value, 'step': done.step,
-                'batch_sha256': hashlib.sha256(np.ascontiguousarray(done.tokens_nbt)).hexdigest(),
-                'covered': {str(k): v for k, v in sorted(done.layout.shards_covered().items())},
-                'replicas': list(done.layout.replicas)}) + '\n')
-            provenance.flush()
-        if snapshot_hook is not None:
-            snapshot_hook(done)
-        if not first:  # time the way back: everything up to the end of the first step
-            jax.block_until_ready(done.loss)
-            events = [e for e in controllers[0].events if e.step == done.step]
-            first.update(resume_step=done.step, first_step_done=time.time(),
-                         compile_sec=done.compile_sec + sum(e.compile_sec for e in events),
-                         refresh_sec=sum(e.refresh_sec for e in events),
-                         train_start_to_first_step_sec=time.perf_counter() - train_start)
-            restored = info.get('restore')
-            _write_json(os.path.join(out_dir, f'{tag}_start.json'), dict(
-                first, worker=_WORKER.value, generation=_GENERATION.value, pid=os.getpid(),
-                process_start=started, distributed_init_sec=distributed_init_sec,
-                resume=_RESUME.value, restore_sec=restored.seconds if restored else None,
-                restore_bytes=restored.bytes_by_source if restored else None,
-                restore_phases=restored.phases if restored else None,
-                healed_bytes=restored.healed_bytes if restored else None))
-
-    make_controller = FaultController.factory(cfg, run)
-
-    def controller_factory(r):
-        controllers.append(make_controller(r))
-        return controllers[0]
-
-    train_start = time.perf_counter()
-    stop_at = _STOP_AT.value or None
-    summary = train_lib.train(cfg, _WORKDIR.value, run=run, restore=restore, on_step=on_step,
-                              controller_factory=controller_factory, stop_at=stop_at)
+    start_record = dict(worker=_WORKER.value, generation=_GENERATION.value, pid=os.getpid(),
+                        process_start=started, distributed_init_sec=distributed_init_sec,
+                        resume=_RESUME.value)
+    step_log = _StepLog(heartbeat, provenance, os.path.join(out_dir, f'{tag}_start.json'),
+                        start_record, info)
+    observers = [step_log] + ([snapshot_hook] if snapshot_hook is not None else [])
+    summary = train_run(cfg, _WORKDIR.value, run=run, restore=restore, observers=observers,
+                        stop_at=_STOP_AT.value or None, elastic=True)
     if snapshot_hook is not None:
         snapshot_hook.close()
-    state = summary.pop('state')
-    end = {'worker': _WORKER.value, 'generation': _GENERATION.value,
-           'params_sha256': _local_params_sha256(state.params),
-           'final_step': summary['final_step'], 'finished': summary['final_step'] >= int(cfg.train.steps),
-           'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
-           'snapshot_blocked_sec': snapshot_hook.blocked_sec if snapshot_hook else 0.0,
-           'snapshots': snapshot_hook.submitted if snapshot_hook else 0,
-           'snapshot_cadence': snapshot_hook.cadence.history if snapshot_hook and snapshot_hook.cadence else None}
-    if end['finished']:
-        from jax.experimental import multihost_utils
-        params = multihost_utils.process_allgather(state.params, tiled=True)
-        if jax.process_index() == 0:
-            flat = {jax.tree_util.keystr(p): np.asarray(v)
-                    for p, v in jax.tree_util.tree_leaves_with_path(params)}
-            np.savez(os.path.join(out_dir, 'final_params.npz'), **flat)
-    _write_json(os.path.join(out_dir, f'{tag}_end.json'), end)
+    _write_end(cfg, summary, snapshot_hook, out_dir, tag)
     if provenance is not None:
         provenance.close()
     # Every process reaches the end before any leaves: a process that shuts
@@ -185,6 +139,75 @@ def main(argv):
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(f'end of generation {_GENERATION.value}')
     jax.distributed.shutdown()
+
+
+def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str) -> None:
+    """The end record (and, for a complete run, the final parameters from process 0)."""
+    import jax
+    import numpy as np
+    state = summary.pop('state')
+    end = {'worker': _WORKER.value, 'generation': _GENERATION.value,
+           'params_sha256': _local_params_sha256(state.params),
+           'final_step': summary['final_step'], 'finished': summary['final_step'] >= int(cfg.train.steps),
+           'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
+           'snapshot_blocked_sec': snapshot_hook.blocked_sec if snapshot_hook else 0.0,
+           'snapshots': snapshot_hook.submitted if snapshot_hook else 0,
+           'snapshot_cadence': (snapshot_hook.cadence.history
+                                if snapshot_hook and snapshot_hook.cadence else None)}
+    if end['finished']:
+        from jax.experimental import multihost_utils
+        params = multihost_utils.process_allgather(state.params, tiled=True)
+        if jax.process_index() == 0:
+            flat = {jax.tree_util.keystr(p): np.asarray(v)
+                    for p, v in jax.tree_util.tree_leaves_with_path(params)}
+            np.savez(os.path.join(out_dir, 'final_params.npz'), **flat)
+    _write_json(os.path.join(out_dir, f'{tag}_end.json'), end)
+
+
+class _StepLog(Observer):
+    """The worker's observer: heartbeat and provenance per step, the start record once.
+
+    The start record times the way back: everything up to the end of the
+    first step, with the compile and refresh seconds of the events (a
+    relaunch's failure) reported before it.
+    """
+
+    def __init__(self, heartbeat, provenance, start_path: str, record: dict, info: dict):
+        self.heartbeat, self.provenance = heartbeat, provenance
+        self.start_path, self.record, self.info = start_path, record, info
+        self.events = []
+        self.train_start = time.perf_counter()
+        self.first_done = False
+
+    def on_event(self, event) -> None:
+        self.events.append(event)
+
+    def on_step(self, done) -> None:
+        import jax
+        import numpy as np
+        self.heartbeat.dispatched_step(done.step + 1, done.loss)
+        if self.provenance is not None:
+            self.provenance.write(json.dumps({
+                'generation': self.record['generation'], 'step': done.step,
+                'batch_sha256': hashlib.sha256(np.ascontiguousarray(done.tokens_nbt)).hexdigest(),
+                'covered': {str(k): v for k, v in sorted(done.layout.shards_covered().items())},
+                'replicas': list(done.layout.replicas)}) + '\n')
+            self.provenance.flush()
+        if self.first_done:
+            return
+        self.first_done = True
+        jax.block_until_ready(done.loss)
+        events = [e for e in self.events if e.step == done.step]
+        restored = self.info.get('restore')
+        _write_json(self.start_path, dict(
+            resume_step=done.step, first_step_done=time.time(),
+            compile_sec=done.compile_sec + sum(e.compile_sec for e in events),
+            refresh_sec=sum(e.refresh_sec for e in events),
+            train_start_to_first_step_sec=time.perf_counter() - self.train_start,
+            **self.record, restore_sec=restored.seconds if restored else None,
+            restore_bytes=restored.bytes_by_source if restored else None,
+            restore_phases=restored.phases if restored else None,
+            healed_bytes=restored.healed_bytes if restored else None))
 
 
 def _local_params_sha256(params) -> str:

@@ -1,10 +1,10 @@
 """The worker's side of in-memory snapshots: take them after each step, restore after a relaunch.
 
-`SnapshotHook` is a `train(on_step=...)` hook. Right after step k is
-dispatched it asks for a copy of this process's shards of the step's output
-state in pinned host memory (device-local `jax.device_put`s that return at
-once; each copy is ordered before the next step, which donates the state,
-reuses its buffers), then hands them to an
+`SnapshotHook` is an observer of the training loop (mecefo_jax/observers.py).
+Right after step k is dispatched it asks for a copy of this process's shards
+of the step's output state in pinned host memory (device-local
+`jax.device_put`s that return at once; each copy is ordered before the next
+step, which donates the state, reuses its buffers), then hands them to an
 `AsyncSnapshotter` that writes it into this worker's keeper in a background
 thread and publishes it as step k + 1 together with the data position after
 batch k. At most one snapshot is in flight; a second waits for the first
@@ -29,13 +29,14 @@ import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import multihost
+from mecefo_jax.observers import Observer
 from mecefo_jax.snapshot.cadence import AutoCadence
 from mecefo_jax.snapshot import (AsyncSnapshotter, KeeperClient, ParityPusher, SnapshotWriter,
                                  SnapshotMissingError, feasible_steps, open_sources,
                                  pinned_local_copies, restore)
 
 
-class SnapshotHook:
+class SnapshotHook(Observer):
     """Snapshot the train state into this worker's keeper: every `every` steps, or 'auto'.
 
     With `every='auto'` an `AutoCadence` picks the interval from the measured
@@ -86,7 +87,7 @@ class SnapshotHook:
             self._last_done = None
         return self.cadence.due(step, done.layout.signature)
 
-    def __call__(self, done) -> None:
+    def on_step(self, done) -> None:
         step = done.step + 1  # the output state is the state entering step + 1
         if not self._due(done, step):
             return

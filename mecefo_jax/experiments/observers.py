@@ -1,0 +1,163 @@
+"""What the experiments measure during a run, as observers of the training loop.
+
+Each is handed to `main.run(observers=...)` (see mecefo_jax/observers.py);
+none changes what is trained.
+
+Modelled time (`ModelledTime`, with a `RoleTimer`) uses the same clock as
+the failure schedule: a fault-free step lasts `fault.step_time_sec` of
+cluster time, the hours of a failure regime are converted with it, and a
+step under some layout lasts that times the measured ratio of its slowest
+device's program to a normal device's. The controller's measured overheads
+(detect, rebuild, compile, restore, refresh, blocking checkpoints) and the
+modelled relaunch delay are added in seconds. The unscaled sum of raw
+per-device times is reported too.
+
+`ProgramUsage` counts which device programs each executed step ran (and
+which set its pace); `Coverage` what the failures took away; `GradientError`
+the neighbour's relative gradient error against the exact gradient.
+"""
+import collections
+
+import jax
+
+from mecefo_jax.experiments import step_cost
+from mecefo_jax.layout import ROLE_NEIGHBOUR, Layout, assemble
+from mecefo_jax.observers import Observer
+
+
+class ModelledTime(Observer):
+    """Modelled cluster seconds and tokens/s (see module docstring).
+
+    Reads `useful_tokens` (a `TokenCount` placed before it) and the
+    controller's `measured_overhead_sec` and `relaunch_sec_modelled` from
+    the report it summarises.
+    """
+
+    def __init__(self, timer, step_time_sec: float, normal_layout: Layout):
+        self.timer, self.step_time_sec, self.normal_layout = timer, step_time_sec, normal_layout
+        self.modelled_compute_sec = 0.0  # cluster seconds
+        self.measured_compute_sec = 0.0  # raw sum of slowest-device program times
+
+    def on_step(self, done) -> None:
+        slowest = self.timer.step_seconds(done.layout)
+        normal = self.timer.step_seconds(self.normal_layout)
+        self.measured_compute_sec += slowest
+        self.modelled_compute_sec += self.step_time_sec * slowest / normal
+
+    def summary(self, report: dict) -> dict:
+        missing = [k for k in ('useful_tokens', 'measured_overhead_sec', 'relaunch_sec_modelled')
+                   if k not in report]
+        if missing:
+            raise KeyError(f'ModelledTime needs {missing} in the report: put a TokenCount '
+                           'observer before it.')
+        tokens = report['useful_tokens']
+        added = report['measured_overhead_sec'] + report['relaunch_sec_modelled']
+        total = self.modelled_compute_sec + added
+        unscaled = self.measured_compute_sec + added
+        return {'modelled_compute_sec': self.modelled_compute_sec, 'modelled_sec': total,
+                'modeled_tokens_per_sec': tokens / max(total, 1e-12),
+                'unscaled_modelled_sec': unscaled,
+                'unscaled_tokens_per_sec': tokens / max(unscaled, 1e-12),
+                'role_seconds': self.timer.table()}
+
+
+class ProgramUsage(Observer):
+    """Per executed step (redone steps of checkpoint/restart included, as the
+    modelled time counts them): the programs some device ran, the one that
+    set the pace (with a timer), and whether a neighbour or a degraded mesh
+    was in use."""
+
+    def __init__(self, timer=None):
+        self.timer = timer
+        self.program_steps = collections.Counter()
+        self.slowest_program_steps = collections.Counter()
+        self.neighbour_steps = 0
+        self.degraded_steps = 0
+
+    def on_step(self, done) -> None:
+        programs = done.layout.programs
+        self.program_steps.update(p.name for p in programs)
+        if self.timer is not None:
+            self.slowest_program_steps[max(programs, key=self.timer.seconds).name] += 1
+        self.neighbour_steps += ROLE_NEIGHBOUR in done.layout.roles
+        self.degraded_steps += not all(done.live)
+
+    def summary(self, report: dict) -> dict:
+        return {'program_steps': dict(self.program_steps),
+                'slowest_program_steps': dict(self.slowest_program_steps),
+                'neighbour_steps': self.neighbour_steps, 'degraded_steps': self.degraded_steps}
+
+
+class Coverage(Observer):
+    """Live replicas per step and the examples of the global batch no one computed."""
+
+    def __init__(self, global_batch_size: int):
+        self.global_batch_size = global_batch_size
+        self.live_replica_steps = 0
+        self.skipped_examples = 0  # examples of the global batch no one computed (drop)
+
+    def on_step(self, done) -> None:
+        self.live_replica_steps += len(done.layout.replicas)
+        self.skipped_examples += self.global_batch_size - done.layout.examples()
+
+    def summary(self, report: dict) -> dict:
+        return {'live_replica_steps': self.live_replica_steps,
+                'skipped_examples': self.skipped_examples}
+
+
+class GradientError(Observer):
+    """The neighbour's relative gradient error, on the 1st, (k+1)-th, ... neighbour-mode step.
+
+    Before such a step (`every` = k; 0 disables) it takes the batch the step
+    is about to train on, and for every neighbour computes, on the
+    parameters and projections the step will use, the neighbour-mode
+    gradient of its rows (own shard + adopted ones) and the exact gradient of
+    the same rows, and their relative error per parameter group
+    (`step_cost.grad_rel_error`).
+    """
+
+    def __init__(self, model, every: int):
+        if every < 0:
+            raise ValueError(f'--grad_error_every={every} must be >= 0 (0 disables).')
+        self.model, self.every = model, every
+        self.grad_errors: list[dict] = []
+        self._neighbour_steps = 0  # neighbour-mode steps planned so far
+        self._grad = None
+
+    def on_plan(self, planned) -> None:
+        layout = planned.plan.layout
+        if ROLE_NEIGHBOUR not in layout.roles:
+            return
+        if (self.every > 0 and self._neighbour_steps % self.every == 0
+                and planned.plan.data_state is None):
+            self._measure(planned.step, planned.state, layout, planned.tokens_nbt)
+        self._neighbour_steps += 1
+
+    def summary(self, report: dict) -> dict:
+        return {'grad_errors': list(self.grad_errors)}
+
+    def _measure(self, step, state, layout, tokens_nbt) -> None:
+        params, projections = jax.device_get((state.params, state.projections))
+        for i, role in enumerate(layout.roles):
+            if role != ROLE_NEIGHBOUR:
+                continue
+            alone = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,), pieces=(layout.pieces[i],))
+            batch = assemble(alone, tokens_nbt)
+            approx = self._grads(params, projections, batch['tokens'], batch['weights'], True)
+            exact = self._grads(params, projections, batch['tokens'], batch['weights'], False)
+            self.grad_errors.append({'step': step, 'replica': layout.replicas[i],
+                                     'rows': layout.rows(i),
+                                     **step_cost.grad_rel_error(approx, exact)})
+
+    def _grads(self, params, projections, tokens, weights, neighbour: bool):
+        """Gradient of the summed token loss (the same divisor cancels in the ratio)."""
+        if self._grad is None:
+            from mecefo_jax import step as step_lib
+            model = self.model
+
+            def grad(p, v, t, w, neighbour):
+                return jax.grad(lambda p: step_lib.token_loss_sum(
+                    model, p, v, t, w, neighbour=neighbour))(p)
+            self._grad = jax.jit(grad, static_argnames='neighbour')
+        return jax.device_get(self._grad(params, projections, tokens, weights,
+                                         neighbour=neighbour))
