@@ -58,6 +58,21 @@ def enable(directory: str) -> None:
     _directory = directory
 
 
+def configure(setting: str, workdir: str) -> str:
+    """`launch.compilation_cache` for a launcher process: JAX's cache and this one, under it.
+
+    'auto' is `<workdir>/launch/xla_cache`, '' turns both off. Shared by
+    every worker, generation and compile-ahead job. Returns the directory.
+    """
+    if not setting:
+        return ''
+    cache = os.path.join(workdir, 'launch', 'xla_cache') if setting == 'auto' else setting
+    jax.config.update('jax_compilation_cache_dir', cache)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+    enable(os.path.join(cache, 'programs'))
+    return cache
+
+
 def disable() -> None:
     global _directory
     _directory = None

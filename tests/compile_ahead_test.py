@@ -1,0 +1,70 @@
+"""Compiling the survivors' programs ahead: a relaunch then compiles none, on any process.
+
+3 workers x 1 CPU device (mesh.data=3): losing worker 1 leaves a 2-process
+job, the smallest where a process other than 0 must find its programs
+(JAX's own persistent cache serves only process 0 on CPU; see
+mecefo_jax/program_cache.py).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs.tiny import get_config
+from mecefo_jax.launch.compile_ahead import survivor_sets
+from mecefo_jax.launch.placement import Placement
+from mecefo_jax.launch.supervisor import Launcher
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKERS = 3
+
+
+def test_every_single_loss_that_leaves_a_replica_is_a_survivor_set():
+    assert survivor_sets(Placement(3, 1, 1)) == [(0, [1, 2]), (1, [0, 2]), (2, [0, 1])]
+    # mesh.model spanning both workers: no loss leaves a whole replica.
+    assert survivor_sets(Placement(2, 2, 4)) == []
+
+
+@pytest.mark.subprocess
+def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(tmp_path):
+    workdir = str(tmp_path / 'job')
+    values = {'train.steps': 12, 'train.eval_every': 0, 'mesh.data': WORKERS,
+              'data.global_batch_size': 12,
+              'launch.local_devices': 1, 'launch.compilation_cache': 'auto',
+              'launch.compile_ahead': False, 'launch.kill': '2:1',
+              'data.cache_dir': str(tmp_path / 'tokenizer'), 'snapshot.every': 1}
+    args = ['--config=' + os.path.join(REPO, 'configs', 'tiny.py')] + [
+        f'--config.{k}={v}' for k, v in values.items()]
+    os.makedirs(os.path.join(workdir, 'launch'))
+    # The compile-ahead job for the loss of worker 1, run to its end first.
+    driver = subprocess.run(
+        [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead', *args,
+         f'--workdir={workdir}', f'--workers={WORKERS}', '--losses=1'],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    with open(os.path.join(workdir, 'launch', 'compile_ahead.json')) as f:
+        ahead = json.load(f)
+    assert ahead['done'] and [s['members'] for s in ahead['sets']] == [[0, 2]]
+    assert ahead['sets'][0]['ok'] and ahead['cpu_sec'] > 0
+
+    cfg = get_config()
+    for key, value in values.items():
+        section, field = key.split('.')
+        cfg[section][field] = value
+    summary = Launcher(cfg, args, workdir, WORKERS, log=lambda _: None).run()
+
+    failure = next(r for r in summary['recoveries'] if r['kind'] == 'failure')
+    assert failure['members'] == [0, 2]
+    assert failure['programs_compiled_by_worker'] == {'0': 0, '2': 0}
+    for worker in (0, 2):
+        with open(os.path.join(workdir, 'launch', f'g1_w{worker}_start.json')) as f:
+            start = json.load(f)
+        # The train step and the projection refresh (MeCeFO: a neighbour is active).
+        assert start['programs_cached'] >= 2, start
+        with open(os.path.join(workdir, 'launch', f'g1_w{worker}_end.json')) as f:
+            end = json.load(f)
+        # ... and the final evaluation's step.
+        assert end['finished'] and end['programs_compiled'] == 0, end
+        assert end['programs_cached'] == start['programs_cached'] + 1, end
