@@ -99,6 +99,8 @@ class CompileAhead:
 
     def report(self) -> dict | None:
         """What the driver wrote (sets compiled, their CPU seconds), None if it never ran."""
+        if not self._started:
+            return None
         try:
             with open(os.path.join(self._dir, REPORT)) as f:
                 return json.load(f)
@@ -197,7 +199,8 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     controller = FaultController.factory(cfg, run)(run)
     topology, layout = controller.topology, controller.layout
     state = aot.abstract(run.abstract_state, topology.state_shardings)
-    topology.compiled_step(state, topology.batch_spec(layout, int(cfg.data.seq_len) + 1), layout)
+    _, step_sec = topology.compiled_step(
+        state, topology.batch_spec(layout, int(cfg.data.seq_len) + 1), layout)
     if ROLE_NEIGHBOUR in layout.roles:
         topology.refresh.compile(state)
     tokens = aot.abstract_batch(topology.mesh, _eval_rows(run, topology.num_replicas),
@@ -206,10 +209,16 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     stats = program_cache.stats
     print(f'[compile ahead] process {process_id}: {stats.misses} compiled, {stats.hits} cached',
           flush=True)
+    worker = placement_members[process_id]
+    # With an empty cache, train_step_sec is a cold compile (lowering included)
+    # of the very program the relaunch's first prepare asks for.
+    _write(os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.json'),
+           {'lost_worker': lost, 'worker': worker, 'process_id': process_id,
+            'train_step_sec': step_sec, 'programs': stats.programs})
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices('compile ahead done')
     jax.distributed.shutdown()
-    return {'compiled': stats.misses, 'cached': stats.hits}
+    return {'compiled': stats.misses, 'cached': stats.hits, 'train_step_sec': step_sec}
 
 
 def _eval_rows(run, replicas: int) -> int:
