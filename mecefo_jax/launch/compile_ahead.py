@@ -35,6 +35,8 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.'
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The job directory.')
 _WORKERS = flags.DEFINE_integer('workers', None, 'Workers of the full job.')
 _LOSSES = flags.DEFINE_list('losses', None, 'Driver: only these lost workers (default: all).')
+_NICE = flags.DEFINE_integer('nice', 19, 'Driver: niceness added (19: lowest priority; a '
+                             'benchmark timing cold compiles passes 0).')
 _LOST = flags.DEFINE_integer('lost', None, 'Member mode: the worker whose loss is compiled for.')
 _COORDINATOR = flags.DEFINE_string('coordinator', None, 'Member mode: jax.distributed coordinator.')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Member mode: this process.')
@@ -136,10 +138,11 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def drive(cfg, config_args: list[str], workdir: str, workers: int, losses=None) -> dict:
+def drive(cfg, config_args: list[str], workdir: str, workers: int, losses=None,
+          nice: int = 19) -> dict:
     """Compile for every survivor set in turn, one jax.distributed job each; the report."""
     from mecefo_jax.launch.placement import Placement
-    os.nice(19)  # children inherit it: training always comes first
+    os.nice(nice)  # children inherit it: training always comes first
     _die_with_parent()
     placement = Placement(workers, int(cfg.launch.local_devices), int(cfg.mesh.model))
     out = os.path.join(workdir, 'launch')
@@ -232,7 +235,8 @@ def main(argv):
     cfg = _CONFIG.value
     if _LOST.value is None:
         losses = None if _LOSSES.value is None else [int(w) for w in _LOSSES.value]
-        drive(cfg, _config_args(), os.path.abspath(_WORKDIR.value), _WORKERS.value, losses)
+        drive(cfg, _config_args(), os.path.abspath(_WORKDIR.value), _WORKERS.value, losses,
+              _NICE.value)
     else:
         compile_for_survivors(cfg, _WORKDIR.value, _WORKERS.value, _LOST.value,
                               _COORDINATOR.value, _PROCESS_ID.value)
