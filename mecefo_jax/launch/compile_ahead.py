@@ -90,14 +90,28 @@ class CompileAhead:
             self._proc = start(*self._args, os.path.join(self._dir, 'compile_ahead.log'))
 
     def stop(self) -> None:
-        """Kill the driver and its jobs if still running (a failure came first, or the end)."""
+        """Ask a running driver to stop (a failure came first); returns at once.
+
+        On SIGTERM it kills and reaps its job, so its CPU seconds are still
+        recorded, at its own low priority, off the way back.
+        """
         if self._proc is not None and self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if self._proc is not None:
-            self._proc.wait()
+            self._proc.terminate()
+
+    def close(self) -> None:
+        """At the launcher's end: a few seconds to stop, then kill whatever is left."""
+        if self._proc is None:
+            return
+        self.stop()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._proc.wait()
 
     def report(self) -> dict | None:
         """What the driver wrote (sets compiled, their CPU seconds), None if it never ran."""
@@ -140,42 +154,71 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+class _Stopped(Exception):
+    """SIGTERM from the launcher: a failure came first."""
+
+
+def _raise_stopped(signum, frame):
+    raise _Stopped()
+
+
 def drive(cfg, config_args: list[str], workdir: str, workers: int, losses=None,
           nice: int = 19) -> dict:
-    """Compile for every survivor set in turn, one jax.distributed job each; the report."""
+    """Compile for every survivor set in turn, one jax.distributed job each; the report.
+
+    On SIGTERM the running job is killed and reaped, so its CPU seconds still
+    count (`stopped`: true), and the driver exits.
+    """
     from mecefo_jax.launch.placement import Placement
     os.nice(nice)  # children inherit it: training always comes first
     _die_with_parent()
+    signal.signal(signal.SIGTERM, _raise_stopped)
     placement = Placement(workers, int(cfg.launch.local_devices), int(cfg.mesh.model))
-    out = os.path.join(workdir, 'launch')
-    report = {'sets': [], 'cpu_sec': 0.0, 'wall_sec': 0.0, 'done': False}
-    path = os.path.join(out, REPORT)
+    path = os.path.join(workdir, 'launch', REPORT)
+    report = {'sets': [], 'cpu_sec': 0.0, 'wall_sec': 0.0, 'done': False, 'stopped': False}
     for lost, members in survivor_sets(placement):
         if losses is not None and lost not in losses:
             continue
         start_wall, start_cpu = time.perf_counter(), _cpu_sec()
-        port = _free_port()
         procs = []
-        for process_id, worker in enumerate(members):
-            cmd = [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead', *config_args,
-                   f'--workdir={workdir}', f'--workers={workers}', f'--lost={lost}',
-                   f'--coordinator=127.0.0.1:{port}', f'--process_id={process_id}']
-            log = open(os.path.join(out, f'compile_ahead_lost{lost}_w{worker}.log'), 'w')
-            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, env=worker_env()))
-        codes = [p.wait() for p in procs]
-        row = {'lost_worker': lost, 'members': members, 'ok': not any(codes),
-               'wall_sec': time.perf_counter() - start_wall, 'cpu_sec': _cpu_sec() - start_cpu}
+        row = {'lost_worker': lost, 'members': members}
+        try:
+            procs += _spawn_members(config_args, workdir, workers, lost, members)
+            codes = [p.wait() for p in procs]
+            row['ok'] = not any(codes)
+        except _Stopped:
+            for p in procs:
+                p.kill()
+                p.wait()
+            row['ok'], report['stopped'] = False, True
+        row.update(wall_sec=time.perf_counter() - start_wall, cpu_sec=_cpu_sec() - start_cpu)
         report['sets'].append(row)
         report['cpu_sec'] += row['cpu_sec']
         report['wall_sec'] += row['wall_sec']
         _write(path, report)
-        print(f'[compile ahead] loss of worker {lost}: members {members} compiled in '
-              f"{row['wall_sec']:.1f} s ({row['cpu_sec']:.1f} CPU s)"
-              f"{'' if row['ok'] else f', exit codes {codes}'}", flush=True)
+        print(f'[compile ahead] loss of worker {lost}: members {members} '
+              f"{'compiled' if row['ok'] else 'FAILED or stopped'} in {row['wall_sec']:.1f} s "
+              f"({row['cpu_sec']:.1f} CPU s)", flush=True)
+        if report['stopped']:
+            return report
     report['done'] = True
     _write(path, report)
     return report
+
+
+def _spawn_members(config_args, workdir, workers, lost, members) -> list:
+    """The survivors' job: process ids and worker ids exactly as `Launcher._spawn` gives them."""
+    port = _free_port()
+    procs = []
+    for process_id, worker in enumerate(members):
+        cmd = [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead', *config_args,
+               f'--workdir={workdir}', f'--workers={workers}', f'--lost={lost}',
+               f'--coordinator=127.0.0.1:{port}', f'--process_id={process_id}']
+        log = open(os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.log'),
+                   'w')
+        procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                      stderr=subprocess.STDOUT, env=worker_env()))
+    return procs
 
 
 def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinator: str,

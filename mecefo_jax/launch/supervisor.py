@@ -174,7 +174,7 @@ class Launcher:
                     raise RuntimeError(f'Gave up after {gen.number - 1} relaunches '
                                        '(launch.max_relaunches).')
         finally:
-            self.ahead.stop()
+            self.ahead.close()
             self._stop_generation(self._generation)
             for keeper in self.keepers.values():
                 keeper.stop()
