@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(tmp_pa
     os.makedirs(os.path.join(workdir, 'launch'))
     # The compile-ahead job for the loss of worker 1, run to its end first.
     driver = subprocess.run(
-        [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead', *args,
+        [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job', *args,
          f'--workdir={workdir}', f'--workers={WORKERS}', '--losses=1'],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert driver.returncode == 0, driver.stderr[-3000:]
@@ -68,3 +69,27 @@ def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(tmp_pa
         # ... and the final evaluation's step.
         assert end['finished'] and end['programs_compiled'] == 0, end
         assert end['programs_cached'] == start['programs_cached'] + 1, end
+
+
+@pytest.mark.subprocess
+def test_a_stopped_driver_reaps_its_job_and_still_records_its_cpu_seconds(tmp_path):
+    workdir = str(tmp_path / 'job')
+    launch_dir = os.path.join(workdir, 'launch')
+    os.makedirs(launch_dir)
+    args = ['--config=' + os.path.join(REPO, 'configs', 'tiny.py'), '--config.mesh.data=3',
+            '--config.launch.local_devices=1', '--config.data.global_batch_size=12',
+            f"--config.data.cache_dir={tmp_path / 'tokenizer'}"]
+    driver = subprocess.Popen(
+        [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job', *args,
+         f'--workdir={workdir}', f'--workers={WORKERS}', '--losses=1'], cwd=REPO)
+    logs = [os.path.join(launch_dir, f'compile_ahead_lost1_w{w}.log') for w in (0, 2)]
+    # Held until its job exists (its members' logs are opened before they start).
+    while not all(os.path.exists(p) for p in logs) and driver.poll() is None:
+        time.sleep(0.05)
+    driver.terminate()
+    assert driver.wait(timeout=60) == 0
+    with open(os.path.join(launch_dir, 'compile_ahead.json')) as f:
+        report = json.load(f)
+    assert report['stopped'] and not report['done']
+    assert [(s['members'], s['ok']) for s in report['sets']] == [([0, 2], False)]
+    assert report['sets'][0]['cpu_sec'] > 0  # the killed members were reaped and counted

@@ -76,7 +76,7 @@ def compile_ahead(config_path, values, workdir, workers, log) -> dict:
     from mecefo_jax.launch.compile_ahead import REPORT, worker_env
     os.makedirs(os.path.join(workdir, 'launch'), exist_ok=True)
     log(f'[drill] compile ahead for every single loss of {workers} workers')
-    subprocess.run([sys.executable, '-m', 'mecefo_jax.launch.compile_ahead',
+    subprocess.run([sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job',
                     *_args(config_path, values), f'--workdir={workdir}', f'--workers={workers}',
                     '--nice=0'],  # alone on the machine: its compiles are the cold figure
                    check=True, env=worker_env())

@@ -7,7 +7,7 @@ step, eval step and projection refresh would be compiled on the way back.
 This module compiles them beforehand, into the program cache
 (`mecefo_jax.program_cache`) that every process of the relaunch reads.
 
-The launcher starts one *driver* (`python -m mecefo_jax.launch.compile_ahead
+The launcher starts one *driver* (`python -m mecefo_jax.launch.compile_ahead_job
 --workers=N ...`) after the first generation's first step. At the lowest OS
 priority (os.nice) it runs, for every single-worker loss that leaves a whole
 replica, one `jax.distributed` job of *members*: the survivors' worker ids,
@@ -27,20 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-
-from absl import app, flags
-from ml_collections import config_flags
-
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.', lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The job directory.')
-_WORKERS = flags.DEFINE_integer('workers', None, 'Workers of the full job.')
-_LOSSES = flags.DEFINE_list('losses', None, 'Driver: only these lost workers (default: all).')
-_NICE = flags.DEFINE_integer('nice', 19, 'Driver: niceness added (19: lowest priority; a '
-                             'benchmark timing cold compiles passes 0).')
-_LOST = flags.DEFINE_integer('lost', None, 'Member mode: the worker whose loss is compiled for.')
-_COORDINATOR = flags.DEFINE_string('coordinator', None, 'Member mode: jax.distributed coordinator.')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Member mode: this process.')
-flags.mark_flags_as_required(['config', 'workdir', 'workers'])
 
 REPORT = 'compile_ahead.json'
 
@@ -64,7 +50,7 @@ def worker_env() -> dict:
 
 def start(config_args: list[str], workdir: str, workers: int, log_path: str) -> subprocess.Popen:
     """Start the driver in its own process group (the launcher kills the group)."""
-    cmd = [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead', *config_args,
+    cmd = [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job', *config_args,
            f'--workdir={workdir}', f'--workers={workers}']
     with open(log_path, 'w') as log:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
@@ -211,7 +197,7 @@ def _spawn_members(config_args, workdir, workers, lost, members) -> list:
     port = _free_port()
     procs = []
     for process_id, worker in enumerate(members):
-        cmd = [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead', *config_args,
+        cmd = [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job', *config_args,
                f'--workdir={workdir}', f'--workers={workers}', f'--lost={lost}',
                f'--coordinator=127.0.0.1:{port}', f'--process_id={process_id}']
         log = open(os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.log'),
@@ -273,24 +259,3 @@ def _eval_rows(run, replicas: int) -> int:
     """Rows of one padded eval batch per replica, as `train.evaluate` builds it."""
     rows = len(next(run.val_data).reshape(-1, run.val_data.seq_len + 1))
     return (rows + -rows % replicas) // replicas
-
-
-def main(argv):
-    del argv
-    cfg = _CONFIG.value
-    if _LOST.value is None:
-        losses = None if _LOSSES.value is None else [int(w) for w in _LOSSES.value]
-        drive(cfg, _config_args(), os.path.abspath(_WORKDIR.value), _WORKERS.value, losses,
-              _NICE.value)
-    else:
-        compile_for_survivors(cfg, _WORKDIR.value, _WORKERS.value, _LOST.value,
-                              _COORDINATOR.value, _PROCESS_ID.value)
-
-
-def _config_args() -> list[str]:
-    """The driver's --config flags, passed on to its members unchanged."""
-    return [a for a in sys.argv[1:] if a.startswith('--config')]
-
-
-if __name__ == '__main__':
-    sys.exit(app.run(main))
