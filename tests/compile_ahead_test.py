@@ -82,14 +82,33 @@ def test_a_stopped_driver_reaps_its_job_and_still_records_its_cpu_seconds(tmp_pa
     driver = subprocess.Popen(
         [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job', *args,
          f'--workdir={workdir}', f'--workers={WORKERS}', '--losses=1'], cwd=REPO)
-    logs = [os.path.join(launch_dir, f'compile_ahead_lost1_w{w}.log') for w in (0, 2)]
-    # Held until its job exists (its members' logs are opened before they start).
-    while not all(os.path.exists(p) for p in logs) and driver.poll() is None:
+    # Held until both members of its job have run on a CPU (a clock tick of user time).
+    members = []
+    while len(members) < 2 or not all(_user_ticks(m) > 0 for m in members):
+        assert driver.poll() is None, 'the driver ended before its job ran'
         time.sleep(0.05)
+        members = _children(driver.pid)
     driver.terminate()
     assert driver.wait(timeout=60) == 0
+    assert not [m for m in members if os.path.exists(f'/proc/{m}')], 'members left running'
     with open(os.path.join(launch_dir, 'compile_ahead.json')) as f:
         report = json.load(f)
     assert report['stopped'] and not report['done']
     assert [(s['members'], s['ok']) for s in report['sets']] == [([0, 2], False)]
     assert report['sets'][0]['cpu_sec'] > 0  # the killed members were reaped and counted
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f'/proc/{pid}/task/{pid}/children') as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _user_ticks(pid: int) -> int:
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return int(f.read().rsplit(')', 1)[1].split()[11])  # utime
+    except OSError:
+        return 0
