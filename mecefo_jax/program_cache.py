@@ -107,7 +107,8 @@ def compile(lowered, devices, name: str = 'program'):  # noqa: A001 (mirrors Low
         try:
             compiled = _load(path, lowered, devices)
         except Exception as error:  # a damaged or incompatible entry: compile again
-            warnings.warn(f'program cache: could not load {path} ({error!r}); compiling.')
+            warnings.warn(f'program cache: could not load {path} ({error!r}); compiling.',
+                          stacklevel=2)
         else:
             seconds = time.perf_counter() - start
             stats.hits += 1
@@ -138,7 +139,8 @@ def _store(path: str, compiled) -> None:
     try:
         payload, _, _ = serialize_executable.serialize(compiled)
     except (ValueError, NotImplementedError) as error:
-        warnings.warn(f'program cache: cannot serialise {os.path.basename(path)}: {error}')
+        warnings.warn(f'program cache: cannot serialise {os.path.basename(path)}: {error}',
+                      stacklevel=3)
         return
     tmp = f'{path}.{os.getpid()}.tmp'
     with open(tmp, 'wb') as f:

@@ -213,6 +213,7 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(int(cfg.launch.local_devices))
     import jax
+
     from mecefo_jax import program_cache
     placement_members = [w for w in range(workers) if w != lost]
     program_cache.configure(cfg.launch.compilation_cache, workdir)
