@@ -42,8 +42,8 @@ def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(tmp_pa
     # The compile-ahead job for the loss of worker 1, run to its end first.
     driver = subprocess.run(
         [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job', *args,
-         f'--workdir={workdir}', f'--workers={WORKERS}', '--losses=1'],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+         f'--workdir={workdir}', f'--workers={WORKERS}', '--losses=1', '--nice=0'],
+        cwd=REPO, capture_output=True, text=True, timeout=900)
     assert driver.returncode == 0, driver.stderr[-3000:]
     with open(os.path.join(workdir, 'launch', 'compile_ahead.json')) as f:
         ahead = json.load(f)
