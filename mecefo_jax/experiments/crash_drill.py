@@ -70,9 +70,10 @@ def _recovery(summary: dict) -> dict:
 
 def compile_ahead(config_path, values, workdir, workers, log) -> dict:
     """The compile-ahead driver over every single-worker loss, run to its end into
-    `workdir`'s (empty) cache: its CPU seconds, and each survivor set's cold compile."""
+    `workdir`'s (empty) cache: its CPU seconds, and the survivors' cold compile."""
     import subprocess
     import sys
+
     from mecefo_jax.launch.compile_ahead import REPORT, worker_env
     os.makedirs(os.path.join(workdir, 'launch'), exist_ok=True)
     log(f'[drill] compile ahead for every single loss of {workers} workers')
@@ -82,14 +83,29 @@ def compile_ahead(config_path, values, workdir, workers, log) -> dict:
                    check=True, env=worker_env())
     with open(os.path.join(workdir, 'launch', REPORT)) as f:
         report = json.load(f)
-    for row in report['sets']:
-        cold = {}
-        for w in row['members']:
-            name = f"compile_ahead_lost{row['lost_worker']}_w{w}.json"
-            with open(os.path.join(workdir, 'launch', name)) as f:
-                cold[str(w)] = json.load(f)['train_step_sec']
-        row['cold_compile_sec_by_worker'] = cold
+    report['cold_compile_sec_by_process'] = cold_compiles(workdir, report['sets'])
     return report
+
+
+def cold_compiles(workdir: str, sets) -> dict:
+    """Per process id: the survivors' train step compiled on a cache miss (lowering included).
+
+    Sets after the first usually find the same programs: process p's devices
+    and the lowered step do not depend on which worker was lost. So the cold
+    figure is the first miss of each process, whichever set it came from.
+    """
+    cold = {}
+    for row in sets:
+        for process_id, w in enumerate(row['members']):
+            name = f"compile_ahead_lost{row['lost_worker']}_w{w}.json"
+            try:
+                with open(os.path.join(workdir, 'launch', name)) as f:
+                    member = json.load(f)
+            except FileNotFoundError:
+                continue
+            if ['train_step', 'miss'] in [p[:2] for p in member['programs']]:
+                cold.setdefault(str(process_id), member['train_step_sec'])
+    return cold
 
 
 def _cold_full_compile(workdir: str, members) -> float | None:
@@ -277,9 +293,8 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'), log=log)
     alone = restore_comparison(cfg, os.path.join(out_dir, 'restore_alone'), log=log)
     dsk = _recovery(disk)
-    victim_set = next(r for r in ahead['sets'] if r['lost_worker'] == victim)
-    mem['cold_compile_sec_by_worker'] = victim_set['cold_compile_sec_by_worker']
-    mem['cold_compile_sec'] = max(victim_set['cold_compile_sec_by_worker'].values())
+    mem['cold_compile_sec_by_process'] = ahead['cold_compile_sec_by_process']
+    mem['cold_compile_sec'] = max(ahead['cold_compile_sec_by_process'].values(), default=None)
     dsk['cold_compile_sec'] = _cold_full_compile(os.path.join(out_dir, 'memory'),
                                                  range(workers))
     report = {
@@ -354,8 +369,8 @@ def markdown(r: dict) -> str:
               f"survivor sets, before the memory job): {r['compile_ahead']['cpu_sec']:.1f} CPU s, "
               f"{r['compile_ahead']['wall_sec']:.1f} s wall; the relaunch's compile_sec per "
               f"worker {_rounded(mem.get('compile_sec_by_worker'))}, programs compiled per worker "
-              f"{mem.get('programs_compiled_by_worker')} (cold: "
-              f"{_rounded(mem.get('cold_compile_sec_by_worker'))}).",
+              f"{mem.get('programs_compiled_by_worker')} (cold, by process id: "
+              f"{_rounded(mem.get('cold_compile_sec_by_process'))}).",
               f"Parity (`mesh.data=1`, worker 2 and its keeper killed): rebuilt in "
               f"{fmt(r['parity']['parity_rebuild_sec'], '.3f')} s, bitwise: "
               f"{r['parity_rebuild_bitwise']}; resumed at step {r['parity']['resume_step']}, "
