@@ -127,17 +127,24 @@ def _write(path: str, report: dict) -> None:
     os.replace(f'{path}.tmp', path)
 
 
-def _die_with_parent() -> None:
-    """Kill this process group when the launcher goes, however it goes (SIGKILL too)."""
-    if os.getpgrp() != os.getpid():  # started by a test or the drill: a group of our own
-        os.setpgid(0, 0)
-    parent = os.getppid()
+def die_with_parent() -> None:
+    """Be killed when the parent goes, however it goes (SIGKILL too), even starved of CPU.
 
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-    threading.Thread(target=watch, daemon=True).start()
+    Linux's PR_SET_PDEATHSIG has the kernel deliver the SIGKILL, so a niced
+    process on a busy machine need not be scheduled to notice; elsewhere a
+    thread polls the parent.
+    """
+    parent = os.getppid()
+    try:
+        import ctypes
+        if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL) != 0:  # PR_SET_PDEATHSIG
+            raise OSError(ctypes.get_errno(), 'prctl')
+    except (OSError, AttributeError):
+        def watch():
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Thread(target=watch, daemon=True).start()
 
 
 class _Stopped(Exception):
@@ -157,7 +164,9 @@ def drive(cfg, config_args: list[str], workdir: str, workers: int, losses=None,
     """
     from mecefo_jax.launch.placement import Placement
     os.nice(nice)  # children inherit it: training always comes first
-    _die_with_parent()
+    if os.getpgrp() != os.getpid():  # started by a test or the drill: a group of our own
+        os.setpgid(0, 0)
+    die_with_parent()  # and each member dies with the driver
     signal.signal(signal.SIGTERM, _raise_stopped)
     placement = Placement(workers, int(cfg.launch.local_devices), int(cfg.mesh.model))
     path = os.path.join(workdir, 'launch', REPORT)
@@ -210,6 +219,7 @@ def _spawn_members(config_args, workdir, workers, lost, members) -> list:
 def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinator: str,
                           process_id: int) -> dict:
     """Member: join the survivors' job and compile what their relaunch will ask for."""
+    die_with_parent()
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(int(cfg.launch.local_devices))
     import jax
