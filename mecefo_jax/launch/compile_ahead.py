@@ -16,7 +16,8 @@ building the relaunch's run and fault controller and compiling, from
 abstract inputs, what its first prepare and first eval will ask for. The
 driver records each job's wall and CPU seconds (getrusage of its children)
 in `<workdir>/launch/compile_ahead.json`, so the cost is not hidden. The
-launcher kills it at the first failure or at the end.
+launcher asks it to stop (SIGTERM: it reaps its job, the CPU seconds still
+counted) at the first failure, and kills what is left at the end.
 """
 import json
 import os
