@@ -112,6 +112,9 @@ def base_config() -> ConfigDict:
     cfg.launch.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)
     cfg.launch.max_relaunches = 8  # give up after this many relaunches
     cfg.launch.compilation_cache = 'auto'  # workers' persistent XLA cache: 'auto' (workdir/launch/xla_cache), a path, or '' (off)
+    # After the first step, compile (niced, off the training path) the programs
+    # the survivors of every single-worker loss will need, into that cache.
+    cfg.launch.compile_ahead = True
     return cfg
 
 

@@ -5,6 +5,10 @@ replica rows; a `Topology` owns one such mesh: the state's shardings there,
 the AOT-compiled train step per layout signature (its live replicas and
 device programs), and the eval and
 projection-refresh functions. `TopologyCache` keys them by the live rows.
+
+Every program compiles through `program_cache`, so a process that compiled
+it before (or a compile-ahead job renumbered like it) loads it instead;
+with the cache off, eval and refresh stay plain jitted calls.
 """
 import dataclasses
 import time
@@ -13,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from mecefo_jax import aot, sharding
+from mecefo_jax import aot, program_cache, sharding
 from mecefo_jax import step as step_lib
 from mecefo_jax.layout import Layout
 
@@ -43,6 +47,33 @@ def move_state(state, shardings):
             return np.asarray(local[_index_key(index, x.shape)])
         return jax.make_array_from_callback(x.shape, new_sharding, fetch)
     return jax.tree.map(move, state, shardings)
+
+
+class CachedProgram:
+    """A jitted function compiled through `program_cache`, once per input signature.
+
+    Called plainly (jit dispatch) while the program cache is off. `compile`
+    takes arrays or ShapeDtypeStructs, so a compile-ahead job can fill the
+    cache without data.
+    """
+
+    def __init__(self, jitted, mesh, name: str):
+        self.jitted, self._mesh, self._name = jitted, mesh, name
+        self._compiled: dict = {}
+
+    def compile(self, *args):
+        leaves, tree = jax.tree.flatten(args)
+        key = (tree, tuple((tuple(x.shape), str(x.dtype), x.sharding,
+                            bool(getattr(x, 'weak_type', False))) for x in leaves))
+        if key not in self._compiled:
+            self._compiled[key] = program_cache.compile(self.jitted.lower(*args),
+                                                        self._mesh.devices.flat, self._name)
+        return self._compiled[key]
+
+    def __call__(self, *args):
+        if not program_cache.enabled():
+            return self.jitted(*args)
+        return self.compile(*args)(*args)
 
 
 def _index_key(index, shape):
@@ -76,7 +107,8 @@ class Topology:
         if key in self.compiled:
             return self.compiled[key], 0.0
         start = time.perf_counter()
-        self.compiled[key] = self.train_step(layout).lower(state, batch).compile()
+        self.compiled[key] = program_cache.compile(self.train_step(layout).lower(state, batch),
+                                                   self.mesh.devices.flat, 'train_step')
         return self.compiled[key], time.perf_counter() - start
 
     def batch_spec(self, layout: Layout, seq: int) -> dict:
@@ -111,8 +143,11 @@ class TopologyCache:
             shardings = retarget(self._base_shardings, mesh)
             self._cache[rows] = Topology(
                 rows=rows, mesh=mesh, state_shardings=shardings,
-                eval_step=step_lib.make_eval_step(self._model, mesh, shardings.params),
-                refresh=step_lib.make_refresh_fn(self._rank, shardings, **self._refresh),
+                eval_step=CachedProgram(step_lib.make_eval_step(
+                    self._model, mesh, shardings.params), mesh, 'eval_step'),
+                refresh=CachedProgram(step_lib.make_refresh_fn(self._rank, shardings,
+                                                               **self._refresh),
+                                      mesh, 'refresh'),
                 build_sec=time.perf_counter() - start,
                 model=self._model, optimizer=self._optimizer)
         return self._cache[rows]

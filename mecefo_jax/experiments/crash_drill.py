@@ -62,8 +62,62 @@ def _recovery(summary: dict) -> dict:
     out.update(recovery_sec=row.get('recovery_sec'), lost_steps=row.get('redone_steps'),
                resume_step=row.get('resume_step'), completed_steps=row.get('completed_steps'),
                restore_bytes=row.get('restore_bytes'), badput_sec=row.get('badput_sec'),
-               parity_rebuild_sec=row.get('parity_rebuild_sec'))
+               parity_rebuild_sec=row.get('parity_rebuild_sec'),
+               compile_sec_by_worker=row.get('compile_sec_by_worker'),
+               programs_compiled_by_worker=row.get('programs_compiled_by_worker'))
     return out
+
+
+def compile_ahead(config_path, values, workdir, workers, log) -> dict:
+    """The compile-ahead driver over every single-worker loss, run to its end into
+    `workdir`'s (empty) cache: its CPU seconds, and the survivors' cold compile."""
+    import subprocess
+    import sys
+
+    from mecefo_jax.launch.compile_ahead import REPORT, worker_env
+    os.makedirs(os.path.join(workdir, 'launch'), exist_ok=True)
+    log(f'[drill] compile ahead for every single loss of {workers} workers')
+    subprocess.run([sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job',
+                    *_args(config_path, values), f'--workdir={workdir}', f'--workers={workers}',
+                    '--nice=0'],  # alone on the machine: its compiles are the cold figure
+                   check=True, env=worker_env())
+    with open(os.path.join(workdir, 'launch', REPORT)) as f:
+        report = json.load(f)
+    report['cold_compile_sec_by_process'] = cold_compiles(workdir, report['sets'])
+    return report
+
+
+def cold_compiles(workdir: str, sets) -> dict:
+    """Per process id: the survivors' train step compiled on a cache miss (lowering included).
+
+    Sets after the first usually find the same programs: process p's devices
+    and the lowered step do not depend on which worker was lost. So the cold
+    figure is the first miss of each process, whichever set it came from.
+    """
+    cold = {}
+    for row in sets:
+        for process_id, w in enumerate(row['members']):
+            name = f"compile_ahead_lost{row['lost_worker']}_w{w}.json"
+            try:
+                with open(os.path.join(workdir, 'launch', name)) as f:
+                    member = json.load(f)
+            except FileNotFoundError:
+                continue
+            if ['train_step', 'miss'] in [p[:2] for p in member['programs']]:
+                cold.setdefault(str(process_id), member['train_step_sec'])
+    return cold
+
+
+def _cold_full_compile(workdir: str, members) -> float | None:
+    """The full topology's first compile in a job's generation 0 (an empty cache)."""
+    times = []
+    for w in members:
+        try:
+            with open(os.path.join(workdir, 'launch', f'g0_w{w}_start.json')) as f:
+                times.append(json.load(f)['compile_sec'])
+        except FileNotFoundError:
+            pass
+    return max(times, default=None)
 
 
 def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: int = 5,
@@ -208,9 +262,15 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     base = {'train.steps': int(cfg.train.steps), 'train.eval_every': 0,
             'mesh.data': placement.replicas, 'data.cache_dir': str(cfg.data.cache_dir),
             'launch.compilation_cache': os.path.join(out_dir, 'xla_cache')}
-    memory = _job(cfg, config_path, dict(base, **{
-        'launch.kill': f'{kill_step}:{victim}', 'launch.return_after_steps': return_after}),
-        os.path.join(out_dir, 'memory'), workers, log)
+    # The survivors' programs, compiled ahead into the jobs' cache before the
+    # memory job (in a long run this happens, niced, during its first steps).
+    memory_values = dict(base, **{'launch.kill': f'{kill_step}:{victim}',
+                                  'launch.return_after_steps': return_after,
+                                  'launch.compile_ahead': False})
+    ahead = compile_ahead(config_path, memory_values, os.path.join(out_dir, 'memory'), workers,
+                          log)
+    memory = _job(cfg, config_path, memory_values, os.path.join(out_dir, 'memory'), workers,
+                  log)
     disk = _job(cfg, config_path, dict(base, **{
         'launch.kill': f'{kill_step}:{victim}', 'launch.recovery': 'disk',
         'snapshot.every': 0, 'train.checkpoint_every': checkpoint_every}),
@@ -235,6 +295,10 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'), log=log)
     alone = restore_comparison(cfg, os.path.join(out_dir, 'restore_alone'), log=log)
     dsk = _recovery(disk)
+    mem['cold_compile_sec_by_process'] = ahead['cold_compile_sec_by_process']
+    mem['cold_compile_sec'] = max(ahead['cold_compile_sec_by_process'].values(), default=None)
+    dsk['cold_compile_sec'] = _cold_full_compile(os.path.join(out_dir, 'memory'),
+                                                 range(workers))
     report = {
         'config': config_path, 'workers': workers, 'local_devices': local,
         'replicas': placement.replicas, 'steps': int(cfg.train.steps), 'kill_step': kill_step,
@@ -251,6 +315,8 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
         'simulated_events': events,
         'parity_rebuild_bitwise': bool(bitwise) and all(bitwise),
         'parity': _recovery(parity),
+        'compile_ahead': {'cpu_sec': ahead['cpu_sec'], 'wall_sec': ahead['wall_sec'],
+                          'sets': ahead['sets']},
         'job_wall_sec': {'memory': memory['wall_sec'], 'disk': disk['wall_sec'],
                          'parity': parity['wall_sec']},
     }
@@ -259,6 +325,10 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     with open(os.path.join(out_dir, 'crash_drill.md'), 'w') as f:
         f.write(markdown(report))
     return report
+
+
+def _rounded(by_worker: dict | None) -> dict | None:
+    return None if by_worker is None else {w: round(v, 2) for w, v in by_worker.items()}
 
 
 def markdown(r: dict) -> str:
@@ -270,6 +340,8 @@ def markdown(r: dict) -> str:
              '| component (s) | memory (keepers) | disk (Orbax) |', '|---|---|---|']
     for key in COMPONENTS + ('recovery_sec',):
         lines.append(f'| {key} | {fmt(mem.get(key))} | {fmt(dsk.get(key))} |')
+    lines.append(f"| cold compile of the same program | {fmt(mem.get('cold_compile_sec'))} | "
+                 f"{fmt(dsk.get('cold_compile_sec'))} |")
     lines.append(f"| lost (redone) steps | {mem['lost_steps']} | {dsk['lost_steps']} |")
     lines.append(f"| restored bytes | {mem['restore_bytes']} | {dsk['restore_bytes']} |")
     o = r['snapshot_overhead']
@@ -295,6 +367,12 @@ def markdown(r: dict) -> str:
               f"(`{r['simulated_events']}`): max |diff| {r['max_abs_param_diff_vs_simulated']:.3g} "
               f"({r['max_rel_param_diff_vs_simulated']:.3g} of the leaf's scale; bitwise: "
               f"{r['param_bitwise_equal_to_simulated']}).",
+              f"Compiled ahead for every single-worker loss ({len(r['compile_ahead']['sets'])} "
+              f"survivor sets, before the memory job): {r['compile_ahead']['cpu_sec']:.1f} CPU s, "
+              f"{r['compile_ahead']['wall_sec']:.1f} s wall; the relaunch's compile_sec per "
+              f"worker {_rounded(mem.get('compile_sec_by_worker'))}, programs compiled per worker "
+              f"{mem.get('programs_compiled_by_worker')} (cold, by process id: "
+              f"{_rounded(mem.get('cold_compile_sec_by_process'))}).",
               f"Parity (`mesh.data=1`, worker 2 and its keeper killed): rebuilt in "
               f"{fmt(r['parity']['parity_rebuild_sec'], '.3f')} s, bitwise: "
               f"{r['parity_rebuild_bitwise']}; resumed at step {r['parity']['resume_step']}, "

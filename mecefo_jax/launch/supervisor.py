@@ -46,6 +46,7 @@ import subprocess
 import sys
 import time
 
+from mecefo_jax.launch.compile_ahead import CompileAhead
 from mecefo_jax.launch.heartbeat import HeartbeatMonitor
 from mecefo_jax.launch.placement import Placement
 
@@ -142,6 +143,7 @@ class Launcher:
         self.monitor: HeartbeatMonitor | None = None
         self._generation: Generation | None = None
         self._lost_snapshots: dict = {}  # worker -> {step: bytes} of a keeper killed on purpose
+        self.ahead = CompileAhead(cfg, self.config_args, self.workdir, self.placement)
 
     # ------------------------------------------------------------------ run
 
@@ -172,12 +174,13 @@ class Launcher:
                     raise RuntimeError(f'Gave up after {gen.number - 1} relaunches '
                                        '(launch.max_relaunches).')
         finally:
+            self.ahead.close()
             self._stop_generation(self._generation)
             for keeper in self.keepers.values():
                 keeper.stop()
             self.monitor.close()
         summary = {'generations': gen.number + 1, 'recoveries': self.recoveries,
-                   'final_members': gen.members}
+                   'final_members': gen.members, 'compile_ahead': self.ahead.report()}
         with open(os.path.join(self.dir, 'summary.json'), 'w') as f:
             json.dump(summary, f, indent=2)
         return summary
@@ -256,6 +259,7 @@ class Launcher:
             # restoring and compiling come before it and take what they take.
             completed = max((self.monitor.beat(gen.number, w) or {}).get('completed', 0)
                             for w in gen.members)
+            self.ahead.maybe_start(gen.number, completed)
             if completed > progress:
                 progress, progressed_at = completed, now_mono
             elif (progress > 0 and now_mono - progressed_at > self.stall_timeout
@@ -323,6 +327,7 @@ class Launcher:
     def _next(self, gen: Generation, outcome: Outcome):
         """Tear `gen` down and plan the next generation; (pending recovery row, generation)."""
         start = time.time()
+        self.ahead.stop()  # it competes with the way back; its sets are moot after a loss
         workers = list(range(self.placement.workers))
         row = {'kind': 'rejoin' if outcome.kind == 'stopped' else 'failure',
                'ended_generation': gen.number, 'failed_workers': outcome.failed,
@@ -453,6 +458,9 @@ class Launcher:
                 restore_bytes=max((sum((s['restore_bytes'] or {}).values())) for s in starts),
                 healed_bytes=sum((s['healed_bytes'] or 0) for s in starts),
                 compile_sec=max(s['compile_sec'] for s in starts),
+                compile_sec_by_worker={str(s['worker']): s['compile_sec'] for s in starts},
+                programs_compiled_by_worker={str(s['worker']): s.get('programs_compiled')
+                                             for s in starts},
                 refresh_sec=max(s['refresh_sec'] for s in starts),
                 start_to_first_step_sec=max(s['train_start_to_first_step_sec'] for s in starts),
                 resume_step=min(s['resume_step'] for s in starts),

@@ -65,14 +65,10 @@ def main(argv):
     import jax
     from absl import logging
     logging.set_verbosity(logging.WARNING)
-    cache = str(cfg.launch.compilation_cache)
-    if cache:
-        # Shared by every worker and generation: a program compiled once (the
-        # full mesh before a failure, say) loads from disk after a relaunch.
-        if cache == 'auto':
-            cache = os.path.join(_WORKDIR.value, 'launch', 'xla_cache')
-        jax.config.update('jax_compilation_cache_dir', cache)
-        jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+    # Shared by every worker, generation and compile-ahead job: a program
+    # compiled once loads on every process after a relaunch.
+    from mecefo_jax import program_cache
+    program_cache.configure(cfg.launch.compilation_cache, _WORKDIR.value)
 
     members = [int(w) for w in _MEMBERS.value.split(',')]
     keepers = json.loads(_KEEPERS.value)
@@ -145,6 +141,8 @@ def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str) -> Non
     """The end record (and, for a complete run, the final parameters from process 0)."""
     import jax
     import numpy as np
+
+    from mecefo_jax import program_cache
     state = summary.pop('state')
     end = {'worker': _WORKER.value, 'generation': _GENERATION.value,
            'params_sha256': _local_params_sha256(state.params),
@@ -152,6 +150,8 @@ def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str) -> Non
            'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
            'snapshot_blocked_sec': snapshot_hook.blocked_sec if snapshot_hook else 0.0,
            'snapshots': snapshot_hook.submitted if snapshot_hook else 0,
+           'programs_compiled': program_cache.stats.misses,
+           'programs_cached': program_cache.stats.hits,
            'snapshot_cadence': (snapshot_hook.cadence.history
                                 if snapshot_hook and snapshot_hook.cadence else None)}
     if end['finished']:
@@ -185,6 +185,8 @@ class _StepLog(Observer):
     def on_step(self, done) -> None:
         import jax
         import numpy as np
+
+        from mecefo_jax import program_cache
         self.heartbeat.dispatched_step(done.step + 1, done.loss)
         if self.provenance is not None:
             self.provenance.write(json.dumps({
@@ -202,6 +204,9 @@ class _StepLog(Observer):
         _write_json(self.start_path, dict(
             resume_step=done.step, first_step_done=time.time(),
             compile_sec=done.compile_sec + sum(e.compile_sec for e in events),
+            programs_compiled=program_cache.stats.misses,
+            programs_cached=program_cache.stats.hits,
+            programs_load_sec=program_cache.stats.load_sec,
             refresh_sec=sum(e.refresh_sec for e in events),
             train_start_to_first_step_sec=time.perf_counter() - self.train_start,
             **self.record, restore_sec=restored.seconds if restored else None,
