@@ -1,6 +1,7 @@
 """Entry point: `python -m mecefo_jax.main --config configs/tiny.py --workdir DIR`.
 
-Parses flags and calls `train.train`; all logic lives in importable modules.
+Parses flags, resolves the config once (`mecefo_jax.settings`) and calls
+`train.train`; all logic lives in importable modules.
 Multi-host: pass --coordinator, --num_processes and --process_id (or set them
 through the cluster's environment) to start `jax.distributed` first.
 """
@@ -21,13 +22,14 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 def main(argv):
     del argv
-    cfg = _CONFIG.value
+    from mecefo_jax.settings import resolve_or_exit
+    cfg = resolve_or_exit(_CONFIG.value)  # every field checked before anything starts
     # Orbax logs every save step at INFO; keep the console to progress and results.
     logging.set_verbosity(logging.WARNING)
     # Backends start lazily, so the fake-device count still applies here. It
     # only affects the CPU platform; GPUs are used as they are.
     from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(int(cfg.mesh.num_cpu_devices))
+    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
     import jax
     if _COORDINATOR.value or _NUM_PROCESSES.value:
         jax.distributed.initialize(coordinator_address=_COORDINATOR.value,

@@ -23,6 +23,7 @@ from mecefo_jax import state as state_lib
 from mecefo_jax.layout import Layout, assemble, full_layout
 from mecefo_jax.metrics import MetricsWriter
 from mecefo_jax.model import Llama, ModelConfig
+from mecefo_jax.settings import Config
 from mecefo_jax.topology import Topology, TopologyCache
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class Plan:
 @dataclasses.dataclass
 class Run:
     """Everything built once from the config."""
-    cfg: object
+    cfg: Config
     workdir: str
     model: Llama
     optimizer: object
@@ -77,11 +78,11 @@ class Run:
 
     @property
     def shard_batch(self) -> int:
-        return int(self.cfg.data.global_batch_size) // self.num_shards
+        return self.cfg.data.global_batch_size // self.num_shards
 
     @property
     def tokens_per_step(self) -> int:
-        return int(self.cfg.data.global_batch_size) * int(self.cfg.data.seq_len)
+        return self.cfg.data.global_batch_size * self.cfg.data.seq_len
 
 
 def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
@@ -110,20 +111,20 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     rank = cfg.mecefo.rank
     base_shardings = state_lib.state_shardings(model, optimizer, mesh, rank)
     num_shards = len(replica_rows)
-    vocab = int(cfg.model.vocab_size)
+    vocab = cfg.model.vocab_size
     train_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
                                         split='train')
     val_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
                                       split='validation')
-    every = int(cfg.train.checkpoint_every if checkpoint_every is None else checkpoint_every)
+    every = cfg.train.checkpoint_every if checkpoint_every is None else checkpoint_every
     checkpointer = None
     if every > 0:
         checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                              save_every=every,
-                                             keep=int(cfg.train.keep_checkpoints))
+                                             keep=cfg.train.keep_checkpoints)
     if jax.process_index() == 0:
         with open(os.path.join(workdir, 'config.json'), 'w') as f:
-            f.write(cfg.to_json_best_effort(indent=2))
+            f.write(cfg.to_json())
     return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
                full_rows=replica_rows,
                topologies=TopologyCache(model, optimizer, base_shardings, rank),
@@ -160,7 +161,7 @@ def init_or_restore(run: Run, restore=None):
         run.metrics.write({'event': 'resumed', 'step': step})
         return state
     state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
-                                            seed=int(cfg.train.seed), rank=cfg.mecefo.rank)
+                                            seed=cfg.train.seed, rank=cfg.mecefo.rank)
     return state
 
 
@@ -193,7 +194,7 @@ def evaluate(run: Run, topology: Topology, params) -> dict:
     run.val_data.set_state(run.val_start)  # same batches at every eval
     loss_sum = count = 0.0
     replicas = topology.num_replicas
-    for _ in range(int(run.cfg.train.eval_batches)):
+    for _ in range(run.cfg.train.eval_batches):
         tokens_nt = next(run.val_data).reshape(-1, run.val_data.seq_len + 1)
         pad = -len(tokens_nt) % replicas  # rows must split evenly over live replicas
         weights_n = np.concatenate([np.ones(len(tokens_nt)), np.zeros(pad)]).astype(np.float32)
@@ -262,9 +263,9 @@ def train(cfg, workdir: str, *, controller_factory=None, run: Run | None = None,
     run = run or build_run(cfg, workdir)
     state = init_or_restore(run, restore)
     controller = (controller_factory or StaticController)(run)
-    total = int(cfg.train.steps)
+    total = cfg.train.steps
     end = total if stop_at is None else min(total, int(stop_at))
-    log_every, every_eval = int(cfg.train.log_every), int(cfg.train.eval_every)
+    log_every, every_eval = cfg.train.log_every, cfg.train.eval_every
     step = int(state.step)
     clock = step  # executed steps, redone ones included: the failure timeline
     summary = {'start_step': step}

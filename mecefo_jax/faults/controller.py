@@ -79,8 +79,8 @@ class FaultController:
         self.run, self.schedule = run, schedule
         self.strategy = validate_strategy(strategy)
         self.timer = timer
-        self.tau = proj_lib.validate_tau(int(cfg.mecefo.tau))
-        self.spread_k = int(cfg.fault.spread_k)
+        self.tau = proj_lib.validate_tau(cfg.mecefo.tau)
+        self.spread_k = cfg.fault.spread_k
         # A job relaunched without some replicas (launch.py) starts as if they
         # had just failed: the first prepare moves to the present replicas'
         # layout, compiles and refreshes V as for any failure onset.
@@ -93,7 +93,7 @@ class FaultController:
         self.refresh_steps: list[int] = []
         self._tau_refresh_sec = 0.0  # refreshes between events (every tau steps)
         self.compiles = 0
-        self.step_time_sec = float(cfg.fault.step_time_sec)
+        self.step_time_sec = cfg.fault.step_time_sec
         self.modelled_compute_sec = 0.0  # cluster seconds (see module docstring)
         self.measured_compute_sec = 0.0  # raw sum of slowest-device program times
         self.step_tokens: dict[int, float] = {}
@@ -103,7 +103,7 @@ class FaultController:
         if self.strategy == 'checkpoint_restart':
             self._restart_ckpt = ckpt_lib.Checkpointer(
                 os.path.join(run.workdir, 'restart_checkpoints'),
-                save_every=int(cfg.fault.checkpoint_every), keep=2)
+                save_every=cfg.fault.checkpoint_every, keep=2)
         self._ckpt_block_sec = 0.0
 
     @classmethod
@@ -116,7 +116,7 @@ class FaultController:
         """
         validate_strategy(cfg.fault.strategy)
         events = schedule_lib.events_from_config(cfg.fault, num_replicas=run.num_shards,
-                                                 total_steps=int(cfg.train.steps))
+                                                 total_steps=cfg.train.steps)
         for e in events:
             run.metrics.write({'event': 'scheduled_failure', 'step': e.step,
                                'replica': e.replica, 'duration_steps': e.duration_steps})
@@ -163,7 +163,7 @@ class FaultController:
             normal = self.timer.step_seconds(self._normal_layout)
             self.measured_compute_sec += slowest
             self.modelled_compute_sec += self.step_time_sec * slowest / normal
-        self.step_tokens[step] = float(self.layout.examples() * int(self.run.cfg.data.seq_len))
+        self.step_tokens[step] = float(self.layout.examples() * self.run.cfg.data.seq_len)
         if self._pending is not None:
             jax.block_until_ready(state)
             self._pending.first_step_sec = time.perf_counter() - dispatched
@@ -233,7 +233,7 @@ class FaultController:
         self.live, self.topology = desired, topology
         self.layout = self._layout(desired)
         start = time.perf_counter()
-        spec = topology.batch_spec(self.layout, int(self.run.cfg.data.seq_len) + 1)
+        spec = topology.batch_spec(self.layout, self.run.cfg.data.seq_len + 1)
         _, compile_sec = topology.compiled_step(state, spec, self.layout)
         self.compiles += compile_sec > 0
         event.compile_sec = compile_sec
@@ -255,7 +255,7 @@ class FaultController:
         start = time.perf_counter()
         restored, data_state = train_lib.restore_onto(self.run, self._restart_ckpt, topology)
         event.restore_sec = time.perf_counter() - start
-        event.relaunch_sec_modelled = float(cfg.fault.relaunch_delay_sec)
+        event.relaunch_sec_modelled = cfg.fault.relaunch_delay_sec
         event.lost_steps = step - int(restored.step)
         return restored, data_state, event
 

@@ -22,9 +22,9 @@ import sys
 import time
 
 from absl import app, flags
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.', lock_config=True)
+_CONFIG_JSON = flags.DEFINE_string('config_json', None,
+                                   "The job's resolved config (the launcher's launch/config.json).")
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The job directory.')
 _COORDINATOR = flags.DEFINE_string('coordinator', None, 'host:port of the jax.distributed coordinator.')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in this generation.')
@@ -39,7 +39,7 @@ _RESUME_STEP = flags.DEFINE_integer(
 _STOP_AT = flags.DEFINE_integer('stop_at', 0, 'Stop after this step (0: train.steps).')
 _HEARTBEAT = flags.DEFINE_string('heartbeat', None, 'host:port of the launcher heartbeat socket.')
 _KEEPERS = flags.DEFINE_string('keepers', '[]', 'JSON list: each worker keeper [host, port] or null.')
-flags.mark_flags_as_required(['config', 'workdir', 'coordinator', 'num_processes', 'process_id',
+flags.mark_flags_as_required(['config_json', 'workdir', 'coordinator', 'num_processes', 'process_id',
                               'worker', 'members', 'workers', 'heartbeat'])
 
 
@@ -57,14 +57,15 @@ def main(argv):
     from mecefo_jax.launch.heartbeat import HeartbeatSender
     host, port = _HEARTBEAT.value.rsplit(':', 1)
     heartbeat = HeartbeatSender((host, int(port)), _WORKER.value, _GENERATION.value)
-    cfg = _CONFIG.value
+    from mecefo_jax.settings import load_json
+    cfg = load_json(_CONFIG_JSON.value)
     from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(int(cfg.launch.local_devices))
+    simulate_cpu_devices(cfg.launch.local_devices)
     import jax
     import numpy as np
     from absl import logging
     logging.set_verbosity(logging.WARNING)
-    cache = str(cfg.launch.compilation_cache)
+    cache = cfg.launch.compilation_cache
     if cache:
         # Shared by every worker and generation: a program compiled once (the
         # full mesh before a failure, say) loads from disk after a relaunch.
@@ -87,8 +88,7 @@ def main(argv):
     from mecefo_jax.launch import placement as placement_lib
     from mecefo_jax.launch import worker_state as worker_state
 
-    placement = placement_lib.Placement(_WORKERS.value, int(cfg.launch.local_devices),
-                                        int(cfg.mesh.model))
+    placement = placement_lib.Placement(_WORKERS.value, cfg.launch.local_devices, cfg.mesh.model)
     placement.check_mesh(cfg.mesh)
     rows = placement_lib.replica_rows(placement, members, jax.devices())
     # Orbax checkpoints only where the launcher recovers from disk.
@@ -108,12 +108,12 @@ def main(argv):
         raise ValueError(f'{run.checkpointer.directory} already holds checkpoints; '
                          'use a new --workdir for a new job.')
     snapshot_hook = None
-    if int(cfg.snapshot.every) > 0 and keepers and keepers[_WORKER.value] is not None:
+    if cfg.snapshot.every > 0 and keepers and keepers[_WORKER.value] is not None:
         parity = None
         if cfg.snapshot.parity:
             parity = _parity_pusher(cfg, keepers, _WORKER.value)
         snapshot_hook = worker_state.SnapshotHook(keepers[_WORKER.value],
-                                                   int(cfg.snapshot.every), parity=parity)
+                                                   cfg.snapshot.every, parity=parity)
 
     controllers = []
     provenance = (open(os.path.join(out_dir, 'provenance.jsonl'), 'a')
@@ -162,7 +162,7 @@ def main(argv):
     state = summary.pop('state')
     end = {'worker': _WORKER.value, 'generation': _GENERATION.value,
            'params_sha256': _local_params_sha256(state.params),
-           'final_step': summary['final_step'], 'finished': summary['final_step'] >= int(cfg.train.steps),
+           'final_step': summary['final_step'], 'finished': summary['final_step'] >= cfg.train.steps,
            'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
            'snapshot_blocked_sec': snapshot_hook.blocked_sec if snapshot_hook else 0.0,
            'snapshots': snapshot_hook.submitted if snapshot_hook else 0}
@@ -204,9 +204,7 @@ def _local_params_sha256(params) -> str:
 def _parity_pusher(cfg, keepers, worker):
     """The pusher of this worker's parity group (groups of snapshot.parity_group workers)."""
     from mecefo_jax.snapshot import ParityPusher
-    if cfg.snapshot.parity != 'xor':
-        raise ValueError(f"snapshot.parity={cfg.snapshot.parity!r}: use '' or 'xor'.")
-    size = int(cfg.snapshot.parity_group)
+    size = cfg.snapshot.parity_group  # snapshot.parity is 'xor': checked at resolve
     first = worker - worker % size
     group = list(range(first, min(first + size, len(keepers))))
     return ParityPusher(f'workers{first}-{group[-1]}', worker - first,
