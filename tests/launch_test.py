@@ -23,6 +23,7 @@ import pytest
 from configs.tiny import get_config
 from mecefo_jax.faults.controller import FaultController
 from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.settings import resolve
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS, LOCAL = 2, 2  # 4 replicas: worker 1 holds replicas 2 and 3
@@ -52,13 +53,11 @@ def config(values):
     for key, value in values.items():
         section, field = key.split('.')
         cfg[section][field] = value
-    return cfg
+    return resolve(cfg)
 
 
 def launch(values, workdir):
-    args = ['--config=' + os.path.join(REPO, 'configs', 'tiny.py')] + [
-        f'--config.{k}={v}' for k, v in values.items()]
-    return Launcher(config(values), args, workdir, WORKERS, log=lambda _: None).run()
+    return Launcher(config(values), workdir, WORKERS, log=lambda _: None).run()
 
 
 def read(workdir, name):
@@ -145,8 +144,8 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
     summary, workdir = crashed
     start = summary['recoveries'][0]['resume_step']
     values = overrides(caches)
-    cfg = config(values)
-    cfg.fault.events = f'{start}:2:2,{start}:3:2'  # worker 1's replicas, down for 2 steps
+    # Worker 1's replicas, down for 2 steps.
+    cfg = config(values).updated({'fault.events': f'{start}:2:2,{start}:3:2'})
     simulated = FaultController.train(cfg, str(tmp_path))['state'].params
     real = np.load(os.path.join(workdir, 'launch', 'final_params.npz'))
     for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(simulated)):
