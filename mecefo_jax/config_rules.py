@@ -97,17 +97,26 @@ def _check_mecefo(cfg: Config) -> None:
              'must be a fraction in (0, 1] or a whole rank >= 1', 0.25)
 
 
+def _check_events(cfg: Config) -> None:
+    """`fault.events` syntax, steps inside the run, no overlaps; replicas too once known."""
+    from mecefo_jax.faults.schedule import parse_events, validate_events
+    try:
+        events = parse_events(cfg.fault.events)
+        if events:
+            # With mesh.data=-1 the replica count waits for the devices (the controller).
+            replicas = (cfg.mesh.data if cfg.mesh.data >= 1
+                        else max(1, max(e.replica for e in events) + 1))
+            validate_events(events, num_replicas=replicas, total_steps=cfg.train.steps)
+    except ValueError as error:
+        raise ConfigError(f'{error} Set --config.fault.events=STEP:REPLICA:STEPS,...') from None
+
+
 def _check_fault(cfg: Config) -> None:
-    from mecefo_jax.faults.schedule import REGIMES, parse_events
     from mecefo_jax.faults.strategies import STRATEGIES
     f = cfg.fault
     _one_of('fault.strategy', f.strategy, STRATEGIES)
-    if f.events.strip():
-        try:
-            parse_events(f.events)
-        except ValueError as error:
-            raise ConfigError(f'{error} Set --config.fault.events=STEP:REPLICA:STEPS,...') \
-                from None
+    _check_events(cfg)
+    from mecefo_jax.faults.schedule import REGIMES
     _one_of('fault.regime', f.regime.strip().lower(), ('',) + tuple(sorted(REGIMES)), "''")
     _at_least(f, 'fault', 0, {'regime_replicas': 0, 'max_concurrent': 0, 'mtbf_hours': 0.0,
                               'mttr_hours': 0.0, 'relaunch_delay_sec': 120.0})

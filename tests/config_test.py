@@ -82,6 +82,8 @@ def test_bad_override_is_refused_naming_the_field(override, message):
 BAD = [
     ({'mecefo__tau': 0}, 'mecefo.tau=0', '--config.mecefo.tau=100'),
     ({'fault__events': 'garbage'}, 'fault.events', '--config.fault.events='),
+    ({'fault__events': '40:1:2'}, 'run has only 40 steps', '--config.fault.events='),
+    ({'fault__events': '2:3:4,4:3:2'}, 'replica 3 fails again', '--config.fault.events='),
     ({'fault__regime': 'bogus'}, "fault.regime='bogus'", "--config.fault.regime=''"),
     ({'fault__strategy': 'pray'}, "fault.strategy='pray'", '--config.fault.strategy=mecefo'),
     ({'fault__mtbf_hours': 2.0}, 'fault.mttr_hours', '--config.fault.mttr_hours='),
