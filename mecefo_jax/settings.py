@@ -125,7 +125,10 @@ class LaunchSection:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """The whole run's config; sections in the order of `base_config`."""
+    """The whole run's config: one frozen section per `base_config` section, same field order.
+
+    What each field means is commented once, in mecefo_jax/config.py.
+    """
     model: ModelSection
     data: DataSection
     mesh: MeshSection
@@ -157,22 +160,32 @@ class Config:
 SECTIONS: dict[str, type] = {'model': ModelSection, 'data': DataSection, 'mesh': MeshSection,
                              'train': TrainSection, 'mecefo': MecefoSection, 'fault': FaultSection,
                              'snapshot': SnapshotSection, 'launch': LaunchSection}
-_TYPE_NAMES = {int: 'an int', float: 'a number', bool: 'true or false', str: 'a string'}
+_KINDS = {'int': int, 'float': float, 'bool': bool, 'str': str}
+_KIND_NAMES = {int: 'an int', float: 'a number', bool: 'true or false', str: 'a string'}
 
 
-def _typed(dotted: str, kind: type, value: Any) -> Any:
-    """`value` as the field's declared `kind`; ConfigError naming the field otherwise."""
-    kind = {'int': int, 'float': float, 'bool': bool, 'str': str}.get(kind, kind)
-    ok = (isinstance(value, bool) if kind is bool else
-          isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
-          isinstance(value, int) and not isinstance(value, bool) if kind is int else
-          isinstance(value, kind))
-    if not ok and kind is int and hasattr(value, '__index__') and not isinstance(value, bool):
-        value, ok = int(value.__index__()), True  # numpy integers from experiments' loops
+def _typed(dotted: str, annotation: str, value: Any) -> Any:
+    """`value` as the field's declared type; ConfigError naming the field otherwise.
+
+    An int is a valid float (ml_collections widens it too); a bool is not an
+    int; numpy integers (experiments' seed loops) become ints.
+    """
+    kind = _KINDS[annotation]
+    is_bool = isinstance(value, bool)
+    if kind is bool:
+        ok = is_bool
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not is_bool
+        value = float(value) if ok else value
+    elif kind is int:
+        ok = hasattr(value, '__index__') and not is_bool
+        value = int(value.__index__()) if ok else value
+    else:
+        ok = isinstance(value, str)
     if not ok:
-        raise ConfigError(f'{dotted}={value!r}: must be {_TYPE_NAMES[kind]}; '
+        raise ConfigError(f'{dotted}={value!r}: must be {_KIND_NAMES[kind]}; '
                           f'set --config.{dotted}=VALUE.')
-    return float(value) if kind is float else value
+    return value
 
 
 def _section(name: str, values: Any) -> Any:
