@@ -58,7 +58,7 @@ def run(cfg, depths, out_dir: str | None = None, log=print) -> dict:
         base = next(r for r in rows if r['scan_layers'] == row['scan_layers']
                     and r['num_layers'] == min(depths))
         row['ratio_to_shallowest'] = row['compile_sec'] / base['compile_sec']
-    result = {'rows': rows, 'depths': list(depths), 'mesh': dict(cfg.mesh),
+    result = {'rows': rows, 'depths': list(depths), 'mesh': dataclasses.asdict(cfg.mesh),
               'd_model': cfg.model.d_model,
               'what': 'AOT compile of the MeCeFO failure train step (replica 3 down)'}
     if out_dir:
