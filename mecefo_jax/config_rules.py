@@ -93,7 +93,7 @@ def _check_mecefo(cfg: Config) -> None:
     m = cfg.mecefo
     _require(m.tau >= 1, 'mecefo.tau', m.tau,
              'must be >= 1 (steps between SVD refreshes)', 100)
-    _require(m.rank > 0 and (m.rank <= 1.0 or float(m.rank).is_integer()), 'mecefo.rank', m.rank,
+    _require(m.rank > 0 and (m.rank <= 1.0 or m.rank.is_integer()), 'mecefo.rank', m.rank,
              'must be a fraction in (0, 1] or a whole rank >= 1', 0.25)
 
 

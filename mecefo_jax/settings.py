@@ -215,7 +215,7 @@ def resolve(config: Any) -> Config:
         raise ConfigError(f'{missing[0]}: section missing; build configs on '
                           'mecefo_jax.config.base_config().')
     cfg = Config(**{name: _section(name, config[name]) for name in SECTIONS})
-    from mecefo_jax import config_rules
+    from mecefo_jax import config_rules  # here: the rules import this module's types
     config_rules.check(cfg)
     return cfg
 

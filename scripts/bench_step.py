@@ -1,4 +1,4 @@
-"""Per-device train-step cost of normal / naive NDB / MeCeFO / plain DP: see mecefo_jax/experiments/step_cost.py.
+r"""Per-device train-step cost of normal / naive NDB / MeCeFO / plain DP: see mecefo_jax/experiments/step_cost.py.
 
   python scripts/bench_step.py --config configs/llama_350m.py \
       --config.data.seq_len=256 --config.mecefo.rank=128 --iters 0 --out /tmp/bench

@@ -1,4 +1,4 @@
-"""Project the fault-tolerance strategies to a cluster: see mecefo_jax/experiments/cluster/sim.py.
+r"""Project the fault-tolerance strategies to a cluster: see mecefo_jax/experiments/cluster/sim.py.
 
   python scripts/simulate_cluster.py --out /tmp/simc
   python scripts/simulate_cluster.py --out DIR --cost bench --bench_json bench_step.json \
