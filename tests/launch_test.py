@@ -146,7 +146,11 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
     values = overrides(caches)
     # Worker 1's replicas, down for 2 steps.
     cfg = config(values).updated({'fault.events': f'{start}:2:2,{start}:3:2'})
-    simulated = FaultController.train(cfg, str(tmp_path))['state'].params
+    # The job's 4 replicas on 4 of this process's 8 devices, chosen explicitly:
+    # a config's mesh alone must use every device.
+    from mecefo_jax.train import build_run
+    run = build_run(cfg, str(tmp_path), replica_rows=[(d,) for d in jax.devices()[:4]])
+    simulated = FaultController.train(cfg, str(tmp_path), run=run)['state'].params
     real = np.load(os.path.join(workdir, 'launch', 'final_params.npz'))
     for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(simulated)):
         name = jax.tree_util.keystr(path)
