@@ -293,8 +293,8 @@ def test_no_attention_gradient_leaves_attention_and_its_adam_state_untouched(set
     from configs import tiny as tiny_cfg
     from mecefo_jax import optim
     _, params, projections, tokens_nbt = setup
-    train_cfg = resolve(tiny_cfg.get_config()).train
-    train_cfg.warmup_fraction = 0.0  # a non-zero learning rate from the first step
+    # A non-zero learning rate from the first step.
+    train_cfg = resolve(tiny_cfg.get_config()).updated({'train.warmup_fraction': 0.0}).train
     optimizer = optim.make_optimizer(train_cfg)
     by_id = {d.id: d for d in jax.devices()}
     both = sharding.mesh_from_rows([[by_id[0]], [by_id[1]]])
