@@ -1,120 +1,154 @@
-"""The one base ConfigDict every `configs/*.py` derives from, and its validation.
+"""The one base ConfigDict every `configs/*.py` derives from: every field and its default.
 
 Each field is commented here once; configs override values, never add fields,
-so `--config.section.field=value` works the same for all of them.
-`ConfigDict` is ml_collections' when it is installed, else the minimal
-stand-in of `configdict.py` (the benchmark scripts run without it).
+so `--config.section.field=value` works the same for all of them. Nothing
+else supplies defaults: `mecefo_jax.settings.resolve` turns the ConfigDict
+into typed, validated sections, and the code reads only those.
 """
-from ml_collections import config_dict
-
-from mecefo_jax.configdict import ConfigDict
+from ml_collections import ConfigDict, config_dict
 
 
-def base_config() -> ConfigDict:
-    """Defaults shared by every config (the paper's optimizer settings)."""
-    cfg = ConfigDict()
+def _model_section() -> ConfigDict:
+    """The LLaMA shape and how it is computed."""
+    section = ConfigDict()
+    section.vocab_size = 512  # tokenizer and embedding size; a trained tokenizer must match
+    section.d_model = 64  # residual width d
+    section.num_layers = 2  # transformer blocks
+    section.num_heads = 4  # query heads; must divide d_model
+    section.num_kv_heads = 4  # key/value heads (grouped-query attention when < num_heads)
+    section.ffn_hidden = 172  # SwiGLU hidden width h
+    section.rope_theta = 10000.0  # rotary embedding base
+    section.norm_eps = 1e-6  # RMSNorm epsilon
+    section.dtype = 'float32'  # compute dtype: float32 on CPU, bfloat16 on GPU (params stay float32)
+    section.attention = 'auto'  # 'auto' (cuDNN fused on GPU with bfloat16, else XLA) | 'xla' | 'cudnn'
+    section.scan_layers = True  # nn.scan over blocks: compile time does not grow with depth
+    section.remat_policy = 'none'  # block remat: none | full | save_attention | save_dots
+    section.loss_chunk_tokens = 4096  # cross-entropy chunk (tokens); bounds the live logits
+    return section
 
-    cfg.model = ConfigDict()
-    cfg.model.vocab_size = 512  # tokenizer and embedding size; a trained tokenizer must match
-    cfg.model.d_model = 64  # residual width d
-    cfg.model.num_layers = 2  # transformer blocks
-    cfg.model.num_heads = 4  # query heads; must divide d_model
-    cfg.model.num_kv_heads = 4  # key/value heads (grouped-query attention when < num_heads)
-    cfg.model.ffn_hidden = 172  # SwiGLU hidden width h
-    cfg.model.rope_theta = 10000.0  # rotary embedding base
-    cfg.model.norm_eps = 1e-6  # RMSNorm epsilon
-    cfg.model.dtype = 'float32'  # compute dtype: float32 on CPU, bfloat16 on GPU (params stay float32)
-    cfg.model.attention = 'auto'  # 'auto' (cuDNN fused on GPU with bfloat16, else XLA) | 'xla' | 'cudnn'
-    cfg.model.scan_layers = True  # nn.scan over blocks: compile time does not grow with depth
-    cfg.model.remat_policy = 'none'  # block remat: none | full | save_attention | save_dots
-    cfg.model.loss_chunk_tokens = 4096  # cross-entropy chunk (tokens); bounds the live logits
 
-    cfg.data = ConfigDict()
-    cfg.data.source = 'embedded'  # 'embedded' (CPython's docs, offline) | 'tfds' | 'text'
-    cfg.data.tfds_name = 'c4/en'  # TFDS dataset name when source='tfds'
-    cfg.data.data_dir = ''  # local TFDS data_dir (required for source='tfds')
-    cfg.data.tfds_text_key = 'text'  # feature holding the document text in TFDS records
-    cfg.data.text_files = ''  # comma-separated files or globs when source='text'
-    cfg.data.tokenizer_path = ''  # sentencepiece .model; '' trains one on the train split and caches it
-    cfg.data.cache_dir = ''  # tokenizer cache; '' means ~/.cache/mecefo_jax
-    cfg.data.seq_len = 64  # tokens per training sequence
-    cfg.data.global_batch_size = 16  # sequences per step, split evenly over mesh.data replicas
-    cfg.data.val_fraction = 0.05  # documents held out for validation (embedded/text sources)
-    cfg.data.seed = 0  # shuffle seed; the sample order depends on nothing else
+def _data_section() -> ConfigDict:
+    """Where documents come from and how they are batched."""
+    section = ConfigDict()
+    section.source = 'embedded'  # 'embedded' (CPython's docs, offline) | 'tfds' | 'text'
+    section.tfds_name = 'c4/en'  # TFDS dataset name when source='tfds'
+    section.data_dir = ''  # local TFDS data_dir (required for source='tfds')
+    section.tfds_text_key = 'text'  # feature holding the document text in TFDS records
+    section.text_files = ''  # comma-separated files or globs when source='text'
+    section.tokenizer_path = ''  # sentencepiece .model; '' trains one on the train split and caches it
+    section.cache_dir = '~/.cache/mecefo_jax'  # where trained tokenizers are cached
+    section.seq_len = 64  # tokens per training sequence
+    section.global_batch_size = 16  # sequences per step, split evenly over mesh.data replicas
+    section.val_fraction = 0.05  # documents held out for validation (embedded/text sources)
+    section.seed = 0  # shuffle seed; the sample order depends on nothing else
+    return section
 
-    cfg.mesh = ConfigDict()
-    cfg.mesh.data = -1  # data-parallel replicas; -1 uses every device left over by mesh.model
-    cfg.mesh.model = 1  # tensor-parallel width (shards heads and FFN hidden)
-    cfg.mesh.num_cpu_devices = 8  # with no accelerator, simulate this many CPU devices
 
-    cfg.train = ConfigDict()
-    cfg.train.steps = 200  # optimizer steps
-    cfg.train.learning_rate = 3e-3  # peak learning rate after warmup
-    cfg.train.warmup_fraction = 0.1  # linear warmup over this fraction of steps
-    cfg.train.final_lr_fraction = 0.1  # cosine decays to this fraction of the peak
-    cfg.train.b1 = 0.9  # AdamW beta1 (paper)
-    cfg.train.b2 = 0.999  # AdamW beta2 (paper)
-    cfg.train.eps = 1e-8  # AdamW epsilon (paper)
-    cfg.train.weight_decay = 0.01  # AdamW decoupled weight decay (paper)
-    cfg.train.grad_clip = 1.0  # global-norm clipping; 0 disables
-    cfg.train.seed = 0  # parameter init seed
-    cfg.train.log_every = 10  # steps between metrics rows
-    cfg.train.eval_every = 100  # steps between validation evals; 0 disables periodic eval
-    cfg.train.eval_batches = 4  # validation batches per eval
-    cfg.train.checkpoint_every = 100  # steps between Orbax checkpoints; 0 disables
-    cfg.train.keep_checkpoints = 2  # checkpoints kept on disk
+def _mesh_section() -> ConfigDict:
+    """The (data, model) device mesh."""
+    section = ConfigDict()
+    section.data = -1  # data-parallel replicas; -1 uses every device left over by mesh.model
+    section.model = 1  # tensor-parallel width (shards heads and FFN hidden)
+    section.num_cpu_devices = 8  # with no accelerator, simulate this many CPU devices
+    return section
 
-    cfg.mecefo = ConfigDict()
-    cfg.mecefo.rank = 0.25  # low-rank r: int >= 1 absolute, or float in (0, 1] of min(in, out)
-    cfg.mecefo.tau = 100  # refresh the SVD projections every tau steps (paper: 100)
+
+def _train_section() -> ConfigDict:
+    """Optimizer (the paper's AdamW), schedule and cadences."""
+    section = ConfigDict()
+    section.steps = 200  # optimizer steps
+    section.learning_rate = 3e-3  # peak learning rate after warmup
+    section.warmup_fraction = 0.1  # linear warmup over this fraction of steps
+    section.final_lr_fraction = 0.1  # cosine decays to this fraction of the peak
+    section.b1 = 0.9  # AdamW beta1 (paper)
+    section.b2 = 0.999  # AdamW beta2 (paper)
+    section.eps = 1e-8  # AdamW epsilon (paper)
+    section.weight_decay = 0.01  # AdamW decoupled weight decay (paper)
+    section.grad_clip = 1.0  # global-norm clipping; 0 disables
+    section.seed = 0  # parameter init seed
+    section.log_every = 10  # steps between metrics rows
+    section.eval_every = 100  # steps between validation evals; 0 disables periodic eval
+    section.eval_batches = 4  # validation batches per eval
+    section.checkpoint_every = 100  # steps between Orbax checkpoints; 0 disables
+    section.keep_checkpoints = 2  # checkpoints kept on disk
+    return section
+
+
+def _mecefo_section() -> ConfigDict:
+    """MeCeFO's low-rank neighbour backward (Hu et al., 2025)."""
+    section = ConfigDict()
+    section.rank = 0.25  # low-rank r: int >= 1 absolute, or float in (0, 1] of min(in, out)
+    section.tau = 100  # refresh the SVD projections every tau steps (paper: 100)
     # How V is refreshed: 'subspace' (randomized subspace iteration warm-started
     # from the held V, a few matmuls) | 'svd' (exact full SVD, the reference).
     # docs/algorithm.md, "Cheap projection refresh".
-    cfg.mecefo.refresh = 'subspace'
-    cfg.mecefo.refresh_iters = 2  # subspace iterations per refresh (each: 2 matmuls + thin QRs)
+    section.refresh = 'subspace'
+    section.refresh_iters = 2  # subspace iterations per refresh (each: 2 matmuls + thin QRs)
     # Recompute the neighbour's FFN activations in backward (the paper's rule 3).
     # Off: at 350M the neighbour's whole-step peak is 0.93x a normal device's
     # without it, and it costs +19% FLOPs (docs/algorithm.md section 6).
-    cfg.mecefo.remat_ffn = False
+    section.remat_ffn = False
+    return section
 
-    cfg.fault = ConfigDict()
-    cfg.fault.strategy = 'mecefo'  # mecefo | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
-    cfg.fault.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
-    cfg.fault.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
-    cfg.fault.regime_replicas = 0  # regime MTBF is for this many replicas (paper: 32); 0: as is
-    cfg.fault.mtbf_hours = 0.0  # custom cluster-wide mean time between failures (with mttr_hours)
-    cfg.fault.mttr_hours = 0.0  # custom mean time to recovery
-    cfg.fault.step_time_sec = 60.0  # cluster seconds per step, converts hours to steps
-    cfg.fault.seed = 0  # seed of the random failure process (identical on every host)
-    cfg.fault.max_concurrent = 0  # cap on replicas down at once; 0 = all but one
-    cfg.fault.spread_k = 2  # neighbours sharing a failed shard under mecefo_spread
-    cfg.fault.checkpoint_every = 10  # checkpoint_restart: save period in steps
-    cfg.fault.relaunch_delay_sec = 120.0  # checkpoint_restart: modelled job relaunch, reported apart
 
-    # In-memory snapshots held by keeper processes (docs/launch.md; REFT-style).
-    cfg.snapshot = ConfigDict()
+def _fault_section() -> ConfigDict:
+    """Which replicas fail when, and the strategy that absorbs it."""
+    section = ConfigDict()
+    section.strategy = 'mecefo'  # mecefo | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
+    section.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
+    section.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
+    section.regime_replicas = 0  # regime MTBF is for this many replicas (paper: 32); 0: as is
+    section.mtbf_hours = 0.0  # custom cluster-wide mean time between failures (with mttr_hours)
+    section.mttr_hours = 0.0  # custom mean time to recovery
+    section.step_time_sec = 60.0  # cluster seconds per step, converts hours to steps
+    section.seed = 0  # seed of the random failure process (identical on every host)
+    section.max_concurrent = 0  # cap on replicas down at once; 0 = all but one
+    section.spread_k = 2  # neighbours sharing a failed shard under mecefo_spread
+    section.checkpoint_every = 10  # checkpoint_restart: save period in steps
+    section.relaunch_delay_sec = 120.0  # checkpoint_restart: modelled job relaunch, reported apart
+    return section
+
+
+def _snapshot_section() -> ConfigDict:
+    """In-memory snapshots held by keeper processes (docs/launch.md; REFT-style)."""
+    section = ConfigDict()
     # Steps between in-memory snapshots under the launcher: 'auto' picks the
     # smallest interval within overhead_budget_pct of the step time (measured,
     # and measured again after a topology change); an integer fixes it; 0 disables.
-    cfg.snapshot.every = config_dict.FieldReference('auto', field_type=object)
-    cfg.snapshot.overhead_budget_pct = 2.0  # snapshot.every=auto: most training slowdown, in %
-    cfg.snapshot.slots = 3  # snapshots each keeper holds (>= 3 so every worker shares a step)
-    cfg.snapshot.parity = ''  # '' | 'xor': erasure-code snapshots across keepers
-    cfg.snapshot.parity_group = 4  # keepers per parity group (one lost member recoverable)
+    section.every = config_dict.FieldReference('auto', field_type=object)
+    section.overhead_budget_pct = 2.0  # snapshot.every=auto: most training slowdown, in %
+    section.slots = 3  # snapshots each keeper holds (>= 3 so every worker shares a step)
+    section.parity = ''  # '' | 'xor': erasure-code snapshots across keepers
+    section.parity_group = 4  # keepers per parity group (one lost member recoverable)
+    return section
 
-    # The launcher (python -m mecefo_jax.launch): worker processes, failures, relaunches.
-    cfg.launch = ConfigDict()
-    cfg.launch.local_devices = 2  # CPU devices per worker on one machine (GPUs: what the host has)
-    cfg.launch.heartbeat_timeout_sec = 20.0  # a worker silent this long counts as failed
-    cfg.launch.stall_timeout_sec = 600.0  # no step completed anywhere this long (after a generation's first): restart it
-    cfg.launch.kill = ''  # injected failures 'STEP:WORKER[:SIGNAL[:keeper]],...' (SIGKILL default)
-    cfg.launch.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never
-    cfg.launch.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)
-    cfg.launch.max_relaunches = 8  # give up after this many relaunches
-    cfg.launch.compilation_cache = 'auto'  # workers' persistent XLA cache: 'auto' (workdir/launch/xla_cache), a path, or '' (off)
+
+def _launch_section() -> ConfigDict:
+    """The launcher (python -m mecefo_jax.launch): worker processes, failures, relaunches."""
+    section = ConfigDict()
+    section.local_devices = 2  # CPU devices per worker on one machine (GPUs: what the host has)
+    section.heartbeat_timeout_sec = 20.0  # a worker silent this long counts as failed
+    section.stall_timeout_sec = 600.0  # no step completed anywhere this long (after a generation's first): restart it
+    section.kill = ''  # injected failures 'STEP:WORKER[:SIGNAL[:keeper]],...' (SIGKILL default)
+    section.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never
+    section.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)
+    section.max_relaunches = 8  # give up after this many relaunches
+    section.compilation_cache = 'auto'  # workers' persistent XLA cache: 'auto' (workdir/launch/xla_cache), a path, or '' (off)
     # After the first step, compile (niced, off the training path) the programs
     # the survivors of every single-worker loss will need, into that cache.
-    cfg.launch.compile_ahead = True
+    section.compile_ahead = True
+    return section
+
+SECTIONS = {'model': _model_section, 'data': _data_section, 'mesh': _mesh_section,
+            'train': _train_section, 'mecefo': _mecefo_section, 'fault': _fault_section,
+            'snapshot': _snapshot_section, 'launch': _launch_section}
+
+
+def base_config() -> ConfigDict:
+    """Defaults shared by every config (the paper's optimizer settings): one section each."""
+    cfg = ConfigDict()
+    for name, section in SECTIONS.items():
+        cfg[name] = section()
     return cfg
 
 

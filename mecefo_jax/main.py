@@ -1,8 +1,9 @@
 """Entry point: `python -m mecefo_jax.main --config configs/tiny.py --workdir DIR`.
 
-Parses flags and calls `run`, the one way to train: it picks the controller
-(fault-free, the fault controller, or checkpoint/restart) from the config and
-hands the loop the caller's observers. Its flags are defined only when this
+Parses flags, resolves the config once (`mecefo_jax.settings`: every field
+typed and checked before anything starts) and calls `run`, the one way to
+train: it picks the controller (fault-free, the fault controller, or
+checkpoint/restart) from the config and hands the loop the caller's observers. Its flags are defined only when this
 module runs as a program, so experiments and the launcher's workers (which
 define their own `--config`) can import `run`.
 Multi-host: pass --coordinator, --num_processes and --process_id (or set them
@@ -27,14 +28,15 @@ def _define_flags():
 
 def main(argv):
     del argv
+    from mecefo_jax.settings import resolve_or_exit
     FLAGS = flags.FLAGS
-    cfg = FLAGS.config
+    cfg = resolve_or_exit(FLAGS.config)  # every field checked before anything starts
     # Orbax logs every save step at INFO; keep the console to progress and results.
     logging.set_verbosity(logging.WARNING)
     # Backends start lazily, so the fake-device count still applies here. It
     # only affects the CPU platform; GPUs are used as they are.
     from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(int(cfg.mesh.num_cpu_devices))
+    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
     import jax
     if FLAGS.coordinator or FLAGS.num_processes:
         jax.distributed.initialize(coordinator_address=FLAGS.coordinator,

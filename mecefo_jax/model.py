@@ -55,16 +55,8 @@ class ModelConfig:
 
     @classmethod
     def from_config(cls, cfg) -> 'ModelConfig':
-        """From the full ConfigDict (model section plus mecefo.remat_ffn)."""
-        m = cfg.model
-        model_cfg = cls(
-            vocab_size=int(m.vocab_size), d_model=int(m.d_model),
-            num_layers=int(m.num_layers), num_heads=int(m.num_heads),
-            num_kv_heads=int(m.num_kv_heads), ffn_hidden=int(m.ffn_hidden),
-            rope_theta=float(m.rope_theta), norm_eps=float(m.norm_eps),
-            dtype=str(m.dtype), remat_ffn=bool(cfg.mecefo.remat_ffn),
-            attention=str(m.attention), scan_layers=bool(m.scan_layers),
-            remat_policy=str(m.remat_policy), loss_chunk_tokens=int(m.loss_chunk_tokens))
+        """From the resolved Config: its model section plus mecefo.remat_ffn."""
+        model_cfg = cls(**dataclasses.asdict(cfg.model), remat_ffn=cfg.mecefo.remat_ffn)
         model_cfg.validate()
         return model_cfg
 

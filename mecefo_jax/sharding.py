@@ -10,6 +10,8 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from mecefo_jax.settings import MeshSection
+
 DATA_AXIS = 'data'
 MODEL_AXIS = 'model'
 
@@ -35,25 +37,37 @@ def simulate_cpu_devices(count: int) -> None:
         os.environ['XLA_FLAGS'] = f'{flags} {flag}'.strip()
 
 
-def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int]:
-    """Resolve (data, model) from config against the devices available."""
-    model = int(mesh_cfg.model)
+def mesh_shape(mesh_cfg: MeshSection, num_devices: int, *,
+               allow_subset: bool = False) -> tuple[int, int]:
+    """Resolve (data, model) from config against the devices available.
+
+    A mesh must use every device: `mesh.data=3` on 8 devices would train on
+    3 of them without a word. Only measurements of a smaller program (the
+    step benchmark's 1x1 mesh) pass `allow_subset`.
+    """
+    model = mesh_cfg.model
     if model < 1 or num_devices % model:
         raise ValueError(
             f'mesh.model={model} must be >= 1 and divide the {num_devices} '
             'available devices; set --config.mesh.model to a divisor.')
-    data = num_devices // model if int(mesh_cfg.data) == -1 else int(mesh_cfg.data)
+    data = num_devices // model if mesh_cfg.data == -1 else mesh_cfg.data
     if data < 1 or data * model > num_devices:
         raise ValueError(
             f'mesh.data={mesh_cfg.data} x mesh.model={model} needs more than the '
             f'{num_devices} available devices; lower --config.mesh.data or use -1.')
+    if data * model < num_devices and not allow_subset:
+        raise ValueError(
+            f'mesh.data={mesh_cfg.data} x mesh.model={model} uses {data * model} of the '
+            f'{num_devices} available devices; set --config.mesh.data=-1 (all of them) or '
+            f'{num_devices // model}, or simulate fewer CPU devices with '
+            f'--config.mesh.num_cpu_devices={data * model}.')
     return data, model
 
 
-def make_mesh(mesh_cfg, devices=None) -> Mesh:
+def make_mesh(mesh_cfg: MeshSection, devices=None, *, allow_subset: bool = False) -> Mesh:
     """The ("data", "model") mesh from config, over `devices` (default: all)."""
     devices = list(jax.devices() if devices is None else devices)
-    data, model = mesh_shape(mesh_cfg, len(devices))
+    data, model = mesh_shape(mesh_cfg, len(devices), allow_subset=allow_subset)
     return mesh_from_rows([devices[r * model:(r + 1) * model] for r in range(data)])
 
 

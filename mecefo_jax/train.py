@@ -21,11 +21,13 @@ import jax
 import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
+from mecefo_jax import config_record
 from mecefo_jax import optim, sharding
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import state as state_lib
 from mecefo_jax.layout import Layout, assemble, full_layout
-from mecefo_jax.metrics import MetricsWriter
+from mecefo_jax.checkpoint_damage import restore_newest_intact
+from mecefo_jax.metrics import MetricsWriter, read_metrics, resumed_row
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.observers import PlannedStep, StepDone
 from mecefo_jax.topology import Topology, TopologyCache
@@ -83,11 +85,11 @@ class Run:
 
     @property
     def shard_batch(self) -> int:
-        return int(self.cfg.data.global_batch_size) // self.num_shards
+        return self.cfg.data.global_batch_size // self.num_shards
 
     @property
     def tokens_per_step(self) -> int:
-        return int(self.cfg.data.global_batch_size) * int(self.cfg.data.seq_len)
+        return self.cfg.data.global_batch_size * self.cfg.data.seq_len
 
 
 def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
@@ -118,20 +120,19 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
                                                        cfg.mecefo.refresh_iters)
     base_shardings = state_lib.state_shardings(model, optimizer, mesh, rank)
     num_shards = len(replica_rows)
-    vocab = int(cfg.model.vocab_size)
+    vocab = cfg.model.vocab_size
     train_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
                                         split='train')
     val_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
                                       split='validation')
-    every = int(cfg.train.checkpoint_every if checkpoint_every is None else checkpoint_every)
+    every = cfg.train.checkpoint_every if checkpoint_every is None else checkpoint_every
     checkpointer = None
     if every > 0:
         checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                              save_every=every,
-                                             keep=int(cfg.train.keep_checkpoints))
-    if jax.process_index() == 0:
-        with open(os.path.join(workdir, 'config.json'), 'w') as f:
-            f.write(cfg.to_json_best_effort(indent=2))
+                                             keep=cfg.train.keep_checkpoints)
+    # config.json is written once the state is restored and checked
+    # (init_or_restore): a rejected resume must not overwrite the run's record.
     return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
                full_rows=replica_rows,
                topologies=TopologyCache(model, optimizer, base_shardings, rank,
@@ -141,36 +142,69 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
 
 
 def restore_onto(run: Run, checkpointer: ckpt_lib.Checkpointer, topology: Topology):
-    """The latest checkpoint's (state, data state), placed on `topology`'s mesh."""
-    return checkpointer.restore(ckpt_lib.abstract_like(run.abstract_state,
-                                                       topology.state_shardings))
+    """The newest intact checkpoint's (state, data state), placed on `topology`'s mesh.
+
+    A damaged newest step is moved aside with a warning and the one before it
+    restored; a config that does not fit the checkpoint is an error naming
+    the fields that differ from the run's config.json and the overrides that fit.
+    """
+    abstract = ckpt_lib.abstract_like(run.abstract_state, topology.state_shardings)
+    try:
+        state, data_state, _ = restore_newest_intact(checkpointer, abstract)
+    except ckpt_lib.CheckpointMismatchError as error:
+        raise config_record.explain_mismatch(error, run.workdir, run.cfg) from error
+    return state, data_state
+
+
+class WorkdirHoldsRunError(RuntimeError):
+    """A fresh start was asked of a workdir whose run has nothing left to resume from."""
 
 
 def init_or_restore(run: Run, restore=None):
     """The state to start from, placed on the mesh of the present replicas.
 
-    `restore(run, topology) -> (state, data_state, source)` (e.g. from the
-    in-memory snapshots of a launcher relaunch) wins; otherwise the latest
-    Orbax checkpoint and its data state; otherwise a fresh initialisation.
+    `restore(run, topology) -> (state, data_state, 'memory' | 'disk')` (a
+    launcher relaunch's keepers) wins; otherwise the newest intact Orbax
+    checkpoint and its data state; otherwise a fresh initialisation, unless
+    the workdir already holds a run (never a silent restart from step 0).
     """
     topo = run.topologies.get(run.present_rows)
     cfg = run.cfg
     restored = restore(run, topo) if restore is not None else None
     if restored is None and run.checkpointer is not None \
             and run.checkpointer.latest_step() is not None:
-        state, data_state = restore_onto(run, run.checkpointer, topo)
-        restored = state, data_state, run.checkpointer.directory
-    if restored is not None:
-        state, data_state, source = restored
-        run.train_data.set_state(data_state)
-        step = int(state.step)
+        restored = (*restore_onto(run, run.checkpointer, topo), 'disk')
+    if restored is None:
+        _refuse_fresh_start_over_a_run(run)
+        state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
+                                                seed=cfg.train.seed, rank=cfg.mecefo.rank)
+        _record_start(run, 0, None)
+        return state
+    state, data_state, source = restored
+    run.train_data.set_state(data_state)
+    _record_start(run, int(state.step), source)
+    return state
+
+
+def _refuse_fresh_start_over_a_run(run: Run) -> None:
+    path = run.metrics.path
+    if os.path.exists(path) and any('loss' in row for row in read_metrics(path)):
+        raise WorkdirHoldsRunError(
+            f'--workdir={run.workdir} holds a run (metrics.jsonl) but no checkpoint or snapshot '
+            'to resume it from. Pass a new --workdir for a new run, or delete that directory '
+            'to start over on purpose.')
+
+
+def _record_start(run: Run, step: int, source: str | None) -> None:
+    """Once the state is restored (or built) and checked: the config record, then the
+    metrics cut back to `step` (a curve never has two values for one step)."""
+    if jax.process_index() == 0:
+        config_record.write_config_record(run.workdir, run.cfg)
+        run.metrics.truncate_after(step)
+    if source is not None:
         if jax.process_index() == 0:
             print(f'resumed from step {step} ({source})', flush=True)
-        run.metrics.write({'event': 'resumed', 'step': step})
-        return state
-    state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
-                                            seed=int(cfg.train.seed), rank=cfg.mecefo.rank)
-    return state
+        run.metrics.write(resumed_row(step, source))
 
 
 class StaticController:
@@ -211,7 +245,7 @@ def evaluate(run: Run, topology: Topology, params) -> dict:
     run.val_data.set_state(run.val_start)  # same batches at every eval
     loss_sum = count = 0.0
     replicas = topology.num_replicas
-    for _ in range(int(run.cfg.train.eval_batches)):
+    for _ in range(run.cfg.train.eval_batches):
         tokens_nt = next(run.val_data).reshape(-1, run.val_data.seq_len + 1)
         pad = -len(tokens_nt) % replicas  # rows must split evenly over live replicas
         weights_n = np.concatenate([np.ones(len(tokens_nt)), np.zeros(pad)]).astype(np.float32)
@@ -262,7 +296,7 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
     run = run or build_run(cfg, workdir)
     state = init_or_restore(run, restore)
     controller = StaticController(run) if controller is None else controller
-    total = int(cfg.train.steps)
+    total = cfg.train.steps
     end = total if stop_at is None else min(total, int(stop_at))
     loop = _Loop(run, controller, tuple(observers), total, int(state.step))
     summary = {'start_step': loop.step}
@@ -290,7 +324,7 @@ class _Loop:
         self.total, self.step = total, step
         self.clock = step  # executed steps, redone ones included: the failure timeline
         cfg = run.cfg
-        self.log_every, self.every_eval = int(cfg.train.log_every), int(cfg.train.eval_every)
+        self.log_every, self.every_eval = cfg.train.log_every, cfg.train.eval_every
         self.bar = _progress(total, step)
         self.window_start, self.window_tokens = time.perf_counter(), 0
         self.in_flight: list[_InFlight] = []

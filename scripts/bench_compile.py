@@ -2,30 +2,38 @@
 
   python scripts/bench_compile.py --config configs/small.py --depths 2,24 --out /tmp/compile
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
-def main(argv=None):
-    from mecefo_jax import cli
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--config', required=True, help='Path to a configs/*.py file.')
-    parser.add_argument('--depths', default='2,24', help='Comma-separated layer counts.')
-    parser.add_argument('--out', default=None, help='Directory for bench_compile.json.')
-    args, cfg = cli.parse(parser, argv)
-    depths = [int(d) for d in args.depths.split(',')]
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
+                                          lock_config=True)
+_DEPTHS = flags.DEFINE_list('depths', ['2', '24'], 'Comma-separated layer counts.')
+_OUT = flags.DEFINE_string('out', None, 'Directory for bench_compile.json.')
+flags.mark_flags_as_required(['config'])
+
+
+def main(argv):
+    del argv
+    from mecefo_jax.settings import resolve_or_exit
+    cfg = resolve_or_exit(_CONFIG.value)
+    try:
+        depths = [int(d) for d in _DEPTHS.value]
+    except ValueError:
+        sys.exit(f'--depths={",".join(_DEPTHS.value)}: use comma-separated layer counts, '
+                 'e.g. --depths=2,24.')
     from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(int(cfg.mesh.num_cpu_devices))
+    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
     from mecefo_jax.experiments import compile_time as bench_compile
-    result = bench_compile.run(cfg, depths, args.out)
+    result = bench_compile.run(cfg, depths, _OUT.value)
     for row in result['rows']:
         print(f"scan_layers={row['scan_layers']!s:5} layers={row['num_layers']:3d} "
               f"compile {row['compile_sec']:7.2f} s  x{row['ratio_to_shallowest']:.2f}")
 
 
 if __name__ == '__main__':
-    main()
+    app.run(main)

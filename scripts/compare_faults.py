@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.')
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
+                                          lock_config=True)
 _REGIME = flags.DEFINE_enum('regime', 'high', ['low', 'mid', 'high', ''],
                             "Paper failure regime ('' uses --config.fault.events).")
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Failure traces (fault.seed values) to average over.',
@@ -29,11 +30,13 @@ flags.mark_flags_as_required(['config', 'out'])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    from mecefo_jax.settings import resolve_or_exit
+    cfg = resolve_or_exit(_CONFIG.value)
     from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(int(_CONFIG.value.mesh.num_cpu_devices))
+    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
     from mecefo_jax.experiments.compare import compare_seeds
-    base = int(_CONFIG.value.fault.seed)
-    report = compare_seeds(_CONFIG.value, _REGIME.value, _OUT.value,
+    base = cfg.fault.seed
+    report = compare_seeds(cfg, _REGIME.value, _OUT.value,
                            seeds=range(base, base + _SEEDS.value))
     print(open(f'{_OUT.value}/compare_faults.md').read())
     print(json.dumps({k: v['throughput_drop_pct'] and v['throughput_drop_pct']['mean']

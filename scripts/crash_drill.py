@@ -10,7 +10,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.')
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
+                                          lock_config=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory (crash_drill.json / .md).')
 _WORKERS = flags.DEFINE_integer('workers', 4, 'Worker processes of the memory and disk jobs.')
 _STEPS = flags.DEFINE_integer('steps', 40, 'Training steps of each job.')
@@ -23,19 +24,17 @@ flags.mark_flags_as_required(['config', 'out'])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    from mecefo_jax.settings import resolve_or_exit
     cfg = _CONFIG.value
-    cfg.train.steps = _STEPS.value
+    cfg.train.steps = _STEPS.value  # the drill's own flags set these two fields
     cfg.train.eval_every = 0
+    cfg = resolve_or_exit(cfg)  # overrides included: the launcher hands them to every worker
     # The simulated run and the overhead measurement run here, on the devices
     # all the workers together have.
     from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(_WORKERS.value * int(cfg.launch.local_devices))
+    simulate_cpu_devices(_WORKERS.value * cfg.launch.local_devices)
     from mecefo_jax.experiments.crash_drill import run_drill
-    path = config_flags.get_config_filename(flags.FLAGS['config'])
-    overrides = [a for a in sys.argv[1:] if a.startswith('--config.')]
-    if overrides:
-        raise SystemExit('crash_drill: pass the config file only; its overrides would not reach '
-                         f'the workers ({overrides}).')
+    path = config_flags.get_config_filename(flags.FLAGS['config'])  # recorded in the report
     run_drill(cfg, os.path.abspath(path), os.path.abspath(_OUT.value), workers=_WORKERS.value,
               kill_step=_KILL.value, return_after=_RETURN.value,
               checkpoint_every=_CKPT.value)

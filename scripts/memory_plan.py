@@ -5,45 +5,46 @@
 Compiles ahead of time on fake CPU devices with no parameters materialised.
 One replica's devices (mesh.model of them) would suffice to compile one
 device's program; two replicas are compiled (2 x mesh.model fake devices),
-which adds the real all-reduce (see mecefo_jax/experiments/memory_plan.py). Needs only jax, flax, optax and numpy.
+which adds the real all-reduce (see mecefo_jax/experiments/memory_plan.py).
+Override any config field with --config.SECTION.FIELD=VALUE.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog='Override any config field with --config.SECTION.FIELD=VALUE.')
-    parser.add_argument('--config', required=True, help='Path to a configs/*.py file.')
-    parser.add_argument('--num_devices', type=int, default=32,
-                        help='Devices of the planned cluster (mesh.data=-1 resolves against '
-                             'it); default 32 = 4 nodes x 8 GPUs, as in the paper.')
-    parser.add_argument('--limit_gb', type=float, default=70.0,
-                        help='Per-device budget the plan checks against (GB = 1e9 bytes).')
-    parser.add_argument('--failure_step', action='store_true',
-                        help='Also compile the lax.switch step devices run during a failure '
-                             '(one normal and one neighbour replica).')
-    parser.add_argument('--out', default=None, help='Directory for memory_plan.json.')
-    return parser
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
+                                          lock_config=True)
+_NUM_DEVICES = flags.DEFINE_integer(
+    'num_devices', 32, 'Devices of the planned cluster (mesh.data=-1 resolves against it); '
+    'default 32 = 4 nodes x 8 GPUs, as in the paper.', lower_bound=1)
+_LIMIT_GB = flags.DEFINE_float('limit_gb', 70.0, 'Per-device budget the plan checks against '
+                               '(GB = 1e9 bytes).')
+_FAILURE_STEP = flags.DEFINE_boolean(
+    'failure_step', False, 'Also compile the lax.switch step devices run during a failure '
+    '(one normal and one neighbour replica).')
+_OUT = flags.DEFINE_string('out', None, 'Directory for memory_plan.json.')
+flags.mark_flags_as_required(['config'])
 
 
-def main(argv=None):
-    from mecefo_jax import cli
-    args, cfg = cli.parse(build_parser(), argv)
-    if args.num_devices < 1:
-        raise SystemExit(f'--num_devices={args.num_devices} must be >= 1.')
+def main(argv):
+    del argv
+    from mecefo_jax.settings import resolve_or_exit
+    cfg = resolve_or_exit(_CONFIG.value)
     # Before jax starts: fake CPU devices for the replicas compiled.
     from mecefo_jax.sharding import mesh_shape, simulate_cpu_devices
-    _, width = mesh_shape(cfg.mesh, args.num_devices)
+    try:
+        _, width = mesh_shape(cfg.mesh, _NUM_DEVICES.value)
+    except ValueError as error:
+        sys.exit(f'memory_plan: {error}')
     from mecefo_jax.experiments import memory_plan
     simulate_cpu_devices(memory_plan.REPLICAS * width)
-    memory_plan.main(cfg, args.out, num_devices=args.num_devices, limit_gb=args.limit_gb,
-                     failure_step=args.failure_step)
+    memory_plan.main(cfg, _OUT.value, num_devices=_NUM_DEVICES.value, limit_gb=_LIMIT_GB.value,
+                     failure_step=_FAILURE_STEP.value)
 
 
 if __name__ == '__main__':
-    main()
+    app.run(main)

@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.')
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
+                                          lock_config=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory.')
 _SEEDS = flags.DEFINE_integer('seeds', 2, 'Seeds (initialisation + failure trace) per run.',
                               lower_bound=1)
@@ -35,11 +36,13 @@ flags.mark_flags_as_required(['config', 'out'])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    from mecefo_jax.settings import resolve_or_exit
+    cfg = resolve_or_exit(_CONFIG.value)
     from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(int(_CONFIG.value.mesh.num_cpu_devices))
+    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
     from mecefo_jax.experiments import quality
-    base = int(_CONFIG.value.fault.seed)
-    quality.reproduce_quality(_CONFIG.value, _OUT.value, seeds=range(base, base + _SEEDS.value),
+    base = cfg.fault.seed
+    quality.reproduce_quality(cfg, _OUT.value, seeds=range(base, base + _SEEDS.value),
                               runs=quality.parse_runs(_RUNS.value),
                               grad_error_every=_GRAD_EVERY.value, evals=_EVALS.value,
                               config_name=config_flags.get_config_filename(flags.FLAGS['config']))

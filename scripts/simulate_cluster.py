@@ -1,4 +1,4 @@
-"""Project the fault-tolerance strategies to a cluster: see mecefo_jax/experiments/cluster/sim.py.
+r"""Project the fault-tolerance strategies to a cluster: see mecefo_jax/experiments/cluster/sim.py.
 
   python scripts/simulate_cluster.py --out /tmp/simc
   python scripts/simulate_cluster.py --out DIR --cost bench --bench_json bench_step.json \
@@ -9,104 +9,107 @@ regime x strategy), simulate_cluster.md (the paper's Table-2 layout with the
 paper's figures beside ours, and the computed explanation) and
 simulate_cluster.png (drop % against cluster size). Pure numpy: no jax.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from absl import app, flags  # noqa: E402
+
 from mecefo_jax.experiments.cluster import sim as cluster_sim  # noqa: E402
 
 _DEFAULT = cluster_sim.SimConfig()
+RECOVERY_ENTRIES = ('in_process', 'memory', 'disk')
+RECOVERY_FIELDS = ('recovery_sec', 'restore_sec', 'lost_steps')
+
+flags.DEFINE_string('out', '', 'Output directory ("" prints only).')
+# Monte Carlo
+flags.DEFINE_integer('seeds', _DEFAULT.seeds, 'Traces per setting.')
+flags.DEFINE_float('hours', _DEFAULT.hours, 'Horizon of each trace.')
+flags.DEFINE_list('models', list(_DEFAULT.models), 'Paper model sizes.')
+flags.DEFINE_list('regimes', list(_DEFAULT.regimes),
+                  'none, low, mid, high, custom (with --mtbf_hours/--mttr_hours).')
+flags.DEFINE_list('readings', list(_DEFAULT.readings),
+                  'A: per cluster, one replica per failure; B: per node of 8.')
+flags.DEFINE_enum('assumption', 'both', ('both',) + cluster_sim.ASSUMPTIONS,
+                  'in_process: failures masked, no relaunch; real_crash: relaunch on every '
+                  'failure and return.')
+flags.DEFINE_list('strategies', list(_DEFAULT.strategies), 'Strategies to project.')
+flags.DEFINE_float('mtbf_hours', 0.0, "The 'custom' regime's MTBF.")
+flags.DEFINE_float('mttr_hours', 0.0, "The 'custom' regime's MTTR.")
+flags.DEFINE_enum('rate_scaling', _DEFAULT.rate_scaling, ('per_replica', 'cluster'),
+                  'Reading A away from 32 replicas: keep the per-replica rate or the '
+                  'cluster rate.')
+flags.DEFINE_integer('replicas', _DEFAULT.replicas, 'Table-2 cluster.')
+flags.DEFINE_integer('node_size', _DEFAULT.node_size, 'Devices per node (reading B).')
+flags.DEFINE_list('sizes', [str(s) for s in _DEFAULT.sizes],
+                  'Cluster sizes of the sweep ("" skips it).')
+flags.DEFINE_string('sweep_model', _DEFAULT.sweep_model, 'Model of the size sweep.')
+flags.DEFINE_string('sweep_regime', _DEFAULT.sweep_regime, 'Regime of the size sweep.')
+flags.DEFINE_integer('sweep_seeds', _DEFAULT.sweep_seeds,
+                     'Seeds per sweep size; 0: min(seeds, max(4, seeds * replicas / n)).')
+# Workload and costs
+flags.DEFINE_enum('cost', 'analytic', ('analytic', 'bench', 'roles'), 'Where step costs come from.')
+flags.DEFINE_string('bench_json', '', 'bench_step.json (for --cost bench).')
+flags.DEFINE_enum('bench_metric', 'step_ms', ('step_ms', 'flops'), 'Which bench figure to use.')
+flags.DEFINE_string('roles_json', '', 'compare_faults.json with role_seconds (for --cost roles).')
+flags.DEFINE_integer('global_batch', _DEFAULT.global_batch, 'Sequences per step.')
+flags.DEFINE_integer('seq_len', _DEFAULT.seq_len, 'Tokens per sequence.')
+flags.DEFINE_integer('rank', _DEFAULT.rank, 'MeCeFO low-rank r.')
+flags.DEFINE_boolean('recompute_ffn', _DEFAULT.recompute_ffn,
+                     'Neighbour re-runs the FFN forward (--norecompute_ffn: not).')
+flags.DEFINE_boolean('causal_scores', _DEFAULT.causal_scores,
+                     'Count only the causal half of QK^T/PV.')
+flags.DEFINE_float('mfu', _DEFAULT.mfu, 'Model-FLOPs utilisation assumed.')
+flags.DEFINE_float('peak_tflops', _DEFAULT.peak_tflops, 'A100 bf16 dense peak.')
+flags.DEFINE_integer('spread_k', _DEFAULT.spread_k, 'Neighbours of mecefo_spread.')
+flags.DEFINE_enum('granularity', _DEFAULT.granularity, ('sequence', 'continuous'),
+                  'How a failed shard is split over neighbours.')
+# Recovery
+flags.DEFINE_string('recovery_json', '', 'crash_drill.json (memory / disk).')
+flags.DEFINE_string('events_json', '', 'compare_faults.json: measured in-process overheads.')
+flags.DEFINE_integer('checkpoint_every', _DEFAULT.checkpoint_every,
+                     'checkpoint_restart: Orbax save period in steps.')
+for _entry in RECOVERY_ENTRIES:
+    for _field in RECOVERY_FIELDS:
+        flags.DEFINE_float(f'{_entry}_{_field}', None, f'Override the {_entry} {_field}.')
+FLAGS = flags.FLAGS
 
 
-def _list(kind=str):
-    return lambda text: tuple(kind(x.strip()) for x in text.split(',') if x.strip())
+def _ints(name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in FLAGS[name].value if x.strip())
+    except ValueError:
+        sys.exit(f'simulate_cluster: --{name}={",".join(FLAGS[name].value)}: use integers.')
 
 
-def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('--out', default='', help='Output directory ("" prints only).')
-    g = p.add_argument_group('Monte Carlo')
-    g.add_argument('--seeds', type=int, default=_DEFAULT.seeds, help='Traces per setting.')
-    g.add_argument('--hours', type=float, default=_DEFAULT.hours, help='Horizon of each trace.')
-    g.add_argument('--models', type=_list(), default=_DEFAULT.models)
-    g.add_argument('--regimes', type=_list(), default=_DEFAULT.regimes,
-                   help="none, low, mid, high, custom (with --mtbf_hours/--mttr_hours).")
-    g.add_argument('--readings', type=_list(), default=_DEFAULT.readings,
-                   help='A: per cluster, one replica per failure; B: per node of 8.')
-    g.add_argument('--assumption', choices=('both',) + cluster_sim.ASSUMPTIONS, default='both',
-                   help='in_process: failures masked, no relaunch; real_crash: relaunch on '
-                        'every failure and return.')
-    g.add_argument('--strategies', type=_list(), default=_DEFAULT.strategies)
-    g.add_argument('--mtbf_hours', type=float, default=0.0, help="The 'custom' regime's MTBF.")
-    g.add_argument('--mttr_hours', type=float, default=0.0, help="The 'custom' regime's MTTR.")
-    g.add_argument('--rate_scaling', choices=('per_replica', 'cluster'),
-                   default=_DEFAULT.rate_scaling,
-                   help='Reading A away from 32 replicas: keep the per-replica rate or the '
-                        'cluster rate.')
-    g.add_argument('--replicas', type=int, default=_DEFAULT.replicas, help='Table-2 cluster.')
-    g.add_argument('--node_size', type=int, default=_DEFAULT.node_size)
-    g.add_argument('--sizes', type=_list(int), default=_DEFAULT.sizes,
-                   help='Cluster sizes of the sweep ("" skips it).')
-    g.add_argument('--sweep_model', default=_DEFAULT.sweep_model)
-    g.add_argument('--sweep_regime', default=_DEFAULT.sweep_regime)
-    g.add_argument('--sweep_seeds', type=int, default=_DEFAULT.sweep_seeds,
-                   help='Seeds per sweep size; 0: min(seeds, max(4, seeds * replicas / n)).')
-    g = p.add_argument_group('workload and costs')
-    g.add_argument('--cost', choices=('analytic', 'bench', 'roles'), default='analytic')
-    g.add_argument('--bench_json', default='', help='bench_step.json (for --cost bench).')
-    g.add_argument('--bench_metric', choices=('step_ms', 'flops'), default='step_ms')
-    g.add_argument('--roles_json', default='',
-                   help='compare_faults.json with role_seconds (for --cost roles).')
-    g.add_argument('--global_batch', type=int, default=_DEFAULT.global_batch)
-    g.add_argument('--seq_len', type=int, default=_DEFAULT.seq_len)
-    g.add_argument('--rank', type=int, default=_DEFAULT.rank)
-    g.add_argument('--recompute_ffn', action=argparse.BooleanOptionalAction,
-                   default=_DEFAULT.recompute_ffn, help='Neighbour re-runs the FFN forward.')
-    g.add_argument('--causal_scores', action=argparse.BooleanOptionalAction,
-                   default=_DEFAULT.causal_scores, help='Count only the causal half of QK^T/PV.')
-    g.add_argument('--mfu', type=float, default=_DEFAULT.mfu)
-    g.add_argument('--peak_tflops', type=float, default=_DEFAULT.peak_tflops,
-                   help='A100 bf16 dense peak.')
-    g.add_argument('--spread_k', type=int, default=_DEFAULT.spread_k)
-    g.add_argument('--granularity', choices=('sequence', 'continuous'),
-                   default=_DEFAULT.granularity)
-    g = p.add_argument_group('recovery')
-    g.add_argument('--recovery_json', default='', help='crash_drill.json (memory / disk).')
-    g.add_argument('--events_json', default='',
-                   help='compare_faults.json: measured in-process overheads.')
-    g.add_argument('--checkpoint_every', type=int, default=_DEFAULT.checkpoint_every,
-                   help='checkpoint_restart: Orbax save period in steps.')
-    for entry in ('in_process', 'memory', 'disk'):
-        for field in ('recovery_sec', 'restore_sec', 'lost_steps'):
-            g.add_argument(f'--{entry}_{field}', type=float, default=None)
-    return p.parse_args(argv)
+def sim_config() -> cluster_sim.SimConfig:
+    """The SimConfig the flags describe."""
+    f = FLAGS
+    names = ('models', 'regimes', 'readings', 'strategies')
+    lists = {n: tuple(x.strip() for x in f[n].value if x.strip()) for n in names}
+    scalars = ('replicas', 'node_size', 'seeds', 'hours', 'sweep_model', 'sweep_regime',
+               'sweep_seeds', 'mtbf_hours', 'mttr_hours', 'rate_scaling', 'global_batch',
+               'seq_len', 'rank', 'spread_k', 'granularity', 'checkpoint_every',
+               'recompute_ffn', 'causal_scores', 'mfu', 'peak_tflops')
+    assumptions = (cluster_sim.ASSUMPTIONS if f.assumption == 'both' else (f.assumption,))
+    return cluster_sim.SimConfig(**lists, **{n: f[n].value for n in scalars},
+                                 assumptions=assumptions, sizes=_ints('sizes'))
 
 
-def main(argv=None):
-    a = parse(argv)
-    config = cluster_sim.SimConfig(
-        models=a.models, regimes=a.regimes, readings=a.readings,
-        assumptions=cluster_sim.ASSUMPTIONS if a.assumption == 'both' else (a.assumption,),
-        strategies=a.strategies, replicas=a.replicas, node_size=a.node_size, seeds=a.seeds,
-        hours=a.hours, sizes=a.sizes, sweep_model=a.sweep_model, sweep_regime=a.sweep_regime,
-        sweep_seeds=a.sweep_seeds, mtbf_hours=a.mtbf_hours, mttr_hours=a.mttr_hours,
-        rate_scaling=a.rate_scaling, global_batch=a.global_batch, seq_len=a.seq_len,
-        rank=a.rank, spread_k=a.spread_k, granularity=a.granularity,
-        checkpoint_every=a.checkpoint_every, recompute_ffn=a.recompute_ffn,
-        causal_scores=a.causal_scores, mfu=a.mfu, peak_tflops=a.peak_tflops)
+def main(argv):
+    del argv
+    config = sim_config()
     overrides = {}
-    for entry in ('in_process', 'memory', 'disk'):
-        for field in ('recovery_sec', 'restore_sec', 'lost_steps'):
-            value = getattr(a, f'{entry}_{field}')
+    for entry in RECOVERY_ENTRIES:
+        for field in RECOVERY_FIELDS:
+            value = FLAGS[f'{entry}_{field}'].value
             if value is not None:
                 overrides.setdefault(entry, {})[field] = value
     try:
-        cluster_sim.run(config, out_dir=a.out, cost=a.cost, bench_json=a.bench_json,
-                        roles_json=a.roles_json, bench_metric=a.bench_metric,
-                        recovery_json=a.recovery_json, events_json=a.events_json,
+        cluster_sim.run(config, out_dir=FLAGS.out, cost=FLAGS.cost, bench_json=FLAGS.bench_json,
+                        roles_json=FLAGS.roles_json, bench_metric=FLAGS.bench_metric,
+                        recovery_json=FLAGS.recovery_json, events_json=FLAGS.events_json,
                         recovery_overrides=overrides,
                         log=lambda msg: print(msg, flush=True))
     except ValueError as err:
@@ -114,4 +117,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    app.run(main)

@@ -3,10 +3,11 @@ import json
 
 from configs.tiny import get_config
 from mecefo_jax.experiments import compile_time as bench_compile
+from mecefo_jax.settings import resolve
 
 
 def test_compiles_the_failure_step_scanned_and_looped_and_writes_json(tmp_path):
-    result = bench_compile.run(get_config(), [1], str(tmp_path), log=lambda _: None)
+    result = bench_compile.run(resolve(get_config()), [1], str(tmp_path), log=lambda _: None)
     with open(tmp_path / 'bench_compile.json') as f:
         assert json.load(f) == json.loads(json.dumps(result))
     assert [(r['scan_layers'], r['num_layers']) for r in result['rows']] == [(True, 1), (False, 1)]

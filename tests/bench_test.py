@@ -23,6 +23,7 @@ from mecefo_jax.experiments import step_cost as bench
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.optim import make_optimizer
 from mecefo_jax.state import create_train_state
+from mecefo_jax.settings import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 2  # sequences per shard
@@ -31,7 +32,7 @@ BATCH = 2  # sequences per shard
 # `plain_dp` programs instead of compiling 8-device ones.
 OVERRIDES = {'model.num_layers': '1', 'model.ffn_hidden': '32', 'mecefo.rank': '1.0',
              'mesh.data': '1'}
-BLOCKED = ('ml_collections', 'grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib',
+BLOCKED = ('grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib',
            'sentencepiece', 'tqdm')
 # Installed first in the subprocess: any import of a blocked package (or of
 # a submodule) raises ImportError, as if the package were not installed.
@@ -56,7 +57,7 @@ def tiny_config():
     cfg.model.ffn_hidden = cfg.model.d_model
     cfg.mecefo.rank = 1.0  # full rank: r = min(n, m) = 32
     cfg.mesh.data = 1
-    return cfg
+    return resolve(cfg)
 
 
 def _subprocess_env():
@@ -302,6 +303,7 @@ def test_unrolled_flop_count_sees_every_block_and_chunk():
     cfg.mesh.data = 1
     chunks = 4
     cfg.model.loss_chunk_tokens = BATCH * cfg.data.seq_len // chunks
+    cfg = resolve(cfg)
     base = ModelConfig.from_config(cfg)
     scanned = bench.normal_step_flops(
         Llama(dataclasses.replace(base, unroll_loops=True)), cfg, BATCH)

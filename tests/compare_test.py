@@ -8,6 +8,7 @@ from configs.tiny import get_config
 from mecefo_jax.experiments import compare
 from mecefo_jax.experiments.role_timer import layout_keys
 from mecefo_jax.faults.strategies import layout_for
+from mecefo_jax.settings import resolve
 
 STEPS = 6
 
@@ -18,6 +19,7 @@ def report(tmp_path_factory):
     cfg.data.cache_dir = str(tmp_path_factory.mktemp('tokenizer_cache'))
     cfg.train.steps = STEPS
     cfg.fault.events = '2:3:2'  # replica 3 down for steps 2 and 3
+    cfg = resolve(cfg)
     out = str(tmp_path_factory.mktemp('compare'))
     # One seed through compare_seeds: the per-seed report and the aggregate both get written.
     aggregate = compare.compare_seeds(cfg, '', out, seeds=[0], runs=('fault_free', 'mecefo'),

@@ -31,6 +31,7 @@ from mecefo_jax.experiments.observers import GradientError
 from mecefo_jax.metrics import read_metrics
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.observers import Observer, TokenCount
+from mecefo_jax.settings import resolve
 
 N = 8  # replicas (fake devices, mesh.model = 1)
 STEPS = 10
@@ -60,7 +61,12 @@ def config(cache_dir, **fault):
     cfg.train.log_every = 1
     for key, value in fault.items():
         cfg.fault[key] = value
-    return cfg
+    return resolve(cfg)
+
+
+def unchecked(cfg, **fault):
+    """`cfg` with fault fields set past resolve's checks, to reach the controller's own."""
+    return dataclasses.replace(cfg, fault=dataclasses.replace(cfg.fault, **fault))
 
 
 @pytest.fixture(scope='module')
@@ -200,8 +206,8 @@ MECEFO_MASKS = {2: mask(3), 3: mask(3), 4: mask(3, 4), 5: mask(3, 4), 6: mask(3)
 
 @pytest.fixture(scope='module')
 def mecefo_run(cache_dir, topologies, tmp_path_factory):
-    cfg = config(cache_dir, strategy='mecefo', events=MECEFO_EVENTS)
-    cfg.mecefo.tau = MECEFO_TAU
+    cfg = config(cache_dir, strategy='mecefo', events=MECEFO_EVENTS).updated(
+        {'mecefo.tau': MECEFO_TAU})
     watch = [(mask(3), (7, 2, B)), (mask(3, 4), (6, 2, B))]
     # A heavy observer too: it reads the state and computes gradients before
     # steps, which must not change what is trained (test_observers_...).
@@ -515,7 +521,8 @@ def plain_run(cache_dir, topologies, tmp_path_factory):
     ('2:3:4,4:3:2', r'replica 3 fails again at step 4'),
 ])
 def test_bad_schedules_give_clear_errors(events, message, cache_dir, plain_run):
-    cfg = config(cache_dir, events=events)
+    # Unchecked on purpose: resolve refuses malformed events earlier (config_test).
+    cfg = unchecked(config(cache_dir), events=events)
     with pytest.raises(ValueError, match=message):
         schedule_lib.events_from_config(cfg.fault, num_replicas=N, total_steps=STEPS)
     run, workdir = plain_run
@@ -525,7 +532,7 @@ def test_bad_schedules_give_clear_errors(events, message, cache_dir, plain_run):
 
 def test_unknown_strategy_is_named(cache_dir, plain_run):
     run, workdir = plain_run
-    cfg = config(cache_dir, strategy='bamboo', events='2:3:1')
+    cfg = unchecked(config(cache_dir), strategy='bamboo', events='2:3:1')
     with pytest.raises(ValueError, match=r"fault\.strategy='bamboo' is unknown"):
         main.run(cfg, workdir, run=run)
 

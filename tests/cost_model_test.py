@@ -9,6 +9,7 @@ from mecefo_jax.experiments.role_timer import RoleTimer, layout_keys
 from mecefo_jax.faults.strategies import layout_for
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program
 from mecefo_jax.model import Llama, ModelConfig
+from mecefo_jax.settings import resolve
 
 N, B = 8, 2
 
@@ -49,7 +50,7 @@ def test_a_step_lasts_as_long_as_its_slowest_device():
 
 
 def test_measure_times_every_program_alone_on_one_device():
-    cfg = tiny.get_config()
+    cfg = resolve(tiny.get_config())
     model = Llama(dataclasses.replace(ModelConfig.from_config(cfg), num_layers=1))
     timer = RoleTimer(model, optim.make_optimizer(cfg.train), seq_len=16,
                       vocab_size=int(cfg.model.vocab_size), rank=8, warmup=1, iters=3,

@@ -4,16 +4,18 @@ Sample provenance (`DataPipeline.next_with_provenance`) lets these tests check
 sharding and resumption token by token instead of by comparing content only.
 """
 
+import dataclasses
 import json
 import subprocess
 import sys
 
-import ml_collections
 import numpy as np
 import pytest
 
+from mecefo_jax.config import base_config
 from mecefo_jax.data import pipeline as data
 from mecefo_jax.data import sources as data_sources
+from mecefo_jax.settings import resolve
 
 VOCAB_SIZE = 512
 SEQ_LEN = 16
@@ -22,21 +24,11 @@ NUM_SHARDS = 4
 
 
 def data_cfg_for(cache_dir, **overrides):
-    cfg = ml_collections.ConfigDict({
-        "source": "embedded",
-        "tfds_name": "c4/en",
-        "data_dir": "",
-        "tfds_text_key": "text",
-        "text_files": "",
-        "tokenizer_path": "",
-        "cache_dir": str(cache_dir),
-        "seq_len": SEQ_LEN,
-        "global_batch_size": GLOBAL_BATCH,
-        "seed": 7,
-        "val_fraction": 0.05,
-    })
-    cfg.update(overrides)
-    return cfg
+    """The base data section with these fields (unchecked: the module's own errors show)."""
+    fields = dict(cache_dir=str(cache_dir), seq_len=SEQ_LEN, global_batch_size=GLOBAL_BATCH,
+                  seed=7)
+    fields.update(overrides)
+    return dataclasses.replace(resolve(base_config()).data, **fields)
 
 
 @pytest.fixture(scope="module")
@@ -330,9 +322,11 @@ def test_tfds_source_trains_its_own_tokenizer(tiny_tfds_dir, tmp_path):
 def test_non_tfds_sources_do_not_import_tensorflow_datasets():
     """GPU benchmark machines lack tensorflow_datasets; only source='tfds' may need it."""
     probe = (
-        "import sys, ml_collections\n"
+        "import sys\n"
+        "from mecefo_jax.config import base_config\n"
         "from mecefo_jax.data import pipeline, sources as data_sources, tokenizer\n"
-        "data_sources.load_documents(ml_collections.ConfigDict({'source': 'embedded'}), 'train')\n"
+        "from mecefo_jax.settings import resolve\n"
+        "data_sources.load_documents(resolve(base_config()).data, 'train')\n"
         "assert 'tensorflow_datasets' not in sys.modules, 'tensorflow_datasets was imported'\n"
     )
     subprocess.run([sys.executable, "-c", probe], check=True)

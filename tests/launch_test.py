@@ -23,6 +23,7 @@ import pytest
 from configs.tiny import get_config
 from mecefo_jax import main
 from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.settings import resolve
 
 pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
 
@@ -54,13 +55,11 @@ def config(values):
     for key, value in values.items():
         section, field = key.split('.')
         cfg[section][field] = value
-    return cfg
+    return resolve(cfg)
 
 
 def launch(values, workdir):
-    args = ['--config=' + os.path.join(REPO, 'configs', 'tiny.py')] + [
-        f'--config.{k}={v}' for k, v in values.items()]
-    return Launcher(config(values), args, workdir, WORKERS, log=lambda _: None).run()
+    return Launcher(config(values), workdir, WORKERS, log=lambda _: None).run()
 
 
 def read(workdir, name):
@@ -147,9 +146,13 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
     summary, workdir = crashed
     start = summary['recoveries'][0]['resume_step']
     values = overrides(caches)
-    cfg = config(values)
-    cfg.fault.events = f'{start}:2:2,{start}:3:2'  # worker 1's replicas, down for 2 steps
-    simulated = main.run(cfg, str(tmp_path))['state'].params
+    # Worker 1's replicas, down for 2 steps.
+    cfg = config(values).updated({'fault.events': f'{start}:2:2,{start}:3:2'})
+    # The job's 4 replicas on 4 of this process's 8 devices, chosen explicitly:
+    # a config's mesh alone must use every device.
+    from mecefo_jax.train import build_run
+    run = build_run(cfg, str(tmp_path), replica_rows=[(d,) for d in jax.devices()[:4]])
+    simulated = main.run(cfg, str(tmp_path), run=run)['state'].params
     real = np.load(os.path.join(workdir, 'launch', 'final_params.npz'))
     for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(simulated)):
         name = jax.tree_util.keystr(path)

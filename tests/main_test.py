@@ -1,13 +1,23 @@
 """The entry point's dispatch: which controller a config selects, and its errors."""
+import dataclasses
+
 import pytest
 
 from configs.tiny import get_config
 from mecefo_jax import main
+from mecefo_jax.settings import ConfigError, resolve
 
 
 @pytest.mark.parametrize('field', ['mttr_hours', 'mtbf_hours'])
 def test_half_a_custom_failure_process_is_an_error_not_a_silent_fault_free_run(field, tmp_path):
     cfg = get_config()
     cfg.fault[field] = 2.0  # the other one left at 0: almost surely a typo
+    # Refused when the config is resolved, before main.run could start anything.
+    with pytest.raises(ConfigError, match=r'fault\.mttr_hours=.*fault\.mtbf_hours='):
+        resolve(cfg)
+    # And if it got that far, the schedule still refuses it.
+    unchecked = resolve(get_config())
+    unchecked = dataclasses.replace(
+        unchecked, fault=dataclasses.replace(unchecked.fault, **{field: 2.0}))
     with pytest.raises(ValueError, match='fault.mtbf_hours and fault.mttr_hours'):
-        main.run(cfg, str(tmp_path))
+        main.run(unchecked, str(tmp_path))

@@ -6,7 +6,8 @@ are the bench's `normal` and `mecefo` programs and compile once.
 """
 import json
 import os
-import runpy
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from configs import tiny
 from mecefo_jax import sharding
 from mecefo_jax.experiments import memory_plan
+from mecefo_jax.settings import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ('--config.model.num_layers=1', '--config.model.ffn_hidden=32',
@@ -26,12 +28,21 @@ NUM_DEVICES = 8  # tiny's global batch 16 -> 2 sequences per replica
 
 @pytest.fixture(scope='module')
 def plan(tmp_path_factory):
-    """scripts/memory_plan.py run in this process (its programs hit the session cache)."""
+    """scripts/memory_plan.py in a subprocess, as a user runs it (absl flags, config overrides)."""
     out = tmp_path_factory.mktemp('plan')
-    script = runpy.run_path(os.path.join(ROOT, 'scripts', 'memory_plan.py'),
-                            run_name='memory_plan_script')
-    script['main'](['--config', os.path.join(ROOT, 'configs', 'tiny.py'),
-                    '--num_devices', str(NUM_DEVICES), '--out', str(out), *OVERRIDES])
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get('PYTHONPATH')]))
+    env = dict(os.environ, PYTHONPATH=path)
+    cache = jax.config.jax_compilation_cache_dir
+    if cache:  # this session's compilation cache: programs compiled here are reused
+        env.update(JAX_COMPILATION_CACHE_DIR=cache,
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'scripts', 'memory_plan.py'),
+         '--config', os.path.join(ROOT, 'configs', 'tiny.py'), '--num_devices', str(NUM_DEVICES),
+         '--out', str(out), *OVERRIDES], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / memory_plan.OUTPUT_FILE) as f:
         return json.load(f)
 
@@ -41,7 +52,7 @@ def _num_params() -> int:
     from mecefo_jax.model import Llama, ModelConfig, init_params
     cfg = tiny.get_config()
     cfg.model.num_layers, cfg.model.ffn_hidden = 1, 32
-    model = Llama(ModelConfig.from_config(cfg))
+    model = Llama(ModelConfig.from_config(resolve(cfg)))
     boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(flax.linen.unbox(boxed)))
 
@@ -96,7 +107,7 @@ def test_plan_rejects_a_batch_the_replicas_cannot_split():
     cfg = tiny.get_config()
     cfg.data.global_batch_size = 12
     with pytest.raises(ValueError, match='data.global_batch_size=12'):
-        memory_plan.resolve(cfg, 8)
+        memory_plan.resolve(resolve(cfg), 8)
 
 
 def test_plan_names_the_device_flag_when_devices_are_missing():
@@ -104,4 +115,4 @@ def test_plan_names_the_device_flag_when_devices_are_missing():
     cfg.mesh.model = 16
     cfg.data.global_batch_size = 2
     with pytest.raises(ValueError, match='xla_force_host_platform_device_count=32'):
-        memory_plan.plan(cfg, num_devices=32, log=lambda _: None)
+        memory_plan.plan(resolve(cfg), num_devices=32, log=lambda _: None)

@@ -26,6 +26,7 @@ from configs import tiny
 from mecefo_jax import sharding
 from mecefo_jax.model import Block, Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
+from mecefo_jax.settings import resolve
 from layer_trees import stack_layers
 from tree_asserts import assert_tree_close
 
@@ -47,7 +48,7 @@ def _jit(fn, **kwargs):
 
 
 def _model_cfg(**overrides) -> ModelConfig:
-    cfg = dataclasses.replace(ModelConfig.from_config(tiny.get_config()), **overrides)
+    cfg = dataclasses.replace(ModelConfig.from_config(resolve(tiny.get_config())), **overrides)
     assert cfg.dtype == 'float32'
     return cfg
 

@@ -61,6 +61,7 @@ def main():
     from configs.tiny import get_config
     from mecefo_jax import main as main_lib
     from mecefo_jax import train as train_lib
+    from mecefo_jax.settings import resolve
     from mecefo_jax.data import tokenizer as tokenizer_lib
     from mecefo_jax.observers import Observer
 
@@ -72,15 +73,14 @@ def main():
         return real_train(texts, vocab_size)
     tokenizer_lib.train_sentencepiece = counting_train
 
-    cfg = get_config()
-    cfg.data.cache_dir = args.cache_dir
+    cfg = resolve(get_config()).updated({'data.cache_dir': args.cache_dir})
     if args.tokenizer_paths:
         outcomes = []
         for path in args.tokenizer_paths.split(','):
-            cfg.data.tokenizer_path = path
+            cfg = cfg.updated({'data.tokenizer_path': path})
             try:
                 tokenizer = tokenizer_lib.load_or_train_tokenizer(
-                    cfg.data, int(cfg.model.vocab_size), lambda: [])
+                    cfg.data, cfg.model.vocab_size, lambda: [])
                 outcomes.append({'sha256': tokenizer.model_sha256})
             except (OSError, ValueError, RuntimeError) as error:
                 outcomes.append({'error': f'{type(error).__name__}: {error}'})
@@ -88,12 +88,9 @@ def main():
             json.dump({'tokenizer_paths': outcomes}, f)
         jax.distributed.shutdown()
         return
-    cfg.train.steps = args.steps
-    cfg.train.eval_every = 0
-    cfg.train.checkpoint_every = 0
-    cfg.train.log_every = 1
-    cfg.fault.strategy = args.strategy
-    cfg.fault.events = args.events
+    cfg = cfg.updated({'train.steps': args.steps, 'train.eval_every': 0,
+                       'train.checkpoint_every': 0, 'train.log_every': 1,
+                       'fault.strategy': args.strategy, 'fault.events': args.events})
 
     captured = {}
 

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
+from mecefo_jax.settings import resolve
 
 pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
 
@@ -85,9 +86,9 @@ def small_models():
     """
     from mecefo_jax.data import sources as data_sources
     from mecefo_jax.data import tokenizer as tokenizer_lib
-    cfg = get_config()
+    cfg = resolve(get_config())
     documents = data_sources.load_documents(cfg.data, 'train')
-    vocab_size = int(cfg.model.vocab_size)
+    vocab_size = cfg.model.vocab_size
     return [tokenizer_lib.train_sentencepiece(documents[i:i + 40], vocab_size) for i in (0, 40)]
 
 
@@ -97,9 +98,8 @@ def two_process_run(tmp_path_factory, small_models):
     out_dir = tmp_path_factory.mktemp('multihost')
     # Process 1's cache already holds another model for this corpus: a stale
     # cache, or a training run whose thread schedule differed.
-    cfg = get_config()
-    cfg.data.cache_dir = str(out_dir / 'cache1')
-    stale_path = tokenizer_lib.cached_model_path(cfg.data, int(cfg.model.vocab_size))
+    cfg = resolve(get_config()).updated({'data.cache_dir': str(out_dir / 'cache1')})
+    stale_path = tokenizer_lib.cached_model_path(cfg.data, cfg.model.vocab_size)
     os.makedirs(os.path.dirname(stale_path))
     with open(stale_path, 'wb') as f:
         f.write(small_models[0])

@@ -15,11 +15,12 @@ import os
 import subprocess
 import sys
 
-import ml_collections
 import pytest
 
+from configs.tiny import get_config
 from mecefo_jax.experiments import quality
 from mecefo_jax.faults import schedule as schedule_lib
+from mecefo_jax.settings import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, STEP_TIME, SEED, EVERY = 4, 900.0, 8, 2
@@ -46,8 +47,8 @@ def report(tmp_path_factory):
 
 
 def _high_schedule():
-    fault = ml_collections.ConfigDict(dict(regime='high', step_time_sec=STEP_TIME, seed=SEED,
-                                           events='', max_concurrent=0))
+    fault = resolve(get_config()).updated({
+        'fault.regime': 'high', 'fault.step_time_sec': STEP_TIME, 'fault.seed': SEED}).fault
     events = schedule_lib.events_from_config(fault, num_replicas=8, total_steps=STEPS)
     sched = schedule_lib.FailureSchedule(events, 8)
     degraded = sum(not all(sched.live_mask(step)) for step in range(STEPS))
@@ -132,7 +133,7 @@ def _row(run, seed, ppl, **extra):
 
 
 def test_summary_pairs_each_run_with_the_fault_free_run_of_its_seed():
-    cfg = ml_collections.ConfigDict({'train': {'steps': 300}, 'fault': {'step_time_sec': 60.0}})
+    cfg = resolve(get_config()).updated({'train.steps': 300, 'fault.step_time_sec': 60.0})
     err = {'attention': 1.0, 'ffn': 0.5, 'other': 0.1, 'total_non_attention': 0.3}
     rows = [_row('fault_free', 0, 20.0), _row('fault_free', 1, 25.0),
             _row('mecefo_high', 0, 20.2, grad_error_samples=[dict(err, step=3)]),
@@ -155,8 +156,8 @@ def test_summary_pairs_each_run_with_the_fault_free_run_of_its_seed():
 def test_expected_arrivals_follow_the_regime_reading():
     """fault.regime_replicas=32 on 8 replicas: each replica fails as often as on
     32, so the cluster MTBF is 4x the regime's and a quarter of the arrivals."""
-    cfg = ml_collections.ConfigDict({'train': {'steps': 300},
-                                     'fault': {'step_time_sec': 60.0, 'regime_replicas': 32}})
+    cfg = resolve(get_config()).updated({'train.steps': 300, 'fault.step_time_sec': 60.0,
+                                         'fault.regime_replicas': 32})
     report = quality.summarise([_row('mecefo_high', 0, 20.0, replicas=8)], cfg=cfg, seeds=[0],
                                grad_error_every=10, config_name='x')
     assert report['mtbf_scale'] == 4.0
@@ -165,7 +166,7 @@ def test_expected_arrivals_follow_the_regime_reading():
 
 
 def test_summary_without_fault_free_leaves_the_target_unevaluated():
-    cfg = ml_collections.ConfigDict({'train': {'steps': 10}, 'fault': {'step_time_sec': 60.0}})
+    cfg = resolve(get_config()).updated({'train.steps': 10, 'fault.step_time_sec': 60.0})
     report = quality.summarise([_row('mecefo_high', 0, 20.0)], cfg=cfg, seeds=[0],
                                grad_error_every=10, config_name='x')
     assert report['runs']['mecefo_high']['ppl_vs_fault_free_pct'] is None

@@ -20,6 +20,7 @@ from mecefo_jax.layout import (ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Progr
                                full_layout)
 from mecefo_jax.model import Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
+from mecefo_jax.settings import resolve
 from tree_asserts import assert_tree_close
 
 N_SHARDS, SHARD_BATCH, T = 8, 2, 9  # 8 batch shards of 2 sequences, 8 predicted tokens each
@@ -40,7 +41,7 @@ def _jit(fn, **kwargs):
 
 # One block is enough here: how the step routes and combines gradients does
 # not depend on depth (model_test.py checks neighbour mode through 2 blocks).
-CFG = dataclasses.replace(ModelConfig.from_config(tiny.get_config()), num_layers=1)
+CFG = dataclasses.replace(ModelConfig.from_config(resolve(tiny.get_config())), num_layers=1)
 MODEL = Llama(CFG)
 
 
@@ -292,8 +293,8 @@ def test_no_attention_gradient_leaves_attention_and_its_adam_state_untouched(set
     from configs import tiny as tiny_cfg
     from mecefo_jax import optim
     _, params, projections, tokens_nbt = setup
-    train_cfg = tiny_cfg.get_config().train
-    train_cfg.warmup_fraction = 0.0  # a non-zero learning rate from the first step
+    # A non-zero learning rate from the first step.
+    train_cfg = resolve(tiny_cfg.get_config()).updated({'train.warmup_fraction': 0.0}).train
     optimizer = optim.make_optimizer(train_cfg)
     by_id = {d.id: d for d in jax.devices()}
     both = sharding.mesh_from_rows([[by_id[0]], [by_id[1]]])

@@ -1,26 +1,22 @@
 """Tests for mecefo_jax.data.tokenizer: training, exact round trips, caching, errors."""
 
+import dataclasses
 import os
 
-import ml_collections
 import pytest
 
+from mecefo_jax.config import base_config
 from mecefo_jax.data import sources as data_sources
 from mecefo_jax.data import tokenizer as tokenizer_lib
+from mecefo_jax.settings import resolve
 
 VOCAB_SIZE = 512
 
 
 def text_data_cfg(cache_dir, text_files, **overrides):
-    cfg = ml_collections.ConfigDict({
-        "source": "text",
-        "text_files": str(text_files),
-        "tokenizer_path": "",
-        "cache_dir": str(cache_dir),
-        "val_fraction": 0.05,
-    })
-    cfg.update(overrides)
-    return cfg
+    fields = dict(source="text", text_files=str(text_files), cache_dir=str(cache_dir))
+    fields.update(overrides)
+    return dataclasses.replace(resolve(base_config()).data, **fields)
 
 
 class TrainTextsSpy:
@@ -38,7 +34,7 @@ class TrainTextsSpy:
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory):
     """~100 KB of real English (part of the embedded corpus): trains in about a second."""
-    embedded = data_sources.load_documents(ml_collections.ConfigDict({"source": "embedded"}), "train")
+    embedded = data_sources.load_documents(resolve(base_config()).data, "train")
     path = tmp_path_factory.mktemp("corpus") / "docs.txt"
     path.write_text("\n\n".join(embedded[:60]), encoding="utf-8")
     return path

@@ -9,6 +9,7 @@ from configs.tiny import get_config
 from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax.metrics import read_metrics
+from mecefo_jax.settings import resolve
 
 STEPS = 12
 
@@ -27,7 +28,7 @@ def tiny(cache_dir, **train):
     cfg.train.checkpoint_every = 0
     for key, value in train.items():
         cfg.train[key] = value
-    return cfg
+    return resolve(cfg)
 
 
 def params_of(summary):

@@ -35,6 +35,7 @@ import numpy as np
 
 from mecefo_jax.data import sources as data_sources
 from mecefo_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
+from mecefo_jax.settings import DataSection
 
 # Validation batches use a fixed shuffle seed so that eval numbers are computed
 # on the same batches whatever data.seed a training run uses.
@@ -118,7 +119,7 @@ class DataPipeline:
 
 
 def make_pipeline(
-    data_cfg: Any, *, vocab_size: int, num_shards: int, split: str = "train"
+    data_cfg: DataSection, *, vocab_size: int, num_shards: int, split: str = "train"
 ) -> DataPipeline:
     """Builds the pipeline for `split`; trains/caches the tokenizer on first use."""
     seq_len, global_batch_size = _checked_batch_shape(data_cfg, num_shards)
@@ -155,11 +156,8 @@ def make_pipeline(
 # Config checks.
 
 
-def _checked_batch_shape(data_cfg: Any, num_shards: int) -> tuple[int, int]:
-    seq_len = int(data_cfg.seq_len)
-    global_batch_size = int(data_cfg.global_batch_size)
-    if seq_len < 1:
-        raise ValueError(f"data.seq_len must be >= 1, got {seq_len}.")
+def _checked_batch_shape(data_cfg: DataSection, num_shards: int) -> tuple[int, int]:
+    seq_len, global_batch_size = data_cfg.seq_len, data_cfg.global_batch_size
     if num_shards < 1:
         raise ValueError(f"num_shards (mesh.data) must be >= 1, got {num_shards}.")
     if global_batch_size < 1 or global_batch_size % num_shards:
@@ -193,18 +191,18 @@ def _check_split_fills_one_batch(
     )
 
 
-def _shuffle_seed(data_cfg: Any, split: str) -> int:
+def _shuffle_seed(data_cfg: DataSection, split: str) -> int:
     if split != "train":
         return _VALIDATION_SHUFFLE_SEED
     # Grain shuffles need a seed in [0, 2**32).
-    return int(data_sources.config_value(data_cfg, "seed", 0)) % 2**32
+    return data_cfg.seed % 2**32
 
 
 def _pipeline_fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps([str(p) for p in parts]).encode("utf-8")).hexdigest()
 
 
-def _tokenizer_training_texts(data_cfg: Any) -> Iterable[str]:
+def _tokenizer_training_texts(data_cfg: DataSection) -> Iterable[str]:
     """An evenly spaced sample of training documents (all of them if few)."""
     train_documents = data_sources.load_documents(data_cfg, "train")
     stride = max(1, len(train_documents) // _TOKENIZER_SAMPLE_DOCUMENTS)

@@ -48,9 +48,9 @@ import tokenize
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from mecefo_jax.settings import DataSection
+
 SPLITS = ("train", "validation")
-DEFAULT_VAL_FRACTION = 0.05
-DEFAULT_TFDS_NAME = "c4/en"
 
 # Directories of the standard library that hold tests, demos or vendored
 # packages rather than documentation-quality docstrings.
@@ -62,12 +62,6 @@ _STDLIB_DIRS_TO_SKIP = frozenset({
 _MIN_DOCSTRING_CHARS = 200
 _PARAGRAPH_BREAK = re.compile(r"\n(?:[ \t\r\f\v]*\n)+")
 DOCUMENT_TARGET_CHARS = 2000
-
-
-def config_value(data_cfg: Any, field: str, default: Any = None) -> Any:
-    """Reads an optional `data` config field, so older configs keep working."""
-    value = data_cfg.get(field, default)
-    return default if value is None else value
 
 
 class Documents(Sequence[str]):
@@ -121,11 +115,11 @@ class TfdsDocuments(Sequence[str]):
         return f"TfdsDocuments(n={len(self)}, source={self.fingerprint})"
 
 
-def load_documents(data_cfg: Any, split: str) -> Sequence[str]:
+def load_documents(data_cfg: DataSection, split: str) -> Sequence[str]:
     """Returns the documents of `split` ('train' or 'validation') for `data_cfg`."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
-    source = config_value(data_cfg, "source", "embedded")
+    source = data_cfg.source
     if source == "tfds":
         return _load_tfds_documents(data_cfg, split)
     if source == "embedded":
@@ -138,10 +132,10 @@ def load_documents(data_cfg: Any, split: str) -> Sequence[str]:
         raise ValueError(
             f"data.source must be 'embedded', 'tfds' or 'text', got {source!r}."
         )
-    return _split_by_content_hash(corpus, corpus_name, split, _val_fraction(data_cfg))
+    return _split_by_content_hash(corpus, corpus_name, split, data_cfg.val_fraction)
 
 
-def corpus_fingerprint(data_cfg: Any) -> str:
+def corpus_fingerprint(data_cfg: DataSection) -> str:
     """Identity of the training split, used to key the trained-tokenizer cache.
 
     For embedded/text sources this hashes the actual training text; for TFDS it
@@ -153,16 +147,6 @@ def corpus_fingerprint(data_cfg: Any) -> str:
 
 # --------------------------------------------------------------------------
 # Splitting embedded/text corpora.
-
-
-def _val_fraction(data_cfg: Any) -> float:
-    val_fraction = float(config_value(data_cfg, "val_fraction", DEFAULT_VAL_FRACTION))
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(
-            f"data.val_fraction must be in [0, 1), got {val_fraction}; set it to"
-            " the fraction of documents to hold out for validation (e.g. 0.05)."
-        )
-    return val_fraction
 
 
 def _unit_interval_hash(text: str) -> float:
@@ -275,9 +259,9 @@ def _leading_docstring(path: str) -> str | None:
 # Text-file source.
 
 
-def _text_file_identity(data_cfg: Any) -> tuple[tuple[str, int, int], ...]:
+def _text_file_identity(data_cfg: DataSection) -> tuple[tuple[str, int, int], ...]:
     """(path, size, mtime) of every matched file: the cache key for the corpus."""
-    patterns = [p.strip() for p in str(config_value(data_cfg, "text_files", "")).split(",")]
+    patterns = [p.strip() for p in data_cfg.text_files.split(",")]
     patterns = [p for p in patterns if p]
     if not patterns:
         raise ValueError(
@@ -347,10 +331,8 @@ def paragraph_chunks(text: str, target_chars: int = DOCUMENT_TARGET_CHARS) -> li
 # TFDS source.
 
 
-def _load_tfds_documents(data_cfg: Any, split: str) -> TfdsDocuments:
-    data_dir = str(config_value(data_cfg, "data_dir", ""))
-    name = str(config_value(data_cfg, "tfds_name", DEFAULT_TFDS_NAME))
-    text_key = str(config_value(data_cfg, "tfds_text_key", "text"))
+def _load_tfds_documents(data_cfg: DataSection, split: str) -> TfdsDocuments:
+    data_dir, name, text_key = data_cfg.data_dir, data_cfg.tfds_name, data_cfg.tfds_text_key
     if not data_dir:
         raise ValueError(
             "data.source='tfds' needs data.data_dir: the local TFDS data_dir"

@@ -34,9 +34,9 @@ import sentencepiece as spm
 
 from mecefo_jax import multihost
 from mecefo_jax.data import sources as data_sources
+from mecefo_jax.settings import DataSection
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "mecefo_jax")
 # Bump when the training recipe below changes, so stale cached models are not reused.
 _RECIPE_VERSION = 1
 # Below this size the 256 byte-fallback pieces would crowd out real pieces (or
@@ -91,7 +91,7 @@ _TOKENIZER_MISMATCH_HINT = (
 
 
 def load_or_train_tokenizer(
-    data_cfg: Any, vocab_size: int, train_texts: Callable[[], Iterable[str]]
+    data_cfg: DataSection, vocab_size: int, train_texts: Callable[[], Iterable[str]]
 ) -> Tokenizer:
     """Loads `data.tokenizer_path`, or the cached/newly trained model for this corpus.
 
@@ -99,7 +99,7 @@ def load_or_train_tokenizer(
     never touch the corpus text.
     """
     multi_process = _process_count() > 1
-    tokenizer_path = str(data_sources.config_value(data_cfg, "tokenizer_path", ""))
+    tokenizer_path = data_cfg.tokenizer_path
     if tokenizer_path:
         if multi_process:
             multihost.agreed_bytes(lambda: _read_user_model(tokenizer_path), every_process_reads=True,
@@ -121,9 +121,8 @@ def load_or_train_tokenizer(
     return tokenizer
 
 
-def cached_model_path(data_cfg: Any, vocab_size: int) -> str:
+def cached_model_path(data_cfg: DataSection, vocab_size: int) -> str:
     """Where the tokenizer trained for this corpus and vocab size is cached."""
-    cache_dir = str(data_sources.config_value(data_cfg, "cache_dir", "")) or DEFAULT_CACHE_DIR
     key = json.dumps(
         {
             "corpus": data_sources.corpus_fingerprint(data_cfg),
@@ -134,7 +133,7 @@ def cached_model_path(data_cfg: Any, vocab_size: int) -> str:
     )
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:20]
     filename = f"spm_v{int(vocab_size)}_{digest}.model"
-    return os.path.join(os.path.expanduser(cache_dir), "tokenizers", filename)
+    return os.path.join(os.path.expanduser(data_cfg.cache_dir), "tokenizers", filename)
 
 
 def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:

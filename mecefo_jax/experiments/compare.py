@@ -24,6 +24,7 @@ and max of every figure, and for each adjacent pair in the drop-% ranking
 whether the gap exceeds the spread.
 """
 import copy
+import collections
 import json
 import math
 import os
@@ -37,14 +38,13 @@ RUNS = ('fault_free',) + STRATEGIES
 
 
 def _run_config(cfg, name: str, regime: str):
-    run_cfg = copy.deepcopy(cfg)
-    run_cfg.fault.regime = '' if name == 'fault_free' else regime
-    run_cfg.fault.events = '' if name == 'fault_free' else cfg.fault.events
-    run_cfg.fault.strategy = 'mecefo' if name == 'fault_free' else name
-    run_cfg.train.checkpoint_every = 0  # only checkpoint_restart pays for checkpoints
-    # Eight evals per run draw the validation curves.
-    run_cfg.train.eval_every = max(1, int(cfg.train.steps) // 8)
-    return run_cfg
+    return cfg.updated({
+        'fault.regime': '' if name == 'fault_free' else regime,
+        'fault.events': '' if name == 'fault_free' else cfg.fault.events,
+        'fault.strategy': 'mecefo' if name == 'fault_free' else name,
+        'train.checkpoint_every': 0,  # only checkpoint_restart pays for checkpoints
+        # Eight evals per run draw the validation curves.
+        'train.eval_every': max(1, cfg.train.steps // 8)})
 
 
 def _schedule_programs(cfg, runs) -> set:
@@ -53,16 +53,16 @@ def _schedule_programs(cfg, runs) -> set:
     from mecefo_jax.experiments.role_timer import layout_keys
     from mecefo_jax.faults.strategies import layout_for
     replicas = num_replicas(cfg)
-    steps = int(cfg.train.steps)
+    steps = cfg.train.steps
     schedule = schedule_lib.FailureSchedule(
         schedule_lib.events_from_config(cfg.fault, num_replicas=replicas, total_steps=steps),
         replicas)
     masks = {schedule.live_mask(step) for step in range(steps)} | {(True,) * replicas}
-    shard_batch = int(cfg.data.global_batch_size) // replicas
+    shard_batch = cfg.data.global_batch_size // replicas
     return {key for name in runs for mask in masks if any(mask)
             for key in layout_keys(layout_for('mecefo' if name == 'fault_free' else name,
                                               mask, shard_batch,
-                                              spread_k=int(cfg.fault.spread_k)))}
+                                              spread_k=cfg.fault.spread_k))}
 
 
 def _val_curve(workdir: str) -> list[tuple[int, float]]:
@@ -100,14 +100,13 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
     from mecefo_jax.model import Llama, ModelConfig
 
     os.makedirs(out_dir, exist_ok=True)
-    cfg = copy.deepcopy(cfg)
     if regime:
-        cfg.fault.regime = regime
+        cfg = cfg.updated({'fault.regime': regime})
     timer = RoleTimer(Llama(ModelConfig.from_config(cfg)), optim.make_optimizer(cfg.train),
-                      seq_len=int(cfg.data.seq_len), vocab_size=int(cfg.model.vocab_size),
+                      seq_len=cfg.data.seq_len, vocab_size=cfg.model.vocab_size,
                       rank=cfg.mecefo.rank)
     timer.measure(_schedule_programs(cfg, runs))
-    step_time = float(cfg.fault.step_time_sec)
+    step_time = cfg.fault.step_time_sec
     results = {}
     for name in runs:
         log(f'[compare] {name}: training {cfg.train.steps} steps')
@@ -142,7 +141,7 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
         }
         log(f"[compare] {name}: modelled {results[name]['modeled_tokens_per_sec']:.0f} tok/s, "
             f"val loss {results[name]['final_val_loss']:.4f}")
-    normal = Program(ROLE_NORMAL, int(cfg.data.global_batch_size) // num_replicas(cfg))
+    normal = Program(ROLE_NORMAL, cfg.data.global_batch_size // num_replicas(cfg))
     programs = program_table(timer.table(), normal.name)
     for entry in results.values():
         # The worst program the strategy had to wait for, in normal-step units.
@@ -150,9 +149,9 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
                                         for n in entry['slowest_program_steps'])
     add_relative_figures(results)
     schedule = schedule_lib.format_events(schedule_lib.events_from_config(
-        cfg.fault, num_replicas=num_replicas(cfg), total_steps=int(cfg.train.steps)))
-    report = {'regime': regime, 'fault_seed': int(cfg.fault.seed), 'schedule': schedule,
-              'steps': int(cfg.train.steps), 'step_time_sec': step_time,
+        cfg.fault, num_replicas=num_replicas(cfg), total_steps=cfg.train.steps))
+    report = {'regime': regime, 'fault_seed': cfg.fault.seed, 'schedule': schedule,
+              'steps': cfg.train.steps, 'step_time_sec': step_time,
               'normal_program': normal.name, 'programs': programs, 'strategies': results}
     report['baseline_wins'] = baseline_wins(results)
     with open(os.path.join(out_dir, 'compare_faults.json'), 'w') as f:
@@ -340,8 +339,7 @@ def compare_seeds(cfg, regime: str, out_dir: str, *, seeds, runs=RUNS, log=print
     os.makedirs(out_dir, exist_ok=True)
     reports = []
     for seed in seeds:
-        seed_cfg = copy.deepcopy(cfg)
-        seed_cfg.fault.seed = seed
+        seed_cfg = cfg.updated({'fault.seed': seed})
         log(f'[compare] fault.seed={seed}')
         start = time.perf_counter()
         report = compare(seed_cfg, regime, os.path.join(out_dir, f'seed{seed}'), runs=runs,

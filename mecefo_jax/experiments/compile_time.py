@@ -38,11 +38,11 @@ def compile_seconds(cfg, num_layers: int, scan_layers: bool) -> float:
     replicas = mesh.shape[sharding.DATA_AXIS]
     live = tuple(r != min(3, replicas - 1) for r in range(replicas))
     topology = cache.get([row for row, up in zip(sharding.mesh_rows(mesh), live) if up])
-    layout = layout_for('mecefo', live, int(cfg.data.global_batch_size) // replicas)
+    layout = layout_for('mecefo', live, cfg.data.global_batch_size // replicas)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             state_lib.abstract_train_state(model, optimizer, rank=rank),
                             topology.state_shardings)
-    spec = topology.batch_spec(layout, int(cfg.data.seq_len) + 1)
+    spec = topology.batch_spec(layout, cfg.data.seq_len + 1)
     start = time.perf_counter()
     topology.compiled_step(abstract, spec, layout)
     return time.perf_counter() - start
@@ -59,8 +59,8 @@ def run(cfg, depths, out_dir: str | None = None, log=print) -> dict:
         base = next(r for r in rows if r['scan_layers'] == row['scan_layers']
                     and r['num_layers'] == min(depths))
         row['ratio_to_shallowest'] = row['compile_sec'] / base['compile_sec']
-    result = {'rows': rows, 'depths': list(depths), 'mesh': dict(cfg.mesh),
-              'd_model': int(cfg.model.d_model),
+    result = {'rows': rows, 'depths': list(depths), 'mesh': dataclasses.asdict(cfg.mesh),
+              'd_model': cfg.model.d_model,
               'what': 'AOT compile of the MeCeFO failure train step (replica 3 down)'}
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

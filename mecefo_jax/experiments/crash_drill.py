@@ -19,7 +19,6 @@ and `crash_drill.md`.
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import statistics
@@ -33,24 +32,11 @@ COMPONENTS = ('detect_sec', 'teardown_sec', 'relaunch_sec', 'distributed_init_se
               'restore_sec', 'compile_sec', 'refresh_sec', 'start_to_first_step_sec')
 
 
-def _args(config_path: str, values: dict) -> list[str]:
-    return [f'--config={config_path}'] + [f'--config.{k}={v}' for k, v in values.items()]
-
-
-def _configured(cfg, values: dict):
-    cfg = copy.deepcopy(cfg)
-    for key, value in values.items():
-        section, field = key.split('.')
-        cfg[section][field] = value
-    return cfg
-
-
-def _job(cfg, config_path, values, workdir, workers, log):
+def _job(cfg, values, workdir, workers, log):
     log(f'[drill] {os.path.basename(workdir)}: {workers} workers, ' +
         ', '.join(f'{k}={v}' for k, v in values.items() if k.startswith(('launch', 'snapshot'))))
     start = time.perf_counter()
-    summary = Launcher(_configured(cfg, values), _args(config_path, values), workdir, workers,
-                       log=log).run()
+    summary = Launcher(cfg.updated(values), workdir, workers, log=log).run()
     summary['wall_sec'] = time.perf_counter() - start
     return summary
 
@@ -68,7 +54,7 @@ def _recovery(summary: dict) -> dict:
     return out
 
 
-def compile_ahead(config_path, values, workdir, workers, log) -> dict:
+def compile_ahead(cfg, values, workdir, workers, log) -> dict:
     """The compile-ahead driver over every single-worker loss, run to its end into
     `workdir`'s (empty) cache: its CPU seconds, and the survivors' cold compile."""
     import subprocess
@@ -76,9 +62,12 @@ def compile_ahead(config_path, values, workdir, workers, log) -> dict:
 
     from mecefo_jax.launch.compile_ahead import REPORT, worker_env
     os.makedirs(os.path.join(workdir, 'launch'), exist_ok=True)
+    config_json = os.path.join(workdir, 'launch', 'ahead_config.json')
+    with open(config_json, 'w') as f:
+        f.write(cfg.updated(values).to_json())
     log(f'[drill] compile ahead for every single loss of {workers} workers')
     subprocess.run([sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job',
-                    *_args(config_path, values), f'--workdir={workdir}', f'--workers={workers}',
+                    f'--config_json={config_json}', f'--workdir={workdir}', f'--workers={workers}',
                     '--nice=0'],  # alone on the machine: its compiles are the cold figure
                    check=True, env=worker_env())
     with open(os.path.join(workdir, 'launch', REPORT)) as f:
@@ -142,7 +131,7 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
     layout = full_layout(run.num_shards, run.shard_batch)
     plan = train_lib.Plan(topology, layout, run.present)
     state = train_lib.init_or_restore(run)
-    keeper = start_keeper(f'mecefodrill{os.getpid()}', slots=int(cfg.snapshot.slots))
+    keeper = start_keeper(f'mecefodrill{os.getpid()}', slots=cfg.snapshot.slots)
     hook = SnapshotHook(keeper.address, 1)
     try:
         host = dict(assemble(layout, next(run.train_data)), step=np.int32(0))
@@ -243,8 +232,7 @@ def simulated_params(cfg, events: str, workdir: str, log=print) -> dict:
     import jax
     import numpy as np
     from mecefo_jax.main import run as train_run
-    cfg = copy.deepcopy(cfg)
-    cfg.fault.events = events
+    cfg = cfg.updated({'fault.events': events})
     log(f'[drill] simulated: fault.events={events}')
     params = train_run(cfg, workdir)['state'].params
     return {jax.tree_util.keystr(p): np.asarray(v)
@@ -256,27 +244,25 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     import numpy as np
     from mecefo_jax.launch.placement import Placement
     os.makedirs(out_dir, exist_ok=True)
-    local = int(cfg.launch.local_devices)
-    placement = Placement(workers, local, int(cfg.mesh.model))
+    local = cfg.launch.local_devices
+    placement = Placement(workers, local, cfg.mesh.model)
     victim = 1
-    base = {'train.steps': int(cfg.train.steps), 'train.eval_every': 0,
-            'mesh.data': placement.replicas, 'data.cache_dir': str(cfg.data.cache_dir),
+    base = {'train.steps': cfg.train.steps, 'train.eval_every': 0,
+            'mesh.data': placement.replicas, 'data.cache_dir': cfg.data.cache_dir,
             'launch.compilation_cache': os.path.join(out_dir, 'xla_cache')}
     # The survivors' programs, compiled ahead into the jobs' cache before the
     # memory job (in a long run this happens, niced, during its first steps).
     memory_values = dict(base, **{'launch.kill': f'{kill_step}:{victim}',
                                   'launch.return_after_steps': return_after,
                                   'launch.compile_ahead': False})
-    ahead = compile_ahead(config_path, memory_values, os.path.join(out_dir, 'memory'), workers,
-                          log)
-    memory = _job(cfg, config_path, memory_values, os.path.join(out_dir, 'memory'), workers,
-                  log)
-    disk = _job(cfg, config_path, dict(base, **{
+    ahead = compile_ahead(cfg, memory_values, os.path.join(out_dir, 'memory'), workers, log)
+    memory = _job(cfg, memory_values, os.path.join(out_dir, 'memory'), workers, log)
+    disk = _job(cfg, dict(base, **{
         'launch.kill': f'{kill_step}:{victim}', 'launch.recovery': 'disk',
         'snapshot.every': 0, 'train.checkpoint_every': checkpoint_every}),
         os.path.join(out_dir, 'disk'), workers, log)
     parity_workers = 4
-    parity = _job(cfg, config_path, dict(base, **{
+    parity = _job(cfg, dict(base, **{
         'mesh.data': 1, 'mesh.model': parity_workers, 'launch.local_devices': 1,
         'snapshot.parity': 'xor', 'snapshot.parity_group': parity_workers,
         'launch.kill': f'{kill_step}:2:KILL:keeper'}),
@@ -286,7 +272,7 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     start, rejoin = mem['resume_step'], next(r['resume_step'] for r in memory['recoveries']
                                              if r['kind'] == 'rejoin')
     events = ','.join(f'{start}:{r}:{rejoin - start}' for r in placement.replicas_of(victim))
-    simulated = simulated_params(_configured(cfg, base), events,
+    simulated = simulated_params(cfg.updated(base), events,
                                  os.path.join(out_dir, 'simulated'), log)
     real = np.load(os.path.join(out_dir, 'memory', 'launch', 'final_params.npz'))
     diffs = {k: float(np.max(np.abs(real[k] - v))) for k, v in simulated.items()}
@@ -301,7 +287,7 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
                                                  range(workers))
     report = {
         'config': config_path, 'workers': workers, 'local_devices': local,
-        'replicas': placement.replicas, 'steps': int(cfg.train.steps), 'kill_step': kill_step,
+        'replicas': placement.replicas, 'steps': cfg.train.steps, 'kill_step': kill_step,
         'return_after_steps': return_after, 'checkpoint_every': checkpoint_every,
         'memory': mem, 'disk': dsk,
         'restore_speedup_memory_vs_disk': (dsk['restore_sec'] / mem['restore_sec']

@@ -69,7 +69,7 @@ def resolve(cfg, num_devices: int) -> dict[str, int]:
     """Mesh (data, model) against `num_devices` and the per-replica batch b."""
     from mecefo_jax import sharding
     data, model = sharding.mesh_shape(cfg.mesh, num_devices)
-    global_batch = int(cfg.data.global_batch_size)
+    global_batch = cfg.data.global_batch_size
     if global_batch % data:
         raise ValueError(f'data.global_batch_size={global_batch} is not divisible by the '
                          f'{data} data replicas of mesh.data={cfg.mesh.data} x '
@@ -124,7 +124,7 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
     model = Llama(ModelConfig.from_config(cfg))
     optimizer = make_optimizer(cfg.train)
     rank = cfg.mecefo.rank
-    seq = int(cfg.data.seq_len) + 1
+    seq = cfg.data.seq_len + 1
     limit = limit_gb * GB
 
     def compile_step(mesh, programs, rows, num_replicas):
@@ -160,7 +160,7 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
             f'({seconds:.0f} s)')
     return {'config': config_summary(cfg, b), 'mesh': mesh_info, 'num_devices': num_devices,
             'limit_bytes': limit, 'roles': roles, 'fits': all(r['fits'] for r in roles.values()),
-            'remat_policy': str(cfg.model.remat_policy), 'platform': platform,
+            'remat_policy': cfg.model.remat_policy, 'platform': platform,
             'jax_version': jax.__version__, 'note': NOTE}
 
 

@@ -26,7 +26,6 @@ on C4, no failures / low / mid / high). Our target: MeCeFO's perplexity
 increase under `high`, averaged over seeds, at most the paper's 350M one
 (19.04 / 18.74 - 1, i.e. +1.6%).
 """
-import copy
 import json
 import math
 import os
@@ -83,15 +82,11 @@ def paper_increase_pct() -> dict:
 
 
 def _run_config(cfg, strategy: str, regime: str, seed: int, evals: int):
-    run_cfg = copy.deepcopy(cfg)
-    run_cfg.train.seed = seed
-    run_cfg.fault.seed = seed
-    run_cfg.fault.events = ''
-    run_cfg.fault.regime = regime
-    run_cfg.fault.strategy = 'mecefo' if strategy == 'fault_free' else strategy
-    run_cfg.train.checkpoint_every = 0  # quality only: no checkpoint cost needed
-    run_cfg.train.eval_every = max(1, int(cfg.train.steps) // max(1, evals))
-    return run_cfg
+    return cfg.updated({
+        'train.seed': seed, 'fault.seed': seed, 'fault.events': '', 'fault.regime': regime,
+        'fault.strategy': 'mecefo' if strategy == 'fault_free' else strategy,
+        'train.checkpoint_every': 0,  # quality only: no checkpoint cost needed
+        'train.eval_every': max(1, cfg.train.steps // max(1, evals))})
 
 
 def _curves(workdir: str) -> tuple[list, list]:
@@ -123,7 +118,7 @@ def train_one(cfg, strategy: str, regime: str, seed: int, workdir: str, *,
     start = time.perf_counter()
     run = build_run(run_cfg, workdir)
     events = schedule_lib.events_from_config(run_cfg.fault, num_replicas=run.num_shards,
-                                             total_steps=int(run_cfg.train.steps))
+                                             total_steps=run_cfg.train.steps)
     observers = [ProgramUsage(), Coverage(run_cfg.data.global_batch_size),
                  GradientError(run.model, grad_error_every)]
     summary = train_run(run_cfg, workdir, run=run, observers=observers)
@@ -196,8 +191,8 @@ def summarise(rows: list[dict], *, cfg, seeds, grad_error_every: int, config_nam
             'grad_error': _grad_summary(samples),
         }
     from mecefo_jax.faults.schedule import regime_scale
-    steps, step_time = int(cfg.train.steps), float(cfg.fault.step_time_sec)
-    size = int(cfg.fault.get('regime_replicas', 0) or 0)
+    steps, step_time = cfg.train.steps, cfg.fault.step_time_sec
+    size = cfg.fault.regime_replicas
     mtbf_scale = regime_scale(cfg.fault, rows[0]['replicas']) if size and rows else 1.0
     report = {
         'config': config_name, 'steps': steps, 'seeds': list(seeds),

@@ -179,7 +179,7 @@ def normal_step_flops(model, cfg, batch: int, device=None) -> float:
     state_abs = abstract(abstract_train_state(model, optimizer, rank=rank), shardings)
     programs = mode_layout('normal', batch).programs
     step = step_lib.make_train_step(model, optimizer, mesh, shardings, programs)
-    batch_abs = abstract_batch(mesh, batch, int(cfg.data.seq_len) + 1)
+    batch_abs = abstract_batch(mesh, batch, cfg.data.seq_len + 1)
     return flops_of(step.lower(state_abs, batch_abs).compile())
 
 
@@ -311,20 +311,19 @@ class _Runner:
 
 def config_summary(cfg, batch: int) -> dict[str, Any]:
     m = cfg.model
-    return {'vocab_size': int(m.vocab_size), 'd_model': int(m.d_model),
-            'num_layers': int(m.num_layers), 'num_heads': int(m.num_heads),
-            'num_kv_heads': int(m.num_kv_heads), 'ffn_hidden': int(m.ffn_hidden),
-            'dtype': str(m.dtype), 'seq_len': int(cfg.data.seq_len),
+    return {'vocab_size': m.vocab_size, 'd_model': m.d_model, 'num_layers': m.num_layers,
+            'num_heads': m.num_heads, 'num_kv_heads': m.num_kv_heads,
+            'ffn_hidden': m.ffn_hidden, 'dtype': m.dtype, 'seq_len': cfg.data.seq_len,
             'per_device_batch': int(batch), 'rank': cfg.mecefo.rank,
-            'remat_ffn': bool(cfg.mecefo.remat_ffn), 'remat_policy': str(m.remat_policy),
-            'scan_layers': bool(m.scan_layers), 'attention': str(m.attention),
-            'loss_chunk_tokens': int(m.loss_chunk_tokens)}
+            'remat_ffn': cfg.mecefo.remat_ffn, 'remat_policy': m.remat_policy,
+            'scan_layers': m.scan_layers, 'attention': m.attention,
+            'loss_chunk_tokens': m.loss_chunk_tokens}
 
 
 def random_tokens(cfg, batch: int, seed: int) -> np.ndarray:
     """The benchmark's two shards (own, adopted): int32 [2, batch, seq_len + 1]."""
     rng = np.random.default_rng(seed)
-    return rng.integers(0, int(cfg.model.vocab_size), (2, batch, int(cfg.data.seq_len) + 1),
+    return rng.integers(0, cfg.model.vocab_size, (2, batch, cfg.data.seq_len + 1),
                         dtype=np.int32)
 
 
@@ -340,7 +339,7 @@ def model_flops_per_token(cfg, params_abstract) -> float:
     matmul_params = sum(int(np.prod(x.shape)) for path, x in
                         jax.tree_util.tree_leaves_with_path(params_abstract) if is_matmul(path))
     m = cfg.model
-    return 6.0 * matmul_params + 12.0 * int(m.num_layers) * int(m.d_model) * int(cfg.data.seq_len)
+    return 6.0 * matmul_params + 12.0 * m.num_layers * m.d_model * cfg.data.seq_len
 
 
 def peak_tflops_for(device, override: float | None) -> tuple[float | None, str]:
@@ -367,7 +366,7 @@ class _Bench:
 
     @property
     def seq(self) -> int:
-        return int(self.cfg.data.seq_len) + 1
+        return self.cfg.data.seq_len + 1
 
 
 def _compile_pair(bench: _Bench, make, args, mode):
@@ -571,7 +570,7 @@ def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: in
 def _mfu(cfg, params_abs, normal, batch, device, peak_override):
     """Model-FLOPs utilisation of the normal step (GPU): see the module docstring."""
     peak, source = peak_tflops_for(device, peak_override)
-    tokens = batch * int(cfg.data.seq_len)
+    tokens = batch * cfg.data.seq_len
     formula = model_flops_per_token(cfg, params_abs) * tokens
     seconds = normal['step_ms'] / 1e3
     out = {'applicable': peak is not None, 'peak_tflops': peak, 'peak_source': source,
@@ -579,7 +578,7 @@ def _mfu(cfg, params_abs, normal, batch, device, peak_override):
            'counting': ('formula: 6 x matmul params (all but the embedding table) x tokens '
                         '+ 12 x layers x d_model x seq_len x tokens (PaLM; causal mask not '
                         'halved); xla: XLA cost analysis of the unrolled normal train step'),
-           'dtype': str(cfg.model.dtype)}
+           'dtype': cfg.model.dtype}
     if peak is not None:
         out['formula'] = formula / seconds / (peak * 1e12)
         out['xla'] = normal['flops'] / seconds / (peak * 1e12)
@@ -593,16 +592,16 @@ def fault_free_overhead(cfg, model, optimizer, *, batch: int, warmup: int, iters
     from mecefo_jax.layout import assemble, full_layout
     from mecefo_jax.state import create_train_state
 
-    mesh = sharding.make_mesh(cfg.mesh)
+    mesh = sharding.make_mesh(cfg.mesh, allow_subset=True)  # e.g. the tests' 1x1 mesh
     data, model_width = mesh.shape[sharding.DATA_AXIS], mesh.shape[sharding.MODEL_AXIS]
     layout = full_layout(data, batch)
     rank = cfg.mecefo.rank
-    seq = int(cfg.data.seq_len) + 1
+    seq = cfg.data.seq_len + 1
     log(f'bench[overhead]: fault-free step vs plain_dp on a {data}x{model_width} mesh, '
         f'{batch} sequences per replica...')
     state, shardings = create_train_state(model, optimizer, mesh, seed=seed, rank=rank)
     rng = np.random.default_rng(seed + 1)
-    tokens_nbt = rng.integers(0, int(cfg.model.vocab_size), (data, batch, seq), dtype=np.int32)
+    tokens_nbt = rng.integers(0, cfg.model.vocab_size, (data, batch, seq), dtype=np.int32)
     host = dict(assemble(layout, tokens_nbt), step=np.int32(0))
     step_batch = jax.device_put(host, step_lib.batch_shardings(mesh))
     tokens = jax.device_put(tokens_nbt.reshape(data * batch, seq), sharding.data_sharded(mesh))

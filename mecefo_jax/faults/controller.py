@@ -68,8 +68,8 @@ class FaultController:
         cfg = run.cfg
         self.run, self.schedule = run, schedule
         self.strategy = validate_strategy(strategy)
-        self.tau = proj_lib.validate_tau(int(cfg.mecefo.tau))
-        self.spread_k = int(cfg.fault.spread_k)
+        self.tau = proj_lib.validate_tau(cfg.mecefo.tau)
+        self.spread_k = cfg.fault.spread_k
         # A job relaunched without some replicas (launch.py) starts as if they
         # had just failed: the first prepare moves to the present replicas'
         # layout, compiles and refreshes V as for any failure onset.
@@ -95,7 +95,7 @@ class FaultController:
         """
         validate_strategy(cfg.fault.strategy)
         events = schedule_lib.events_from_config(cfg.fault, num_replicas=run.num_shards,
-                                                 total_steps=int(cfg.train.steps))
+                                                 total_steps=cfg.train.steps)
         for e in events:
             run.metrics.write({'event': 'scheduled_failure', 'step': e.step,
                                'replica': e.replica, 'duration_steps': e.duration_steps})
@@ -177,7 +177,7 @@ class FaultController:
         self.live, self.topology = desired, topology
         self.layout = self._layout(desired)
         start = time.perf_counter()
-        spec = topology.batch_spec(self.layout, int(self.run.cfg.data.seq_len) + 1)
+        spec = topology.batch_spec(self.layout, self.run.cfg.data.seq_len + 1)
         _, compile_sec = topology.compiled_step(state, spec, self.layout)
         self.compiles += compile_sec > 0
         event.compile_sec = compile_sec

@@ -25,7 +25,7 @@ class RestartController(FaultController):
         super().__init__(run, schedule, strategy)
         self._ckpt = ckpt_lib.Checkpointer(
             os.path.join(run.workdir, 'restart_checkpoints'),
-            save_every=int(run.cfg.fault.checkpoint_every), keep=2)
+            save_every=run.cfg.fault.checkpoint_every, keep=2)
         self.stop_checkpointer = self._ckpt
         self._initial_saved = False
 
@@ -57,6 +57,6 @@ class RestartController(FaultController):
         start = time.perf_counter()
         restored, data_state = train_lib.restore_onto(self.run, self._ckpt, topology)
         event.restore_sec = time.perf_counter() - start
-        event.relaunch_sec_modelled = float(self.run.cfg.fault.relaunch_delay_sec)
+        event.relaunch_sec_modelled = self.run.cfg.fault.relaunch_delay_sec
         event.lost_steps = step - int(restored.step)
         return restored, data_state

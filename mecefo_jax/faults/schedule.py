@@ -60,6 +60,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from mecefo_jax.settings import FaultSection
+
 # name -> (mtbf_hours, mttr_hours), cluster-wide, from the MeCeFO paper.
 REGIMES: dict[str, tuple[float, float]] = {
     "low": (2.0, 4.0),
@@ -234,17 +236,7 @@ def random_events(*, mtbf_steps: float, mttr_steps: float, num_replicas: int,
     return sorted(events, key=lambda e: (e.step, e.replica))
 
 
-def _cfg_get(cfg: Any, name: str, default: Any) -> Any:
-    # Works for ConfigDict and plain dicts, and tolerates configs written
-    # before a field existed.
-    try:
-        value = cfg.get(name, default)
-    except AttributeError:
-        value = getattr(cfg, name, default)
-    return default if value is None else value
-
-
-def regime_scale(fault_cfg: Any, num_replicas: int) -> float:
+def regime_scale(fault_cfg: FaultSection, num_replicas: int) -> float:
     """MTBF factor that keeps each replica's failure rate of a `regime_replicas` cluster.
 
     The paper's regimes are cluster-wide rates on 32 GPUs. Applied as they
@@ -252,7 +244,7 @@ def regime_scale(fault_cfg: Any, num_replicas: int) -> float:
     replica fails more often; with `regime_replicas=32` the cluster MTBF
     grows by 32 / replicas, so the same fraction of replicas is down.
     """
-    size = int(_cfg_get(fault_cfg, "regime_replicas", 0))
+    size = fault_cfg.regime_replicas
     if size < 0:
         raise ValueError(f"fault.regime_replicas={size}: use 0 (apply the regime's cluster "
                          "MTBF as it is) or the replica count it is defined for (32 in the "
@@ -260,26 +252,23 @@ def regime_scale(fault_cfg: Any, num_replicas: int) -> float:
     return size / num_replicas if size else 1.0
 
 
-def failures_requested(fault_cfg: Any) -> bool:
+def failures_requested(fault_cfg: FaultSection) -> bool:
     """Whether any failure field is set, so the run needs the fault controller.
 
     Every field counts, including one that `events_from_config` will reject
     (say `mttr_hours` without `mtbf_hours`): a half-configured process must
     reach that check and fail, never fall through to a fault-free run.
     """
-    return bool(str(_cfg_get(fault_cfg, "events", "")).strip()
-                or str(_cfg_get(fault_cfg, "regime", "")).strip()
-                or float(_cfg_get(fault_cfg, "mtbf_hours", 0.0))
-                or float(_cfg_get(fault_cfg, "mttr_hours", 0.0)))
+    return bool(fault_cfg.events.strip() or fault_cfg.regime.strip()
+                or fault_cfg.mtbf_hours or fault_cfg.mttr_hours)
 
 
-def events_from_config(fault_cfg: Any, *, num_replicas: int,
+def events_from_config(fault_cfg: FaultSection, *, num_replicas: int,
                        total_steps: int) -> list[FailureEvent]:
     """The run's failure events from `fault_cfg`, validated and sorted by (step, replica)."""
-    text = str(_cfg_get(fault_cfg, "events", "")).strip()
-    regime = str(_cfg_get(fault_cfg, "regime", "")).strip().lower()
-    mtbf_hours = float(_cfg_get(fault_cfg, "mtbf_hours", 0.0))
-    mttr_hours = float(_cfg_get(fault_cfg, "mttr_hours", 0.0))
+    text = fault_cfg.events.strip()
+    regime = fault_cfg.regime.strip().lower()
+    mtbf_hours, mttr_hours = fault_cfg.mtbf_hours, fault_cfg.mttr_hours
 
     if text:
         events = parse_events(text)
@@ -300,15 +289,14 @@ def events_from_config(fault_cfg: Any, *, num_replicas: int,
                 f"{mtbf_hours!r} and {mttr_hours!r}.")
         if mtbf_hours == 0:
             return []
-        step_time_sec = float(_cfg_get(fault_cfg, "step_time_sec", 0.0))
-        max_concurrent = _cfg_get(fault_cfg, "max_concurrent", 0)
+        step_time_sec = fault_cfg.step_time_sec
         events = random_events(
             mtbf_steps=hours_to_steps(mtbf_hours, step_time_sec),
             mttr_steps=hours_to_steps(mttr_hours, step_time_sec),
             num_replicas=num_replicas,
             total_steps=total_steps,
-            seed=int(_cfg_get(fault_cfg, "seed", 0)),
-            max_concurrent=int(max_concurrent),
+            seed=fault_cfg.seed,
+            max_concurrent=fault_cfg.max_concurrent,
         )
     validate_events(events, num_replicas=num_replicas, total_steps=total_steps)
     return sorted(events, key=lambda e: (e.step, e.replica))

@@ -63,8 +63,8 @@ class CompileAhead:
     """The launcher's handle on the driver: started once, after generation 0's first step."""
 
     def __init__(self, cfg, config_args: list[str], workdir: str, placement):
-        self.enabled = (bool(cfg.launch.compile_ahead) and cfg.launch.recovery == 'memory'
-                        and bool(cfg.launch.compilation_cache)
+        self.enabled = (cfg.launch.compile_ahead and cfg.launch.recovery == 'memory'
+                        and cfg.launch.compilation_cache
                         and bool(survivor_sets(placement)))
         self._args = (list(config_args), workdir, placement.workers)
         self._dir = os.path.join(workdir, 'launch')
@@ -169,7 +169,7 @@ def drive(cfg, config_args: list[str], workdir: str, workers: int, losses=None,
         os.setpgid(0, 0)
     die_with_parent()  # and each member dies with the driver
     signal.signal(signal.SIGTERM, _raise_stopped)
-    placement = Placement(workers, int(cfg.launch.local_devices), int(cfg.mesh.model))
+    placement = Placement(workers, cfg.launch.local_devices, cfg.mesh.model)
     path = os.path.join(workdir, 'launch', REPORT)
     report = {'sets': [], 'cpu_sec': 0.0, 'wall_sec': 0.0, 'done': False, 'stopped': False}
     for lost, members in survivor_sets(placement):
@@ -222,7 +222,7 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     """Member: join the survivors' job and compile what their relaunch will ask for."""
     die_with_parent()
     from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(int(cfg.launch.local_devices))
+    simulate_cpu_devices(cfg.launch.local_devices)
     import jax
 
     from mecefo_jax import program_cache
@@ -235,8 +235,8 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     from mecefo_jax.faults.controller import FaultController
     from mecefo_jax.launch import placement as placement_lib
     from mecefo_jax.layout import ROLE_NEIGHBOUR
-    placement = placement_lib.Placement(workers, int(cfg.launch.local_devices),
-                                        int(cfg.mesh.model))
+    placement = placement_lib.Placement(workers, cfg.launch.local_devices,
+                                        cfg.mesh.model)
     rows = placement_lib.replica_rows(placement, placement_members, jax.devices())
     scratch = os.path.join(workdir, 'launch', 'compile_ahead', f'lost{lost}')
     run = train_lib.build_run(cfg, scratch, replica_rows=rows, checkpoint_every=0)
@@ -246,11 +246,11 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     topology, layout = controller.topology, controller.layout
     state = aot.abstract(run.abstract_state, topology.state_shardings)
     _, step_sec = topology.compiled_step(
-        state, topology.batch_spec(layout, int(cfg.data.seq_len) + 1), layout)
+        state, topology.batch_spec(layout, cfg.data.seq_len + 1), layout)
     if ROLE_NEIGHBOUR in layout.roles:
         topology.refresh.compile(state)
     tokens = aot.abstract_batch(topology.mesh, _eval_rows(run, topology.num_replicas),
-                                int(cfg.data.seq_len) + 1, topology.num_replicas)
+                                cfg.data.seq_len + 1, topology.num_replicas)
     topology.eval_step.compile(state.params, tokens['tokens'], tokens['weights'])
     stats = program_cache.stats
     print(f'[compile ahead] process {process_id}: {stats.misses} compiled, {stats.hits} cached',

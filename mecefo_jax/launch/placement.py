@@ -55,7 +55,7 @@ class Placement:
         return any(self.present(members))
 
     def check_mesh(self, mesh_cfg) -> None:
-        data = int(mesh_cfg.data)
+        data = mesh_cfg.data
         if data not in (-1, self.replicas):
             raise ValueError(f'mesh.data={data}: the launcher runs {self.replicas} replicas '
                              f'({self.workers} workers x launch.local_devices='

@@ -49,6 +49,7 @@ import time
 from mecefo_jax.launch.compile_ahead import CompileAhead
 from mecefo_jax.launch.heartbeat import HeartbeatMonitor
 from mecefo_jax.launch.placement import Placement
+from mecefo_jax.settings import Config
 
 _POLL_SEC = 0.05
 
@@ -123,32 +124,35 @@ def _free_port() -> int:
 class Launcher:
     """Runs one job to completion through failures (see the module docstring)."""
 
-    def __init__(self, cfg, config_args: list[str], workdir: str, nprocs: int, *, log=print):
-        self.cfg, self.config_args, self.log = cfg, list(config_args), log
+    def __init__(self, cfg: Config, workdir: str, nprocs: int, *, log=print):
+        self.cfg, self.log = cfg, log
         self.workdir = os.path.abspath(workdir)
         self.dir = os.path.join(self.workdir, 'launch')
-        self.placement = Placement(int(nprocs), int(cfg.launch.local_devices), int(cfg.mesh.model))
+        # The resolved config every worker of every generation loads: one
+        # resolution, so command-line overrides reach all of them unchanged.
+        self.config_file = os.path.join(self.dir, 'config.json')
+        self.placement = Placement(nprocs, cfg.launch.local_devices, cfg.mesh.model)
         self.placement.check_mesh(cfg.mesh)
-        self.recovery = str(cfg.launch.recovery)
-        if self.recovery not in ('memory', 'disk'):
-            raise ValueError(f"launch.recovery={self.recovery!r}: use 'memory' or 'disk'.")
-        if self.recovery == 'disk' and int(cfg.train.checkpoint_every) < 1:
-            raise ValueError('launch.recovery=disk needs train.checkpoint_every >= 1.')
+        self.recovery = cfg.launch.recovery
+        if self.recovery == 'disk' and cfg.train.checkpoint_every < 1:
+            raise ValueError('launch.recovery=disk needs train.checkpoint_every >= 1; '
+                             'set --config.train.checkpoint_every=10.')
         self.kills = parse_kills(cfg.launch.kill, self.placement.workers)
         self.fired: set = set()
-        self.timeout = float(cfg.launch.heartbeat_timeout_sec)
-        self.stall_timeout = float(cfg.launch.stall_timeout_sec)
+        self.timeout = cfg.launch.heartbeat_timeout_sec
+        self.stall_timeout = cfg.launch.stall_timeout_sec
         self.keepers: dict = {}  # worker -> KeeperProcess
         self.recoveries: list[dict] = []
         self.monitor: HeartbeatMonitor | None = None
         self._generation: Generation | None = None
         self._lost_snapshots: dict = {}  # worker -> {step: bytes} of a keeper killed on purpose
-        self.ahead = CompileAhead(cfg, self.config_args, self.workdir, self.placement)
+        self.ahead = CompileAhead(cfg, [f'--config_json={self.config_file}'], self.workdir,
+                                 self.placement)
 
     # ------------------------------------------------------------------ run
 
     def run(self) -> dict:
-        os.makedirs(self.dir, exist_ok=True)
+        self.write_config()
         self.monitor = HeartbeatMonitor()
         workers = list(range(self.placement.workers))
         uses_keepers = self.recovery == 'memory' and self.cfg.snapshot.every != 0
@@ -170,7 +174,7 @@ class Launcher:
                     self._stop_generation(gen)
                     break
                 pending, gen = self._next(gen, outcome)
-                if gen.number > int(self.cfg.launch.max_relaunches):
+                if gen.number > self.cfg.launch.max_relaunches:
                     raise RuntimeError(f'Gave up after {gen.number - 1} relaunches '
                                        '(launch.max_relaunches).')
         finally:
@@ -187,10 +191,17 @@ class Launcher:
 
     # ------------------------------------------------------------- processes
 
+    def write_config(self) -> str:
+        """Write the resolved config every worker loads (`--config_json`), overrides included."""
+        os.makedirs(self.dir, exist_ok=True)
+        with open(self.config_file, 'w') as f:
+            f.write(self.cfg.to_json())
+        return self.config_file
+
     def _start_keeper(self, worker: int):
         from mecefo_jax.snapshot import start_keeper
         name = f'mecefo{os.getpid()}w{worker}'
-        self.keepers[worker] = start_keeper(name, slots=int(self.cfg.snapshot.slots))
+        self.keepers[worker] = start_keeper(name, slots=self.cfg.snapshot.slots)
         return self.keepers[worker]
 
     def _keeper_addresses(self) -> list:
@@ -214,8 +225,8 @@ class Launcher:
                                     if 'xla_force_host_platform_device_count' not in f)
         host, hb_port = self.monitor.address
         for process_id, worker in enumerate(gen.members):
-            cmd = [sys.executable, '-m', 'mecefo_jax.launch.worker', *self.config_args,
-                   f'--workdir={self.workdir}', f'--coordinator=127.0.0.1:{port}',
+            cmd = [sys.executable, '-m', 'mecefo_jax.launch.worker',
+                   f'--config_json={self.config_file}', f'--workdir={self.workdir}', f'--coordinator=127.0.0.1:{port}',
                    f'--num_processes={len(gen.members)}', f'--process_id={process_id}',
                    f'--worker={worker}', f"--members={','.join(map(str, gen.members))}",
                    f'--workers={self.placement.workers}', f'--generation={gen.number}',
@@ -349,7 +360,7 @@ class Launcher:
             row['parity_rebuild_sec'] = self._replace_lost_keepers(members, row)
         else:
             members, resume = survivors, 'memory'
-            returns = int(self.cfg.launch.return_after_steps)
+            returns = self.cfg.launch.return_after_steps
         row.update(members=members, resume=resume)
         resume_step = 0
         if resume == 'memory':
@@ -429,7 +440,7 @@ class Launcher:
         if not self.cfg.snapshot.parity:
             return None  # the fresh keeper is empty: the worker heals from its peers
         from mecefo_jax.snapshot import KeeperClient, SnapshotWriter, rebuild_member
-        size = int(self.cfg.snapshot.parity_group)
+        size = self.cfg.snapshot.parity_group
         for w in lost:
             first = w - w % size
             group = range(first, min(first + size, self.placement.workers))

@@ -22,11 +22,11 @@ import sys
 import time
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from mecefo_jax.observers import Observer  # pure Python: no jax before heartbeats
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.', lock_config=True)
+_CONFIG_JSON = flags.DEFINE_string('config_json', None,
+                                   "The job's resolved config (the launcher's launch/config.json).")
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The job directory.')
 _COORDINATOR = flags.DEFINE_string('coordinator', None, 'host:port of the jax.distributed coordinator.')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in this generation.')
@@ -41,7 +41,7 @@ _RESUME_STEP = flags.DEFINE_integer(
 _STOP_AT = flags.DEFINE_integer('stop_at', 0, 'Stop after this step (0: train.steps).')
 _HEARTBEAT = flags.DEFINE_string('heartbeat', None, 'host:port of the launcher heartbeat socket.')
 _KEEPERS = flags.DEFINE_string('keepers', '[]', 'JSON list: each worker keeper [host, port] or null.')
-flags.mark_flags_as_required(['config', 'workdir', 'coordinator', 'num_processes', 'process_id',
+flags.mark_flags_as_required(['config_json', 'workdir', 'coordinator', 'num_processes', 'process_id',
                               'worker', 'members', 'workers', 'heartbeat'])
 
 
@@ -59,9 +59,10 @@ def main(argv):
     from mecefo_jax.launch.heartbeat import HeartbeatSender
     host, port = _HEARTBEAT.value.rsplit(':', 1)
     heartbeat = HeartbeatSender((host, int(port)), _WORKER.value, _GENERATION.value)
-    cfg = _CONFIG.value
+    from mecefo_jax.settings import load_json
+    cfg = load_json(_CONFIG_JSON.value)
     from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(int(cfg.launch.local_devices))
+    simulate_cpu_devices(cfg.launch.local_devices)
     import jax
     from absl import logging
     logging.set_verbosity(logging.WARNING)
@@ -84,14 +85,14 @@ def main(argv):
     from mecefo_jax.launch import worker_state as worker_state
     from mecefo_jax.main import run as train_run
 
-    placement = placement_lib.Placement(_WORKERS.value, int(cfg.launch.local_devices),
-                                        int(cfg.mesh.model))
+    placement = placement_lib.Placement(_WORKERS.value, cfg.launch.local_devices, cfg.mesh.model)
     placement.check_mesh(cfg.mesh)
     rows = placement_lib.replica_rows(placement, members, jax.devices())
-    # Orbax checkpoints only where the launcher recovers from disk.
-    checkpoint_every = None if cfg.launch.recovery == 'disk' else 0
-    run = train_lib.build_run(cfg, _WORKDIR.value, replica_rows=rows,
-                              checkpoint_every=checkpoint_every)
+    # Orbax checkpoints every train.checkpoint_every steps in either mode: the
+    # disk tier under the keepers' memory tier (REFT and Orbax's emergency
+    # checkpointing keep both), so losing the launcher or a host loses at most
+    # the steps since the last save.
+    run = train_lib.build_run(cfg, _WORKDIR.value, replica_rows=rows)
 
     info: dict = {}
     restore = None
@@ -100,10 +101,8 @@ def main(argv):
                                                step=_RESUME_STEP.value or None)
     elif _RESUME.value == 'disk':
         restore = worker_state.disk_restore(info)
-    elif _RESUME.value == 'fresh' and run.checkpointer is not None \
-            and run.checkpointer.latest_step() is not None:
-        raise ValueError(f'{run.checkpointer.directory} already holds checkpoints; '
-                         'use a new --workdir for a new job.')
+    # 'fresh': the newest intact disk checkpoint if the workdir has one (a rerun
+    # after the launcher itself was lost), else a new run.
     snapshot_hook = None
     if cfg.snapshot.every != 0 and keepers and keepers[_WORKER.value] is not None:
         parity = None
@@ -114,7 +113,7 @@ def main(argv):
             budget_pct=cfg.snapshot.overhead_budget_pct,
             log=lambda msg: print(f'[worker {_WORKER.value}] {msg}', flush=True))
 
-    provenance = (open(os.path.join(out_dir, 'provenance.jsonl'), 'a')
+    provenance = (os.path.join(out_dir, 'provenance.jsonl')
                   if jax.process_index() == 0 else None)
     start_record = dict(worker=_WORKER.value, generation=_GENERATION.value, pid=os.getpid(),
                         process_start=started, distributed_init_sec=distributed_init_sec,
@@ -127,8 +126,8 @@ def main(argv):
     if snapshot_hook is not None:
         snapshot_hook.close()
     _write_end(cfg, summary, snapshot_hook, out_dir, tag)
-    if provenance is not None:
-        provenance.close()
+    if step_log.provenance is not None:
+        step_log.provenance.close()
     # Every process reaches the end before any leaves: a process that shuts
     # down while a peer still talks to the coordination service can make that
     # peer abort (SIGABRT) at a planned stop.
@@ -146,7 +145,7 @@ def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str) -> Non
     state = summary.pop('state')
     end = {'worker': _WORKER.value, 'generation': _GENERATION.value,
            'params_sha256': _local_params_sha256(state.params),
-           'final_step': summary['final_step'], 'finished': summary['final_step'] >= int(cfg.train.steps),
+           'final_step': summary['final_step'], 'finished': summary['final_step'] >= cfg.train.steps,
            'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
            'snapshot_blocked_sec': snapshot_hook.blocked_sec if snapshot_hook else 0.0,
            'snapshots': snapshot_hook.submitted if snapshot_hook else 0,
@@ -172,8 +171,9 @@ class _StepLog(Observer):
     relaunch's failure) reported before it.
     """
 
-    def __init__(self, heartbeat, provenance, start_path: str, record: dict, info: dict):
-        self.heartbeat, self.provenance = heartbeat, provenance
+    def __init__(self, heartbeat, provenance_path, start_path: str, record: dict, info: dict):
+        self.heartbeat, self.provenance_path = heartbeat, provenance_path
+        self.provenance = None  # opened at the first step, once the resumed step is known
         self.start_path, self.record, self.info = start_path, record, info
         self.events = []
         self.train_start = time.perf_counter()
@@ -187,7 +187,14 @@ class _StepLog(Observer):
         import numpy as np
 
         from mecefo_jax import program_cache
+        from mecefo_jax.metrics import truncate_rows_after
         self.heartbeat.dispatched_step(done.step + 1, done.loss)
+        if self.provenance is None and self.provenance_path is not None:
+            # Steps past the resumed one were recorded by a run that did not
+            # keep them: this run records them again, once.
+            if os.path.exists(self.provenance_path):
+                truncate_rows_after(self.provenance_path, done.step - 1)
+            self.provenance = open(self.provenance_path, 'a')
         if self.provenance is not None:
             self.provenance.write(json.dumps({
                 'generation': self.record['generation'], 'step': done.step,
@@ -240,9 +247,7 @@ def _local_params_sha256(params) -> str:
 def _parity_pusher(cfg, keepers, worker):
     """The pusher of this worker's parity group (groups of snapshot.parity_group workers)."""
     from mecefo_jax.snapshot import ParityPusher
-    if cfg.snapshot.parity != 'xor':
-        raise ValueError(f"snapshot.parity={cfg.snapshot.parity!r}: use '' or 'xor'.")
-    size = int(cfg.snapshot.parity_group)
+    size = cfg.snapshot.parity_group  # snapshot.parity is 'xor': checked at resolve
     first = worker - worker % size
     group = list(range(first, min(first + size, len(keepers))))
     return ParityPusher(f'workers{first}-{group[-1]}', worker - first,

@@ -152,8 +152,9 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
                 if chosen not in feasible_steps(abstract, snaps):
                     raise SnapshotMissingError(
                         f'Worker {worker} cannot assemble the snapshot of step {chosen} from its '
-                        'own keeper or any live peer. Fix: restart from the Orbax disk '
-                        'checkpoint (launch.recovery=disk, train.checkpoint_every).')
+                        'own keeper or any live peer. Rerun the same launch command: it resumes '
+                        'from the newest Orbax checkpoint in the workdir (written every '
+                        'train.checkpoint_every steps).')
             else:
                 chosen, newest = multihost.agreed_step(set(feasible_steps(abstract, snaps)))
                 if chosen is None or chosen < newest:
@@ -168,8 +169,9 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
                 if any(s.step for s in snaps):
                     raise SnapshotMissingError(
                         'The keepers hold snapshots, but no step that every process can '
-                        'assemble. Fix: restart from the Orbax disk checkpoint '
-                        '(launch.recovery=disk, train.checkpoint_every).')
+                        'assemble. Rerun the same launch command: it resumes from the newest '
+                        'Orbax checkpoint in the workdir (written every train.checkpoint_every '
+                        'steps).')
                 return None
             state, data_state, report = restore(abstract, snaps, step=chosen)
             jax.block_until_ready(state)
@@ -182,7 +184,7 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
         info['restore'] = RestoreInfo(step=chosen, seconds=marks[-1] - start,
                                       bytes_by_source=dict(report.bytes_by_source),
                                       phases=phases)
-        return state, data_state, f'in-memory snapshot of step {chosen}'
+        return state, data_state, 'memory'
     return restore_fn
 
 
@@ -200,5 +202,5 @@ def disk_restore(info: dict):
         nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
         info['restore'] = RestoreInfo(step=int(state.step), seconds=time.perf_counter() - start,
                                       bytes_by_source={'disk': nbytes})
-        return state, data_state, run.checkpointer.directory
+        return state, data_state, 'disk'
     return restore_fn
