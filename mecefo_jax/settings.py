@@ -17,13 +17,11 @@ import json
 import sys
 from typing import Any, Mapping
 
+from mecefo_jax.config_rules import ConfigError, check
+
 
 # A field that is a count of steps or 'auto' (snapshot.every).
 IntOrAuto = int | str
-
-
-class ConfigError(ValueError):
-    """A config field with a bad value; the message names the field and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,8 +227,7 @@ def resolve(config: Any) -> Config:
         raise ConfigError(f'{missing[0]}: section missing; build configs on '
                           'mecefo_jax.config.base_config().')
     cfg = Config(**{name: _section(name, config[name]) for name in SECTIONS})
-    from mecefo_jax import config_rules  # here: the rules import this module's types
-    config_rules.check(cfg)
+    check(cfg)
     return cfg
 
 

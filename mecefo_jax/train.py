@@ -21,13 +21,11 @@ import jax
 import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import config_record
-from mecefo_jax import optim, sharding
+from mecefo_jax import optim, resume, sharding
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import state as state_lib
 from mecefo_jax.layout import Layout, assemble, full_layout
-from mecefo_jax.checkpoint_damage import restore_newest_intact
-from mecefo_jax.metrics import MetricsWriter, read_metrics, resumed_row
+from mecefo_jax.metrics import MetricsWriter
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.observers import PlannedStep, StepDone
 from mecefo_jax.topology import Topology, TopologyCache
@@ -141,72 +139,6 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
                metrics=MetricsWriter(workdir))
 
 
-def restore_onto(run: Run, checkpointer: ckpt_lib.Checkpointer, topology: Topology):
-    """The newest intact checkpoint's (state, data state), placed on `topology`'s mesh.
-
-    A damaged newest step is moved aside with a warning and the one before it
-    restored; a config that does not fit the checkpoint is an error naming
-    the fields that differ from the run's config.json and the overrides that fit.
-    """
-    abstract = ckpt_lib.abstract_like(run.abstract_state, topology.state_shardings)
-    try:
-        state, data_state, _ = restore_newest_intact(checkpointer, abstract)
-    except ckpt_lib.CheckpointMismatchError as error:
-        raise config_record.explain_mismatch(error, run.workdir, run.cfg) from error
-    return state, data_state
-
-
-class WorkdirHoldsRunError(RuntimeError):
-    """A fresh start was asked of a workdir whose run has nothing left to resume from."""
-
-
-def init_or_restore(run: Run, restore=None):
-    """The state to start from, placed on the mesh of the present replicas.
-
-    `restore(run, topology) -> (state, data_state, 'memory' | 'disk')` (a
-    launcher relaunch's keepers) wins; otherwise the newest intact Orbax
-    checkpoint and its data state; otherwise a fresh initialisation, unless
-    the workdir already holds a run (never a silent restart from step 0).
-    """
-    topo = run.topologies.get(run.present_rows)
-    cfg = run.cfg
-    restored = restore(run, topo) if restore is not None else None
-    if restored is None and run.checkpointer is not None \
-            and run.checkpointer.latest_step() is not None:
-        restored = (*restore_onto(run, run.checkpointer, topo), 'disk')
-    if restored is None:
-        _refuse_fresh_start_over_a_run(run)
-        state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
-                                                seed=cfg.train.seed, rank=cfg.mecefo.rank)
-        _record_start(run, 0, None)
-        return state
-    state, data_state, source = restored
-    run.train_data.set_state(data_state)
-    _record_start(run, int(state.step), source)
-    return state
-
-
-def _refuse_fresh_start_over_a_run(run: Run) -> None:
-    path = run.metrics.path
-    if os.path.exists(path) and any('loss' in row for row in read_metrics(path)):
-        raise WorkdirHoldsRunError(
-            f'--workdir={run.workdir} holds a run (metrics.jsonl) but no checkpoint or snapshot '
-            'to resume it from. Pass a new --workdir for a new run, or delete that directory '
-            'to start over on purpose.')
-
-
-def _record_start(run: Run, step: int, source: str | None) -> None:
-    """Once the state is restored (or built) and checked: the config record, then the
-    metrics cut back to `step` (a curve never has two values for one step)."""
-    if jax.process_index() == 0:
-        config_record.write_config_record(run.workdir, run.cfg)
-        run.metrics.truncate_after(step)
-    if source is not None:
-        if jax.process_index() == 0:
-            print(f'resumed from step {step} ({source})', flush=True)
-        run.metrics.write(resumed_row(step, source))
-
-
 class StaticController:
     """Fault-free data parallelism on the full mesh."""
 
@@ -280,7 +212,7 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
     `main.run` picks the fault controller when failures are configured).
     `stop_at` ends the job early, as a preempted or time-limited job would,
     after checkpointing; the learning-rate schedule still spans `train.steps`.
-    `restore` serves a launcher (see `init_or_restore`); `observers`
+    `restore` serves a launcher (see `resume.init_or_restore`); `observers`
     (observers.py) measure the run: timing, accounting, probes, snapshots.
 
     The loop never waits for a step it has just dispatched: while step k runs
@@ -294,7 +226,7 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
     controller reported, then what each observer reported, and `state`.
     """
     run = run or build_run(cfg, workdir)
-    state = init_or_restore(run, restore)
+    state = resume.init_or_restore(run, restore)
     controller = StaticController(run) if controller is None else controller
     total = cfg.train.steps
     end = total if stop_at is None else min(total, int(stop_at))

@@ -23,6 +23,7 @@ from configs.tiny import get_config
 from mecefo_jax import main
 from mecefo_jax import state as state_lib
 from mecefo_jax import train as train_lib
+from mecefo_jax import resume
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.strategies import (NEIGHBOUR_MODE_STRATEGIES, STRATEGIES,
                                           AllReplicasDownError, layout_for)
@@ -554,7 +555,7 @@ def test_all_replicas_down_stops_with_checkpoint(cache_dir, topologies, tmp_path
             main.run(cfg, workdir, run=run, observers=[probe])
         assert 'fault.events' in str(info.value)
         assert run.checkpointer.all_steps() == [1]
-        restored, data_state = train_lib.restore_onto(
+        restored, data_state = resume.restore_onto(
             run, run.checkpointer, run.topologies.get(run.full_rows))
         assert int(restored.step) == 1
         assert tree_equal(jax.device_get(restored), probe.trace[0]['state_after'])

@@ -16,7 +16,6 @@ from mecefo_jax import step as step_lib
 from mecefo_jax.config import base_config
 from mecefo_jax.projections import (
     compute_projections,
-    refresh_projections,
     subspace_iteration,
     validate_refresh,
 )

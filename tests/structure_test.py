@@ -21,10 +21,23 @@ def _module_name(path: pathlib.Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob('*.py'))}
 
 
+def _type_checking_imports(tree) -> set[int]:
+    """ids of import nodes under `if TYPE_CHECKING:` (annotations only: never run)."""
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, 'id', None) == 'TYPE_CHECKING':
+            guarded |= {id(n) for n in ast.walk(node)}
+    return guarded
+
+
 def _imports(path: pathlib.Path) -> set[str]:
-    """The project modules `path` imports (the longest known prefix of each name)."""
+    """The project modules `path` imports at run time (the longest known prefix of each)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_imports(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]

@@ -8,6 +8,7 @@ import pytest
 from configs.tiny import get_config
 from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import train as train_lib
+from mecefo_jax import resume
 from mecefo_jax.metrics import read_metrics
 from mecefo_jax.settings import resolve
 
@@ -89,7 +90,7 @@ def test_non_finite_loss_stops_after_saving_last_good_state(cache_dir, tmp_path,
     step = ckpt.latest_step()
     assert step is not None and 0 < step < STEPS
     run = train_lib.build_run(cfg, str(tmp_path / 'probe'))
-    state, data_state = train_lib.restore_onto(run, ckpt, run.topologies.get(run.full_rows))
+    state, data_state = resume.restore_onto(run, ckpt, run.topologies.get(run.full_rows))
     assert int(state.step) == step
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
     ckpt.close()

@@ -23,10 +23,7 @@ beats MeCeFO is stated in the markdown with both values.
 and max of every figure, and for each adjacent pair in the drop-% ranking
 whether the gap exceeds the spread.
 """
-import copy
-import collections
 import json
-import math
 import os
 import time
 

@@ -121,6 +121,7 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
     """
     import jax
     import numpy as np
+    from mecefo_jax import resume
     from mecefo_jax import train as train_lib
     from mecefo_jax.launch.worker_state import SnapshotHook
     from mecefo_jax.layout import assemble, full_layout
@@ -130,7 +131,7 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
     topology = run.topologies.get(run.full_rows)
     layout = full_layout(run.num_shards, run.shard_batch)
     plan = train_lib.Plan(topology, layout, run.present)
-    state = train_lib.init_or_restore(run)
+    state = resume.init_or_restore(run)
     keeper = start_keeper(f'mecefodrill{os.getpid()}', slots=cfg.snapshot.slots)
     hook = SnapshotHook(keeper.address, 1)
     try:
@@ -187,13 +188,14 @@ def restore_comparison(cfg, workdir: str, *, repeats: int = 10, log=print) -> di
     """
     import jax
     from mecefo_jax import checkpoint as ckpt_lib
+    from mecefo_jax import resume
     from mecefo_jax import train as train_lib
     from mecefo_jax.snapshot import (KeeperClient, SnapshotWriter, host_shards, open_sources,
                                      restore, start_keeper)
 
     run = train_lib.build_run(cfg, workdir, checkpoint_every=0)
     topology = run.topologies.get(run.full_rows)
-    state = train_lib.init_or_restore(run)
+    state = resume.init_or_restore(run)
     abstract = ckpt_lib.abstract_like(run.abstract_state, topology.state_shardings)
     keeper = start_keeper(f'mecefodrillrestore{os.getpid()}', slots=2)
     checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'orbax'), save_every=1)

@@ -14,7 +14,7 @@ import os
 import time
 
 from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import train as train_lib
+from mecefo_jax import resume
 from mecefo_jax.faults.controller import FaultController
 
 
@@ -55,7 +55,7 @@ class RestartController(FaultController):
                 step, state, self.run.train_data.get_state(), force=True)
         self._ckpt.wait()
         start = time.perf_counter()
-        restored, data_state = train_lib.restore_onto(self.run, self._ckpt, topology)
+        restored, data_state = resume.restore_onto(self.run, self._ckpt, topology)
         event.restore_sec = time.perf_counter() - start
         event.relaunch_sec_modelled = self.run.cfg.fault.relaunch_delay_sec
         event.lost_steps = step - int(restored.step)

@@ -56,11 +56,12 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import numbers
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from mecefo_jax.settings import FaultSection
+if TYPE_CHECKING:  # annotations only: the config's rules import this module
+    from mecefo_jax.settings import FaultSection
 
 # name -> (mtbf_hours, mttr_hours), cluster-wide, from the MeCeFO paper.
 REGIMES: dict[str, tuple[float, float]] = {

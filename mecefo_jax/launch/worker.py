@@ -103,15 +103,7 @@ def main(argv):
         restore = worker_state.disk_restore(info)
     # 'fresh': the newest intact disk checkpoint if the workdir has one (a rerun
     # after the launcher itself was lost), else a new run.
-    snapshot_hook = None
-    if cfg.snapshot.every != 0 and keepers and keepers[_WORKER.value] is not None:
-        parity = None
-        if cfg.snapshot.parity:
-            parity = _parity_pusher(cfg, keepers, _WORKER.value)
-        snapshot_hook = worker_state.SnapshotHook(
-            keepers[_WORKER.value], cfg.snapshot.every, parity=parity,
-            budget_pct=cfg.snapshot.overhead_budget_pct,
-            log=lambda msg: print(f'[worker {_WORKER.value}] {msg}', flush=True))
+    snapshot_hook = _snapshot_hook(cfg, keepers, _WORKER.value)
 
     provenance = (os.path.join(out_dir, 'provenance.jsonl')
                   if jax.process_index() == 0 else None)
@@ -242,6 +234,18 @@ def _local_params_sha256(params) -> str:
             digest.update(repr((jax.tree_util.keystr(path), key)).encode())
             digest.update(copies[key])
     return digest.hexdigest()
+
+
+def _snapshot_hook(cfg, keepers, worker):
+    """This worker's snapshot observer, or None when snapshots are off or it has no keeper."""
+    from mecefo_jax.launch import worker_state
+    if cfg.snapshot.every == 0 or not keepers or keepers[worker] is None:
+        return None
+    parity = _parity_pusher(cfg, keepers, worker) if cfg.snapshot.parity else None
+    return worker_state.SnapshotHook(
+        keepers[worker], cfg.snapshot.every, parity=parity,
+        budget_pct=cfg.snapshot.overhead_budget_pct,
+        log=lambda msg: print(f'[worker {worker}] {msg}', flush=True))
 
 
 def _parity_pusher(cfg, keepers, worker):

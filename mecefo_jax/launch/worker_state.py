@@ -190,14 +190,14 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
 
 def disk_restore(info: dict):
     """A `train(restore=...)` callback restoring the latest Orbax checkpoint, timed."""
-    from mecefo_jax import train as train_lib
+    from mecefo_jax import resume
 
     def restore_fn(run, topology):
         if run.checkpointer is None or run.checkpointer.latest_step() is None:
             return None
         run.abstract_state  # traced before the clock starts, as for a keeper restore
         start = time.perf_counter()
-        state, data_state = train_lib.restore_onto(run, run.checkpointer, topology)
+        state, data_state = resume.restore_onto(run, run.checkpointer, topology)
         jax.block_until_ready(state)
         nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
         info['restore'] = RestoreInfo(step=int(state.step), seconds=time.perf_counter() - start,
