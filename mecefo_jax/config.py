@@ -71,7 +71,7 @@ def base_config() -> ConfigDict:
     cfg.mecefo.remat_ffn = False
 
     cfg.fault = ConfigDict()
-    cfg.fault.strategy = 'mecefo'  # mecefo | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
+    cfg.fault.strategy = 'mecefo'  # mecefo | mecefo_planned | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
     cfg.fault.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
     cfg.fault.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
     cfg.fault.regime_replicas = 0  # regime MTBF is for this many replicas (paper: 32); 0: as is

@@ -39,6 +39,7 @@ from mecefo_jax import multihost
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax.faults import schedule as schedule_lib
+from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import AllReplicasDownError, layout_for, validate_strategy
 from mecefo_jax.layout import ROLE_NEIGHBOUR, full_layout
 from mecefo_jax.topology import move_state
@@ -81,6 +82,8 @@ class FaultController:
         self.timer = timer
         self.tau = proj_lib.validate_tau(int(cfg.mecefo.tau))
         self.spread_k = int(cfg.fault.spread_k)
+        self.planner = (config_planner(cfg, run.shard_batch)
+                        if self.strategy == 'mecefo_planned' else None)
         # A job relaunched without some replicas (launch.py) starts as if they
         # had just failed: the first prepare moves to the present replicas'
         # layout, compiles and refreshes V as for any failure onset.
@@ -200,7 +203,8 @@ class FaultController:
     # -- internals ----------------------------------------------------------
 
     def _layout(self, live):
-        return layout_for(self.strategy, live, self.run.shard_batch, spread_k=self.spread_k)
+        return layout_for(self.strategy, live, self.run.shard_batch, spread_k=self.spread_k,
+                          planner=self.planner)
 
     def _neighbour_active(self) -> bool:
         return ROLE_NEIGHBOUR in self.layout.roles
