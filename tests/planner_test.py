@@ -143,3 +143,36 @@ def test_planner_caches_by_live_set():
     planner = planner_lib.Planner(2)
     mask = (True, False, True, True)
     assert planner.layout(mask) is planner.layout(list(mask))
+
+
+def test_plan_command_prints_every_strategy_as_json():
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, '-m', 'mecefo_jax.faults.plan', '--config',
+         os.path.join(root, 'configs', 'tiny.py'), '--down', '3', '--json'],
+        capture_output=True, text=True, check=True, cwd=root,
+        env=dict(os.environ, PYTHONPATH=root)).stdout
+    report = json.loads(out)
+    from mecefo_jax.faults.strategies import STRATEGIES
+    assert set(report) == set(STRATEGIES)
+    planned = report['mecefo_planned']
+    assert [x['replica'] for x in planned['replicas']] == [0, 1, 2, 4, 5, 6, 7]
+    helpers = [x for x in planned['replicas'] if x['role'] == 'neighbour']
+    assert [x['pieces'] for x in helpers] == [['2[0:2]', '3[0:1]'], ['4[0:2]', '3[1:2]']]
+    assert planned['slowest_cost'] == max(x['cost'] for x in planned['replicas'])
+    assert report['mecefo']['slowest_cost'] > planned['slowest_cost']
+    assert report['drop']['slowest_cost'] == 1.0
+
+
+def test_fault_library_never_imports_experiments():
+    import subprocess
+    import sys
+    code = ('import sys, mecefo_jax.faults.planner, mecefo_jax.faults.strategies, '
+            'mecefo_jax.faults.costs, mecefo_jax.faults.plan, mecefo_jax.faults.controller; '
+            'bad = [m for m in sys.modules if m.startswith("mecefo_jax.experiments")]; '
+            'assert not bad, bad')
+    subprocess.run([sys.executable, '-c', code], check=True)
