@@ -51,7 +51,7 @@ def parse(argv=None) -> argparse.Namespace:
     g.add_argument('--sizes', type=_list(int), default=_DEFAULT.sizes,
                    help='Cluster sizes of the sweep ("" skips it).')
     g.add_argument('--sweep_model', default=_DEFAULT.sweep_model)
-    g.add_argument('--sweep_regime', default=_DEFAULT.sweep_regime)
+    g.add_argument('--sweep_regimes', type=_list(), default=_DEFAULT.sweep_regimes)
     g.add_argument('--sweep_seeds', type=int, default=_DEFAULT.sweep_seeds,
                    help='Seeds per sweep size; 0: min(seeds, max(4, seeds * replicas / n)).')
     g = p.add_argument_group('workload and costs')
@@ -59,7 +59,7 @@ def parse(argv=None) -> argparse.Namespace:
     g.add_argument('--bench_json', default='', help='bench_step.json (for --cost bench).')
     g.add_argument('--bench_metric', choices=('step_ms', 'flops'), default='step_ms')
     g.add_argument('--roles_json', default='',
-                   help='compare_faults.json with role_seconds (for --cost roles).')
+                   help='compare_faults.json (its programs table, for --cost roles).')
     g.add_argument('--global_batch', type=int, default=_DEFAULT.global_batch)
     g.add_argument('--seq_len', type=int, default=_DEFAULT.seq_len)
     g.add_argument('--rank', type=int, default=_DEFAULT.rank)
@@ -71,6 +71,12 @@ def parse(argv=None) -> argparse.Namespace:
     g.add_argument('--peak_tflops', type=float, default=_DEFAULT.peak_tflops,
                    help='A100 bf16 dense peak.')
     g.add_argument('--spread_k', type=int, default=_DEFAULT.spread_k)
+    g.add_argument('--tau', type=int, default=_DEFAULT.tau,
+                   help='Steps between projection refreshes while a neighbour is active.')
+    g.add_argument('--refresh_sec', type=float, default=_DEFAULT.refresh_sec,
+                   help='Seconds per projection refresh; < 0: SVD FLOPs at --svd_tflops.')
+    g.add_argument('--svd_tflops', type=float, default=_DEFAULT.svd_tflops,
+                   help='Assumed effective TFLOP/s of the GPU SVD (not measured).')
     g.add_argument('--granularity', choices=('sequence', 'continuous'),
                    default=_DEFAULT.granularity)
     g = p.add_argument_group('recovery')
@@ -91,10 +97,11 @@ def main(argv=None):
         models=a.models, regimes=a.regimes, readings=a.readings,
         assumptions=cluster_sim.ASSUMPTIONS if a.assumption == 'both' else (a.assumption,),
         strategies=a.strategies, replicas=a.replicas, node_size=a.node_size, seeds=a.seeds,
-        hours=a.hours, sizes=a.sizes, sweep_model=a.sweep_model, sweep_regime=a.sweep_regime,
+        hours=a.hours, sizes=a.sizes, sweep_model=a.sweep_model, sweep_regimes=a.sweep_regimes,
         sweep_seeds=a.sweep_seeds, mtbf_hours=a.mtbf_hours, mttr_hours=a.mttr_hours,
         rate_scaling=a.rate_scaling, global_batch=a.global_batch, seq_len=a.seq_len,
-        rank=a.rank, spread_k=a.spread_k, granularity=a.granularity,
+        rank=a.rank, spread_k=a.spread_k, granularity=a.granularity, tau=a.tau,
+        refresh_sec=a.refresh_sec, svd_tflops=a.svd_tflops,
         checkpoint_every=a.checkpoint_every, recompute_ffn=a.recompute_ffn,
         causal_scores=a.causal_scores, mfu=a.mfu, peak_tflops=a.peak_tflops)
     overrides = {}

@@ -7,4 +7,5 @@ from mecefo_jax.faults.costs import (PAPER_MODELS, PEAK_FLOPS_A100_BF16, CostTab
                                      ModelShape, analytic_table, bench_table,
                                      block_flops_per_token, flops_per_token, interpolate,
                                      load_json, mfu_step_sec, paper_implied_mfu,
-                                     program_seconds, role_cost, roles_table)
+                                     program_seconds, role_cost, roles_table,
+                                     svd_refresh_flops)
