@@ -364,14 +364,16 @@ def paper_implied_mfu(shape: ModelShape, tokens_per_sec: float, gpus: int, *, se
 def role_cost(table: CostTable, shard_rows: int):
     """`cost(role, rows)` of `table` for shards of `shard_rows` examples.
 
-    In units of one normal shard; the planner's view of a cost table.
+    In units of one normal shard; the planner's view of a cost table. `rows`
+    may be an array (the planner weighs every split at once).
     """
     if shard_rows < 1:
         raise ValueError(f'shard_rows={shard_rows!r} must be >= 1.')
 
-    def cost(role: int, rows: int) -> float:
-        shards = rows / shard_rows
-        return float(table.neighbour_cost(shards) if role else table.exact_cost(shards))
+    def cost(role: int, rows):
+        shards = np.asarray(rows, float) / shard_rows
+        out = table.neighbour_cost(shards) if role else table.exact_cost(shards)
+        return float(out) if out.ndim == 0 else out
     return cost
 
 

@@ -46,7 +46,8 @@ import numpy as np
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
 
-Cost = Callable[[int, int], float]  # cost(role, rows), any unit
+# cost(role, rows) in any unit; rows an int or an int array (then an array of costs).
+Cost = Callable[[int, 'int | np.ndarray'], 'float | np.ndarray']
 EXACT_STATES = 4_000_000  # cuts x flow values x helper counts x replicas
 _TOL = 1e-9
 
@@ -58,7 +59,10 @@ DEFAULT_NEIGHBOUR_RATIO = 0.649
 def linear_cost(neighbour_ratio: float = DEFAULT_NEIGHBOUR_RATIO) -> Cost:
     """cost(role, rows) linear in rows: 1 per row exact, `neighbour_ratio` per row
     in neighbour mode (the planner normalises by a normal shard)."""
-    return lambda role, rows: float(rows) * (neighbour_ratio if role == ROLE_NEIGHBOUR else 1.0)
+    def cost(role: int, rows):
+        out = np.asarray(rows, float) * (neighbour_ratio if role == ROLE_NEIGHBOUR else 1.0)
+        return float(out) if out.ndim == 0 else out
+    return cost
 
 
 class PlanError(ValueError):
@@ -95,7 +99,7 @@ def budget(num_live: int, num_failed: int, shard: int, cost: Cost,
     orphaned = num_failed * shard
     if orphaned == 0:
         return Budget(0, 0, 1.0, 0, shard)
-    normal = cost(ROLE_NORMAL, shard)
+    normal = float(cost(ROLE_NORMAL, shard))
     cap = orphaned if max_rows is None else min(orphaned, max_rows - shard)
     least = -(-orphaned // num_live)  # every live replica helps
     if cap < least:
@@ -104,8 +108,7 @@ def budget(num_live: int, num_failed: int, shard: int, cost: Cost,
             f'{max_rows} rows per neighbour (the memory bound); allow more rows per neighbour '
             f'or use fault.strategy=drop.')
     extra = np.arange(least, cap + 1)
-    slow = np.maximum(1.0, np.array([cost(ROLE_NEIGHBOUR, shard + int(x)) for x in extra])
-                      / normal)
+    slow = np.maximum(1.0, np.asarray(cost(ROLE_NEIGHBOUR, shard + extra), float) / normal)
     best = float(slow.min())
     top = int(extra[np.flatnonzero(slow <= best + _TOL)].max())
     return Budget(-(-orphaned // top), top, best, orphaned, shard)
