@@ -275,8 +275,9 @@ def summarise(rows: list[dict], *, cfg, seeds, grad_error_every: int, config_nam
             'seeds': [r['seed'] for r in mine],
             **{key: stats(r[key] for r in mine) for key in (
                 'final_val_ppl', 'final_val_loss', 'ppl_vs_fault_free_pct', 'failures',
-                'degraded_steps', 'neighbour_steps', 'mean_live_replicas', 'skipped_examples',
-                'neighbour_row_pct')},
+                'degraded_steps', 'neighbour_steps', 'mean_live_replicas', 'skipped_examples')},
+            # Absent from rows recorded before the planner: None, shown as n/a.
+            'neighbour_row_pct': stats(r.get('neighbour_row_pct') for r in mine),
             'grad_error': _grad_summary(samples),
         }
     from mecefo_jax.faults.schedule import regime_scale

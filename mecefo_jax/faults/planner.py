@@ -222,10 +222,9 @@ def place(live_mask, shard: int, plan: Budget) -> dict[int, list[Piece]]:
     if plan.helpers == 0:
         return {int(r): [] for r in np.flatnonzero(live)}
     states = live.size ** 2 * (2 * plan.orphaned_rows + 1) * (plan.helpers + 1)
-    least = -(-plan.orphaned_rows // plan.helpers)
+    least = -(-plan.orphaned_rows // plan.helpers)  # <= max_extra, by `budget`
     if states > EXACT_STATES:
-        return _greedy(live, shard, plan.helpers, least if least <= plan.max_extra
-                       else plan.max_extra)
+        return _greedy(live, shard, plan.helpers, least)
     best, pieces = _ring_dp(live, shard, plan.helpers, plan.max_extra)
     for cap in range(least, plan.max_extra):  # (4): the smallest cap that keeps (3)
         distance, smaller = _ring_dp(live, shard, plan.helpers, cap)
