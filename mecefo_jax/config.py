@@ -94,7 +94,7 @@ def _mecefo_section() -> ConfigDict:
 def _fault_section() -> ConfigDict:
     """Which replicas fail when, and the strategy that absorbs it."""
     section = ConfigDict()
-    section.strategy = 'mecefo'  # mecefo | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
+    section.strategy = 'mecefo'  # mecefo | mecefo_planned | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
     section.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
     section.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
     section.regime_replicas = 0  # regime MTBF is for this many replicas (paper: 32); 0: as is

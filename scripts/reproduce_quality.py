@@ -2,7 +2,8 @@
 
 python scripts/reproduce_quality.py --config configs/small.py --seeds 2 --out DIR
 
-Trains fault_free, mecefo under low / mid / high, drop and ndb_naive under high
+Trains fault_free, mecefo under low / mid / high, mecefo_planned, drop and
+ndb_naive under high
 (--runs to choose), once per seed (seed s sets train.seed and fault.seed; seeds
 start at --config.fault.seed), and writes DIR/quality.{json,md,png} plus each
 run's metrics under DIR/seed<s>/<run>/. Failures are drawn with
@@ -23,7 +24,8 @@ _OUT = flags.DEFINE_string('out', None, 'Output directory.')
 _SEEDS = flags.DEFINE_integer('seeds', 2, 'Seeds (initialisation + failure trace) per run.',
                               lower_bound=1)
 _RUNS = flags.DEFINE_string(
-    'runs', 'fault_free,mecefo:low,mecefo:mid,mecefo:high,drop:high,ndb_naive:high',
+    'runs', 'fault_free,mecefo:low,mecefo:mid,mecefo:high,mecefo_planned:high,drop:high,'
+    'ndb_naive:high',
     'Comma-separated strategy:regime runs (fault_free has no regime).')
 _GRAD_EVERY = flags.DEFINE_integer(
     'grad_error_every', 10, "Measure the neighbour's gradient error on every k-th "

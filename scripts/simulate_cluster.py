@@ -45,14 +45,15 @@ flags.DEFINE_integer('node_size', _DEFAULT.node_size, 'Devices per node (reading
 flags.DEFINE_list('sizes', [str(s) for s in _DEFAULT.sizes],
                   'Cluster sizes of the sweep ("" skips it).')
 flags.DEFINE_string('sweep_model', _DEFAULT.sweep_model, 'Model of the size sweep.')
-flags.DEFINE_string('sweep_regime', _DEFAULT.sweep_regime, 'Regime of the size sweep.')
+flags.DEFINE_list('sweep_regimes', list(_DEFAULT.sweep_regimes), 'Regimes of the size sweep.')
 flags.DEFINE_integer('sweep_seeds', _DEFAULT.sweep_seeds,
                      'Seeds per sweep size; 0: min(seeds, max(4, seeds * replicas / n)).')
 # Workload and costs
 flags.DEFINE_enum('cost', 'analytic', ('analytic', 'bench', 'roles'), 'Where step costs come from.')
 flags.DEFINE_string('bench_json', '', 'bench_step.json (for --cost bench).')
 flags.DEFINE_enum('bench_metric', 'step_ms', ('step_ms', 'flops'), 'Which bench figure to use.')
-flags.DEFINE_string('roles_json', '', 'compare_faults.json with role_seconds (for --cost roles).')
+flags.DEFINE_string('roles_json', '',
+                    'compare_faults.json (its programs table, for --cost roles).')
 flags.DEFINE_integer('global_batch', _DEFAULT.global_batch, 'Sequences per step.')
 flags.DEFINE_integer('seq_len', _DEFAULT.seq_len, 'Tokens per sequence.')
 flags.DEFINE_integer('rank', _DEFAULT.rank, 'MeCeFO low-rank r.')
@@ -63,6 +64,12 @@ flags.DEFINE_boolean('causal_scores', _DEFAULT.causal_scores,
 flags.DEFINE_float('mfu', _DEFAULT.mfu, 'Model-FLOPs utilisation assumed.')
 flags.DEFINE_float('peak_tflops', _DEFAULT.peak_tflops, 'A100 bf16 dense peak.')
 flags.DEFINE_integer('spread_k', _DEFAULT.spread_k, 'Neighbours of mecefo_spread.')
+flags.DEFINE_integer('tau', _DEFAULT.tau,
+                     'Steps between projection refreshes while a neighbour is active.')
+flags.DEFINE_float('refresh_sec', _DEFAULT.refresh_sec,
+                   'Seconds per projection refresh; < 0: the refresh FLOPs at --svd_tflops.')
+flags.DEFINE_float('svd_tflops', _DEFAULT.svd_tflops,
+                   'Assumed effective TFLOP/s of the refresh on the GPU (not measured).')
 flags.DEFINE_enum('granularity', _DEFAULT.granularity, ('sequence', 'continuous'),
                   'How a failed shard is split over neighbours.')
 # Recovery
@@ -86,11 +93,12 @@ def _ints(name: str) -> tuple[int, ...]:
 def sim_config() -> cluster_sim.SimConfig:
     """The SimConfig the flags describe."""
     f = FLAGS
-    names = ('models', 'regimes', 'readings', 'strategies')
+    names = ('models', 'regimes', 'readings', 'strategies', 'sweep_regimes')
     lists = {n: tuple(x.strip() for x in f[n].value if x.strip()) for n in names}
-    scalars = ('replicas', 'node_size', 'seeds', 'hours', 'sweep_model', 'sweep_regime',
+    scalars = ('replicas', 'node_size', 'seeds', 'hours', 'sweep_model',
                'sweep_seeds', 'mtbf_hours', 'mttr_hours', 'rate_scaling', 'global_batch',
-               'seq_len', 'rank', 'spread_k', 'granularity', 'checkpoint_every',
+               'seq_len', 'rank', 'spread_k', 'tau', 'refresh_sec', 'svd_tflops',
+               'granularity', 'checkpoint_every',
                'recompute_ffn', 'causal_scores', 'mfu', 'peak_tflops')
     assumptions = (cluster_sim.ASSUMPTIONS if f.assumption == 'both' else (f.assumption,))
     return cluster_sim.SimConfig(**lists, **{n: f[n].value for n in scalars},

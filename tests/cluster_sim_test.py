@@ -3,6 +3,7 @@
 Pure numpy under test; these run in about a second (the end-to-end script
 run is a subprocess with a 2 h horizon and 2 seeds).
 """
+import dataclasses
 import json
 import math
 import os
@@ -277,6 +278,81 @@ def test_roles_table_from_measured_role_seconds():
                               replica_seqs=16, mfu=0.4)
     assert (t.ratio('ndb_naive'), t.ratio('mecefo'), t.ratio('mecefo_per_batch')) == (
         1.8, 1.3, 0.7)
+
+
+@pytest.mark.parametrize('seeds', [1, 3])
+def test_roles_table_reads_what_compare_writes(seeds):
+    def entry(sec):
+        return {'seconds': sec if seeds == 1 else {'mean': sec, 'std': 0.0, 'min': sec,
+                                                   'max': sec}}
+    report = {'regime': 'high', 'programs': {'normalx2': entry(1.0), 'normalx3': entry(1.4),
+                                             'neighbourx3': entry(0.9)}}
+    t = costs_lib.roles_table(report, costs_lib.PAPER_MODELS['350M'], seq_len=256,
+                              replica_seqs=16, mfu=0.4)
+    assert t.exact == ((1.0, 1.0), (1.5, 1.4)) and t.neighbour == ((1.5, 0.9),)
+
+
+def test_events_json_of_a_multi_seed_comparison_reads_its_seeds(tmp_path):
+    events = [{'kind': 'failure', 'detect_sec': 1.0, 'rebuild_sec': 2.0, 'compile_sec': 3.0,
+               'restore_sec': 0.0, 'lost_steps': 0}]
+    for seed in (0, 1):
+        (tmp_path / f'seed{seed}').mkdir()
+        (tmp_path / f'seed{seed}' / 'compare_faults.json').write_text(json.dumps(
+            {'strategies': {'mecefo': {'events': events}}}))
+    path = tmp_path / 'compare_faults.json'
+    path.write_text(json.dumps({'seeds': [{'fault_seed': 0}, {'fault_seed': 1}], 'strategies': {
+        'mecefo': {'events': {'mean': 1.0, 'std': 0.0, 'min': 1.0, 'max': 1.0}}}}))
+    reports = recovery_lib.compare_reports(str(path), costs_lib.load_json)
+    assert recovery_lib.measured_in_process(reports)['recovery_sec'] == 6.0
+    with pytest.raises(ValueError, match='per-seed'):
+        recovery_lib.measured_in_process(costs_lib.load_json(str(path), 'x'))
+
+
+# --------------------------------------------------------------- mecefo_planned
+
+
+def test_planned_drops_nothing_when_half_a_shard_fits_in_one_step():
+    # KNOWN: 1 + 1/3 shards in neighbour mode cost 0.97x: three helpers per
+    # failed shard (continuous batches) keep every device within a step.
+    assert _drop('mecefo_planned', _permanent()) == pytest.approx(0.0, abs=1e-12)
+    assert _drop('mecefo_planned', _permanent(shard_seqs=16)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_planned_single_permanent_failure_matches_the_closed_form_when_degraded():
+    # 0.95x per shard in neighbour mode: even one extra sequence of 16 is
+    # 17/16 * 0.95 > 1, so the best plan spreads the 16 over all 7 survivors:
+    # the busiest takes ceil(16/7) = 3, and costs 19/16 * 0.95.
+    steep = costs_lib.CostTable(source='test', exact=((1.0, 1.0), (2.0, 2.0)),
+                                neighbour=((1.0, 0.95), (2.0, 1.9)), step_sec=1.0,
+                                step_sec_source='test')
+    assert _drop('mecefo_planned', _permanent(shard_seqs=16), steep) == pytest.approx(
+        100 * (1 - 1 / (19 / 16 * 0.95)), rel=1e-9)
+
+
+@pytest.mark.parametrize('strategy', ['mecefo', 'mecefo_planned', 'elastic'])
+def test_refresh_is_charged_at_onset_and_every_tau_steps_to_neighbour_modes(strategy):
+    # One permanent failure at t = 0, 1 s steps, a 5 s refresh every 100 steps.
+    horizon, refresh = 10 * HOUR, 5.0
+    table = dataclasses.replace(KNOWN, refresh_sec=refresh)
+    out = sim.simulate(strategy, _permanent(horizon=horizon), table, ZERO,
+                       assumption='in_process', global_tokens=100.0, checkpoint_every=1000,
+                       tau=100)
+    ratio = {'mecefo': 1.3, 'mecefo_planned': 1.0, 'elastic': 1 + 1 / 7}[strategy]
+    if strategy == 'elastic':  # exact strategies keep no projections
+        expected = 1 - 1 / ratio
+    else:
+        expected = 1 - (1 - refresh / horizon) / (ratio + refresh / 100)
+    assert out['drop_pct'] == pytest.approx(100 * expected, rel=1e-9)
+
+
+def test_default_refresh_charge_states_its_source():
+    config = sim.SimConfig(models=('350M',), sizes=())
+    table = sim.cost_tables(config)['350M']
+    flops = costs_lib.svd_refresh_flops(costs_lib.PAPER_MODELS['350M'])
+    assert table.refresh_sec == pytest.approx(flops / 1e12)
+    assert 'assumed 1 TFLOP/s' in table.refresh_source
+    config = sim.SimConfig(models=('350M',), sizes=(), refresh_sec=0.5)
+    assert sim.cost_tables(config)['350M'].refresh_sec == 0.5
 
 
 # ------------------------------------------------------------------- recovery

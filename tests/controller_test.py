@@ -21,6 +21,7 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax import main
+from mecefo_jax.faults.planner import config_planner
 from mecefo_jax import state as state_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax import resume
@@ -463,6 +464,7 @@ def test_checkpoint_restart_restores_the_exact_saved_state(restart_run):
 def test_every_strategy_completes_failure_and_recovery(strategy, strategy_runs):
     result = strategy_runs(strategy)
     s = result.summary
+    planner = config_planner(get_config(), B)  # the run's config differs in fault.* only
     assert s['strategy'] == strategy
     assert s['final_step'] == STEPS
     assert np.isfinite(s['final_loss']) and np.isfinite(s['final_val_loss'])
@@ -471,7 +473,7 @@ def test_every_strategy_completes_failure_and_recovery(strategy, strategy_runs):
     assert devices_of(s['state']) == frozenset(range(N))
     for t in result.probe.trace:
         assert t['mismatches'] == [], (strategy, t['step'], t['mismatches'])
-        assert t['layout'] == layout_for(strategy, t['live'], B, spread_k=2)
+        assert t['layout'] == layout_for(strategy, t['live'], B, spread_k=2, planner=planner)
         assert np.isfinite(t['loss'])
     full_tokens = STEPS * N * TOKENS_PER_SHARD
     if strategy == 'drop':  # shard 3 skipped for 3 steps
@@ -485,6 +487,17 @@ def test_every_strategy_completes_failure_and_recovery(strategy, strategy_runs):
     else:
         assert s['refresh_steps'] == []
         assert all(set(t['layout'].roles) == {ROLE_NORMAL} for t in result.probe.trace)
+
+
+def test_planned_splits_failed_shard_over_its_two_ring_neighbours(strategy_runs):
+    # Tiny's analytic costs: one extra row each keeps a helper at 1.02x, the
+    # best any plan can do with 2 rows per shard; the two nearest take them.
+    during = [t for t in strategy_runs('mecefo_planned').probe.trace if not all(t['live'])]
+    layout = during[0]['layout']
+    helpers = {r: sum(p.size for p in pieces if p.shard == 3)
+               for r, pieces in zip(layout.replicas, layout.pieces)}
+    assert {r: n for r, n in helpers.items() if n} == {2: 1, 4: 1}
+    assert {r for r, role in zip(layout.replicas, layout.roles) if role} == {2, 4}
 
 
 def test_spread_splits_failed_shard_over_two_neighbours(strategy_runs):

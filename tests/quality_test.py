@@ -71,6 +71,9 @@ def test_one_row_per_run_with_the_failures_the_schedule_has(report):
         assert row['degraded_steps'] == (degraded if failing else 0)
         assert row['neighbour_steps'] == (degraded if name == 'mecefo_high' else 0)
         assert row['skipped_examples'] == 0  # no drop run here: every example is computed
+        # mecefo's adopter computes 2 of the 8 shards in neighbour mode while degraded.
+        assert row['neighbour_row_pct'] == pytest.approx(
+            100 * degraded * 2 / (STEPS * 8) if name == 'mecefo_high' else 0.0)
     assert rows['fault_free']['ppl_vs_fault_free_pct'] == 0.0
     assert result['runs']['mecefo_high']['final_val_ppl']['values'] == [
         rows['mecefo_high']['final_val_ppl']]

@@ -149,7 +149,20 @@ def test_one_replica_adopts_several_shards():
     assert (example_counts(layout) == 1).all()
 
 
-@pytest.mark.parametrize('strategy', ['mecefo', 'mecefo_spread'])
+@pytest.mark.parametrize('strategy', STRATEGIES)
+def test_every_example_once_over_random_masks_and_shard_sizes(strategy):
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        n, shard = int(rng.integers(2, 13)), int(rng.integers(1, 9))
+        live = tuple(bool(x) for x in rng.integers(0, 2, n))
+        if not any(live):
+            continue
+        counts = example_counts(layout_for(strategy, live, shard), n, shard)
+        want = np.array([[1 if live[s] or strategy != 'drop' else 0] * shard for s in range(n)])
+        assert (counts == want).all(), (strategy, live, shard)
+
+
+@pytest.mark.parametrize('strategy', ['mecefo', 'mecefo_spread', 'mecefo_planned'])
 @pytest.mark.parametrize('live', MASKS + RNG_MASKS)
 def test_mecefo_roles_neighbour_for_adopters_only(strategy, live):
     layout = layout_for(strategy, live, B)

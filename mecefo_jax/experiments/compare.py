@@ -48,6 +48,7 @@ def _schedule_programs(cfg, runs) -> set:
     """Every device program any run will use: layouts follow from the live masks."""
     from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.experiments.role_timer import layout_keys
+    from mecefo_jax.faults.planner import config_planner
     from mecefo_jax.faults.strategies import layout_for
     replicas = num_replicas(cfg)
     steps = cfg.train.steps
@@ -56,10 +57,12 @@ def _schedule_programs(cfg, runs) -> set:
         replicas)
     masks = {schedule.live_mask(step) for step in range(steps)} | {(True,) * replicas}
     shard_batch = cfg.data.global_batch_size // replicas
+    planner = config_planner(cfg, shard_batch)  # the controller's own
     return {key for name in runs for mask in masks if any(mask)
             for key in layout_keys(layout_for('mecefo' if name == 'fault_free' else name,
                                               mask, shard_batch,
-                                              spread_k=cfg.fault.spread_k))}
+                                              spread_k=cfg.fault.spread_k,
+                                              planner=planner))}
 
 
 def _val_curve(workdir: str) -> list[tuple[int, float]]:

@@ -89,20 +89,31 @@ class ProgramUsage(Observer):
 
 
 class Coverage(Observer):
-    """Live replicas per step and the examples of the global batch no one computed."""
+    """Live replicas per step, the examples no one computed, and the rows in neighbour mode.
+
+    The share of rows computed in neighbour mode is what a placement trades
+    for speed: those rows send no attention gradient and low-rank FFN
+    weight gradients.
+    """
 
     def __init__(self, global_batch_size: int):
         self.global_batch_size = global_batch_size
         self.live_replica_steps = 0
         self.skipped_examples = 0  # examples of the global batch no one computed (drop)
+        self.neighbour_rows = self.computed_rows = 0
 
     def on_step(self, done) -> None:
-        self.live_replica_steps += len(done.layout.replicas)
-        self.skipped_examples += self.global_batch_size - done.layout.examples()
+        layout = done.layout
+        self.live_replica_steps += len(layout.replicas)
+        self.skipped_examples += self.global_batch_size - layout.examples()
+        self.computed_rows += layout.examples()
+        self.neighbour_rows += sum(layout.rows(i) for i, role in enumerate(layout.roles)
+                                   if role == ROLE_NEIGHBOUR)
 
     def summary(self, report: dict) -> dict:
         return {'live_replica_steps': self.live_replica_steps,
-                'skipped_examples': self.skipped_examples}
+                'skipped_examples': self.skipped_examples,
+                'neighbour_row_pct': 100.0 * self.neighbour_rows / max(self.computed_rows, 1)}
 
 
 class GradientError(Observer):

@@ -30,6 +30,7 @@ from mecefo_jax import multihost
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import train as train_lib
 from mecefo_jax.faults import schedule as schedule_lib
+from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import AllReplicasDownError, layout_for, validate_strategy
 from mecefo_jax.layout import ROLE_NEIGHBOUR
 from mecefo_jax.topology import move_state
@@ -70,6 +71,8 @@ class FaultController:
         self.strategy = validate_strategy(strategy)
         self.tau = proj_lib.validate_tau(cfg.mecefo.tau)
         self.spread_k = cfg.fault.spread_k
+        self.planner = (config_planner(cfg, run.shard_batch)
+                        if self.strategy == 'mecefo_planned' else None)
         # A job relaunched without some replicas (launch.py) starts as if they
         # had just failed: the first prepare moves to the present replicas'
         # layout, compiles and refreshes V as for any failure onset.
@@ -149,7 +152,8 @@ class FaultController:
     # -- internals ----------------------------------------------------------
 
     def _layout(self, live):
-        return layout_for(self.strategy, live, self.run.shard_batch, spread_k=self.spread_k)
+        return layout_for(self.strategy, live, self.run.shard_batch, spread_k=self.spread_k,
+                          planner=self.planner)
 
     def _neighbour_active(self) -> bool:
         return ROLE_NEIGHBOUR in self.layout.roles

@@ -8,20 +8,29 @@ global batch and its order never change; only where shards are computed.
 | strategy            | failed shard goes to                    | role of adopters |
 |---------------------|-----------------------------------------|------------------|
 | mecefo              | nearest live ring neighbour             | neighbour        |
+| mecefo_planned      | split over the fewest helpers that keep | neighbour        |
+|                     | every device within one normal step,    |                  |
+|                     | nearest first (`faults/planner.py`)     |                  |
 | ndb_naive           | nearest live ring neighbour             | normal (exact)   |
 | mecefo_spread       | split over the k nearest live neighbours| neighbour        |
 | elastic             | split evenly over every live replica    | normal           |
 | checkpoint_restart  | as elastic, after a restore             | normal           |
+| drop                | nowhere (its samples are skipped)       | -                |
+
+`mecefo` stays the paper's rule (the faithful row). `mecefo_spread` with a
+fixed k is one of the plans `mecefo_planned` chooses among; it is kept only
+to reproduce earlier figures.
 
 Every replica joins its own shard and what it adopts into one batch, so the
 elastic re-split costs each survivor exactly `1 + f/(n-f)` of a batch (f of n
 replicas down), in one larger batch rather than many small ones.
-| drop                | nowhere (its samples are skipped)       | -                |
 """
+from mecefo_jax.faults.planner import Planner
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
 
-STRATEGIES = ('mecefo', 'ndb_naive', 'elastic', 'drop', 'checkpoint_restart', 'mecefo_spread')
-NEIGHBOUR_MODE_STRATEGIES = ('mecefo', 'mecefo_spread')
+STRATEGIES = ('mecefo', 'ndb_naive', 'elastic', 'drop', 'checkpoint_restart', 'mecefo_spread',
+              'mecefo_planned')
+NEIGHBOUR_MODE_STRATEGIES = ('mecefo', 'mecefo_spread', 'mecefo_planned')
 
 
 def validate_strategy(name: str) -> str:
@@ -90,12 +99,23 @@ def _split_evenly(pieces: list[Piece], parts: int) -> list[list[Piece]]:
     return groups
 
 
-def layout_for(strategy: str, live_mask, shard_batch: int, *, spread_k: int = 2) -> Layout:
-    """The layout `strategy` uses when only the replicas in `live_mask` are up."""
+def layout_for(strategy: str, live_mask, shard_batch: int, *, spread_k: int = 2,
+               planner: Planner | None = None) -> Layout:
+    """The layout `strategy` uses when only the replicas in `live_mask` are up.
+
+    `planner` (mecefo_planned only) carries the cost model and memory bound;
+    without one, the planner's stated default costs are used.
+    """
     validate_strategy(strategy)
     live = [r for r, up in enumerate(live_mask) if up]
     if not live:
         raise AllReplicasDownError('every replica is down')
+    if strategy == 'mecefo_planned':
+        planner = planner or Planner(shard_batch)
+        if planner.shard != shard_batch:
+            raise ValueError(f'the planner plans shards of {planner.shard} rows, not '
+                             f'{shard_batch}.')
+        return planner.layout(live_mask)
     failed = [r for r, up in enumerate(live_mask) if not up]
     extra: dict[int, list[Piece]] = {r: [] for r in live}
     neighbours: set[int] = set()

@@ -3,8 +3,9 @@
 | module | owns |
 |---|---|
 | `traces` | Monte Carlo failure traces (per cluster or per node) and per-live-set loads |
-| `costs` | per-role step costs: analytic FLOP model, a `bench_step.json`, or measured roles |
+| `costs` | per-role step costs (the library's `faults/costs.py`, re-exported) |
 | `recovery` | per-event recovery overheads (in-process, from memory, from disk) |
+| `settings` | the strategies, the projection's config and its cost tables (refresh included) |
 | `sim` | the synchronous-step throughput model and the Monte Carlo driver |
 | `report` | JSON, markdown and plot of the result |
 """

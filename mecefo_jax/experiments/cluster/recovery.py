@@ -34,6 +34,7 @@ with `memory` and `disk` objects), and command-line flags.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from typing import Any
 
@@ -102,19 +103,43 @@ def _check(entry: str, field: str, value: Any, origin: str) -> float | None:
     return value
 
 
-def measured_in_process(compare_report: dict, origin: str = '--events_json') -> dict[str, float]:
+def compare_reports(path: str, load) -> list[dict]:
+    """The per-seed reports behind a `compare_faults.json`.
+
+    One seed's report holds its events; the multi-seed one holds only their
+    count per strategy, so its seeds' own reports (`seed<S>/` beside it) are
+    read instead. `load(path, flag)` reads a JSON file.
+    """
+    report = load(path, '--events_json')
+    if not isinstance(report.get('seeds'), list):
+        return [report]
+    base = os.path.dirname(path)
+    return [load(os.path.join(base, f"seed{s['fault_seed']}", 'compare_faults.json'),
+                 '--events_json (its per-seed report)') for s in report['seeds']]
+
+
+def measured_in_process(compare_report, origin: str = '--events_json') -> dict[str, float]:
     """In-process overheads from a strategy comparison's measured events.
 
     The median over the failure and recovery events of the strategies that
     keep running in place (not checkpoint_restart) of detect + rebuild +
     compile + restore seconds, and of their lost steps. These are measured on
-    this machine for the comparison's config (CPU, small model).
+    this machine for the comparison's config (CPU, small model). Takes one
+    report or a list of per-seed reports (`compare_reports`). The projection
+    refresh is charged apart (`cluster.sim`), so it is left out here.
     """
+    reports = compare_report if isinstance(compare_report, list) else [compare_report]
     seconds, lost = [], []
-    for name, result in compare_report.get('strategies', {}).items():
+    results = [(name, result) for report in reports
+               for name, result in report.get('strategies', {}).items()]
+    for name, result in results:
         if name in ('fault_free', 'checkpoint_restart'):
             continue
-        for e in result.get('events', []):
+        events = result.get('events', [])
+        if not isinstance(events, list):
+            raise ValueError(f'{origin}: strategies.{name}.events is a summary, not a list of '
+                             f'events; pass a per-seed compare_faults.json (seed<S>/).')
+        for e in events:
             seconds.append(sum(float(e.get(k) or 0.0) for k in
                                ('detect_sec', 'rebuild_sec', 'compile_sec', 'restore_sec')))
             lost.append(float(e.get('lost_steps') or 0.0))

@@ -281,63 +281,77 @@ def _sweep_table(result) -> list[str]:
         return []
     idx = _index(rows)
     sizes = sorted({r['num_replicas'] for r in rows})
-    strategies = [s for s in cfg['strategies'] if s != 'fault_free']
     scaling = ('per-replica failure rate fixed at the 32-GPU calibration (cluster MTBF x 32/n)'
                if cfg['rate_scaling'] == 'per_replica' else 'cluster-wide MTBF fixed at every n')
-    lines = [f"## Drop % against cluster size ({cfg['sweep_model']}, regime "
-             f"`{cfg['sweep_regime']}`)", '',
-             f"Reading A: {scaling}. Reading B: each node at its own MTBF. Per-replica batch "
-             f"fixed at {cfg['global_batch'] // cfg['replicas']} sequences (weak scaling). Seeds "
-             f"per size: " + ', '.join(f"n={n}: {idx.get(_first_key(idx, n))['seeds']}"
-                                       for n in sizes) + '.', '']
+    lines = []
+    for regime in cfg['sweep_regimes']:
+        lines += [f"## Drop % against cluster size ({cfg['sweep_model']}, regime `{regime}`)",
+                  '', f"Reading A: {scaling}. Reading B: each node at its own MTBF. Per-replica "
+                  f"batch fixed at {cfg['global_batch'] // cfg['replicas']} sequences (weak "
+                  f"scaling). Seeds per size: " + ', '.join(
+                      f"n={n}: {idx.get(_first_key(idx, n))['seeds']}" for n in sizes) + '.', '']
+        for reading in cfg['readings']:
+            for assumption in cfg['assumptions']:
+                lines += _sweep_panel(result, idx, sizes, regime, reading, assumption)
+    return lines
+
+
+def _sweep_panel(result, idx, sizes, regime, reading, assumption) -> list[str]:
+    cfg = result['config']
+    strategies = [s for s in cfg['strategies'] if s != 'fault_free']
     traces = {(t['reading'], t['num_replicas']): t for t in result['traces']
-              if t.get('part') == 'sweep'}
+              if t.get('part') == 'sweep' and t.get('regime') == regime}
     horizon = cfg['hours'] * 3600.0
-    for reading in cfg['readings']:
-        for assumption in cfg['assumptions']:
-            lines += [f'### Reading {reading}, {assumption}', '',
-                      '| n | >=1 down % | mean down | s between changes | '
-                      + ' | '.join(strategies) + ' |',
-                      '|' + '---|' * (4 + len(strategies))]
-            wins, quiet = [], []
-            for n in sizes:
-                get = lambda s: idx.get((reading, assumption, cfg['sweep_model'],  # noqa: E731
-                                         cfg['sweep_regime'], s, n))
-                first = get(strategies[0])
-                if first is None:
-                    continue
-                changes = traces.get((reading, n), {}).get('change_events', {}).get('mean', 0.0)
-                gap = f'{horizon / changes:.0f}' if changes else 'none'
-                lines.append(f"| {n} | {100 * first['time_frac_any_down']:.1f} | "
-                             f"{first['mean_replicas_down']:.1f} | {gap} | "
-                             + ' | '.join(_pm(get(s), 1) for s in strategies) + ' |')
-                if not changes:
-                    quiet.append(n)
-                elif get('elastic') and get('mecefo'):
-                    wins.append((n, get('mecefo')['drop_pct'] - get('elastic')['drop_pct']))
-            lines.append('')
-            if wins:
-                better = [(n, g) for n, g in wins if g > 0]
-                where = (', '.join(str(n) for n, _ in better)
-                         + f" (by {min(g for _, g in better):.1f} to "
-                           f"{max(g for _, g in better):.1f} points)"
-                         if better else 'none of these sizes')
-                lines.append(f'Elastic drops less than MeCeFO at n = {where}.')
-            if quiet:
-                lines.append(f"No failures at n = {', '.join(map(str, quiet))}: "
-                             + ('a single node, and a failure that would leave nothing live is '
-                                'suppressed.' if reading == 'B' else 'none drawn.'))
-            if assumption == 'real_crash' and wins:
-                rec = result['recovery']['memory']['recovery_sec']
-                busy = [n for n in sizes if traces.get((reading, n), {}).get(
-                    'change_events', {}).get('mean') and horizon / traces[(reading, n)][
-                    'change_events']['mean'] < 2 * rec]
-                if busy:
-                    lines.append(f"From n = {busy[0]} the live set changes less than "
-                                 f"{2 * rec:g} s apart on average, twice the {rec:g} s relaunch: "
-                                 "a job that relaunches on every change spends most of its time "
-                                 "relaunching.")
-            lines.append('')
+    lines = [f'### {regime}, reading {reading}, {assumption}', '',
+             '| n | >=1 down % | mean down | s between changes | '
+             + ' | '.join(strategies) + ' |',
+             '|' + '---|' * (4 + len(strategies))]
+    wins, quiet, not_best = [], [], []
+    for n in sizes:
+        get = lambda s: idx.get((reading, assumption, cfg['sweep_model'],  # noqa: E731
+                                 regime, s, n))
+        first = get(strategies[0])
+        if first is None:
+            continue
+        changes = traces.get((reading, n), {}).get('change_events', {}).get('mean', 0.0)
+        gap = f'{horizon / changes:.0f}' if changes else 'none'
+        lines.append(f"| {n} | {100 * first['time_frac_any_down']:.1f} | "
+                     f"{first['mean_replicas_down']:.1f} | {gap} | "
+                     + ' | '.join(_pm(get(s), 1) for s in strategies) + ' |')
+        if not changes:
+            quiet.append(n)
+        elif get('elastic') and get('mecefo'):
+            wins.append((n, get('mecefo')['drop_pct'] - get('elastic')['drop_pct']))
+        if changes and get('mecefo_planned'):
+            best = min(strategies, key=lambda s: get(s)['drop_pct'])
+            if get(best)['drop_pct'] < get('mecefo_planned')['drop_pct']:
+                not_best.append(f"n = {n}: {best} {get(best)['drop_pct']:.2f} against "
+                                f"{get('mecefo_planned')['drop_pct']:.2f}")
+    lines.append('')
+    if not_best:
+        lines.append('mecefo_planned is not the lowest at ' + '; '.join(not_best) + '.')
+    if wins:
+        better = [(n, g) for n, g in wins if g > 0]
+        where = (', '.join(str(n) for n, _ in better)
+                 + f" (by {min(g for _, g in better):.1f} to "
+                   f"{max(g for _, g in better):.1f} points)"
+                 if better else 'none of these sizes')
+        lines.append(f'Elastic drops less than MeCeFO at n = {where}.')
+    if quiet:
+        lines.append(f"No failures at n = {', '.join(map(str, quiet))}: "
+                     + ('a single node, and a failure that would leave nothing live is '
+                        'suppressed.' if reading == 'B' else 'none drawn.'))
+    if assumption == 'real_crash' and wins:
+        rec = result['recovery']['memory']['recovery_sec']
+        busy = [n for n in sizes if traces.get((reading, n), {}).get(
+            'change_events', {}).get('mean') and horizon / traces[(reading, n)][
+            'change_events']['mean'] < 2 * rec]
+        if busy:
+            lines.append(f"From n = {busy[0]} the live set changes less than "
+                         f"{2 * rec:g} s apart on average, twice the {rec:g} s relaunch: "
+                         "a job that relaunches on every change spends most of its time "
+                         "relaunching.")
+    lines.append('')
     return lines
 
 
@@ -465,18 +479,17 @@ def plot(result: dict[str, Any], path: str) -> bool:
         return False
     plt = pyplot()
     cfg = result['config']
-    panels = [(r, a) for r in cfg['readings'] for a in cfg['assumptions']]
-    cols = len(cfg['assumptions'])
-    fig, axes = plt.subplots(len(cfg['readings']), cols, figsize=(6.5 * cols,
-                                                                  4.2 * len(cfg['readings'])),
-                             squeeze=False)
-    for ax, (reading, assumption) in zip(axes.ravel(), panels):
+    panels = [(g, r, a) for g in cfg['sweep_regimes'] for r in cfg['readings']
+              for a in cfg['assumptions']]
+    cols, lines = len(cfg['assumptions']), len(panels) // len(cfg['assumptions'])
+    fig, axes = plt.subplots(lines, cols, figsize=(6.5 * cols, 4.2 * lines), squeeze=False)
+    for ax, (regime, reading, assumption) in zip(axes.ravel(), panels):
         for s in cfg['strategies']:
             if s == 'fault_free':
                 continue
             pts = sorted((r['num_replicas'], r['drop_pct'], r['drop_pct_std']) for r in rows
                          if r['reading'] == reading and r['assumption'] == assumption
-                         and r['strategy'] == s)
+                         and r['strategy'] == s and r['regime'] == regime)
             if pts:
                 x, y, e = zip(*pts)
                 ax.errorbar(x, y, yerr=e, marker='o', ms=3, capsize=2, label=s)
@@ -484,7 +497,7 @@ def plot(result: dict[str, Any], path: str) -> bool:
         ax.set_xlabel('replicas (GPUs)')
         ax.set_ylabel('throughput drop %')
         ax.set_title(f"reading {reading}, {assumption} ({cfg['sweep_model']}, "
-                     f"{cfg['sweep_regime']})", fontsize=10)
+                     f"{regime})", fontsize=10)
         ax.grid(alpha=0.3)
     axes.ravel()[0].legend(fontsize=8)
     fig.tight_layout()

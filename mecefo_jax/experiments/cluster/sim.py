@@ -4,8 +4,8 @@ This module owns the *throughput model* of a strategy over a failure trace
 and the Monte Carlo that runs it over many seeded traces, models, regimes,
 readings and cluster sizes. Its pieces live beside it, one concern each:
 `traces` (failure traces and per-live-set loads), `costs`
-(per-role step costs), `recovery` (per-event overheads) and
-`report` (JSON, markdown, plot). Pure numpy: nothing here imports
+(per-role step costs), `recovery` (per-event overheads), `settings`
+(strategies, config, cost tables) and `report` (JSON, markdown, plot). Pure numpy: nothing here imports
 jax, so a projection to 1,024 replicas runs in seconds on a laptop.
 
 The model, per interval of constant live set (continuous time):
@@ -33,13 +33,26 @@ Strategies (names as in `faults/strategies.py`, plus `fault_free`):
 | mecefo             | neighbour mode, 1 + adopted shards           | all    | recovery  |
 | ndb_naive          | exact, 1 + adopted shards                    | all    | recovery  |
 | mecefo_spread      | neighbour mode, 1 + its pieces (k nearest)   | all    | recovery  |
+| mecefo_planned     | the planner's slowest device (>= 1)          | all    | recovery  |
 | elastic            | exact, 1 + f/(n-f) in one larger batch       | all    | recovery  |
 | drop               | one shard                                    | (n-f)/n| recovery  |
 | checkpoint_restart | as elastic                                   | all    | disk restore + redo |
+
+The neighbour-mode strategies (mecefo, mecefo_spread, mecefo_planned) also
+pay the projection refresh, as the controller does: `refresh_sec` of no
+progress at each onset, and `refresh_sec / tau` per step while some replica
+is down (a refresh every `tau` steps while a neighbour is active). Its
+seconds come from `--refresh_sec`, or else from the thin-SVD FLOPs of the
+model's FFN kernels (`costs.svd_refresh_flops`) at `--svd_tflops`.
+
+`mecefo_planned` asks the planner (`faults/planner.py`, the same code the
+controller runs) for its slowest device once per distinct (live, failed)
+count of a trace: that pair alone sets it.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Callable
@@ -49,11 +62,14 @@ import numpy as np
 from mecefo_jax.experiments.cluster import costs as costs_lib
 from mecefo_jax.experiments.cluster import recovery as recovery_lib
 from mecefo_jax.experiments.cluster import traces as traces_lib
+from mecefo_jax.experiments.cluster.settings import (  # noqa: F401 (re-exported)
+    ASSUMPTIONS, DEFAULT_SVD_TFLOPS, NEIGHBOUR_MODE, STRATEGIES, TABLE2_REGIMES, SimConfig,
+    cost_tables, refresh_charge)
+from mecefo_jax.faults import costs as faults_costs
+from mecefo_jax.faults import planner as planner_lib
+from mecefo_jax.layout import ROLE_NORMAL
 
-STRATEGIES = ('fault_free', 'mecefo', 'ndb_naive', 'mecefo_spread', 'elastic', 'drop',
-              'checkpoint_restart')
-ASSUMPTIONS = ('in_process', 'real_crash')
-TABLE2_REGIMES = ('none', 'low', 'mid', 'high')
+CONTINUOUS_ROWS = 1000  # rows per shard the planner splits when batches are continuous
 
 
 # ------------------------------------------------------------- one trace
@@ -73,6 +89,8 @@ def step_costs(strategy: str, iv: traces_lib.Intervals,
         ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(iv.adopt_shards)), cost.plain)
     elif strategy == 'mecefo_spread':
         ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(iv.spread_shards)), cost.plain)
+    elif strategy == 'mecefo_planned':
+        ratio = np.where(down, planned_cost(iv, cost), cost.plain)
     elif strategy == 'ndb_naive':
         ratio = cost.plain * cost.exact_cost(iv.adopt_shards)
     elif strategy in ('elastic', 'checkpoint_restart'):
@@ -83,6 +101,24 @@ def step_costs(strategy: str, iv: traces_lib.Intervals,
     else:
         raise ValueError(f'strategy {strategy!r} is unknown; use one of {", ".join(STRATEGIES)}.')
     return ratio, useful
+
+
+@functools.lru_cache(maxsize=64)
+def _planner(cost: costs_lib.CostTable, shard: int) -> planner_lib.Planner:
+    # One per table and shard size: its budgets are cached across traces.
+    raw = faults_costs.role_cost(cost, shard)
+    normal = raw(ROLE_NORMAL, shard)
+    return planner_lib.Planner(shard, lambda role, rows: raw(role, rows) / normal)
+
+
+def planned_cost(iv: traces_lib.Intervals, cost: costs_lib.CostTable) -> np.ndarray:
+    """The planner's slowest device per interval, in normal shards (>= 1)."""
+    shard = iv.shard_seqs or CONTINUOUS_ROWS
+    planner = _planner(cost, shard)
+    counts, inverse = np.unique(iv.failed, return_inverse=True)
+    slowest = np.array([planner.budget(iv.num_replicas - int(f), int(f)).slowest_cost
+                        for f in counts])
+    return slowest[inverse]
 
 
 def event_recovery(strategy: str, assumption: str,
@@ -121,14 +157,18 @@ def _lost_since_checkpoint(since: np.ndarray, onset: np.ndarray, every: float) -
 
 def simulate(strategy: str, iv: traces_lib.Intervals, cost: costs_lib.CostTable,
              recovery: recovery_lib.RecoveryTable, *, assumption: str, global_tokens: float,
-             checkpoint_every: float) -> dict[str, float]:
+             checkpoint_every: float, tau: float = 100.0) -> dict[str, float]:
     """Useful tokens/s of `strategy` over one trace, and what went into it."""
     ratio, useful = step_costs(strategy, iv, cost)
-    step_sec = cost.step_sec * ratio / cost.plain
+    # Neighbour modes refresh the projections at each onset and every tau
+    # steps while a replica is down (module docstring).
+    refresh = cost.refresh_sec if strategy in NEIGHBOUR_MODE else 0.0
+    step_sec = cost.step_sec * ratio / cost.plain + np.where(iv.failed > 0, refresh / tau, 0.0)
     tokens_per_step = global_tokens * useful
     sec, lost_fixed = event_recovery(strategy, assumption, recovery)
     event = iv.event & (strategy != 'fault_free')
-    busy_until = np.maximum.accumulate(np.where(event, iv.start + sec, -np.inf))
+    busy_until = np.maximum.accumulate(np.where(event, iv.start + sec + refresh * iv.onset,
+                                                -np.inf))
     productive = np.clip(iv.end - np.maximum(iv.start, busy_until), 0.0, None)
     steps = productive / step_sec
     executed_before = np.concatenate([[0.0], np.cumsum(steps)])
@@ -178,111 +218,6 @@ def trace_stats(iv: traces_lib.Intervals) -> dict[str, float]:
 # ---------------------------------------------------------- Monte Carlo
 
 
-@dataclasses.dataclass(frozen=True)
-class SimConfig:
-    """Everything a projection depends on (see scripts/simulate_cluster.py)."""
-    models: tuple[str, ...] = ('350M', '1B', '7B')
-    regimes: tuple[str, ...] = TABLE2_REGIMES
-    readings: tuple[str, ...] = ('A', 'B')
-    assumptions: tuple[str, ...] = ASSUMPTIONS
-    strategies: tuple[str, ...] = STRATEGIES
-    replicas: int = 32
-    node_size: int = 8
-    seeds: int = 100
-    hours: float = 24.0
-    sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024)
-    sweep_model: str = '350M'
-    sweep_regime: str = 'high'
-    sweep_seeds: int = 0  # 0: min(seeds, max(4, seeds * 32 / n))
-    mtbf_hours: float = 0.0  # the 'custom' regime
-    mttr_hours: float = 0.0
-    rate_scaling: str = 'per_replica'
-    global_batch: int = 512  # sequences per step at `replicas`
-    seq_len: int = 256
-    rank: int = 128
-    spread_k: int = 2
-    granularity: str = 'sequence'  # or 'continuous'
-    checkpoint_every: int = 1000
-    recompute_ffn: bool = False  # as mecefo.remat_ffn, off by default (docs/algorithm.md section 6)
-    causal_scores: bool = False
-    mfu: float = 0.4
-    peak_tflops: float = 312.0
-
-    @property
-    def replica_seqs(self) -> int:
-        return self.global_batch // self.replicas
-
-    def validate(self) -> None:
-        if self.global_batch % self.replicas:
-            raise ValueError(f'--global_batch={self.global_batch} must divide evenly over '
-                             f'--replicas={self.replicas} (one shard per replica).')
-        for name in self.models:
-            if name not in costs_lib.PAPER_MODELS:
-                raise ValueError(f'--models: {name!r} is unknown; use '
-                                 f'{", ".join(costs_lib.PAPER_MODELS)}.')
-        if self.sizes and self.sweep_model not in costs_lib.PAPER_MODELS:
-            raise ValueError(f'--sweep_model={self.sweep_model!r}: use one of '
-                             f'{", ".join(costs_lib.PAPER_MODELS)}.')
-        for s in self.strategies:
-            if s not in STRATEGIES:
-                raise ValueError(f'--strategies: {s!r} is unknown; use {", ".join(STRATEGIES)}.')
-        for a in self.assumptions:
-            if a not in ASSUMPTIONS:
-                raise ValueError(f'--assumption: {a!r} is unknown; use {ASSUMPTIONS} or both.')
-        for r in self.readings:
-            if r not in traces_lib.READINGS:
-                raise ValueError(f'--readings: {r!r} is unknown; use A and/or B.')
-        for regime in self.regimes + ((self.sweep_regime,) if self.sizes else ()):
-            if regime != 'none':
-                traces_lib.regime_rates(regime, self.mtbf_hours, self.mttr_hours)
-        if 'B' in self.readings and any(n % self.node_size for n in (self.replicas,) + self.sizes):
-            raise ValueError(f'reading B needs --replicas and --sizes in multiples of '
-                             f'--node_size={self.node_size}.')
-        if self.granularity not in ('sequence', 'continuous'):
-            raise ValueError(f"--granularity={self.granularity!r}: use 'sequence' or "
-                             f"'continuous'.")
-        if self.seeds < 1 or self.hours <= 0:
-            raise ValueError(f'--seeds={self.seeds} must be >= 1 and --hours={self.hours} > 0.')
-        if self.spread_k < 1:
-            raise ValueError(f'--spread_k={self.spread_k} must be >= 1.')
-
-    def seeds_for(self, n: int) -> int:
-        if self.sweep_seeds > 0:
-            return self.sweep_seeds
-        return min(self.seeds, max(4, (self.seeds * self.replicas) // n))
-
-
-def cost_tables(config: SimConfig, *, source: str = 'analytic', bench: dict | None = None,
-                roles: dict | None = None, bench_metric: str = 'step_ms',
-                bench_path: str = '', roles_path: str = '') -> dict[str, costs_lib.CostTable]:
-    """One cost table per model named in the config (Table 2 and the sweep)."""
-    names = dict.fromkeys(config.models + ((config.sweep_model,) if config.sizes else ()))
-    peak = config.peak_tflops * 1e12
-    tables = {}
-    for name in names:
-        shape = costs_lib.PAPER_MODELS[name]
-        common = dict(seq_len=config.seq_len, replica_seqs=config.replica_seqs, mfu=config.mfu)
-        flop_kw = dict(rank=config.rank, recompute_ffn=config.recompute_ffn,
-                       causal_scores=config.causal_scores, peak_flops=peak)
-        if source == 'analytic':
-            tables[name] = costs_lib.analytic_table(shape, **common, **flop_kw)
-        elif source == 'bench':
-            if bench is None:
-                raise ValueError('--cost=bench needs --bench_json PATH (bench_step.json).')
-            if bench_metric not in ('step_ms', 'flops'):
-                raise ValueError(f"--bench_metric={bench_metric!r}: use 'step_ms' or 'flops'.")
-            tables[name] = costs_lib.bench_table(bench, shape, metric=bench_metric,
-                                                 path=bench_path, **common, **flop_kw)
-        elif source == 'roles':
-            if roles is None:
-                raise ValueError('--cost=roles needs --roles_json PATH (compare_faults.json).')
-            tables[name] = costs_lib.roles_table(roles, shape, path=roles_path, **common,
-                                                 **flop_kw)
-        else:
-            raise ValueError(f"--cost={source!r}: use 'analytic', 'bench' or 'roles'.")
-    return tables
-
-
 def _summary(values: list[float]) -> dict[str, float]:
     a = np.asarray(values, float)
     return {'mean': float(a.mean()), 'std': float(a.std(ddof=1)) if a.size > 1 else 0.0,
@@ -318,7 +253,8 @@ def run_setting(config: SimConfig, tables: dict[str, costs_lib.CostTable],
                 for strategy in config.strategies:
                     per_seed.setdefault((model, assumption, strategy), []).append(simulate(
                         strategy, iv, tables[model], recovery, assumption=assumption,
-                        global_tokens=global_tokens, checkpoint_every=config.checkpoint_every))
+                        global_tokens=global_tokens, checkpoint_every=config.checkpoint_every,
+                        tau=config.tau))
     results = {key: {m: _summary([r[m] for r in runs]) for m in runs[0]}
                for key, runs in per_seed.items()}
     trace = {m: _summary([s[m] for s in stats]) for m in stats[0]}
@@ -370,23 +306,23 @@ def monte_carlo(config: SimConfig, tables: dict[str, costs_lib.CostTable],
             log(f'[simulate] table 2, reading {reading}, regime {regime:<6} n={config.replicas}:'
                 f' {out["seeds"]} seed(s), >=1 replica down {100 * frac:.1f}% of the time '
                 f'({time.perf_counter() - t0:.1f} s)')
-    for n in config.sizes:
-        for reading in config.readings:
-            t0 = time.perf_counter()
-            seeds = config.seeds_for(n)
-            out = run_setting(config, tables, recovery, reading=reading,
-                              regime=config.sweep_regime, num_replicas=n, seeds=seeds,
-                              models=(config.sweep_model,))
-            traces.append({'part': 'sweep', 'reading': reading, 'regime': config.sweep_regime,
-                           'num_replicas': n, 'seeds': out['seeds'], **out['trace']})
-            for (model, assumption, strategy), res in out['results'].items():
-                sweep_rows.append(_row(config, tables, reading=reading,
-                                       regime=config.sweep_regime, n=n, model=model,
-                                       assumption=assumption, strategy=strategy, res=res,
-                                       trace=out['trace'], seeds=out['seeds']))
-            log(f'[simulate] sweep, reading {reading}, n={n:>4}: {seeds} seed(s), mean '
-                f'{out["trace"]["mean_replicas_down"]["mean"]:.1f} replicas down '
-                f'({time.perf_counter() - t0:.1f} s)')
+    for regime in config.sweep_regimes if config.sizes else ():
+        for n in config.sizes:
+            for reading in config.readings:
+                t0 = time.perf_counter()
+                seeds = config.seeds_for(n)
+                out = run_setting(config, tables, recovery, reading=reading, regime=regime,
+                                  num_replicas=n, seeds=seeds, models=(config.sweep_model,))
+                traces.append({'part': 'sweep', 'reading': reading, 'regime': regime,
+                               'num_replicas': n, 'seeds': out['seeds'], **out['trace']})
+                for (model, assumption, strategy), res in out['results'].items():
+                    sweep_rows.append(_row(config, tables, reading=reading, regime=regime,
+                                           n=n, model=model, assumption=assumption,
+                                           strategy=strategy, res=res, trace=out['trace'],
+                                           seeds=out['seeds']))
+                log(f'[simulate] sweep, {regime}, reading {reading}, n={n:>4}: {seeds} seed(s), '
+                    f'mean {out["trace"]["mean_replicas_down"]["mean"]:.1f} replicas down '
+                    f'({time.perf_counter() - t0:.1f} s)')
     log(f'[simulate] done in {time.perf_counter() - start:.1f} s')
     return {'config': dataclasses.asdict(config),
             'primary': {'reading': 'A', 'assumption': 'in_process',
@@ -416,16 +352,15 @@ def run(config: SimConfig, *, out_dir: str | None = None, cost: str = 'analytic'
                          bench_metric=bench_metric, bench_path=bench_json,
                          roles_path=roles_json)
     drill = costs_lib.load_json(recovery_json, '--recovery_json') if recovery_json else None
-    measured = (recovery_lib.measured_in_process(costs_lib.load_json(events_json,
-                                                                     '--events_json'))
-                if events_json else None)
+    measured = (recovery_lib.measured_in_process(
+        recovery_lib.compare_reports(events_json, costs_lib.load_json)) if events_json else None)
     recovery = recovery_lib.recovery_table(drill=drill, measured=measured,
                                            overrides=recovery_overrides,
                                            drill_path=recovery_json or '--recovery_json')
     for name, t in tables.items():
         log(f'[simulate] {name}: {t.source} costs, mecefo x{t.ratio("mecefo"):.3f}, '
             f'ndb_naive x{t.ratio("ndb_naive"):.3f}, fault-free step {t.step_sec * 1e3:.1f} ms '
-            f'({t.step_sec_source})')
+            f'({t.step_sec_source}), refresh {t.refresh_sec:.2f} s ({t.refresh_source})')
     result = monte_carlo(config, tables, recovery, log=log)
     if out_dir:
         paths = cluster_report.write(result, out_dir)

@@ -37,6 +37,9 @@ a 1,024-replica trace with thousands of changes takes a fraction of a second:
   busiest adopter computes ``1 + load`` shards.
 * ``mecefo_spread``: each failed shard is split into k even pieces over its
   k nearest live replicas (ring order).
+* ``mecefo_planned``: not here. Its busiest device depends on the numbers
+  of live and failed replicas alone, and `cluster.sim` asks the planner
+  itself (`faults/planner.py`), once per distinct pair.
 * ``elastic`` / ``checkpoint_restart``: the orphaned examples re-split over
   all live replicas in one larger batch: the busiest gets
   ``ceil(f * s / (n - f))`` extra sequences of a shard of s (the ideal; the
@@ -254,6 +257,7 @@ class Intervals:
     elastic_shards: np.ndarray  # elastic / checkpoint_restart
     event: np.ndarray
     onset: np.ndarray
+    shard_seqs: int | None = None  # sequences per shard; None: continuous batches
 
     @property
     def duration(self) -> np.ndarray:
@@ -399,4 +403,5 @@ def intervals(trace: Trace, *, shard_seqs: int | None = None, spread_k: int = 2)
     return Intervals(num_replicas=n, horizon_sec=horizon, start=start,
                      end=np.append(start[1:], horizon), failed=n - masks.sum(1),
                      adopt_shards=shards[:, 0], spread_shards=shards[:, 1],
-                     elastic_shards=shards[:, 2], event=event, onset=onset)
+                     elastic_shards=shards[:, 2], event=event, onset=onset,
+                     shard_seqs=shard_seqs)

@@ -1,0 +1,383 @@
+"""Per-role step costs: what one device pays per step in each role.
+
+This module owns the *cost table* that both the placement planner
+(`faults/planner.py`) and the cluster simulator read: for each role a device
+can run, the cost of computing `x` batch shards, relative to one normal
+(exact) shard, plus the seconds of one fault-free step. It lives in the
+library, not beside the simulator, because the planner needs it at run time.
+Pure numpy: no jax import.
+
+Three sources, whichever is given:
+
+``analytic``
+    The FLOP model of docs/algorithm.md section 6 for the paper's LLaMA shapes
+    (`PAPER_MODELS`). Per block and token, with width d, FFN width h,
+    sequence length L, vocab V and low-rank r:
+
+    * forward ``2(4d^2 + 3dh)`` (Q, K, V, O and the three SwiGLU kernels; the
+      paper's shapes use plain multi-head attention) plus the attention
+      scores ``4Ld`` (QK^T and PV over the full L x L matrix). We count the
+      full matrix, not the causal half (``2Ld``), because a dense masked
+      attention computes it and XLA's cost analysis counts it: that is what
+      the measured 78.6 MFLOP per normal 350M block is (our count: 78.7);
+    * a normal backward is twice the forward;
+    * the head costs ``2dV`` forward and ``4dV`` backward per token, in every
+      role (the neighbour runs it exactly on all its shards);
+    * in neighbour mode the MHA backward disappears, the FFN forward runs a
+      second time when `recompute_ffn` (the memory-saving recompute of the
+      paper's rule 3, `mecefo.remat_ffn`, off by default), the FFN
+      activation gradient ``6dh`` stays exact and each FFN weight gradient of
+      an m x n kernel costs ``2r(m+n) + 2rmn/b`` instead of ``2mn`` per token
+      (``G_y (x^T V) V^T``; the last product is paid once per batch of b
+      tokens).
+
+    Elementwise work (norms, SwiGLU gate, softmax, RoPE, the embedding
+    gather) is left out: about 1% of a block. Two shards on one device are
+    one joined batch (b doubles), as in the reworked step.
+
+``bench``
+    `bench_step.json` from `scripts/bench_step.py` (ideally run on a GPU):
+    ``ratios[mode][metric]`` for ``normal``, ``ndb_naive`` (two shards
+    exact), ``mecefo`` (two shards, neighbour mode), ``mecefo_per_batch``
+    (one shard, neighbour mode) and, when present, ``plain_dp`` (the plain
+    GSPMD data-parallel step that layouts without a neighbour run).
+
+``roles``
+    Per-program seconds measured on this machine by the strategy comparison:
+    ``compare_faults.json``'s ``programs`` (``{name: {'seconds': s}}``, or
+    ``{'seconds': {'mean': s, ...}}`` over seeds), or a plain
+    ``{name: seconds}`` table (a controller summary's ``role_seconds``);
+    names are programs such as ``normalx2`` or ``neighbourx3``.
+
+Between the points a table gives, cost is linear in examples (interpolated
+through (0, 0) and every measured point; past the last point, extrapolated
+with the last segment's slope): a source that measures only two shards thus
+says "linear in examples", and one that measures more shapes is followed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+PEAK_FLOPS_A100_BF16 = 312e12  # A100 dense bf16 tensor-core peak, FLOP/s
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """A LLaMA shape (multi-head attention: as many KV heads as heads)."""
+    name: str
+    d_model: int
+    num_layers: int
+    num_heads: int
+    ffn_hidden: int
+    vocab_size: int = 32000
+
+
+# The paper's Table-2 models (LLaMA on C4).
+PAPER_MODELS: dict[str, ModelShape] = {
+    '350M': ModelShape('350M', 1024, 24, 16, 2736),
+    '1B': ModelShape('1B', 2048, 24, 32, 5461),
+    '7B': ModelShape('7B', 4096, 32, 32, 11008),
+}
+
+
+def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int,
+                          batch_tokens: float, recompute_ffn: bool,
+                          causal_scores: bool = False) -> float:
+    """FLOPs of one transformer block per token, forward + backward, in `mode`.
+
+    `mode` is 'normal' (exact) or 'neighbour' (MeCeFO's approximate backward);
+    `batch_tokens` is the b of the low-rank product paid once per batch.
+    """
+    d, h, L = shape.d_model, shape.ffn_hidden, seq_len
+    ffn_fwd = 2 * 3 * d * h
+    scores = (2 if causal_scores else 4) * L * d
+    forward = 2 * 4 * d * d + ffn_fwd + scores
+    if mode == 'normal':
+        return 3.0 * forward
+    if mode != 'neighbour':
+        raise ValueError(f"mode={mode!r}: use 'normal' or 'neighbour'.")
+    if not batch_tokens > 0:
+        raise ValueError(f'batch_tokens={batch_tokens!r} must be > 0.')
+    # Three kernels, each d x h or h x d: 2r(m+n) per token + 2rmn per batch.
+    low_rank_wgrad = 3 * (2 * rank * (d + h) + 2 * rank * d * h / batch_tokens)
+    ffn_act_grad = 2 * 3 * d * h
+    recompute = ffn_fwd if recompute_ffn else 0.0
+    return forward + recompute + ffn_act_grad + low_rank_wgrad
+
+
+def flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int = 128,
+                    batch_tokens: float = 1.0, recompute_ffn: bool = True,
+                    causal_scores: bool = False, num_layers: int | None = None) -> float:
+    """Forward + backward FLOPs per token of the whole model (blocks + head).
+
+    `num_layers` overrides the shape's depth (the CPU benchmark used 4 blocks).
+    """
+    layers = shape.num_layers if num_layers is None else num_layers
+    head = 6.0 * shape.d_model * shape.vocab_size  # 2dV forward + 4dV backward
+    return layers * block_flops_per_token(
+        shape, mode=mode, seq_len=seq_len, rank=rank, batch_tokens=batch_tokens,
+        recompute_ffn=recompute_ffn, causal_scores=causal_scores) + head
+
+
+def interpolate(points, x) -> np.ndarray:
+    """Cost of `x` shards from (shards, cost) points, through (0, 0), linear
+    between points and extrapolated with the last segment's slope."""
+    pts = sorted({0.0: 0.0, **{float(a): float(b) for a, b in points}}.items())
+    xs = np.array([p[0] for p in pts])
+    ys = np.array([p[1] for p in pts])
+    x = np.asarray(x, dtype=float)
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + slope * (x - xs[-1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+    """Step cost per role, in units of one normal shard on one device.
+
+    `exact` and `neighbour` are (shards, cost) points of the exact and the
+    neighbour-mode program; `plain` is the cost of the fault-free program
+    (plain data parallelism, which every layout without a neighbour runs)
+    relative to `normal`, so those layouts cost `plain * exact(x)` while a
+    layout with a neighbour costs `max(1, neighbour(x))` (its normal
+    replicas run the role-switching step). `step_sec` is one fault-free step.
+    """
+    source: str
+    exact: tuple[tuple[float, float], ...]
+    neighbour: tuple[tuple[float, float], ...]
+    step_sec: float
+    step_sec_source: str
+    plain: float = 1.0
+    note: str = ''
+    refresh_sec: float = 0.0  # one projection refresh (every FFN kernel), seconds
+    refresh_source: str = 'not charged'
+
+    def __post_init__(self):
+        for name in ('exact', 'neighbour'):
+            pts = getattr(self, name)
+            if not pts or any(not (x > 0 and c > 0) for x, c in pts):
+                raise ValueError(f'CostTable.{name} needs (shards > 0, cost > 0) points, '
+                                 f'got {pts!r}.')
+        if not (self.step_sec > 0 and self.plain > 0 and self.refresh_sec >= 0):
+            raise ValueError(f'CostTable needs step_sec > 0 and plain > 0, got '
+                             f'{self.step_sec!r} and {self.plain!r}.')
+
+    def exact_cost(self, shards) -> np.ndarray:
+        return interpolate(self.exact, shards)
+
+    def neighbour_cost(self, shards) -> np.ndarray:
+        return interpolate(self.neighbour, shards)
+
+    def ratio(self, name: str) -> float:
+        """A few named ratios over one normal shard, for reports."""
+        return {'ndb_naive': float(self.exact_cost(2.0)),
+                'mecefo': float(self.neighbour_cost(2.0)),
+                'mecefo_per_batch': float(self.neighbour_cost(1.0)),
+                'plain_dp': self.plain}[name]
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d['ratios'] = {k: self.ratio(k) for k in
+                       ('ndb_naive', 'mecefo', 'mecefo_per_batch', 'plain_dp')}
+        return d
+
+
+def svd_refresh_flops(shape: ModelShape) -> float:
+    """FLOPs of one projection refresh: a thin SVD of each of the 3 FFN kernels
+    per block, as `projections.top_singular_vectors` computes (U, S and V of
+    an m x n kernel, m >= n: ``6mn^2 + 20n^3``, Golub & Van Loan's R-SVD
+    count), on every replica (the refresh is replicated)."""
+    m, n = max(shape.d_model, shape.ffn_hidden), min(shape.d_model, shape.ffn_hidden)
+    return 3.0 * shape.num_layers * (6.0 * m * n * n + 20.0 * n ** 3)
+
+
+def mfu_step_sec(shape: ModelShape, *, seq_len: int, replica_seqs: int, mfu: float,
+                 peak_flops: float = PEAK_FLOPS_A100_BF16, **flop_kw) -> float:
+    """Seconds of one fault-free step: the normal FLOPs of one replica's shard
+    at `mfu` of `peak_flops`."""
+    if not 0 < mfu <= 1:
+        raise ValueError(f'--mfu={mfu!r} must be in (0, 1].')
+    tokens = replica_seqs * seq_len
+    return flops_per_token(shape, mode='normal', seq_len=seq_len, **flop_kw) * tokens / (
+        mfu * peak_flops)
+
+
+def analytic_table(shape: ModelShape, *, seq_len: int, replica_seqs: int, rank: int,
+                   recompute_ffn: bool, mfu: float,
+                   peak_flops: float = PEAK_FLOPS_A100_BF16,
+                   causal_scores: bool = False) -> CostTable:
+    """The FLOP model's table for `shape` with `replica_seqs` sequences per shard."""
+    b = replica_seqs * seq_len
+    kw = dict(seq_len=seq_len, rank=rank, recompute_ffn=recompute_ffn,
+              causal_scores=causal_scores)
+    normal = flops_per_token(shape, mode='normal', **kw)
+    one = flops_per_token(shape, mode='neighbour', batch_tokens=b, **kw) / normal
+    two = 2 * flops_per_token(shape, mode='neighbour', batch_tokens=2 * b, **kw) / normal
+    step = mfu_step_sec(shape, seq_len=seq_len, replica_seqs=replica_seqs, mfu=mfu,
+                        peak_flops=peak_flops, rank=rank, recompute_ffn=recompute_ffn,
+                        causal_scores=causal_scores)
+    return CostTable(
+        source='analytic', exact=((1.0, 1.0), (2.0, 2.0)), neighbour=((1.0, one), (2.0, two)),
+        step_sec=step,
+        step_sec_source=f'analytic FLOPs at MFU {mfu:g} of {peak_flops / 1e12:g} TFLOP/s',
+        note=(f'FLOP model, recompute_ffn={recompute_ffn}, '
+              f'{"causal" if causal_scores else "full"} attention scores, r={rank}, '
+              f'b={b} tokens per shard'))
+
+
+def _matches(config: dict, shape: ModelShape) -> bool:
+    return all(config.get(k) == getattr(shape, k)
+               for k in ('d_model', 'num_layers', 'ffn_hidden', 'vocab_size'))
+
+
+def bench_table(bench: dict, shape: ModelShape, *, metric: str, seq_len: int,
+                replica_seqs: int, mfu: float, path: str = 'bench_step.json',
+                **analytic_kw) -> CostTable:
+    """The table of a `bench_step.json` dict, applied to `shape`.
+
+    Absolute step time comes from the bench's normal `step_ms` (scaled
+    linearly to `replica_seqs * seq_len` tokens) only when the bench ran this
+    very shape on a GPU; otherwise from the analytic FLOPs at `mfu`.
+    """
+    try:
+        ratios = bench['ratios']
+        get = lambda mode: float(ratios[mode][metric])  # noqa: E731
+        ndb, two = get('ndb_naive'), get('mecefo')
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"--bench_json={path}: needs ratios[mode][{metric!r}] for modes "
+                         f"'ndb_naive' and 'mecefo' (missing {err}); write it with "
+                         f"scripts/bench_step.py.") from None
+    neighbour = [(2.0, two)]
+    if 'mecefo_per_batch' in ratios:
+        neighbour.insert(0, (1.0, get('mecefo_per_batch')))
+    plain = get('plain_dp') if 'plain_dp' in ratios else 1.0
+    config = bench.get('config', {})
+    device = str(bench.get('device', ''))
+    same_shape = _matches(config, shape)
+    on_gpu = device.split(':')[0] in ('gpu', 'cuda', 'rocm')
+    if same_shape and on_gpu and 'normal' in bench.get('modes', {}):
+        bench_tokens = int(config['per_device_batch']) * int(config['seq_len'])
+        step_ms = float(bench['modes'].get('plain_dp', bench['modes']['normal'])['step_ms'])
+        step = step_ms / 1e3 * replica_seqs * seq_len / bench_tokens
+        step_src = f'GPU bench step_ms ({device}), scaled linearly to {replica_seqs} seqs'
+    else:
+        step = mfu_step_sec(shape, seq_len=seq_len, replica_seqs=replica_seqs, mfu=mfu,
+                            **analytic_kw)
+        peak = analytic_kw.get('peak_flops', PEAK_FLOPS_A100_BF16) / 1e12
+        step_src = (f'analytic FLOPs at MFU {mfu:g} of {peak:g} TFLOP/s (bench is '
+                    f'{device or "unknown device"}, shape '
+                    f'{"matches" if same_shape else "differs"})')
+    shape_txt = ', '.join(f'{k}={config.get(k)}' for k in
+                          ('d_model', 'num_layers', 'ffn_hidden', 'seq_len', 'per_device_batch'))
+    return CostTable(source='bench', exact=((1.0, 1.0), (2.0, ndb)),
+                     neighbour=tuple(neighbour), plain=plain, step_sec=step,
+                     step_sec_source=step_src,
+                     note=f'{path}: ratios[*][{metric}] of {shape_txt} on {device}'
+                          + ('' if same_shape else ' (another shape: ratios applied as they are)'))
+
+
+# RoleTimer's program names (layout.Program.name): '<role>x<rows>'.
+_PROGRAM_NAME = re.compile(r'^(normal|neighbour)x(\d+)$')
+_ROLES = {'normal': 0, 'neighbour': 1}
+
+
+def program_seconds(roles: dict) -> dict[str, float]:
+    """{program name: seconds} from what the strategy comparison writes.
+
+    `compare_faults.json` has `programs[name]['seconds']`, a number for one
+    seed or a {mean, std, min, max} dict over seeds (the mean is used); a
+    controller summary has `role_seconds` {name: seconds}; a bare table is
+    read as it is.
+    """
+    table = roles.get('programs', roles.get('role_seconds', roles))
+    out = {}
+    for name, value in table.items():
+        if isinstance(value, dict):
+            value = value.get('seconds')
+            if isinstance(value, dict):
+                value = value.get('mean')
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[str(name)] = float(value)
+    return out
+
+
+def roles_table(roles: dict, shape: ModelShape, *, seq_len: int, replica_seqs: int,
+                mfu: float, path: str = 'compare_faults.json', **analytic_kw) -> CostTable:
+    """The table of per-program seconds measured by the strategy comparison.
+
+    Keys are program names, e.g. 'normalx2' (2 examples exact) or
+    'neighbourx4'. The reference is the fault-free program: the normal one
+    with the fewest rows. Ratios only: these are CPU timings of a small
+    config, so absolute time is analytic.
+    """
+    table = program_seconds(roles)
+    parsed = []  # (role, examples, seconds)
+    for key, sec in table.items():
+        m = _PROGRAM_NAME.match(str(key))
+        if m:
+            parsed.append((_ROLES[m.group(1)], int(m.group(2)), sec))
+    normals = [p for p in parsed if p[0] == 0]
+    if not normals or not any(p[0] == 1 for p in parsed):
+        raise ValueError(f'--roles_json={path}: needs programs (or role_seconds) with a normal '
+                         f"program ('normalxB') and a neighbour program ('neighbourx...'); "
+                         f'got keys {sorted(table)[:8]}. Run scripts/compare_faults.py.')
+    ref_examples, ref_sec = min(normals, key=lambda p: p[1])[1:]
+
+    def points(role):
+        by_x: dict[float, list[float]] = {}
+        for r, ex, sec in parsed:
+            if r == role:
+                by_x.setdefault(ex / ref_examples, []).append(sec / ref_sec)
+        return tuple((x, float(np.mean(v))) for x, v in sorted(by_x.items()))
+
+    step = mfu_step_sec(shape, seq_len=seq_len, replica_seqs=replica_seqs, mfu=mfu, **analytic_kw)
+    peak = analytic_kw.get('peak_flops', PEAK_FLOPS_A100_BF16) / 1e12
+    return CostTable(source='roles', exact=points(0), neighbour=points(1), step_sec=step,
+                     step_sec_source=f'analytic FLOPs at MFU {mfu:g} of {peak:g} TFLOP/s '
+                                     f'(role timings are ratios only)',
+                     note=f'{path}: per-role seconds measured on this machine, reference '
+                          f'{ref_examples} examples')
+
+
+def load_json(path: str, flag: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f'{flag}={path}: no such file.') from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f'{flag}={path}: not valid JSON ({err}).') from None
+
+
+def paper_implied_mfu(shape: ModelShape, tokens_per_sec: float, gpus: int, *, seq_len: int,
+                      peak_flops: float = PEAK_FLOPS_A100_BF16, **flop_kw) -> float:
+    """The MFU at which the paper's fault-free throughput would run these FLOPs."""
+    flops = flops_per_token(shape, mode='normal', seq_len=seq_len, **flop_kw)
+    return tokens_per_sec * flops / (gpus * peak_flops) if math.isfinite(flops) else math.nan
+
+
+def role_cost(table: CostTable, shard_rows: int):
+    """`cost(role, rows)` of `table` for shards of `shard_rows` examples.
+
+    In units of one normal shard; the planner's view of a cost table. `rows`
+    may be an array (the planner weighs every split at once).
+    """
+    if shard_rows < 1:
+        raise ValueError(f'shard_rows={shard_rows!r} must be >= 1.')
+
+    def cost(role: int, rows):
+        shards = np.asarray(rows, float) / shard_rows
+        out = table.neighbour_cost(shards) if role else table.exact_cost(shards)
+        return float(out) if out.ndim == 0 else out
+    return cost
+
+
+def shape_of(model_cfg) -> ModelShape:
+    """The `ModelShape` of a config's `model` section (for the analytic costs)."""
+    return ModelShape('config', model_cfg.d_model, model_cfg.num_layers, model_cfg.num_heads,
+                      model_cfg.ffn_hidden, model_cfg.vocab_size)
