@@ -35,8 +35,8 @@ from mecefo_jax.checkpoint_damage import CheckpointDamagedError, looks_damaged
 from mecefo_jax.checkpoint_match import fmt_path, tree_problems
 from mecefo_jax.tree_paths import key_names
 
-_STATE = "state"
-_DATA = "data"
+_STATE = 'state'
+_DATA = 'data'
 # Orbax's own mismatch messages embed whole trees / tensorstore specs.
 _MAX_ORBAX_MESSAGE = 2000
 # How long a failed save waits for its other writes before removing its files.
@@ -68,8 +68,8 @@ def abstract_like(
     """
     if isinstance(shardings, jax.sharding.Mesh):
         raise TypeError(
-            "abstract_like needs shardings, not a Mesh; pass e.g. "
-            "NamedSharding(mesh, PartitionSpec()) or a function leaf -> sharding."
+            'abstract_like needs shardings, not a Mesh; pass e.g. '
+            'NamedSharding(mesh, PartitionSpec()) or a function leaf -> sharding.'
         )
     if isinstance(shardings, jax.sharding.Sharding):
         fixed = shardings
@@ -80,7 +80,7 @@ def abstract_like(
 
 
 def _sds(x: Any, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
-    if not hasattr(x, "dtype"):  # Python scalars
+    if not hasattr(x, 'dtype'):  # Python scalars
         x = np.asarray(x)
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
@@ -119,12 +119,12 @@ class Checkpointer:
         async_save: bool = True,
     ):
         if save_every < 1:
-            raise ValueError(f"save_every must be >= 1, got {save_every}.")
+            raise ValueError(f'save_every must be >= 1, got {save_every}.')
         if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}.")
+            raise ValueError(f'keep must be >= 1, got {keep}.')
         directory = os.fspath(directory)
         # Orbax wants absolute paths; leave URLs like gs://... untouched.
-        self.directory = directory if "://" in directory else os.path.abspath(directory)
+        self.directory = directory if '://' in directory else os.path.abspath(directory)
         self.save_every = int(save_every)
         self.keep = int(keep)
         self.async_save = bool(async_save)
@@ -181,7 +181,7 @@ class Checkpointer:
             # Orbax would raise only after flagging a save as in progress;
             # skipping here keeps both the good checkpoint and the manager sane.
             log.warning(
-                "Checkpoint for step %d already exists in %s; not overwriting.",
+                'Checkpoint for step %d already exists in %s; not overwriting.',
                 step,
                 self.directory,
             )
@@ -193,11 +193,11 @@ class Checkpointer:
             data_snapshot = json.loads(json.dumps(data_state))
         except (TypeError, ValueError) as e:
             raise TypeError(
-                f"data_state for step {step} is not JSON-serialisable ({e}); "
-                "convert numpy/jax values to Python numbers and keys to str."
+                f'data_state for step {step} is not JSON-serialisable ({e}); '
+                'convert numpy/jax values to Python numbers and keys to str.'
             ) from e
         if not isinstance(data_snapshot, dict):
-            raise TypeError(f"data_state must be a dict, got {type(data_state).__name__}.")
+            raise TypeError(f'data_state must be a dict, got {type(data_state).__name__}.')
         try:
             self._manager.save(
                 step,
@@ -232,7 +232,7 @@ class Checkpointer:
         self._closed = True
         self._manager.close()
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -264,18 +264,18 @@ class Checkpointer:
         steps = sorted(self._manager.all_steps())
         if not steps:
             raise CheckpointNotFoundError(
-                f"No checkpoint found in {self.directory!r}. Fix: pass the "
-                "directory that contains the numbered step subdirectories of a "
-                "previous run, or start from scratch without restoring (check "
-                "`latest_step() is not None` first)."
+                f'No checkpoint found in {self.directory!r}. Fix: pass the '
+                'directory that contains the numbered step subdirectories of a '
+                'previous run, or start from scratch without restoring (check '
+                '`latest_step() is not None` first).'
             )
         if step is None:
             step = steps[-1]
         elif int(step) not in steps:
             raise CheckpointNotFoundError(
-                f"No checkpoint for step {step} in {self.directory!r}; "
-                f"available steps: {steps}. Fix: pick one of those or pass "
-                "step=None for the latest."
+                f'No checkpoint for step {step} in {self.directory!r}; '
+                f'available steps: {steps}. Fix: pick one of those or pass '
+                'step=None for the latest.'
             )
         step = int(step)
         abstract_state = self._validated_abstract(abstract_state)
@@ -298,10 +298,10 @@ class Checkpointer:
             # Fallback for mismatches the metadata pre-check cannot see.
             msg = str(e)
             if len(msg) > _MAX_ORBAX_MESSAGE:
-                msg = msg[:_MAX_ORBAX_MESSAGE] + " ...[truncated]"
+                msg = msg[:_MAX_ORBAX_MESSAGE] + ' ...[truncated]'
             raise CheckpointMismatchError(
-                f"Could not restore step {step} from {self.directory!r} into the "
-                f"requested state tree. Orbax said: {msg}"
+                f'Could not restore step {step} from {self.directory!r} into the '
+                f'requested state tree. Orbax said: {msg}'
             ) from e
         return restored[_STATE], dict(restored[_DATA])
 
@@ -309,7 +309,7 @@ class Checkpointer:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(f"Checkpointer for {self.directory!r} is closed.")
+            raise RuntimeError(f'Checkpointer for {self.directory!r} is closed.')
 
     def _save_failed(self, error: BaseException) -> None:
         """Re-read the surviving steps and raise `error`, explained if the disk failed."""
@@ -328,7 +328,7 @@ class Checkpointer:
         try:
             self._manager.reload()
         except Exception:  # the original error is the one worth reporting
-            log.exception("Reloading checkpoint steps from %s failed.", self.directory)
+            log.exception('Reloading checkpoint steps from %s failed.', self.directory)
 
     def _validated_abstract(self, abstract_state: Any) -> Any:
         """Turn live arrays into SDSs and insist every leaf names a sharding.
@@ -344,14 +344,14 @@ class Checkpointer:
                 sds = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
             else:
                 raise TypeError(
-                    f"abstract_state leaf {fmt_path(key_names(path))} is "
-                    f"{type(x).__name__}; expected jax.ShapeDtypeStruct "
-                    "(see checkpoint.abstract_like)."
+                    f'abstract_state leaf {fmt_path(key_names(path))} is '
+                    f'{type(x).__name__}; expected jax.ShapeDtypeStruct '
+                    '(see checkpoint.abstract_like).'
                 )
             if sds.sharding is None:
                 raise ValueError(
-                    f"abstract_state leaf {fmt_path(key_names(path))} has no sharding; "
-                    "give every leaf its target sharding (see checkpoint.abstract_like)."
+                    f'abstract_state leaf {fmt_path(key_names(path))} has no sharding; '
+                    'give every leaf its target sharding (see checkpoint.abstract_like).'
                 )
             return sds
 
@@ -362,16 +362,16 @@ class Checkpointer:
         try:
             metadata = self._manager.item_metadata(step)[_STATE]
         except Exception as e:  # unreadable: leave it to Orbax (damage shows there)
-            log.warning("Could not read checkpoint metadata for step %d (%s).", step,
+            log.warning('Could not read checkpoint metadata for step %d (%s).', step,
                         type(e).__name__)
             return
         if metadata is None:
             return
-        problems = tree_problems(getattr(metadata, "tree", metadata), abstract_state)
+        problems = tree_problems(getattr(metadata, 'tree', metadata), abstract_state)
         if problems:
             raise CheckpointMismatchError(
-                f"Checkpoint step {step} in {self.directory!r} does not match the "
-                f"requested state tree; " + "; ".join(problems) + ". Fix: build "
-                "abstract_state from the same model/optimizer config as the run "
-                "that wrote the checkpoint, or point at a different directory."
+                f'Checkpoint step {step} in {self.directory!r} does not match the '
+                f'requested state tree; ' + '; '.join(problems) + '. Fix: build '
+                'abstract_state from the same model/optimizer config as the run '
+                'that wrote the checkpoint, or point at a different directory.'
             )

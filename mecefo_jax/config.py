@@ -94,7 +94,8 @@ def _mecefo_section() -> ConfigDict:
 def _fault_section() -> ConfigDict:
     """Which replicas fail when, and the strategy that absorbs it."""
     section = ConfigDict()
-    section.strategy = 'mecefo'  # mecefo | mecefo_planned | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
+    # mecefo | mecefo_planned | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
+    section.strategy = 'mecefo'
     section.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
     section.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
     section.regime_replicas = 0  # regime MTBF is for this many replicas (paper: 32); 0: as is
@@ -133,7 +134,8 @@ def _launch_section() -> ConfigDict:
     section.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never
     section.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)
     section.max_relaunches = 8  # give up after this many relaunches
-    section.compilation_cache = 'auto'  # workers' persistent XLA cache: 'auto' (workdir/launch/xla_cache), a path, or '' (off)
+    # Workers' persistent program cache: 'auto' (workdir/launch/xla_cache), a path, or '' (off).
+    section.compilation_cache = 'auto'
     # After the first step, compile (niced, off the training path) the programs
     # the survivors of every single-worker loss will need, into that cache.
     section.compile_ahead = True

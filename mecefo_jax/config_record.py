@@ -117,12 +117,12 @@ def explain_mismatch(error: CheckpointMismatchError, workdir: str,
         return CheckpointMismatchError(f'{error}\n{note}')
     diffs = config_differences(record, cfg)
     if not diffs:
-        note = (f'The config equals the run\'s record {path}; the checkpoint was written by '
+        note = (f"The config equals the run's record {path}; the checkpoint was written by "
                 'other code or another config. Use another --workdir for a new run.')
         return CheckpointMismatchError(f'{error}\n{note}')
     lines = [f'  {k}: {_show(old)} in the run, {_show(new)} now' for k, old, new in diffs]
     flags = [override_flag(k, old) for k, old, _ in diffs if old is not ABSENT]
-    note = (f'The config differs from the run\'s record {path} in:\n' + '\n'.join(lines)
+    note = (f"The config differs from the run's record {path} in:\n" + '\n'.join(lines)
             + '\nTo resume that run, add: ' + ' '.join(flags)
             + '\nTo start a new run with this config, pass another --workdir.')
     return CheckpointMismatchError(f'{error}\n{note}')

@@ -10,6 +10,7 @@ Multi-host: pass --coordinator, --num_processes and --process_id (or set them
 through the cluster's environment) to start `jax.distributed` first.
 """
 import json
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -44,14 +45,24 @@ def main(argv):
                                    process_id=FLAGS.process_id)
     logging.info('devices: %s', jax.devices())
     from mecefo_jax.observers import TokenCount
-    summary = run(cfg, FLAGS.workdir, observers=[TokenCount(cfg.data.seq_len)])
+    from mecefo_jax.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard
+    from mecefo_jax.workdir_lock import WorkdirLock
+    # One run per workdir; SIGTERM or a first Ctrl-C saves the step and stops.
+    with WorkdirLock(FLAGS.workdir, active=jax.process_index() == 0), \
+            PreemptionGuard() as preemption:
+        try:
+            summary = run(cfg, FLAGS.workdir, observers=[TokenCount(cfg.data.seq_len)],
+                          preemption=preemption)
+        except Preempted as stopped:
+            print(stopped, flush=True)
+            sys.exit(EXIT_PREEMPTED)
     summary.pop('state', None)
     if jax.process_index() == 0:
         print(json.dumps(summary, indent=2, default=str))
 
 
 def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None,
-        elastic: bool = False) -> dict:
+        elastic: bool = False, preemption=None) -> dict:
     """Train under the configured failures, or fault-free when none are.
 
     The controller follows from the config: fault-free data parallelism when
@@ -61,7 +72,7 @@ def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None
     always takes the fault controller: its processes then agree on the live
     mask before every step, which also starts their collectives together.
     `run` is a prebuilt `train.Run` (default: built from `cfg`);
-    `observers`, `stop_at` and `restore` go to `train.train`.
+    `observers`, `stop_at`, `restore` and `preemption` go to `train.train`.
     """
     from mecefo_jax import train as train_lib
     from mecefo_jax.faults.schedule import failures_requested
@@ -76,7 +87,7 @@ def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None
         from mecefo_jax.faults.controller import FaultController
         controller = FaultController.from_config(cfg, built)
     return train_lib.train(cfg, workdir, controller=controller, run=built, observers=observers,
-                           stop_at=stop_at, restore=restore)
+                           stop_at=stop_at, restore=restore, preemption=preemption)
 
 
 if __name__ == '__main__':

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-METRICS_FILENAME = "metrics.jsonl"
+METRICS_FILENAME = 'metrics.jsonl'
 RESUME_SOURCES = ('memory', 'disk')
 
 
@@ -75,21 +75,21 @@ def _to_jsonable(value: Any, where: str) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, dict):
-        return {str(k): _to_jsonable(v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k): _to_jsonable(v, f'{where}.{k}') for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_to_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_to_jsonable(v, f'{where}[{i}]') for i, v in enumerate(value)]
     if isinstance(value, (np.generic, np.ndarray, jax.Array)):
         # np.asarray on a jax.Array waits for the value; rows are written
         # after the step's metrics are fetched anyway.
         arr = np.asarray(value)
         # bfloat16 & co. are kind 'V' to numpy; widen them to float32 first.
-        if arr.dtype.kind not in "biuf":
+        if arr.dtype.kind not in 'biuf':
             if not jnp.issubdtype(arr.dtype, jnp.floating):
-                raise TypeError(f"metric {where} has unsupported dtype {arr.dtype}")
+                raise TypeError(f'metric {where} has unsupported dtype {arr.dtype}')
             arr = arr.astype(np.float32)
         # .item()/.tolist() yield Python bool/int/float.
         return arr.item() if arr.ndim == 0 else arr.tolist()
-    raise TypeError(f"metric {where} of type {type(value).__name__} is not JSON-serialisable")
+    raise TypeError(f'metric {where} of type {type(value).__name__} is not JSON-serialisable')
 
 
 class MetricsWriter:
@@ -111,13 +111,13 @@ class MetricsWriter:
             self._open()
 
     def _open(self) -> None:
-        self._file = open(self.path, "a+", encoding="utf-8")
+        self._file = open(self.path, 'a+', encoding='utf-8')
         # A crash mid-write can leave a partial last line; start on a
         # fresh line so the first new row is not glued onto it.
         if self._file.tell() > 0:
             self._file.seek(self._file.tell() - 1)
-            if self._file.read(1) != "\n":
-                self._file.write("\n")
+            if self._file.read(1) != '\n':
+                self._file.write('\n')
                 self._file.flush()
 
     def truncate_after(self, step: int) -> int:
@@ -143,13 +143,13 @@ class MetricsWriter:
         loss must stay visible rather than become null.
         """
         if self._closed:
-            raise ValueError(f"MetricsWriter for {self.path} is closed.")
+            raise ValueError(f'MetricsWriter for {self.path} is closed.')
         if not isinstance(row, dict):
-            raise TypeError(f"metrics row must be a dict, got {type(row).__name__}")
+            raise TypeError(f'metrics row must be a dict, got {type(row).__name__}')
         if self._file is None:
             return
         # Encode fully before writing so a bad value never leaves half a line.
-        line = json.dumps(_to_jsonable(row, "row")) + "\n"
+        line = json.dumps(_to_jsonable(row, 'row')) + '\n'
         self._file.write(line)
         self._file.flush()
 
@@ -161,7 +161,7 @@ class MetricsWriter:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> "MetricsWriter":
+    def __enter__(self) -> MetricsWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -178,7 +178,7 @@ def read_metrics(path: str) -> list[dict]:
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILENAME)
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding='utf-8') as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
             if not line:
@@ -186,10 +186,10 @@ def read_metrics(path: str) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                warnings.warn(f"{path}:{lineno}: skipping unparseable metrics line ({e})")
+                warnings.warn(f'{path}:{lineno}: skipping unparseable metrics line ({e})', stacklevel=2)
                 continue
             if isinstance(row, dict):
                 rows.append(row)
             else:
-                warnings.warn(f"{path}:{lineno}: skipping non-object metrics line")
+                warnings.warn(f'{path}:{lineno}: skipping non-object metrics line', stacklevel=2)
     return rows

@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from mecefo_jax.config_rules import ConfigError, check
-
 
 # A field that is a count of steps or 'auto' (snapshot.every).
 IntOrAuto = int | str
@@ -151,7 +151,7 @@ class Config:
         """What `ConfigDict.to_json_best_effort(indent=2)` gives: the workdir's config.json."""
         return json.dumps(self.to_dict(), indent=2)
 
-    def updated(self, changes: Mapping[str, Any]) -> 'Config':
+    def updated(self, changes: Mapping[str, Any]) -> Config:
         """A validated copy with `{'section.field': value}` changed (experiments' variants)."""
         values = self.to_dict()
         for dotted, value in changes.items():

@@ -8,7 +8,8 @@ import os
 import jax
 import numpy as np
 from flax import linen as nn
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.settings import MeshSection
 

@@ -5,7 +5,8 @@ import flax
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import sharding

@@ -14,8 +14,9 @@ A layout's device programs (layout.py) decide the step's form:
   NeurIPS 2025, arXiv 2510.16415). Devices return gradient *sums* and token
   counts; both are `psum`med and divided afterwards, so attention-branch
   parameters are averaged over normal devices' tokens and everything else
-  over all tokens (the combination rule, docs/algorithm.md section 4). Joining the neighbour's shards into one batch means no
-  float32 gradient accumulator beside the gradients.
+  over all tokens (the combination rule, docs/algorithm.md section 4).
+  Joining the neighbour's shards into one batch means no float32 gradient
+  accumulator beside the gradients.
 
 The 'model' axis stays automatic (GSPMD tensor parallelism) in both forms.
 Every batch carries the step number it was assembled for; a step whose loss
@@ -31,9 +32,8 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax import optim
+from mecefo_jax import optim, sharding
 from mecefo_jax import projections as proj_lib
-from mecefo_jax import sharding
 from mecefo_jax.layout import ROLE_NEIGHBOUR
 from mecefo_jax.model import PROJECTIONS, Llama, is_attention_branch
 

@@ -25,9 +25,10 @@ from mecefo_jax import optim, resume, sharding
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import state as state_lib
 from mecefo_jax.layout import Layout, assemble, full_layout
-from mecefo_jax.metrics import MetricsWriter
+from mecefo_jax.metrics import MetricsWriter, preempted_row
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.observers import PlannedStep, StepDone
+from mecefo_jax.preemption import Preempted
 from mecefo_jax.topology import Topology, TopologyCache
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,7 @@ class _InFlight:
 
 
 def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
-          stop_at: int | None = None, restore=None, observers=()) -> dict:
+          stop_at: int | None = None, restore=None, observers=(), preemption=None) -> dict:
     """Train for `train.steps` steps (resuming if `workdir` has checkpoints).
 
     `controller` decides where each step runs (default `StaticController`;
@@ -214,6 +215,8 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
     after checkpointing; the learning-rate schedule still spans `train.steps`.
     `restore` serves a launcher (see `resume.init_or_restore`); `observers`
     (observers.py) measure the run: timing, accounting, probes, snapshots.
+    `preemption` (a `preemption.PreemptionGuard`) is asked before every step
+    whether to stop; if so the step is saved and `Preempted` raised.
 
     The loop never waits for a step it has just dispatched: while step k runs
     on the devices, the host draws, assembles and transfers batch k + 1.
@@ -234,6 +237,8 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
     summary = {'start_step': loop.step}
     try:
         while loop.step < end:
+            if preemption is not None and preemption.requested(loop.clock):
+                loop.preempt(state)
             state, plan = loop.run_step(state)
             loop.log_eval_save(state, plan, end)
     finally:
@@ -319,6 +324,23 @@ class _Loop:
         if save_now:
             run.checkpointer.maybe_save(step, state, run.train_data.get_state(),
                                         force=step == end)
+
+    def preempt(self, state) -> None:
+        """Asked to stop (SIGTERM, Ctrl-C): save this step synchronously, then raise Preempted.
+
+        `state` is the output of the last dispatched step: the state entering
+        `self.step`, saved with the data position after that step's batch.
+        """
+        run, step = self.run, self.step
+        if self.in_flight:  # a non-finite step among them stops as it always does
+            self.row = _read_metrics(run, state, self.in_flight)
+        where = 'nothing saved: train.checkpoint_every=0'
+        if run.checkpointer is not None:
+            run.checkpointer.maybe_save(step, state, run.train_data.get_state(), force=True)
+            run.checkpointer.wait()
+            where = f'checkpoint in {run.checkpointer.directory}'
+        run.metrics.write(preempted_row(step))
+        raise Preempted(step, where)
 
     def close(self) -> None:
         self.bar.close()

@@ -70,12 +70,12 @@ class WorkdirLock:
         self.active = bool(active)
         self._record = None
 
-    def acquire(self) -> 'WorkdirLock':
+    def acquire(self) -> WorkdirLock:
         if not self.active or self._record is not None:
             return self
         os.makedirs(self.workdir, exist_ok=True)
         record = {'pid': os.getpid(), 'host': socket.gethostname(),
-                  'started': datetime.datetime.now(datetime.timezone.utc).isoformat(
+                  'started': datetime.datetime.now(datetime.UTC).isoformat(
                       timespec='seconds'),
                   'start_ticks': _start_ticks(os.getpid()), 'command': ' '.join(sys.argv),
                   'token': secrets.token_hex(8)}
@@ -101,7 +101,7 @@ class WorkdirLock:
             os.remove(self.path)
         self._record = None
 
-    def __enter__(self) -> 'WorkdirLock':
+    def __enter__(self) -> WorkdirLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -20,7 +20,7 @@ _FULL_REPEATS = flags.DEFINE_integer('full_repeats', 3, 'Timed full SVDs per sha
 _CHEAP_REPEATS = flags.DEFINE_integer('cheap_repeats', 5, 'Timed subspace refreshes per shape.',
                                       lower_bound=1)
 _CHECKPOINTS = flags.DEFINE_string('checkpoints', '', "A run's checkpoint directory: also "
-                                   'measure the warm refresh on its last two steps\' drift.')
+                                   "measure the warm refresh on its last two steps' drift.")
 flags.mark_flags_as_required(['config', 'out'])
 
 

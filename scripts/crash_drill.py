@@ -1,4 +1,6 @@
-"""Real crashes on one machine, recovered from memory, from disk and simulated: see mecefo_jax/experiments/crash_drill.py.
+"""Real crashes on one machine, recovered from memory, from disk and simulated.
+
+See mecefo_jax/experiments/crash_drill.py.
 
   python scripts/crash_drill.py --config configs/small.py --out runs/drill
 """

@@ -70,6 +70,9 @@ flags.DEFINE_float('refresh_sec', _DEFAULT.refresh_sec,
                    'Seconds per projection refresh; < 0: the refresh FLOPs at --svd_tflops.')
 flags.DEFINE_float('svd_tflops', _DEFAULT.svd_tflops,
                    'Assumed effective TFLOP/s of the refresh on the GPU (not measured).')
+flags.DEFINE_enum('refresh_method', _DEFAULT.refresh_method, ('subspace', 'svd'),
+                  'The refresh charged, as mecefo.refresh (subspace: the library default).')
+flags.DEFINE_integer('refresh_iters', _DEFAULT.refresh_iters, 'As mecefo.refresh_iters.')
 flags.DEFINE_enum('granularity', _DEFAULT.granularity, ('sequence', 'continuous'),
                   'How a failed shard is split over neighbours.')
 # Recovery
@@ -98,6 +101,7 @@ def sim_config() -> cluster_sim.SimConfig:
     scalars = ('replicas', 'node_size', 'seeds', 'hours', 'sweep_model',
                'sweep_seeds', 'mtbf_hours', 'mttr_hours', 'rate_scaling', 'global_batch',
                'seq_len', 'rank', 'spread_k', 'tau', 'refresh_sec', 'svd_tflops',
+               'refresh_method', 'refresh_iters',
                'granularity', 'checkpoint_every',
                'recompute_ffn', 'causal_scores', 'mfu', 'peak_tflops')
     assumptions = (cluster_sim.ASSUMPTIONS if f.assumption == 'both' else (f.assumption,))

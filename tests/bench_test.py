@@ -22,8 +22,8 @@ from mecefo_jax import aot, sharding
 from mecefo_jax.experiments import step_cost as bench
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.optim import make_optimizer
-from mecefo_jax.state import create_train_state
 from mecefo_jax.settings import resolve
+from mecefo_jax.state import create_train_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 2  # sequences per shard
@@ -36,7 +36,7 @@ BLOCKED = ('grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib',
            'sentencepiece', 'tqdm')
 # Installed first in the subprocess: any import of a blocked package (or of
 # a submodule) raises ImportError, as if the package were not installed.
-BLOCKER = f'''
+BLOCKER = f"""
 import importlib.abc, sys
 BLOCKED = {BLOCKED!r}
 for name in list(sys.modules):
@@ -48,7 +48,7 @@ class BlockOptional(importlib.abc.MetaPathFinder):
             raise ImportError(name + ' is blocked: the benchmark must not need it')
         return None
 sys.meta_path.insert(0, BlockOptional())
-'''
+"""
 
 
 def tiny_config():
@@ -223,6 +223,7 @@ def test_overhead_is_timed_on_the_configs_mesh(result):
 
 def _abstract_params():
     import flax
+
     from mecefo_jax.model import init_params
     model = Llama(ModelConfig.from_config(tiny_config()))
     return flax.linen.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))

@@ -13,11 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from mecefo_jax.experiments.cluster import costs as costs_lib
 from mecefo_jax.experiments.cluster import recovery as recovery_lib
 from mecefo_jax.experiments.cluster import report as report_lib
 from mecefo_jax.experiments.cluster import sim
 from mecefo_jax.experiments.cluster import traces as traces_lib
+from mecefo_jax.faults import costs as costs_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOUR = 3600.0

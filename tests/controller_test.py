@@ -20,16 +20,19 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax import main
-from mecefo_jax.faults.planner import config_planner
+from mecefo_jax import main, resume
 from mecefo_jax import state as state_lib
 from mecefo_jax import train as train_lib
-from mecefo_jax import resume
-from mecefo_jax.faults import schedule as schedule_lib
-from mecefo_jax.faults.strategies import (NEIGHBOUR_MODE_STRATEGIES, STRATEGIES,
-                                          AllReplicasDownError, layout_for)
-from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, full_layout
 from mecefo_jax.experiments.observers import GradientError
+from mecefo_jax.faults import schedule as schedule_lib
+from mecefo_jax.faults.planner import config_planner
+from mecefo_jax.faults.strategies import (
+    NEIGHBOUR_MODE_STRATEGIES,
+    STRATEGIES,
+    AllReplicasDownError,
+    layout_for,
+)
+from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, full_layout
 from mecefo_jax.metrics import read_metrics
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.observers import Observer, TokenCount

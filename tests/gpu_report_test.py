@@ -15,20 +15,20 @@ import sys
 
 import pytest
 
-from mecefo_jax.experiments.cluster import costs
 from mecefo_jax.experiments.gpu import report, runner, step
+from mecefo_jax.faults import costs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCKED = ('grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib')
-SITECUSTOMIZE = f'''
+SITECUSTOMIZE = f"""
 import sys
 # None in sys.modules: `import x` raises ModuleNotFoundError and
 # importlib.util.find_spec('x') returns None, as for a package not installed
 # (libraries probing for an optional one, e.g. jax's cache for tensorflow, go on).
 for name in {BLOCKED!r}:
     sys.modules[name] = None
-'''
-FAKE_SECTIONS = '''
+"""
+FAKE_SECTIONS = """
 import threading
 from mecefo_jax.experiments.gpu.child import Skipped
 
@@ -44,7 +44,7 @@ def hang(ctx):
 
 def fine(ctx):
     return {'value': 1}
-'''
+"""
 
 
 def _env(*dirs):

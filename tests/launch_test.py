@@ -223,3 +223,75 @@ def test_a_job_that_completes_no_step_is_restarted(caches, tmp_path):
     # whose dead keeper is not consulted, loses none).
     assert stuck['redone_steps'] <= 1
     assert read(str(tmp_path), 'g1_w0_end.json')['finished']
+
+
+def start_launcher(caches, workdir, **extra):
+    """The launcher as a process (as a user or a scheduler runs it), once its job has begun."""
+    values = overrides(caches, **extra)
+    args = [sys.executable, '-m', 'mecefo_jax.launch', f'--nprocs={WORKERS}',
+            f'--workdir={workdir}', '--config=' + os.path.join(REPO, 'configs', 'tiny.py')]
+    args += [f'--config.{k}={v}' for k, v in values.items()]
+    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    return launcher, args
+
+
+def wait_for(path_glob, launcher, limit=300):
+    deadline = time.monotonic() + limit
+    while not glob.glob(path_glob):
+        assert time.monotonic() < deadline and launcher.poll() is None, \
+            f'{path_glob} never appeared'
+        time.sleep(0.1)
+
+
+def loss_steps(workdir):
+    rows = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
+    return [r['step'] for r in rows if 'loss' in r], rows
+
+
+def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(caches, tmp_path):
+    """Every worker stops at the step JAX's preemption sync picks, saves it to disk
+    and exits; the keepers stay until then; the launcher exits with EXIT_PREEMPTED."""
+    from mecefo_jax.preemption import EXIT_PREEMPTED
+    workdir = str(tmp_path)
+    launcher, args = start_launcher(caches, workdir, **{
+        'train.steps': 2000, 'train.log_every': 1, 'train.checkpoint_every': 1000})
+    wait_for(os.path.join(workdir, 'launch', 'g0_w*_start.json'), launcher)
+    launcher.send_signal(signal.SIGTERM)
+    output = launcher.communicate(timeout=300)[0]
+    assert launcher.returncode == EXIT_PREEMPTED, output
+    ends = [read(workdir, f'g0_w{w}_end.json') for w in range(WORKERS)]
+    saved = ends[0]['final_step']
+    assert all(e['preempted'] and e['final_step'] == saved for e in ends)
+    assert f'preempted: saved step {saved}' in output
+    args = [a for a in args if not a.startswith('--config.train.steps=')]
+    rerun = subprocess.run(args + [f'--config.train.steps={saved + 2}'], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    steps, rows = loss_steps(workdir)
+    assert {'event': 'resumed', 'step': saved, 'source': 'disk'} in rows
+    assert steps == sorted(set(steps)) and steps[-1] == saved + 2  # one row per step
+
+
+def test_a_killed_launcher_loses_at_most_the_steps_since_the_disk_checkpoint(caches, tmp_path):
+    """Memory mode writes the disk tier too: the rerun of the same command resumes there."""
+    workdir = str(tmp_path)
+    launcher, args = start_launcher(caches, workdir, **{
+        'train.steps': 2000, 'train.log_every': 1, 'train.checkpoint_every': 3})
+    wait_for(os.path.join(workdir, 'checkpoints', '6'), launcher)
+    launcher.kill()
+    launcher.wait(timeout=60)
+    deadline = time.monotonic() + 10  # workers notice their launcher is gone
+    while processes_mentioning(workdir):
+        assert time.monotonic() < deadline, 'orphans left after the launcher was killed'
+        time.sleep(0.2)
+    newest = max(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
+    args = [a for a in args if not a.startswith('--config.train.steps=')]
+    rerun = subprocess.run(args + [f'--config.train.steps={newest + 2}'], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    steps, rows = loss_steps(workdir)
+    resumed = [r for r in rows if r.get('event') == 'resumed']
+    # The newest step, or the one before it if the kill cut its save short.
+    assert resumed and resumed[-1]['source'] == 'disk' and 6 <= resumed[-1]['step'] <= newest
+    assert steps == list(range(1, newest + 3))  # one loss row per step after the resume

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from configs import tiny
 from mecefo_jax import sharding
@@ -49,6 +50,7 @@ def plan(tmp_path_factory):
 
 def _num_params() -> int:
     import flax
+
     from mecefo_jax.model import Llama, ModelConfig, init_params
     cfg = tiny.get_config()
     cfg.model.num_layers, cfg.model.ffn_hidden = 1, 32

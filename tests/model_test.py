@@ -20,15 +20,16 @@ import pytest
 from flax import linen as nn
 from jax import lax
 from jax.ad_checkpoint import print_saved_residuals
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from layer_trees import stack_layers
+from tree_asserts import assert_tree_close
 
 from configs import tiny
 from mecefo_jax import sharding
 from mecefo_jax.model import Block, Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
 from mecefo_jax.settings import resolve
-from layer_trees import stack_layers
-from tree_asserts import assert_tree_close
 
 # tiny config: D=32, 2 layers, H=4, K=2 (G=2), E=8, F=64, V=256. Batch and
 # length are chosen distinct from every model dim so shapes identify tensors.
@@ -106,7 +107,7 @@ def _variables(model, p, v):
     return {'params': p, 'projections': v}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _apply_fn(model):
     """Jitted logits (default compiler options); `neighbour` is static."""
     return jax.jit(
@@ -119,7 +120,7 @@ def _loss_weights(seed=2):
     return rng.standard_normal((B, L, CFG.vocab_size)).astype(np.float32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _value_and_grad(model, neighbour):
     """fn(params, projections, tokens, w) -> value and grads of sum(logits * w)."""
     def loss(p, v, t, w):
@@ -185,7 +186,7 @@ def _ref_logits(p, tokens, stop_attention=False):
     return _ref_rms(x, p['final_norm']['scale']) @ p['head']
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ref_value_and_grad(stop_attention):
     def loss(p, t, w):
         return jnp.sum(_ref_logits(p, t, stop_attention) * w)

@@ -61,9 +61,9 @@ def main():
     from configs.tiny import get_config
     from mecefo_jax import main as main_lib
     from mecefo_jax import train as train_lib
-    from mecefo_jax.settings import resolve
     from mecefo_jax.data import tokenizer as tokenizer_lib
     from mecefo_jax.observers import Observer
+    from mecefo_jax.settings import resolve
 
     trainings = []
     real_train = tokenizer_lib.train_sentencepiece

@@ -16,22 +16,22 @@ from mecefo_jax.snapshot.keeper import start_keeper
 
 pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
 
-GROUP = "g0"
+GROUP = 'g0'
 # Unequal snapshot sizes, one smaller than the number of chunks.
 SIZES = [10_000, 3, 70_001, 5_000]
 
 
 def _shards(member, step, nbytes):
     rng = np.random.default_rng(1000 * member + step)
-    return [blob.HostShard("raw", (nbytes,), ((0, nbytes),), rng.integers(0, 256, nbytes, dtype=np.uint8)),
-            blob.HostShard("w", (4,), ((0, 4),), rng.standard_normal(4).astype(ml_dtypes.bfloat16))]
+    return [blob.HostShard('raw', (nbytes,), ((0, nbytes),), rng.integers(0, 256, nbytes, dtype=np.uint8)),
+            blob.HostShard('w', (4,), ((0, 4),), rng.standard_normal(4).astype(ml_dtypes.bfloat16))]
 
 
 def _start_group(n, prefix):
     keepers = []
     try:
         for m in range(n):
-            keepers.append(start_keeper(f"{prefix}{m}", slots=3))
+            keepers.append(start_keeper(f'{prefix}{m}', slots=3))
     except BaseException:
         for k in keepers:
             k.stop()
@@ -39,9 +39,9 @@ def _start_group(n, prefix):
     return keepers
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def group():
-    keepers = _start_group(len(SIZES), "p")
+    keepers = _start_group(len(SIZES), 'p')
     yield keepers
     for k in keepers:
         k.stop()
@@ -53,7 +53,7 @@ def _write(keepers, member, step, nbytes, *, push=True):
     client = KeeperClient(addresses[member])
     pusher = parity.ParityPusher(GROUP, member, addresses) if push else None
     try:
-        info = SnapshotWriter(client, parity=pusher).write(step, _shards(member, step, nbytes), {"step": step})
+        info = SnapshotWriter(client, parity=pusher).write(step, _shards(member, step, nbytes), {'step': step})
         return bytes(client.read(step, [(0, info.nbytes)]))
     finally:
         client.close()
@@ -101,7 +101,7 @@ def test_rebuild_is_bitwise_for_each_lost_member(group):
         assert (rebuilt.member, rebuilt.step) == (lost, 2)
         assert bytes(rebuilt.raw) == blobs[lost]
         snap = rebuilt.snapshot()
-        (raw_entry,) = [e for e in snap.entries if e.path == "raw"]
+        (raw_entry,) = [e for e in snap.entries if e.path == 'raw']
         np.testing.assert_array_equal(snap.read([raw_entry])[0], _shards(lost, 2, SIZES[lost])[0].data)
 
 
@@ -122,12 +122,12 @@ def test_rebuild_falls_back_to_the_newest_step_with_complete_parity(group):
 
 def test_two_lost_members_name_the_disk_checkpoint_fallback(group):
     holed = [None, None] + [k.address for k in group[2:]]
-    with pytest.raises(parity.ParityLossError, match=r"lost members \[0, 1\].*train\.checkpoint_every"):
+    with pytest.raises(parity.ParityLossError, match=r'lost members \[0, 1\].*train\.checkpoint_every'):
         parity.rebuild_member(GROUP, holed)
 
 
 def test_rebuild_after_the_lost_members_keeper_is_killed():
-    keepers = _start_group(3, "k")
+    keepers = _start_group(3, 'k')
     try:
         blobs = _write_all(keepers, 4, [999, 5_000, 12])
         os.kill(keepers[1].pid, signal.SIGKILL)
@@ -137,7 +137,7 @@ def test_rebuild_after_the_lost_members_keeper_is_killed():
         assert (rebuilt.member, rebuilt.step) == (1, 4)
         assert bytes(rebuilt.raw) == blobs[1]
         # A fresh keeper for member 1 can take the rebuilt snapshot back.
-        with start_keeper("k1b", slots=3) as fresh, KeeperClient(fresh.address) as c:
+        with start_keeper('k1b', slots=3) as fresh, KeeperClient(fresh.address) as c:
             record = SnapshotWriter(c).write_blob(rebuilt.raw)
             assert (record.step, record.checksum) == (4, rebuilt.checksum)
             assert bytes(c.read(4, [(0, record.nbytes)])) == blobs[1]

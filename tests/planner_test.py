@@ -16,7 +16,7 @@ def analytic_350m(shard: int):
     return costs_lib.role_cost(table, shard)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compositions(total: int, parts: int, cap: int) -> np.ndarray:
     """Every vector of `parts` integers in [0, cap] summing to `total`."""
     rows = [c for c in itertools.product(range(min(cap, total) + 1), repeat=parts)

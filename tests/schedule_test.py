@@ -7,10 +7,9 @@ import math
 import pytest
 
 from mecefo_jax.config import base_config
-from mecefo_jax.settings import resolve
-
 from mecefo_jax.faults import schedule as S
 from mecefo_jax.faults.schedule import FailureEvent, FailureSchedule
+from mecefo_jax.settings import resolve
 
 
 def make_cfg(**overrides):
@@ -32,56 +31,56 @@ def down_counts(events, num_replicas, horizon):
 # ---------------------------------------------------------------- parsing
 
 def test_parse_empty_means_no_failures():
-    assert S.parse_events("") == []
-    assert S.parse_events("   ") == []
+    assert S.parse_events('') == []
+    assert S.parse_events('   ') == []
 
 
 def test_parse_events_and_roundtrip():
-    events = S.parse_events("100:1:50, 7:0:3 ,7:3:1")
+    events = S.parse_events('100:1:50, 7:0:3 ,7:3:1')
     assert events == [FailureEvent(100, 1, 50), FailureEvent(7, 0, 3),
                       FailureEvent(7, 3, 1)]
     assert events[0].recovery_step == 150
     assert S.parse_events(S.format_events(events)) == events
 
 
-@pytest.mark.parametrize("text", [
-    "abc", "1:2", "1:2:3:4", "1:0:2,,3:1:1", "1.5:0:2", "1:0:", ":0:2",
-    "1;0;2", "1:0:2,",
+@pytest.mark.parametrize('text', [
+    'abc', '1:2', '1:2:3:4', '1:0:2,,3:1:1', '1.5:0:2', '1:0:', ':0:2',
+    '1;0;2', '1:0:2,',
 ])
 def test_parse_malformed_names_field(text):
-    with pytest.raises(ValueError, match=r"fault\.events.*malformed"):
+    with pytest.raises(ValueError, match=r'fault\.events.*malformed'):
         S.parse_events(text)
 
 
 # ---------------------------------------------------------------- validation
 
-@pytest.mark.parametrize("text, why", [
-    ("5:-1:3", "replica"),            # negative replica
-    ("5:4:3", "replica"),             # == num_replicas
-    ("5:1:0", "at least 1 step"),     # zero duration
-    ("5:1:-2", "at least 1 step"),    # negative duration
-    ("-1:1:2", ">= 0"),               # before the run
-    ("100:1:2", "only 100 steps"),    # == total_steps: beyond the run
-    ("5:1:10,9:1:3", "fails again"),  # overlap on the same replica
-    ("5:1:10,5:1:3", "fails again"),  # same replica, same step
+@pytest.mark.parametrize('text, why', [
+    ('5:-1:3', 'replica'),            # negative replica
+    ('5:4:3', 'replica'),             # == num_replicas
+    ('5:1:0', 'at least 1 step'),     # zero duration
+    ('5:1:-2', 'at least 1 step'),    # negative duration
+    ('-1:1:2', '>= 0'),               # before the run
+    ('100:1:2', 'only 100 steps'),    # == total_steps: beyond the run
+    ('5:1:10,9:1:3', 'fails again'),  # overlap on the same replica
+    ('5:1:10,5:1:3', 'fails again'),  # same replica, same step
 ])
 def test_validate_rejects_with_field_named(text, why):
     events = S.parse_events(text)
-    with pytest.raises(ValueError, match=r"fault\.events") as info:
+    with pytest.raises(ValueError, match=r'fault\.events') as info:
         S.validate_events(events, num_replicas=4, total_steps=100)
     assert why in str(info.value)
 
 
 def test_validate_rejects_non_integer_fields():
-    with pytest.raises(ValueError, match=r"fault\.events.*integer"):
+    with pytest.raises(ValueError, match=r'fault\.events.*integer'):
         S.validate_events([FailureEvent(1.5, 0, 2)], num_replicas=4, total_steps=10)
 
 
-@pytest.mark.parametrize("text", [
-    "99:1:1000",                  # recovery past the end of the run
-    "5:0:3,5:1:3,5:2:3,5:3:3",    # every replica down at once
-    "5:1:3,5:2:3",                # adjacent replicas together
-    "5:1:3,8:1:2",                # back-to-back: fails again at its recovery step
+@pytest.mark.parametrize('text', [
+    '99:1:1000',                  # recovery past the end of the run
+    '5:0:3,5:1:3,5:2:3,5:3:3',    # every replica down at once
+    '5:1:3,5:2:3',                # adjacent replicas together
+    '5:1:3,8:1:2',                # back-to-back: fails again at its recovery step
 ])
 def test_validate_accepts_hard_but_legal_schedules(text):
     S.validate_events(S.parse_events(text), num_replicas=4, total_steps=100)
@@ -89,7 +88,7 @@ def test_validate_accepts_hard_but_legal_schedules(text):
 
 # ---------------------------------------------------------------- liveness
 
-HAND = "10:1:5,10:2:3,12:0:4,12:3:2,15:1:2"
+HAND = '10:1:5,10:2:3,12:0:4,12:3:2,15:1:2'
 # r1 down 10-14 and again 15-16 (back to back), r2 10-12 (adjacent to r1),
 # r0 12-15, r3 12-13: at steps 12 every replica is down.
 HAND_EXPECTED = {  # step -> (live mask, failing, recovering)
@@ -140,7 +139,7 @@ def test_empty_schedule_is_always_live():
 
 
 def test_schedule_rejects_invalid_events():
-    with pytest.raises(ValueError, match=r"fault\.events"):
+    with pytest.raises(ValueError, match=r'fault\.events'):
         FailureSchedule([FailureEvent(3, 5, 1)], 4)
 
 
@@ -167,7 +166,7 @@ def test_random_events_are_valid_sorted_python_ints():
                for v in (e.step, e.replica, e.duration_steps))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize('seed', [0, 1, 2])
 def test_random_empirical_means_match_mtbf_mttr(seed):
     # 64 replicas with ~mttr/mtbf = 3 down on average: the cap (63) never
     # binds, so accepted events are exactly the Poisson arrivals.
@@ -190,7 +189,7 @@ def test_random_empirical_means_match_mtbf_mttr(seed):
     assert min(e.duration_steps for e in events) >= 1
 
 
-@pytest.mark.parametrize("max_concurrent, cap", [(1, 1), (2, 2), (0, 3), (4, 4)])
+@pytest.mark.parametrize('max_concurrent, cap', [(1, 1), (2, 2), (0, 3), (4, 4)])
 def test_random_never_exceeds_max_concurrent(max_concurrent, cap):
     # Outages 20x longer than gaps: the cap binds almost all the time.
     events = rand(mtbf_steps=5.0, mttr_steps=100.0, num_replicas=4,
@@ -204,12 +203,12 @@ def test_random_with_one_replica_and_default_cap_has_no_failures():
     assert rand(num_replicas=1) == []
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(mtbf_steps=0.0), "mtbf_steps"),
-    (dict(mttr_steps=-1.0), "mttr_steps"),
-    (dict(max_concurrent=9), r"fault\.max_concurrent"),
-    (dict(max_concurrent=-1), r"fault\.max_concurrent"),
-    (dict(mtbf_steps=1e-4), r"fault\.step_time_sec"),  # runaway arrival count
+@pytest.mark.parametrize('kw, match', [
+    (dict(mtbf_steps=0.0), 'mtbf_steps'),
+    (dict(mttr_steps=-1.0), 'mttr_steps'),
+    (dict(max_concurrent=9), r'fault\.max_concurrent'),
+    (dict(max_concurrent=-1), r'fault\.max_concurrent'),
+    (dict(mtbf_steps=1e-4), r'fault\.step_time_sec'),  # runaway arrival count
 ])
 def test_random_rejects_bad_parameters(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -219,7 +218,7 @@ def test_random_rejects_bad_parameters(kw, match):
 # ---------------------------------------------------------------- regimes / config
 
 def test_regime_presets_match_paper():
-    assert S.REGIMES == {"low": (2.0, 4.0), "mid": (1.0, 3.0), "high": (0.5, 2.0)}
+    assert S.REGIMES == {'low': (2.0, 4.0), 'mid': (1.0, 3.0), 'high': (0.5, 2.0)}
 
 
 def test_hours_to_steps_conversion():
@@ -230,7 +229,7 @@ def test_hours_to_steps_conversion():
     assert S.hours_to_steps(0.5, 1.8) == pytest.approx(1000.0)
 
 
-@pytest.mark.parametrize("regime", sorted(S.REGIMES))
+@pytest.mark.parametrize('regime', sorted(S.REGIMES))
 def test_regime_config_uses_documented_conversion(regime):
     mtbf_h, mttr_h = S.REGIMES[regime]
     cfg = make_cfg(regime=regime, step_time_sec=60.0, seed=7)
@@ -268,7 +267,7 @@ def test_config_custom_process_matches_random_events():
 
 
 def test_config_explicit_events_win_and_come_back_sorted():
-    cfg = make_cfg(events="30:2:5,10:1:4,10:0:4", regime="high")
+    cfg = make_cfg(events='30:2:5,10:1:4,10:0:4', regime='high')
     assert S.events_from_config(cfg, num_replicas=4, total_steps=100) == [
         FailureEvent(10, 0, 4), FailureEvent(10, 1, 4), FailureEvent(30, 2, 5)]
 
@@ -277,15 +276,15 @@ def test_config_nothing_set_means_no_failures():
     assert S.events_from_config(make_cfg(), num_replicas=4, total_steps=100) == []
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (dict(events="5:9:1"), r"fault\.events"),
-    (dict(events="5-1-1"), r"fault\.events"),
-    (dict(events="200:0:1"), r"fault\.events"),
-    (dict(regime="extreme"), r"fault\.regime"),
-    (dict(mtbf_hours=1.0), r"fault\.mtbf_hours"),       # mttr missing
-    (dict(mtbf_hours=-1.0, mttr_hours=1.0), r"fault\.mtbf_hours"),
-    (dict(regime="low", step_time_sec=0.0), r"fault\.step_time_sec"),
-    (dict(regime="low", max_concurrent=5), r"fault\.max_concurrent"),
+@pytest.mark.parametrize('overrides, match', [
+    (dict(events='5:9:1'), r'fault\.events'),
+    (dict(events='5-1-1'), r'fault\.events'),
+    (dict(events='200:0:1'), r'fault\.events'),
+    (dict(regime='extreme'), r'fault\.regime'),
+    (dict(mtbf_hours=1.0), r'fault\.mtbf_hours'),       # mttr missing
+    (dict(mtbf_hours=-1.0, mttr_hours=1.0), r'fault\.mtbf_hours'),
+    (dict(regime='low', step_time_sec=0.0), r'fault\.step_time_sec'),
+    (dict(regime='low', max_concurrent=5), r'fault\.max_concurrent'),
 ])
 def test_config_errors_name_the_field(overrides, match):
     with pytest.raises(ValueError, match=match):

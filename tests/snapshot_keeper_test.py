@@ -23,15 +23,15 @@ from mecefo_jax.snapshot.keeper import start_keeper
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = [pytest.mark.subprocess,  # spawns keepers
-              pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason="needs /dev/shm (Linux)")]
+              pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason='needs /dev/shm (Linux)')]
 
 
 def _fill(address, steps=(1, 2)):
     """Publish a few snapshots so that both slots hold a segment."""
-    shard = blob.HostShard("x", (1000,), ((0, 1000),), np.arange(1000, dtype=np.float32))
+    shard = blob.HostShard('x', (1000,), ((0, 1000),), np.arange(1000, dtype=np.float32))
     with KeeperClient(address) as c:
         for step in steps:
-            SnapshotWriter(c).write(step, [shard], {"step": step})
+            SnapshotWriter(c).write(step, [shard], {'step': step})
 
 
 def _wait_gone(pid, timeout=10.0):
@@ -48,28 +48,28 @@ def _assert_cleaned_up_itself(k, stderr_path):
     # Python's resource tracker would also unlink leftovers, but it warns when
     # it has to: the keeper must have unlinked its segments itself.
     with open(stderr_path) as f:
-        assert "leaked" not in f.read()
+        assert 'leaked' not in f.read()
 
 
 def test_shutdown_request_unlinks_segments(tmp_path):
-    with open(tmp_path / "stderr", "w") as err:
-        k = start_keeper("t-req", stderr=err)
+    with open(tmp_path / 'stderr', 'w') as err:
+        k = start_keeper('t-req', stderr=err)
     _fill(k.address)
     assert len(shm.listed(k.pid)) == 2
     with KeeperClient(k.address) as c:
         c.shutdown()
     assert k.proc.wait(10) == 0
-    _assert_cleaned_up_itself(k, tmp_path / "stderr")
+    _assert_cleaned_up_itself(k, tmp_path / 'stderr')
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
 def test_signal_unlinks_segments(sig, tmp_path):
-    with open(tmp_path / "stderr", "w") as err:
-        k = start_keeper("t-sig", stderr=err)
+    with open(tmp_path / 'stderr', 'w') as err:
+        k = start_keeper('t-sig', stderr=err)
     _fill(k.address)
     os.kill(k.pid, sig)
     assert k.proc.wait(10) == 0
-    _assert_cleaned_up_itself(k, tmp_path / "stderr")
+    _assert_cleaned_up_itself(k, tmp_path / 'stderr')
 
 
 _LAUNCHER = textwrap.dedent("""
@@ -82,11 +82,11 @@ _LAUNCHER = textwrap.dedent("""
 
 
 def test_keeper_exits_when_its_launcher_is_killed():
-    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER], stdout=subprocess.PIPE, text=True,
+    launcher = subprocess.Popen([sys.executable, '-c', _LAUNCHER], stdout=subprocess.PIPE, text=True,
                                 cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     try:
         pid, port = map(int, launcher.stdout.readline().split())
-        _fill(("127.0.0.1", port))
+        _fill(('127.0.0.1', port))
         assert len(shm.listed(pid)) == 2
     finally:
         launcher.kill()
@@ -95,11 +95,11 @@ def test_keeper_exits_when_its_launcher_is_killed():
     gone = _wait_gone(pid)
     if not gone and shm.alive(pid):
         os.kill(pid, signal.SIGTERM)  # never leave an orphan keeper behind a failed test
-    assert gone, f"keeper {pid} outlived its launcher"
+    assert gone, f'keeper {pid} outlived its launcher'
 
 
 def test_a_killed_keepers_segments_are_unlinked_by_its_tracker():
-    k = start_keeper("t-kill")
+    k = start_keeper('t-kill')
     _fill(k.address)
     os.kill(k.pid, signal.SIGKILL)
     k.proc.wait(10)
@@ -109,32 +109,32 @@ def test_a_killed_keepers_segments_are_unlinked_by_its_tracker():
 def test_worker_exit_does_not_unlink_the_keepers_segments():
     # A worker attaches to its keeper's segment and then exits (or is
     # killed); Python's resource tracker must not take the segment with it.
-    with start_keeper("t-attach") as k:
+    with start_keeper('t-attach') as k:
         _fill(k.address)
         names = shm.listed(k.pid)
-        code = f"from mecefo_jax.snapshot import shm; s = shm.attach({names[0]!r}); print(bytes(s.buf[:8]))"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        code = f'from mecefo_jax.snapshot import shm; s = shm.attach({names[0]!r}); print(bytes(s.buf[:8]))'
+        out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                              cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
         assert blob.MAGIC.decode() in out.stdout
-        assert "leaked" not in out.stderr
+        assert 'leaked' not in out.stderr
         assert shm.listed(k.pid) == names
 
 
 def test_remove_stale_unlinks_segments_of_dead_keepers():
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead = subprocess.Popen([sys.executable, '-c', 'pass'])
     dead.wait()
-    seg = shared_memory.SharedMemory(name=f"{shm.prefix(dead.pid)}test", create=True, size=4096)
-    resource_tracker.unregister(seg._name, "shared_memory")  # left behind, as by a SIGKILLed keeper
+    seg = shared_memory.SharedMemory(name=f'{shm.prefix(dead.pid)}test', create=True, size=4096)
+    resource_tracker.unregister(seg._name, 'shared_memory')  # left behind, as by a SIGKILLed keeper
     seg.close()
-    assert shm.remove_stale() == [f"{shm.prefix(dead.pid)}test"]
+    assert shm.remove_stale() == [f'{shm.prefix(dead.pid)}test']
     assert shm.listed(dead.pid) == []
 
 
 def test_a_pinned_snapshot_is_never_overwritten():
-    with start_keeper("t-pin", pin_timeout=0.3) as k, KeeperClient(k.address) as c:
+    with start_keeper('t-pin', pin_timeout=0.3) as k, KeeperClient(k.address) as c:
         _fill(k.address, steps=(1, 2))
         reader = ShmSnapshot(k.address, 1, timeout=10)  # pins step 1, the slot the next write wants
-        with pytest.raises(KeeperError, match="pinned by a reader"):
+        with pytest.raises(KeeperError, match='pinned by a reader'):
             c.begin(100)
         (entry,) = reader.entries
         np.testing.assert_array_equal(reader.read([entry])[0], np.arange(1000, dtype=np.float32))
@@ -144,18 +144,18 @@ def test_a_pinned_snapshot_is_never_overwritten():
 
 
 def test_cli_ready_file_names_the_port(tmp_path):
-    ready = tmp_path / "ready.json"
-    proc = subprocess.Popen([sys.executable, "-m", "mecefo_jax.snapshot.keeper", "--name", "cli",
-                             "--ready-file", str(ready)], stdout=subprocess.DEVNULL, cwd=ROOT,
+    ready = tmp_path / 'ready.json'
+    proc = subprocess.Popen([sys.executable, '-m', 'mecefo_jax.snapshot.keeper', '--name', 'cli',
+                             '--ready-file', str(ready)], stdout=subprocess.DEVNULL, cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=ROOT))
     try:
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         info = json.loads(ready.read_text())
-        assert info["pid"] == proc.pid
-        with KeeperClient((info["host"], info["port"])) as c:
-            assert c.hello()["name"] == "cli"
+        assert info['pid'] == proc.pid
+        with KeeperClient((info['host'], info['port'])) as c:
+            assert c.hello()['name'] == 'cli'
     finally:
         proc.terminate()
         assert proc.wait(10) == 0

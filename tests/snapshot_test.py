@@ -28,24 +28,24 @@ pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SPECS = {
-    "w": P(None, "model"),  # replicated over data, split over model (a kernel)
-    "b": P("data", "model"),  # split over both: restoring onto 3 rows needs assembly
-    "emb": P("model", None),
-    "count": P(),
+    'w': P(None, 'model'),  # replicated over data, split over model (a kernel)
+    'b': P('data', 'model'),  # split over both: restoring onto 3 rows needs assembly
+    'emb': P('model', None),
+    'count': P(),
 }
 
 
 def _mesh(data, model=2):
-    return Mesh(np.array(jax.devices()[:data * model]).reshape(data, model), ("data", "model"))
+    return Mesh(np.array(jax.devices()[:data * model]).reshape(data, model), ('data', 'model'))
 
 
 def _values(seed=0):
     rng = np.random.default_rng(seed)
     return {
-        "w": rng.standard_normal((8, 6)).astype(np.float32),
-        "b": rng.standard_normal((12, 4)).astype(ml_dtypes.bfloat16),
-        "emb": rng.integers(-1000, 1000, (4, 4)).astype(np.int32),
-        "count": np.asarray(seed + 7, np.int32),
+        'w': rng.standard_normal((8, 6)).astype(np.float32),
+        'b': rng.standard_normal((12, 4)).astype(ml_dtypes.bfloat16),
+        'emb': rng.integers(-1000, 1000, (4, 4)).astype(np.int32),
+        'count': np.asarray(seed + 7, np.int32),
     }
 
 
@@ -76,22 +76,22 @@ def _assert_bitwise(tree, values, mesh):
             np.testing.assert_array_equal(_bytes(shard.data), _bytes(np.asarray(v)[shard.index]), err_msg=k)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def own():
-    with start_keeper("own") as k:
+    with start_keeper('own') as k:
         yield k
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def peer():
-    with start_keeper("peer") as k:
+    with start_keeper('peer') as k:
         yield k
 
 
 def _write(keeper, step, tree, data_state=None, *, keep=lambda shard: True):
     with KeeperClient(keeper.address) as c:
         shards = [s for s in jax_io.host_shards(tree) if keep(s)]
-        return SnapshotWriter(c).write(step, shards, data_state or {"pos": step})
+        return SnapshotWriter(c).write(step, shards, data_state or {'pos': step})
 
 
 def _restore(abstract, sources, **kw):
@@ -110,17 +110,17 @@ def test_host_shards_are_unique_per_index():
     for s in shards:
         per_leaf.setdefault(s.path, []).append(s.index)
     # 'w' and 'emb' are replicated over the 4 data rows: 2 unique shards, not 8.
-    assert {k: len(v) for k, v in per_leaf.items()} == {"w": 2, "b": 8, "emb": 2, "count": 1}
+    assert {k: len(v) for k, v in per_leaf.items()} == {'w': 2, 'b': 8, 'emb': 2, 'count': 1}
     assert all(len(set(v)) == len(v) for v in per_leaf.values())
 
 
-@pytest.mark.parametrize("via", ["shm", "tcp"])
+@pytest.mark.parametrize('via', ['shm', 'tcp'])
 def test_round_trip_is_bitwise(own, via):
     mesh, values = _mesh(4), _values(1)
-    _write(own, 1, _put(values, mesh), {"pos": 123, "epoch": 0})
+    _write(own, 1, _put(values, mesh), {'pos': 123, 'epoch': 0})
     tree, data_state, report = _restore(_abstract(values, mesh), [(own.address, via)])
-    assert report.step == 1 and data_state == {"pos": 123, "epoch": 0}
-    assert list(report.bytes_by_source) == [f"{via}:{own.address[0]}:{own.address[1]}"]
+    assert report.step == 1 and data_state == {'pos': 123, 'epoch': 0}
+    assert list(report.bytes_by_source) == [f'{via}:{own.address[0]}:{own.address[1]}']
     _assert_bitwise(tree, values, mesh)
 
 
@@ -128,7 +128,7 @@ def test_restore_onto_a_smaller_mesh(own):
     values = _values(2)
     _write(own, 2, _put(values, _mesh(4)))
     small = _mesh(3)
-    tree, _, report = _restore(_abstract(values, small), [(own.address, "shm")])
+    tree, _, report = _restore(_abstract(values, small), [(own.address, 'shm')])
     assert report.step == 2
     _assert_bitwise(tree, values, small)
 
@@ -138,15 +138,15 @@ def test_missing_shards_heal_from_a_peer_or_are_listed(own, peer):
     tree = _put(values, mesh)
     # The own keeper lost the second half of 'w' (say that process's shards);
     # the peer holds a full snapshot of the same step.
-    _write(own, 3, tree, keep=lambda s: not (s.path == "w" and s.index[1][0] == 3))
+    _write(own, 3, tree, keep=lambda s: not (s.path == 'w' and s.index[1][0] == 3))
     _write(peer, 3, tree)
     abstract = _abstract(values, mesh)
-    restored, _, report = _restore(abstract, [(own.address, "shm"), (peer.address, "tcp")], step=3)
+    restored, _, report = _restore(abstract, [(own.address, 'shm'), (peer.address, 'tcp')], step=3)
     _assert_bitwise(restored, values, mesh)
     assert report.healed_shards == 1
-    assert report.bytes_by_source[f"tcp:{peer.address[0]}:{peer.address[1]}"] == 8 * 3 * 4
-    with pytest.raises(jax_io.SnapshotMissingError, match=r"step 3 lacks 1 shard\(s\): w\[\[0, 8\], \[3, 6\]\]"):
-        _restore(abstract, [(own.address, "shm")], step=3)
+    assert report.bytes_by_source[f'tcp:{peer.address[0]}:{peer.address[1]}'] == 8 * 3 * 4
+    with pytest.raises(jax_io.SnapshotMissingError, match=r'step 3 lacks 1 shard\(s\): w\[\[0, 8\], \[3, 6\]\]'):
+        _restore(abstract, [(own.address, 'shm')], step=3)
     # A dead peer is skipped; the live one still heals.
     with _free_address() as dead:
         snaps = open_sources(own.address, [dead, peer.address])
@@ -163,10 +163,11 @@ def test_a_worker_restores_the_launchers_step_healing_from_a_peer_or_names_the_f
     """The launcher chooses the step (no collective): a worker whose own keeper
     lacks part of it heals from a peer; a step nobody holds is a clear error."""
     import types
+
     from mecefo_jax.launch.worker_state import keeper_restore
     mesh, values = _mesh(4), _values(5)
     tree = _put(values, mesh)
-    _write(own, 41, tree, keep=lambda s: s.path != "b")  # the own keeper lost all of 'b'
+    _write(own, 41, tree, keep=lambda s: s.path != 'b')  # the own keeper lost all of 'b'
     _write(peer, 41, tree)
     run = types.SimpleNamespace(abstract_state={k: jax.ShapeDtypeStruct(v.shape, v.dtype)
                                                 for k, v in values.items()})
@@ -175,9 +176,9 @@ def test_a_worker_restores_the_launchers_step_healing_from_a_peer_or_names_the_f
     state, data_state, source = keeper_restore([own.address, peer.address], 0, info,
                                                step=41)(run, topology)
     _assert_bitwise(state, values, mesh)
-    assert data_state == {"pos": 41} and source == "in-memory snapshot of step 41"
-    assert info["restore"].step == 41 and info["restore"].healed_bytes == 12 * 4 * 2  # bf16 'b'
-    with pytest.raises(jax_io.SnapshotMissingError, match=r"step 42 .*launch.recovery=disk"):
+    assert data_state == {'pos': 41} and source == 'in-memory snapshot of step 41'
+    assert info['restore'].step == 41 and info['restore'].healed_bytes == 12 * 4 * 2  # bf16 'b'
+    with pytest.raises(jax_io.SnapshotMissingError, match=r'step 42 .*launch.recovery=disk'):
         keeper_restore([own.address, peer.address], 0, {}, step=42)(run, topology)
 
 
@@ -185,16 +186,16 @@ def test_a_worker_restores_the_launchers_step_healing_from_a_peer_or_names_the_f
 def _free_address():
     """An address nothing listens on."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(('127.0.0.1', 0))
         yield sock.getsockname()
 
 
 def test_restore_rejects_a_changed_leaf(own):
     mesh, values = _mesh(4), _values(4)
     _write(own, 4, _put(values, mesh))
-    changed = dict(values, w=values["w"].astype(ml_dtypes.bfloat16))
-    with pytest.raises(jax_io.SnapshotMismatchError, match=r"w was saved as float32\[8, 6\]"):
-        _restore(_abstract(changed, mesh), [(own.address, "tcp")])
+    changed = dict(values, w=values['w'].astype(ml_dtypes.bfloat16))
+    with pytest.raises(jax_io.SnapshotMismatchError, match=r'w was saved as float32\[8, 6\]'):
+        _restore(_abstract(changed, mesh), [(own.address, 'tcp')])
 
 
 _CRASHING_WRITER = textwrap.dedent("""
@@ -214,19 +215,19 @@ def test_writer_killed_mid_copy_leaves_previous_snapshot(own):
     for step in (20, 21):
         _write(own, step, _put(_values(step), mesh))
     # Two slots: the crashing writer overwrites the one holding step 20.
-    proc = subprocess.Popen([sys.executable, "-c", _CRASHING_WRITER, str(own.port)],
+    proc = subprocess.Popen([sys.executable, '-c', _CRASHING_WRITER, str(own.port)],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=ROOT))
     try:
-        assert proc.stdout.readline().strip() == "HALF"
+        assert proc.stdout.readline().strip() == 'HALF'
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
     with KeeperClient(own.address) as c:
         assert [r.step for r in c.snapshots()] == [21]
-    tree, data_state, report = _restore(_abstract(_values(21), mesh), [(own.address, "shm")])
-    assert report.step == 21 and data_state == {"pos": 21}
+    tree, data_state, report = _restore(_abstract(_values(21), mesh), [(own.address, 'shm')])
+    assert report.step == 21 and data_state == {'pos': 21}
     _assert_bitwise(tree, _values(21), mesh)
 
 
@@ -235,8 +236,8 @@ def test_publish_of_an_unwritten_slot_is_refused(own):
     _write(own, 30, _put(_values(30), mesh))
     with KeeperClient(own.address) as c:
         slot = c.begin(1000)
-        with pytest.raises(KeeperError, match="refusing to publish step 31"):
-            c.publish(slot["slot"], slot["token"], step=31, nbytes=500, checksum=1,
+        with pytest.raises(KeeperError, match='refusing to publish step 31'):
+            c.publish(slot['slot'], slot['token'], step=31, nbytes=500, checksum=1,
                       header_offset=400, header_len=100)
         assert [r.step for r in c.snapshots()] == [30]
 
@@ -248,17 +249,17 @@ def test_async_snapshot_keeps_values_of_a_donated_step(own):
     step_fn = jax.jit(lambda t: jax.tree.map(lambda x: x + 1, t), donate_argnums=0)
     with KeeperClient(own.address) as c, async_writer.AsyncSnapshotter(SnapshotWriter(c)) as snap:
         host = jax.device_put(state, jax_io.pinned_host_shardings(shardings))
-        snap.submit(5, host, {"pos": 5})
+        snap.submit(5, host, {'pos': 5})
         del host
         state = step_fn(state)  # donates the buffers the snapshot was taken from
-        snap.submit(6, jax.device_put(state, jax_io.pinned_host_shardings(shardings)), {"pos": 6})
+        snap.submit(6, jax.device_put(state, jax_io.pinned_host_shardings(shardings)), {'pos': 6})
         state = step_fn(state)
         snap.wait()
         assert snap.stats.published == 2 and snap.stats.last_published_step == 6
         assert snap.stats.bytes > 0 and snap.stats.write_sec > 0
     for step, want in ((5, values), (6, jax.tree.map(lambda x: x + 1, values))):
-        tree, data_state, _ = _restore(_abstract(values, mesh), [(own.address, "shm")], step=step)
-        assert data_state == {"pos": step}
+        tree, data_state, _ = _restore(_abstract(values, mesh), [(own.address, 'shm')], step=step)
+        assert data_state == {'pos': step}
         _assert_bitwise(tree, want, mesh)
 
 
@@ -268,18 +269,18 @@ def test_async_error_surfaces_on_next_call_and_keeps_last_snapshot(own):
 
     def die(step):
         if step == 41:
-            raise OSError("worker lost its keeper mid-snapshot")
+            raise OSError('worker lost its keeper mid-snapshot')
 
     with KeeperClient(own.address) as c:
         snap = async_writer.AsyncSnapshotter(SnapshotWriter(c, before_publish=die))
-        snap.submit(40, host, {"pos": 40})
-        snap.submit(41, host, {"pos": 41})
-        with pytest.raises(async_writer.SnapshotError, match="step 41 failed.*mid-snapshot"):
+        snap.submit(40, host, {'pos': 40})
+        snap.submit(41, host, {'pos': 41})
+        with pytest.raises(async_writer.SnapshotError, match='step 41 failed.*mid-snapshot'):
             snap.wait()
         snap.close()
         assert [r.step for r in c.snapshots()] == [40]
-        with pytest.raises(TypeError, match="not JSON-serialisable"):
-            async_writer.AsyncSnapshotter(SnapshotWriter(c)).submit(42, host, {"pos": np.int64(1)})
+        with pytest.raises(TypeError, match='not JSON-serialisable'):
+            async_writer.AsyncSnapshotter(SnapshotWriter(c)).submit(42, host, {'pos': np.int64(1)})
 
 
 _TRAINING_WORKER = textwrap.dedent("""
@@ -304,19 +305,19 @@ _TRAINING_WORKER = textwrap.dedent("""
 def test_sigkilled_training_worker_restores_its_last_published_step(own):
     # The worker snapshots every step until it is SIGKILLed at a random
     # point; whatever step was last published must come back exactly.
-    proc = subprocess.Popen([sys.executable, "-c", _TRAINING_WORKER, str(own.port)],
+    proc = subprocess.Popen([sys.executable, '-c', _TRAINING_WORKER, str(own.port)],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+                            env=dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS='', JAX_PLATFORMS='cpu'))
     try:
-        assert proc.stdout.readline().strip() == "RUNNING"
+        assert proc.stdout.readline().strip() == 'RUNNING'
         time.sleep(0.2)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
     mesh = _mesh(1, 1)
-    abstract = {"w": jax.ShapeDtypeStruct((50_000,), np.float32, sharding=NamedSharding(mesh, P()))}
-    tree, data_state, report = _restore(abstract, [(own.address, "shm")])
+    abstract = {'w': jax.ShapeDtypeStruct((50_000,), np.float32, sharding=NamedSharding(mesh, P()))}
+    tree, data_state, report = _restore(abstract, [(own.address, 'shm')])
     step = report.step
-    assert step >= 20 and data_state == {"pos": step}
-    np.testing.assert_array_equal(np.asarray(tree["w"]), np.arange(50_000, dtype=np.float32) + step + 1)
+    assert step >= 20 and data_state == {'pos': step}
+    np.testing.assert_array_equal(np.asarray(tree['w']), np.arange(50_000, dtype=np.float32) + step + 1)

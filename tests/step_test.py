@@ -13,15 +13,14 @@ import numpy as np
 import optax
 import pytest
 from flax import linen as nn
+from tree_asserts import assert_tree_close
 
 from configs import tiny
 from mecefo_jax import sharding, state, step
-from mecefo_jax.layout import (ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program, assemble,
-                               full_layout)
+from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program, assemble, full_layout
 from mecefo_jax.model import Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
 from mecefo_jax.settings import resolve
-from tree_asserts import assert_tree_close
 
 N_SHARDS, SHARD_BATCH, T = 8, 2, 9  # 8 batch shards of 2 sequences, 8 predicted tokens each
 TOKENS_PER_SHARD = SHARD_BATCH * (T - 1)
@@ -94,7 +93,7 @@ def reference(setup):
             'neighbour': per_shard(True)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mesh_and_step(rows, programs):
     """Mesh over `rows` (tuples of device ids) and its jitted grad fn, built once."""
     by_id = {d.id: d for d in jax.devices()}

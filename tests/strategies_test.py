@@ -4,8 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from mecefo_jax.faults.strategies import (STRATEGIES, AllReplicasDownError, adopters,
-                                          layout_for, ring_order)
+from mecefo_jax.faults.strategies import STRATEGIES, AllReplicasDownError, adopters, layout_for, ring_order
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program, assemble
 
 N = 8

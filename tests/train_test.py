@@ -7,8 +7,8 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import train as train_lib
 from mecefo_jax import resume
+from mecefo_jax import train as train_lib
 from mecefo_jax.metrics import read_metrics
 from mecefo_jax.settings import resolve
 

@@ -14,7 +14,7 @@ from mecefo_jax.workdir_lock import LOCK_FILENAME, WorkdirLock, WorkdirLockedErr
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Takes the lock, says so on stdout, then holds it until stdin closes; with
 # 'crash' it exits without releasing, as a SIGKILLed run would.
-_HOLDER = '''
+_HOLDER = """
 import os, sys
 from mecefo_jax.workdir_lock import WorkdirLock
 lock = WorkdirLock(sys.argv[1]).acquire()
@@ -23,7 +23,7 @@ if sys.argv[2] == 'crash':
     os._exit(0)
 sys.stdin.readline()
 lock.release()
-'''
+"""
 
 
 def _holder(workdir, mode='hold'):

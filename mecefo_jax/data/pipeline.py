@@ -69,7 +69,7 @@ class DataPipeline:
         self._fingerprint = fingerprint
         self._iterator = iter(dataset)
 
-    def __iter__(self) -> "DataPipeline":
+    def __iter__(self) -> DataPipeline:
         return self
 
     def __next__(self) -> np.ndarray:
@@ -88,38 +88,38 @@ class DataPipeline:
         """
         rows = next(self._iterator)
         shape = (self.num_shards, self.shard_batch_size, self.seq_len + 1)
-        tokens_sbt = rows["tokens"].reshape(shape)
+        tokens_sbt = rows['tokens'].reshape(shape)
         provenance = {key: rows[key].reshape(shape) for key in _PROVENANCE_KEYS}
         return tokens_sbt, provenance
 
     def get_state(self) -> dict[str, Any]:
         """JSON-serialisable position; restore with `set_state` on a same-config pipeline."""
         state = {
-            "format": _STATE_FORMAT,
-            "fingerprint": self._fingerprint,
-            "iterator": self._iterator.get_state(),
+            'format': _STATE_FORMAT,
+            'fingerprint': self._fingerprint,
+            'iterator': self._iterator.get_state(),
         }
         # Round-tripping proves serialisability now, not at checkpoint time, and
         # detaches the result from live iterator internals.
         return json.loads(json.dumps(state))
 
     def set_state(self, state: dict[str, Any]) -> None:
-        if state.get("format") != _STATE_FORMAT:
+        if state.get('format') != _STATE_FORMAT:
             raise ValueError(
                 f"Unsupported data pipeline state format {state.get('format')!r};"
                 f" expected {_STATE_FORMAT}."
             )
-        if state.get("fingerprint") != self._fingerprint:
+        if state.get('fingerprint') != self._fingerprint:
             raise ValueError(
-                "The data pipeline state was saved by a pipeline with a different"
-                " corpus, tokenizer, data.seq_len, data.global_batch_size,"
-                " data.seed or split; resume with the same data config."
+                'The data pipeline state was saved by a pipeline with a different'
+                ' corpus, tokenizer, data.seq_len, data.global_batch_size,'
+                ' data.seed or split; resume with the same data config.'
             )
-        self._iterator.set_state(copy.deepcopy(state["iterator"]))
+        self._iterator.set_state(copy.deepcopy(state['iterator']))
 
 
 def make_pipeline(
-    data_cfg: DataSection, *, vocab_size: int, num_shards: int, split: str = "train"
+    data_cfg: DataSection, *, vocab_size: int, num_shards: int, split: str = 'train'
 ) -> DataPipeline:
     """Builds the pipeline for `split`; trains/caches the tokenizer on first use."""
     seq_len, global_batch_size = _checked_batch_shape(data_cfg, num_shards)
@@ -159,12 +159,12 @@ def make_pipeline(
 def _checked_batch_shape(data_cfg: DataSection, num_shards: int) -> tuple[int, int]:
     seq_len, global_batch_size = data_cfg.seq_len, data_cfg.global_batch_size
     if num_shards < 1:
-        raise ValueError(f"num_shards (mesh.data) must be >= 1, got {num_shards}.")
+        raise ValueError(f'num_shards (mesh.data) must be >= 1, got {num_shards}.')
     if global_batch_size < 1 or global_batch_size % num_shards:
         raise ValueError(
-            f"data.global_batch_size={global_batch_size} must be a positive"
-            f" multiple of the number of data shards mesh.data={num_shards};"
-            " change data.global_batch_size or mesh.data so it divides evenly."
+            f'data.global_batch_size={global_batch_size} must be a positive'
+            f' multiple of the number of data shards mesh.data={num_shards};'
+            ' change data.global_batch_size or mesh.data so it divides evenly.'
         )
     return seq_len, global_batch_size
 
@@ -183,28 +183,28 @@ def _check_split_fills_one_batch(
         if tokens_seen >= tokens_needed:
             return
     raise ValueError(
-        f"The {split!r} split has only {tokens_seen} tokens, fewer than one"
-        f" global batch needs (data.global_batch_size x (data.seq_len + 1) ="
-        f" {tokens_needed}). Add text to the corpus, lower"
-        " data.global_batch_size or data.seq_len, or (for validation) raise"
-        " data.val_fraction."
+        f'The {split!r} split has only {tokens_seen} tokens, fewer than one'
+        f' global batch needs (data.global_batch_size x (data.seq_len + 1) ='
+        f' {tokens_needed}). Add text to the corpus, lower'
+        ' data.global_batch_size or data.seq_len, or (for validation) raise'
+        ' data.val_fraction.'
     )
 
 
 def _shuffle_seed(data_cfg: DataSection, split: str) -> int:
-    if split != "train":
+    if split != 'train':
         return _VALIDATION_SHUFFLE_SEED
     # Grain shuffles need a seed in [0, 2**32).
     return data_cfg.seed % 2**32
 
 
 def _pipeline_fingerprint(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode("utf-8")).hexdigest()
+    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode('utf-8')).hexdigest()
 
 
 def _tokenizer_training_texts(data_cfg: DataSection) -> Iterable[str]:
     """An evenly spaced sample of training documents (all of them if few)."""
-    train_documents = data_sources.load_documents(data_cfg, "train")
+    train_documents = data_sources.load_documents(data_cfg, 'train')
     stride = max(1, len(train_documents) // _TOKENIZER_SAMPLE_DOCUMENTS)
     if stride == 1:
         return train_documents
@@ -214,7 +214,7 @@ def _tokenizer_training_texts(data_cfg: DataSection) -> Iterable[str]:
 # --------------------------------------------------------------------------
 # The Grain graph.
 
-_PROVENANCE_KEYS = ("stream_index", "document_index", "position")
+_PROVENANCE_KEYS = ('stream_index', 'document_index', 'position')
 
 
 def _build_dataset(
@@ -229,9 +229,9 @@ def _build_dataset(
         token_ids = tokenizer.encode(documents[document_index])
         token_ids.append(tokenizer.eos_id)
         return {
-            "tokens": np.asarray(token_ids, dtype=np.int32),
-            "stream_index": stream_index,
-            "document_index": int(document_index),
+            'tokens': np.asarray(token_ids, dtype=np.int32),
+            'stream_index': stream_index,
+            'document_index': int(document_index),
         }
 
     # shuffle-then-repeat: each epoch gets its own permutation (seed + epoch).
@@ -255,7 +255,7 @@ class _PackedRowsIterDataset(grain.IterDataset):
         super().__init__(parent)
         self._row_len = row_len
 
-    def __iter__(self) -> "_PackedRowsIterator":
+    def __iter__(self) -> _PackedRowsIterator:
         return _PackedRowsIterator(self._parent.__iter__(), row_len=self._row_len)
 
 
@@ -281,14 +281,14 @@ class _PackedRowsIterator(grain.DatasetIterator):
     def _remaining_in_document(self) -> int:
         if self._document is None:
             return 0
-        return len(self._document["tokens"]) - self._offset
+        return len(self._document['tokens']) - self._offset
 
     def __next__(self) -> dict[str, np.ndarray]:
         row = {
-            "tokens": np.empty(self._row_len, np.int32),
-            "stream_index": np.empty(self._row_len, np.int64),
-            "document_index": np.empty(self._row_len, np.int64),
-            "position": np.empty(self._row_len, np.int32),
+            'tokens': np.empty(self._row_len, np.int32),
+            'stream_index': np.empty(self._row_len, np.int64),
+            'document_index': np.empty(self._row_len, np.int64),
+            'position': np.empty(self._row_len, np.int32),
         }
         filled = 0
         while filled < self._row_len:
@@ -304,20 +304,20 @@ class _PackedRowsIterator(grain.DatasetIterator):
     def _copy_into(self, row: dict[str, np.ndarray], start: int, count: int) -> None:
         document = self._document
         stop = start + count
-        row["tokens"][start:stop] = document["tokens"][self._offset:self._offset + count]
-        row["stream_index"][start:stop] = document["stream_index"]
-        row["document_index"][start:stop] = document["document_index"]
-        row["position"][start:stop] = np.arange(self._offset, self._offset + count)
+        row['tokens'][start:stop] = document['tokens'][self._offset:self._offset + count]
+        row['stream_index'][start:stop] = document['stream_index']
+        row['document_index'][start:stop] = document['document_index']
+        row['position'][start:stop] = np.arange(self._offset, self._offset + count)
 
     def get_state(self) -> dict[str, Any]:
         return {
-            "state_before_document": copy.deepcopy(self._state_before_document),
-            "has_document": self._document is not None,
-            "offset": self._offset,
+            'state_before_document': copy.deepcopy(self._state_before_document),
+            'has_document': self._document is not None,
+            'offset': self._offset,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._parent.set_state(copy.deepcopy(state["state_before_document"]))
-        self._state_before_document = copy.deepcopy(state["state_before_document"])
-        self._document = next(self._parent) if state["has_document"] else None
-        self._offset = int(state["offset"])
+        self._parent.set_state(copy.deepcopy(state['state_before_document']))
+        self._state_before_document = copy.deepcopy(state['state_before_document'])
+        self._document = next(self._parent) if state['has_document'] else None
+        self._offset = int(state['offset'])

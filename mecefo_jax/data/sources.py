@@ -50,17 +50,17 @@ from typing import Any
 
 from mecefo_jax.settings import DataSection
 
-SPLITS = ("train", "validation")
+SPLITS = ('train', 'validation')
 
 # Directories of the standard library that hold tests, demos or vendored
 # packages rather than documentation-quality docstrings.
 _STDLIB_DIRS_TO_SKIP = frozenset({
-    "test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages",
-    "turtledemo", "ensurepip", "pydoc_data", "lib-dynload", "__pycache__",
+    'test', 'tests', 'idlelib', 'lib2to3', 'site-packages', 'dist-packages',
+    'turtledemo', 'ensurepip', 'pydoc_data', 'lib-dynload', '__pycache__',
 })
 # Very short module docstrings ("Constants for foo.") add almost no text.
 _MIN_DOCSTRING_CHARS = 200
-_PARAGRAPH_BREAK = re.compile(r"\n(?:[ \t\r\f\v]*\n)+")
+_PARAGRAPH_BREAK = re.compile(r'\n(?:[ \t\r\f\v]*\n)+')
 DOCUMENT_TARGET_CHARS = 2000
 
 
@@ -82,7 +82,7 @@ class Documents(Sequence[str]):
         return self._texts[index]
 
     def __repr__(self) -> str:
-        return f"Documents(n={len(self)}, fingerprint={self.fingerprint[:12]})"
+        return f'Documents(n={len(self)}, fingerprint={self.fingerprint[:12]})'
 
 
 class TfdsDocuments(Sequence[str]):
@@ -98,36 +98,36 @@ class TfdsDocuments(Sequence[str]):
 
     def _text_of(self, record: Any) -> str:
         text = record[self._text_key]
-        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        return text.decode('utf-8') if isinstance(text, bytes) else str(text)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         if not -len(self) <= index < len(self):
             # array_record raises ValueError here; Sequence semantics need IndexError.
-            raise IndexError(f"document index {index} out of range [0, {len(self)})")
+            raise IndexError(f'document index {index} out of range [0, {len(self)})')
         return self._text_of(self._tfds_source[index % len(self)])
 
     def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))
 
     def __repr__(self) -> str:
-        return f"TfdsDocuments(n={len(self)}, source={self.fingerprint})"
+        return f'TfdsDocuments(n={len(self)}, source={self.fingerprint})'
 
 
 def load_documents(data_cfg: DataSection, split: str) -> Sequence[str]:
     """Returns the documents of `split` ('train' or 'validation') for `data_cfg`."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
+        raise ValueError(f'split must be one of {SPLITS}, got {split!r}.')
     source = data_cfg.source
-    if source == "tfds":
+    if source == 'tfds':
         return _load_tfds_documents(data_cfg, split)
-    if source == "embedded":
+    if source == 'embedded':
         corpus = _embedded_corpus()
-        corpus_name = "embedded"
-    elif source == "text":
+        corpus_name = 'embedded'
+    elif source == 'text':
         corpus = _text_file_corpus(_text_file_identity(data_cfg))
-        corpus_name = "text"
+        corpus_name = 'text'
     else:
         raise ValueError(
             f"data.source must be 'embedded', 'tfds' or 'text', got {source!r}."
@@ -142,7 +142,7 @@ def corpus_fingerprint(data_cfg: DataSection) -> str:
     names the prepared dataset (name, config, version, text key, size) without
     reading it.
     """
-    return load_documents(data_cfg, "train").fingerprint
+    return load_documents(data_cfg, 'train').fingerprint
 
 
 # --------------------------------------------------------------------------
@@ -150,16 +150,16 @@ def corpus_fingerprint(data_cfg: DataSection) -> str:
 
 
 def _unit_interval_hash(text: str) -> float:
-    digest = hashlib.sha256(text.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
+    digest = hashlib.sha256(text.encode('utf-8')).digest()
+    return int.from_bytes(digest[:8], 'big') / 2.0**64
 
 
 def _fingerprint_texts(texts: Sequence[str], label: str) -> str:
-    hasher = hashlib.sha256(label.encode("utf-8"))
+    hasher = hashlib.sha256(label.encode('utf-8'))
     for text in texts:
-        encoded = text.encode("utf-8")
+        encoded = text.encode('utf-8')
         # Length-prefix each document so ["ab", "c"] and ["a", "bc"] differ.
-        hasher.update(len(encoded).to_bytes(8, "big"))
+        hasher.update(len(encoded).to_bytes(8, 'big'))
         hasher.update(encoded)
     return hasher.hexdigest()
 
@@ -169,8 +169,8 @@ def _split_by_content_hash(
 ) -> Documents:
     if not corpus:
         raise ValueError(
-            f"The {corpus_name!r} corpus has no documents; check data.source"
-            " and data.text_files."
+            f'The {corpus_name!r} corpus has no documents; check data.source'
+            ' and data.text_files.'
         )
     hashes = [_unit_interval_hash(text) for text in corpus]
     in_validation = [h < val_fraction for h in hashes]
@@ -178,21 +178,21 @@ def _split_by_content_hash(
         # A tiny corpus may get no validation document by chance; hold out the
         # one with the smallest hash so the split is still deterministic.
         in_validation[min(range(len(corpus)), key=hashes.__getitem__)] = True
-    wanted = split == "validation"
+    wanted = split == 'validation'
     texts = [text for text, is_val in zip(corpus, in_validation) if is_val == wanted]
     if not texts:
         if wanted:
             raise ValueError(
-                f"The {corpus_name!r} corpus has no validation documents with"
-                f" data.val_fraction={val_fraction}; set data.val_fraction > 0"
-                " and provide at least two documents."
+                f'The {corpus_name!r} corpus has no validation documents with'
+                f' data.val_fraction={val_fraction}; set data.val_fraction > 0'
+                ' and provide at least two documents.'
             )
         raise ValueError(
-            f"The {corpus_name!r} corpus has no training documents left after"
-            f" holding out data.val_fraction={val_fraction}; lower"
-            " data.val_fraction or add documents."
+            f'The {corpus_name!r} corpus has no training documents left after'
+            f' holding out data.val_fraction={val_fraction}; lower'
+            ' data.val_fraction or add documents.'
         )
-    label = f"{corpus_name}:{split}:val_fraction={val_fraction!r}"
+    label = f'{corpus_name}:{split}:val_fraction={val_fraction!r}'
     return Documents(texts, _fingerprint_texts(texts, label))
 
 
@@ -217,7 +217,7 @@ def _embedded_corpus() -> tuple[str, ...]:
 
 
 def _stdlib_module_docstrings() -> list[str]:
-    stdlib_root = sysconfig.get_paths()["stdlib"]
+    stdlib_root = sysconfig.get_paths()['stdlib']
     docstrings = []
     for path in _stdlib_source_files(stdlib_root):
         docstring = _leading_docstring(path)
@@ -231,10 +231,10 @@ def _stdlib_source_files(stdlib_root: str) -> Iterator[str]:
         # Sorting in place fixes os.walk's traversal order across machines.
         dirnames[:] = sorted(
             d for d in dirnames
-            if d not in _STDLIB_DIRS_TO_SKIP and not d.startswith("config-")
+            if d not in _STDLIB_DIRS_TO_SKIP and not d.startswith('config-')
         )
         for filename in sorted(filenames):
-            if filename.endswith(".py"):
+            if filename.endswith('.py'):
                 yield os.path.join(dirpath, filename)
 
 
@@ -242,7 +242,7 @@ def _leading_docstring(path: str) -> str | None:
     """The module docstring, found by tokenizing only the head of the file."""
     skippable = (tokenize.ENCODING, tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)
     try:
-        with open(path, "rb") as source_file:
+        with open(path, 'rb') as source_file:
             for token in tokenize.tokenize(source_file.readline):
                 if token.type in skippable:
                     continue
@@ -261,7 +261,7 @@ def _leading_docstring(path: str) -> str | None:
 
 def _text_file_identity(data_cfg: DataSection) -> tuple[tuple[str, int, int], ...]:
     """(path, size, mtime) of every matched file: the cache key for the corpus."""
-    patterns = [p.strip() for p in data_cfg.text_files.split(",")]
+    patterns = [p.strip() for p in data_cfg.text_files.split(',')]
     patterns = [p for p in patterns if p]
     if not patterns:
         raise ValueError(
@@ -293,26 +293,26 @@ def _text_file_corpus(file_identity: tuple[tuple[str, int, int], ...]) -> tuple[
     documents: list[str] = []
     for path, _, _ in file_identity:
         try:
-            with open(path, encoding="utf-8") as text_file:
+            with open(path, encoding='utf-8') as text_file:
                 text = text_file.read()
         except UnicodeDecodeError as error:
             raise ValueError(
-                f"{path} (from data.text_files) is not valid UTF-8: {error}."
-                " Convert it to UTF-8 or drop it from data.text_files."
+                f'{path} (from data.text_files) is not valid UTF-8: {error}.'
+                ' Convert it to UTF-8 or drop it from data.text_files.'
             ) from error
         documents.extend(paragraph_chunks(text))
     if not documents:
         raise ValueError(
-            "The files matched by data.text_files contain no text; point"
-            " data.text_files at non-empty UTF-8 files."
+            'The files matched by data.text_files contain no text; point'
+            ' data.text_files at non-empty UTF-8 files.'
         )
     return tuple(documents)
 
 
 def paragraph_chunks(text: str, target_chars: int = DOCUMENT_TARGET_CHARS) -> list[str]:
     """Splits `text` on blank lines and regroups paragraphs into >= target_chars chunks."""
-    paragraphs = _PARAGRAPH_BREAK.split(text.replace("\r\n", "\n"))
-    paragraphs = [p.strip("\n") for p in paragraphs if p.strip()]
+    paragraphs = _PARAGRAPH_BREAK.split(text.replace('\r\n', '\n'))
+    paragraphs = [p.strip('\n') for p in paragraphs if p.strip()]
     chunks: list[str] = []
     current: list[str] = []
     current_chars = 0
@@ -320,10 +320,10 @@ def paragraph_chunks(text: str, target_chars: int = DOCUMENT_TARGET_CHARS) -> li
         current.append(paragraph)
         current_chars += len(paragraph)
         if current_chars >= target_chars:
-            chunks.append("\n\n".join(current))
+            chunks.append('\n\n'.join(current))
             current, current_chars = [], 0
     if current:
-        chunks.append("\n\n".join(current))
+        chunks.append('\n\n'.join(current))
     return chunks
 
 
@@ -342,25 +342,25 @@ def _load_tfds_documents(data_cfg: DataSection, split: str) -> TfdsDocuments:
     data_dir = os.path.abspath(os.path.expanduser(data_dir))
     if not os.path.isdir(data_dir):
         raise FileNotFoundError(
-            f"data.data_dir={data_dir!r} does not exist; set data.data_dir to"
-            f" the TFDS data_dir that holds {name!r}."
+            f'data.data_dir={data_dir!r} does not exist; set data.data_dir to'
+            f' the TFDS data_dir that holds {name!r}.'
         )
     tfds_source = _open_tfds_source(name, split, data_dir)
-    features = getattr(tfds_source.dataset_info, "features", None)
+    features = getattr(tfds_source.dataset_info, 'features', None)
     if features is not None and text_key not in features:
         raise ValueError(
-            f"data.tfds_text_key={text_key!r} is not a feature of {name!r};"
-            f" it has {sorted(features.keys())}."
+            f'data.tfds_text_key={text_key!r} is not a feature of {name!r};'
+            f' it has {sorted(features.keys())}.'
         )
     if len(tfds_source) == 0:
         raise ValueError(
-            f"The {split!r} split of {name!r} in data.data_dir={data_dir!r} has"
-            " no documents; prepare the dataset there."
+            f'The {split!r} split of {name!r} in data.data_dir={data_dir!r} has'
+            ' no documents; prepare the dataset there.'
         )
     # Name/config/version identify the data; the data_dir path does not (the
     # same prepared dataset may be mounted elsewhere when a run resumes).
     fingerprint = (
-        f"tfds:{tfds_source.dataset_info.full_name}:{text_key}:{split}:{len(tfds_source)}"
+        f'tfds:{tfds_source.dataset_info.full_name}:{text_key}:{split}:{len(tfds_source)}'
     )
     return TfdsDocuments(tfds_source, text_key, fingerprint)
 
@@ -373,14 +373,14 @@ def _open_tfds_source(name: str, split: str, data_dir: str) -> Any:
         return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
     except Exception as error:  # tfds raises many types; all mean "not usable".
         raise ValueError(
-            f"Could not open TFDS dataset data.tfds_name={name!r} split={split!r}"
-            f" from data.data_dir={data_dir!r}: {type(error).__name__}:"
-            f" {_first_line(error)}. Prepare it there in array_record format"
-            " (e.g. `tfds build --file_format=array_record`), or fix"
-            " data.tfds_name / data.data_dir."
+            f'Could not open TFDS dataset data.tfds_name={name!r} split={split!r}'
+            f' from data.data_dir={data_dir!r}: {type(error).__name__}:'
+            f' {_first_line(error)}. Prepare it there in array_record format'
+            ' (e.g. `tfds build --file_format=array_record`), or fix'
+            ' data.tfds_name / data.data_dir.'
         ) from error
 
 
 def _first_line(error: Exception) -> str:
     lines = str(error).strip().splitlines()
-    return lines[0] if lines else ""
+    return lines[0] if lines else ''

@@ -67,7 +67,7 @@ class Tokenizer:
         self.model_sha256: str = hashlib.sha256(serialized_model).hexdigest()
 
     @classmethod
-    def from_file(cls, model_path: str) -> "Tokenizer":
+    def from_file(cls, model_path: str) -> Tokenizer:
         processor = spm.SentencePieceProcessor()
         processor.Load(model_path)
         return cls(processor, model_path)
@@ -80,7 +80,7 @@ class Tokenizer:
         return self._processor.DecodeIds([int(i) for i in ids])
 
     def __repr__(self) -> str:
-        return f"Tokenizer(vocab_size={self.vocab_size}, model_path={self.model_path!r})"
+        return f'Tokenizer(vocab_size={self.vocab_size}, model_path={self.model_path!r})'
 
 
 # How to fix tokenizer models that differ between hosts (multihost.agreed_bytes).
@@ -105,7 +105,7 @@ def load_or_train_tokenizer(
             multihost.agreed_bytes(lambda: _read_user_model(tokenizer_path), every_process_reads=True,
                 mismatch_hint=_TOKENIZER_MISMATCH_HINT)
         tokenizer = _load_user_tokenizer(tokenizer_path)
-        _check_vocab_size(tokenizer, vocab_size, "data.tokenizer_path")
+        _check_vocab_size(tokenizer, vocab_size, 'data.tokenizer_path')
         return tokenizer
     model_path = cached_model_path(data_cfg, vocab_size)
     if multi_process:
@@ -117,7 +117,7 @@ def load_or_train_tokenizer(
         model_bytes = train_sentencepiece(train_texts(), vocab_size)
         _publish_atomically(model_bytes, model_path)
     tokenizer = Tokenizer.from_file(model_path)
-    _check_vocab_size(tokenizer, vocab_size, "data.cache_dir")
+    _check_vocab_size(tokenizer, vocab_size, 'data.cache_dir')
     return tokenizer
 
 
@@ -125,15 +125,15 @@ def cached_model_path(data_cfg: DataSection, vocab_size: int) -> str:
     """Where the tokenizer trained for this corpus and vocab size is cached."""
     key = json.dumps(
         {
-            "corpus": data_sources.corpus_fingerprint(data_cfg),
-            "vocab_size": int(vocab_size),
-            "recipe": _RECIPE_VERSION,
+            'corpus': data_sources.corpus_fingerprint(data_cfg),
+            'vocab_size': int(vocab_size),
+            'recipe': _RECIPE_VERSION,
         },
         sort_keys=True,
     )
-    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:20]
-    filename = f"spm_v{int(vocab_size)}_{digest}.model"
-    return os.path.join(os.path.expanduser(data_cfg.cache_dir), "tokenizers", filename)
+    digest = hashlib.sha256(key.encode('utf-8')).hexdigest()[:20]
+    filename = f'spm_v{int(vocab_size)}_{digest}.model'
+    return os.path.join(os.path.expanduser(data_cfg.cache_dir), 'tokenizers', filename)
 
 
 def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:
@@ -144,14 +144,14 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:
             sentence_iterator=_training_lines(texts),
             model_writer=model_buffer,
             vocab_size=int(vocab_size),
-            model_type="unigram",
-            normalization_rule_name="identity",
+            model_type='unigram',
+            normalization_rule_name='identity',
             remove_extra_whitespaces=False,
             add_dummy_prefix=False,
             allow_whitespace_only_pieces=True,
             split_digits=True,
             byte_fallback=vocab_size >= _MIN_VOCAB_FOR_BYTE_FALLBACK,
-            user_defined_symbols=["\n", "\t"],
+            user_defined_symbols=['\n', '\t'],
             character_coverage=0.9995,
             max_sentence_length=4 * _MAX_TRAINING_LINE_CHARS,  # bytes; UTF-8 <= 4/char
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
@@ -160,10 +160,10 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:
         )
     except RuntimeError as error:
         raise ValueError(
-            f"Training a sentencepiece tokenizer with vocab_size={vocab_size}"
-            f" failed: {error}. The training corpus may be too small or too"
-            " varied for this vocabulary: change model.vocab_size, add text,"
-            " or set data.tokenizer_path to a pretrained model."
+            f'Training a sentencepiece tokenizer with vocab_size={vocab_size}'
+            f' failed: {error}. The training corpus may be too small or too'
+            ' varied for this vocabulary: change model.vocab_size, add text,'
+            ' or set data.tokenizer_path to a pretrained model.'
         ) from error
     return model_buffer.getvalue()
 
@@ -172,7 +172,7 @@ def _training_lines(texts: Iterable[str]) -> Iterator[str]:
     """Non-blank lines of `texts`, cut to a safe length, up to the character budget."""
     chars_yielded = 0
     for text in texts:
-        for line in text.split("\n"):
+        for line in text.split('\n'):
             if not line.strip():
                 continue
             for start in range(0, len(line), _MAX_TRAINING_LINE_CHARS):
@@ -187,7 +187,7 @@ def _process_count() -> int:
     # A multi-process run has imported jax to call jax.distributed.initialize;
     # without it there is nobody to agree with, and tokenizer tooling stays
     # free of JAX start-up.
-    if "jax" not in sys.modules:
+    if 'jax' not in sys.modules:
         return 1
     import jax
     return jax.process_count()
@@ -199,14 +199,14 @@ def _cached_or_trained_bytes(
     if not os.path.exists(model_path):
         _publish_atomically(train_sentencepiece(train_texts(), vocab_size), model_path)
     # Read back what was published: another job sharing the cache may have won.
-    with open(model_path, "rb") as f:
+    with open(model_path, 'rb') as f:
         return f.read()
 
 
 def _replace_if_different(model_bytes: bytes, model_path: str) -> None:
     """Makes `model_path` hold exactly `model_bytes` (a stale model is replaced)."""
     try:
-        with open(model_path, "rb") as f:
+        with open(model_path, 'rb') as f:
             if f.read() == model_bytes:
                 return
     except FileNotFoundError:
@@ -221,7 +221,7 @@ def _replace_if_different(model_bytes: bytes, model_path: str) -> None:
 
 def _write_temp(model_bytes: bytes, model_dir: str) -> str:
     os.makedirs(model_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=model_dir, suffix=".tmp", delete=False) as tmp:
+    with tempfile.NamedTemporaryFile(dir=model_dir, suffix='.tmp', delete=False) as tmp:
         tmp.write(model_bytes)
     os.chmod(tmp.name, 0o644)  # NamedTemporaryFile is 0600; the cache may be shared.
     return tmp.name
@@ -259,7 +259,7 @@ def _user_model_file(tokenizer_path: str) -> str:
 
 
 def _read_user_model(tokenizer_path: str) -> bytes:
-    with open(_user_model_file(tokenizer_path), "rb") as f:
+    with open(_user_model_file(tokenizer_path), 'rb') as f:
         return f.read()
 
 
@@ -275,9 +275,9 @@ def _load_user_tokenizer(tokenizer_path: str) -> Tokenizer:
         ) from error
     if tokenizer.eos_id < 0:
         raise ValueError(
-            f"The model at data.tokenizer_path={tokenizer_path!r} has no EOS"
-            " piece, which packing needs between documents; use a model"
-            " trained with an eos_id."
+            f'The model at data.tokenizer_path={tokenizer_path!r} has no EOS'
+            ' piece, which packing needs between documents; use a model'
+            ' trained with an eos_id.'
         )
     return tokenizer
 

@@ -6,7 +6,7 @@
 | `compile_time` | a new failure topology's compile time against depth |
 | `memory_plan` | per-device memory plans of the real step, compiled ahead of time |
 | `role_timer` | each role program's wall time, for modelled step time |
-| `observers` | observers of a training run: modelled cluster time, program usage, coverage, the neighbour's gradient error |
+| `observers` | a run's measuring observers: modelled time, program usage, coverage, gradient error |
 | `compare` | every fault strategy side by side on one failure schedule, over seeds |
 | `quality` | validation perplexity under failures (the paper's Table 3 analogue) |
 | `crash_drill` | real crashes on one machine, recovered from memory and from disk |

@@ -27,8 +27,7 @@ import json
 import os
 import time
 
-from mecefo_jax.experiments.report import (distinct_seeds, fmt, format_spread, pyplot, significance,
-                                           stats)
+from mecefo_jax.experiments.report import distinct_seeds, fmt, format_spread, pyplot, significance, stats
 from mecefo_jax.faults.strategies import STRATEGIES
 
 RUNS = ('fault_free',) + STRATEGIES
@@ -46,8 +45,8 @@ def _run_config(cfg, name: str, regime: str):
 
 def _schedule_programs(cfg, runs) -> set:
     """Every device program any run will use: layouts follow from the live masks."""
-    from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.experiments.role_timer import layout_keys
+    from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.faults.planner import config_planner
     from mecefo_jax.faults.strategies import layout_for
     replicas = num_replicas(cfg)
@@ -94,8 +93,8 @@ def _train_observed(cfg, workdir: str, timer) -> dict:
 def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
     """Run every strategy, write compare_faults.{json,md,png}, return the JSON dict."""
     from mecefo_jax import optim
-    from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.experiments.role_timer import RoleTimer
+    from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.layout import ROLE_NORMAL, Program
     from mecefo_jax.model import Llama, ModelConfig
 
@@ -226,6 +225,7 @@ def baseline_wins(strategies: dict, spreads: dict | None = None) -> list[str]:
 def num_replicas(cfg) -> int:
     """Data-parallel replicas of the full mesh this config builds."""
     import jax
+
     from mecefo_jax.sharding import mesh_shape
     return mesh_shape(cfg.mesh, len(jax.devices()))[0]
 

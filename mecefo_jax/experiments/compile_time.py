@@ -21,6 +21,7 @@ SCAN_MODES = (True, False)
 
 def compile_seconds(cfg, num_layers: int, scan_layers: bool) -> float:
     import jax
+
     from mecefo_jax import optim, sharding
     from mecefo_jax import state as state_lib
     from mecefo_jax.faults.strategies import layout_for

@@ -24,8 +24,8 @@ import os
 import statistics
 import time
 
-from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.experiments.report import fmt
+from mecefo_jax.launch.supervisor import Launcher
 
 # Recovery components, in the order a recovery goes through them.
 COMPONENTS = ('detect_sec', 'teardown_sec', 'relaunch_sec', 'distributed_init_sec',
@@ -121,6 +121,7 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
     """
     import jax
     import numpy as np
+
     from mecefo_jax import resume
     from mecefo_jax import train as train_lib
     from mecefo_jax.launch.worker_state import SnapshotHook
@@ -187,11 +188,18 @@ def restore_comparison(cfg, workdir: str, *, repeats: int = 10, log=print) -> di
     place from a keeper's shared memory, or an Orbax restore from local disk.
     """
     import jax
+
     from mecefo_jax import checkpoint as ckpt_lib
     from mecefo_jax import resume
     from mecefo_jax import train as train_lib
-    from mecefo_jax.snapshot import (KeeperClient, SnapshotWriter, host_shards, open_sources,
-                                     restore, start_keeper)
+    from mecefo_jax.snapshot import (
+        KeeperClient,
+        SnapshotWriter,
+        host_shards,
+        open_sources,
+        restore,
+        start_keeper,
+    )
 
     run = train_lib.build_run(cfg, workdir, checkpoint_every=0)
     topology = run.topologies.get(run.full_rows)
@@ -233,6 +241,7 @@ def simulated_params(cfg, events: str, workdir: str, log=print) -> dict:
     """Final params of the same failure masked in one process (the fault controller)."""
     import jax
     import numpy as np
+
     from mecefo_jax.main import run as train_run
     cfg = cfg.updated({'fault.events': events})
     log(f'[drill] simulated: fault.events={events}')
@@ -244,6 +253,7 @@ def simulated_params(cfg, events: str, workdir: str, log=print) -> dict:
 def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_step: int,
               return_after: int, checkpoint_every: int, log=print) -> dict:
     import numpy as np
+
     from mecefo_jax.launch.placement import Placement
     os.makedirs(out_dir, exist_ok=True)
     local = cfg.launch.local_devices

@@ -43,7 +43,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -102,7 +103,8 @@ def _role_entry(compiled, state_abs, programs, limit_bytes) -> dict[str, Any]:
 def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bool = False,
          platform: str = 'cpu', log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Compile each role's train step for one replica's devices; return the plan."""
-    from mecefo_jax import sharding, step as step_lib
+    from mecefo_jax import sharding
+    from mecefo_jax import step as step_lib
     from mecefo_jax.aot import abstract, abstract_batch
     from mecefo_jax.experiments.step_cost import config_summary
     from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece

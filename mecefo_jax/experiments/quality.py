@@ -223,7 +223,7 @@ def target(runs: dict, strategy: str = 'mecefo') -> dict:
         return {'bound_pct': bound, 'ours_pct': None, 'met': None,
                 'why': f'needs the fault_free and {name} runs'}
     return {'bound_pct': bound, 'ours_pct': ours['mean'], 'met': ours['mean'] <= bound,
-            'why': f'{name} mean perplexity increase over seeds vs the paper\'s '
+            'why': f"{name} mean perplexity increase over seeds vs the paper's "
                    f'{TARGET_SIZE} {TARGET_REGIME} increase'}
 
 

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from mecefo_jax import aot
 from mecefo_jax import projections as proj_lib
+from mecefo_jax.faults.costs import subspace_flops
 
 ITERATION_SWEEP = (1, 2, 3, 4)  # energy ratios also reported for these iteration counts
 
@@ -55,10 +56,6 @@ def svd_flops(n: int, m: int) -> float:
     return 6.0 * big * small ** 2 + 20.0 * small ** 3
 
 
-def subspace_flops(n: int, m: int, r: int, iterations: int) -> float:
-    """Two [n, m] x [., r] products per iteration plus the thin QRs (start included)."""
-    qr = lambda k: 2.0 * k * r * r - 2.0 * r ** 3 / 3.0
-    return qr(n) + iterations * (4.0 * n * m * r + qr(m) + qr(n))
 
 
 def energy(kernel_nm, v_nr) -> float:

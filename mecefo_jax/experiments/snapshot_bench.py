@@ -21,7 +21,8 @@ import time
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.snapshot import async_writer, jax_io, parity
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter, open_snapshots
@@ -40,22 +41,22 @@ def _median(fn, repeats):
 def _tree(mb, leaves):
     n = (mb << 20) // 4 // leaves
     rng = np.random.default_rng(0)
-    sharding = NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",)), P())
-    values = {f"leaf{i}": rng.standard_normal(n, dtype=np.float32) for i in range(leaves)}
+    sharding = NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',)), P())
+    values = {f'leaf{i}': rng.standard_normal(n, dtype=np.float32) for i in range(leaves)}
     return jax.device_put(values, sharding), sharding
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mb", type=int, default=256)
-    p.add_argument("--leaves", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--group", type=int, default=3, help="parity group size (0: skip parity)")
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--mb', type=int, default=256)
+    p.add_argument('--leaves', type=int, default=8)
+    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--group', type=int, default=3, help='parity group size (0: skip parity)')
     args = p.parse_args(argv)
     tree, sharding = _tree(args.mb, args.leaves)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
-    out = {"mb": args.mb, "leaves": args.leaves, "repeats": args.repeats}
-    keepers = [start_keeper(f"bench{m}", slots=3) for m in range(max(1, args.group))]
+    out = {'mb': args.mb, 'leaves': args.leaves, 'repeats': args.repeats}
+    keepers = [start_keeper(f'bench{m}', slots=3) for m in range(max(1, args.group))]
     try:
         own = keepers[0].address
         client = KeeperClient(own)
@@ -64,12 +65,12 @@ def main(argv=None) -> dict:
         first = time.perf_counter()
         writer.write(next(step), jax_io.host_shards(tree), {})
         # Cold: the keeper allocates the segment and this process maps it.
-        out["write_cold_sec"] = time.perf_counter() - first
+        out['write_cold_sec'] = time.perf_counter() - first
         for _ in range(2):  # warm the other slots
             writer.write(next(step), jax_io.host_shards(tree), {})
-        out["write_sec"], _ = _median(lambda: writer.write(next(step), jax_io.host_shards(tree), {}),
+        out['write_sec'], _ = _median(lambda: writer.write(next(step), jax_io.host_shards(tree), {}),
                                       args.repeats)
-        for via in ("shm", "tcp"):
+        for via in ('shm', 'tcp'):
             def read_raw():
                 snaps = open_snapshots(own, via=via)
                 snaps[0].read(snaps[0].entries)
@@ -81,8 +82,8 @@ def main(argv=None) -> dict:
                 jax.block_until_ready(jax_io.restore(abstract, snaps[:1])[0])
                 for s in snaps:
                     s.close()
-            out[f"read_{via}_sec"], _ = _median(read_raw, args.repeats)
-            out[f"restore_{via}_sec"], _ = _median(restore, args.repeats)
+            out[f'read_{via}_sec'], _ = _median(read_raw, args.repeats)
+            out[f'restore_{via}_sec'], _ = _median(restore, args.repeats)
 
         host_sh = jax_io.pinned_host_shardings(jax.tree.map(lambda _: sharding, tree))
         with async_writer.AsyncSnapshotter(writer) as snap:
@@ -90,40 +91,40 @@ def main(argv=None) -> dict:
             snap.wait()
             # Back to back (every submit waits for the previous write), then with
             # a simulated step 1.5x as long as a write (the writer keeps up).
-            for mode in ("back_to_back", "overlapped"):
+            for mode in ('back_to_back', 'overlapped'):
                 s0 = dataclasses.replace(snap.stats)
                 for _ in range(args.repeats):
                     snap.submit(next(step), jax.device_put(tree, host_sh), {})
-                    if mode == "overlapped":
-                        time.sleep(1.5 * out["async_write_per_step_sec"])
+                    if mode == 'overlapped':
+                        time.sleep(1.5 * out['async_write_per_step_sec'])
                 snap.wait()
                 s1, n = snap.stats, args.repeats
-                out[f"async_{mode}_blocked_per_step_sec"] = (s1.blocked_sec - s0.blocked_sec) / n
-                if mode == "back_to_back":
-                    out["async_write_per_step_sec"] = (s1.write_sec - s0.write_sec) / n
-                    out["async_materialize_per_step_sec"] = (s1.materialize_sec - s0.materialize_sec) / n
+                out[f'async_{mode}_blocked_per_step_sec'] = (s1.blocked_sec - s0.blocked_sec) / n
+                if mode == 'back_to_back':
+                    out['async_write_per_step_sec'] = (s1.write_sec - s0.write_sec) / n
+                    out['async_materialize_per_step_sec'] = (s1.materialize_sec - s0.materialize_sec) / n
 
         if args.group > 1:
             addresses = [k.address for k in keepers]
             push = []
             for m in range(args.group):
                 with KeeperClient(addresses[m]) as c:
-                    pusher = parity.ParityPusher("bench", m, addresses)
+                    pusher = parity.ParityPusher('bench', m, addresses)
                     info = SnapshotWriter(c, parity=pusher).write(10**6, jax_io.host_shards(tree), {})
                     pusher.close()
                     push.append(info.parity_sec)
-            out["parity_push_sec"] = statistics.median(push)
-            out["parity_rebuild_sec"], _ = _median(
-                lambda: parity.rebuild_member("bench", [None] + addresses[1:]), args.repeats)
+            out['parity_push_sec'] = statistics.median(push)
+            out['parity_rebuild_sec'], _ = _median(
+                lambda: parity.rebuild_member('bench', [None] + addresses[1:]), args.repeats)
         client.close()
     finally:
         for k in keepers:
             k.stop()
-    for key in [k for k in out if k.endswith("_sec") and "blocked" not in k]:
-        out[key.replace("_sec", "_gbps")] = round(args.mb / 1024 / out[key], 2) if out[key] else None
+    for key in [k for k in out if k.endswith('_sec') and 'blocked' not in k]:
+        out[key.replace('_sec', '_gbps')] = round(args.mb / 1024 / out[key], 2) if out[key] else None
     print(json.dumps(out, indent=1))
     return out
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
     main()

@@ -196,6 +196,22 @@ def svd_refresh_flops(shape: ModelShape) -> float:
     return 3.0 * shape.num_layers * (6.0 * m * n * n + 20.0 * n ** 3)
 
 
+def subspace_refresh_flops(shape: ModelShape, rank: int, iterations: int) -> float:
+    """FLOPs of one cheap refresh (`mecefo.refresh=subspace`): per FFN kernel of the
+    model, `iterations` of two [n, m] x [., r] products and the thin QRs of
+    randomized subspace iteration (the start's QR included), on every replica."""
+    kernels = ((shape.d_model, shape.ffn_hidden),) * 2 + ((shape.ffn_hidden, shape.d_model),)
+    return shape.num_layers * sum(subspace_flops(n, m, rank, iterations) for n, m in kernels)
+
+
+def subspace_flops(n: int, m: int, r: int, iterations: int) -> float:
+    """One [n, m] kernel: two products per iteration plus the thin QRs (Householder
+    ``2 k r^2 - 2 r^3 / 3`` each), the start's QR included."""
+    def qr(k):
+        return 2.0 * k * r * r - 2.0 * r ** 3 / 3.0
+    return qr(n) + iterations * (4.0 * n * m * r + qr(m) + qr(n))
+
+
 def mfu_step_sec(shape: ModelShape, *, seq_len: int, replica_seqs: int, mfu: float,
                  peak_flops: float = PEAK_FLOPS_A100_BF16, **flop_kw) -> float:
     """Seconds of one fault-free step: the normal FLOPs of one replica's shard

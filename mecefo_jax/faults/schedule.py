@@ -56,7 +56,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import numbers
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -65,9 +66,9 @@ if TYPE_CHECKING:  # annotations only: the config's rules import this module
 
 # name -> (mtbf_hours, mttr_hours), cluster-wide, from the MeCeFO paper.
 REGIMES: dict[str, tuple[float, float]] = {
-    "low": (2.0, 4.0),
-    "mid": (1.0, 3.0),
-    "high": (0.5, 2.0),
+    'low': (2.0, 4.0),
+    'mid': (1.0, 3.0),
+    'high': (0.5, 2.0),
 }
 
 # A guard against configs whose step conversion makes the Python arrival loop
@@ -93,21 +94,21 @@ class FailureEvent:
     def __str__(self) -> str:
         # Same syntax as `fault.events`, so error messages and logs can be
         # pasted back into a config.
-        return f"{self.step}:{self.replica}:{self.duration_steps}"
+        return f'{self.step}:{self.replica}:{self.duration_steps}'
 
 
 def format_events(events: Iterable[FailureEvent]) -> str:
     """Inverse of `parse_events`: lets a random schedule be logged and replayed."""
-    return ",".join(str(e) for e in events)
+    return ','.join(str(e) for e in events)
 
 
 def hours_to_steps(hours: float, step_time_sec: float) -> float:
     """Cluster hours -> training steps, at `step_time_sec` seconds per step."""
     if not step_time_sec > 0:
         raise ValueError(
-            f"fault.step_time_sec must be > 0 to convert hours to steps, got "
-            f"{step_time_sec!r}; set it to the seconds one training step "
-            f"represents.")
+            f'fault.step_time_sec must be > 0 to convert hours to steps, got '
+            f'{step_time_sec!r}; set it to the seconds one training step '
+            f'represents.')
     return float(hours) * 3600.0 / float(step_time_sec)
 
 
@@ -116,8 +117,8 @@ def parse_events(text: str) -> list[FailureEvent]:
     if text is None or not str(text).strip():
         return []
     events = []
-    for item in str(text).split(","):
-        fields = item.strip().split(":")
+    for item in str(text).split(','):
+        fields = item.strip().split(':')
         try:
             if len(fields) != 3:
                 raise ValueError
@@ -139,12 +140,12 @@ def _check_events(events: Sequence[FailureEvent], num_replicas: int,
                   total_steps: int | None) -> None:
     """Shared by `validate_events` and `FailureSchedule` (which has no run length)."""
     if not _is_int(num_replicas) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}.")
+        raise ValueError(f'num_replicas must be a positive int, got {num_replicas!r}.')
     for e in events:
         if not all(_is_int(v) for v in (e.step, e.replica, e.duration_steps)):
             raise ValueError(
-                f"fault.events: event {e!r} has non-integer fields; step, "
-                f"replica and duration_steps must all be integers.")
+                f'fault.events: event {e!r} has non-integer fields; step, '
+                f'replica and duration_steps must all be integers.')
         if not 0 <= e.replica < num_replicas:
             raise ValueError(
                 f"fault.events: event '{e}' names replica {e.replica}, but "
@@ -182,7 +183,7 @@ def validate_events(events: Sequence[FailureEvent], *, num_replicas: int,
     replica down at once are valid: handling them is the controller's job.
     """
     if not _is_int(total_steps) or total_steps < 0:
-        raise ValueError(f"total_steps must be a non-negative int, got {total_steps!r}.")
+        raise ValueError(f'total_steps must be a non-negative int, got {total_steps!r}.')
     _check_events(events, num_replicas, total_steps)
 
 
@@ -197,22 +198,22 @@ def random_events(*, mtbf_steps: float, mttr_steps: float, num_replicas: int,
     """
     if not mtbf_steps > 0 or not mttr_steps > 0:
         raise ValueError(
-            f"mtbf_steps and mttr_steps must be > 0, got {mtbf_steps!r} and "
-            f"{mttr_steps!r}; check fault.mtbf_hours / fault.mttr_hours / "
-            f"fault.step_time_sec.")
+            f'mtbf_steps and mttr_steps must be > 0, got {mtbf_steps!r} and '
+            f'{mttr_steps!r}; check fault.mtbf_hours / fault.mttr_hours / '
+            f'fault.step_time_sec.')
     if not _is_int(num_replicas) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}.")
+        raise ValueError(f'num_replicas must be a positive int, got {num_replicas!r}.')
     if not _is_int(max_concurrent) or not 0 <= max_concurrent <= num_replicas:
         raise ValueError(
-            f"fault.max_concurrent must be in [0, {num_replicas}] for "
-            f"{num_replicas} replicas, got {max_concurrent!r} (0 means "
-            f"num_replicas - 1).")
+            f'fault.max_concurrent must be in [0, {num_replicas}] for '
+            f'{num_replicas} replicas, got {max_concurrent!r} (0 means '
+            f'num_replicas - 1).')
     expected_arrivals = total_steps / mtbf_steps
     if expected_arrivals > _MAX_ARRIVALS:
         raise ValueError(
-            f"A mean failure gap of {mtbf_steps:.3g} steps over {total_steps} "
-            f"steps means ~{expected_arrivals:.3g} failure arrivals; lower "
-            f"fault.step_time_sec or raise fault.mtbf_hours.")
+            f'A mean failure gap of {mtbf_steps:.3g} steps over {total_steps} '
+            f'steps means ~{expected_arrivals:.3g} failure arrivals; lower '
+            f'fault.step_time_sec or raise fault.mtbf_hours.')
     cap = max_concurrent if max_concurrent > 0 else num_replicas - 1
 
     rng = np.random.default_rng(seed)
@@ -285,9 +286,9 @@ def events_from_config(fault_cfg: FaultSection, *, num_replicas: int,
         elif mtbf_hours < 0 or mttr_hours < 0 or (mtbf_hours > 0) != (mttr_hours > 0):
             # One of the two set alone is almost surely a typo, not "no failures".
             raise ValueError(
-                f"fault.mtbf_hours and fault.mttr_hours must both be > 0 (custom "
-                f"failure process) or both 0 (no failures), got "
-                f"{mtbf_hours!r} and {mttr_hours!r}.")
+                f'fault.mtbf_hours and fault.mttr_hours must both be > 0 (custom '
+                f'failure process) or both 0 (no failures), got '
+                f'{mtbf_hours!r} and {mttr_hours!r}.')
         if mtbf_hours == 0:
             return []
         step_time_sec = fault_cfg.step_time_sec
@@ -341,5 +342,5 @@ class FailureSchedule:
         return self._masks[i] if i >= 0 else (True,) * self.num_replicas
 
     def __repr__(self) -> str:
-        return (f"FailureSchedule(num_replicas={self.num_replicas}, "
-                f"events={format_events(self.events)!r})")
+        return (f'FailureSchedule(num_replicas={self.num_replicas}, '
+                f'events={format_events(self.events)!r})')

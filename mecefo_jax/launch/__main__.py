@@ -7,6 +7,7 @@ see `mecefo_jax/launch/supervisor.py`. The config and its
 worker of every generation loads that resolved config (`launch/config.json`).
 """
 import json
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -23,8 +24,15 @@ def main(argv):
     from mecefo_jax.launch.supervisor import Launcher
     from mecefo_jax.settings import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
-    summary = Launcher(cfg, _WORKDIR.value, _NPROCS.value).run()
+    from mecefo_jax.preemption import EXIT_PREEMPTED
+    from mecefo_jax.workdir_lock import WorkdirLock
+    with WorkdirLock(_WORKDIR.value):  # one job per workdir
+        summary = Launcher(cfg, _WORKDIR.value, _NPROCS.value).run()
     print(json.dumps(summary, indent=2, default=str))
+    if summary['preempted_at'] is not None:
+        print(f"preempted: saved step {summary['preempted_at']}; rerun the same command to "
+              'resume there.', flush=True)
+        sys.exit(EXIT_PREEMPTED)
 
 
 if __name__ == '__main__':

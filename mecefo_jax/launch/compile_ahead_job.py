@@ -1,8 +1,9 @@
 """The compile-ahead processes' command line: the driver, or (with --lost) one member.
 
 `python -m mecefo_jax.launch.compile_ahead_job --config CFG --workdir DIR --workers N`
-(or `--config_json`, the launcher's resolved config) compiles ahead for every single-worker loss (see `compile_ahead`). Flags live
-here, apart from the library, so that importing the launcher defines none.
+(or `--config_json`, the launcher's resolved config) compiles ahead for every
+single-worker loss (see `compile_ahead`). Flags live here, apart from the library, so that
+importing the launcher defines none.
 """
 import os
 import sys

@@ -156,6 +156,7 @@ class Launcher:
         self.monitor = HeartbeatMonitor()
         workers = list(range(self.placement.workers))
         uses_keepers = self.recovery == 'memory' and self.cfg.snapshot.every != 0
+        handlers = self._catch_stop_signals()
         try:
             if uses_keepers:
                 for w in workers:
@@ -170,7 +171,7 @@ class Launcher:
                 if pending is not None:
                     self._finish(pending)
                     pending = None
-                if outcome.kind == 'finished':
+                if outcome.kind in ('finished', 'preempted'):
                     self._stop_generation(gen)
                     break
                 pending, gen = self._next(gen, outcome)
@@ -178,16 +179,48 @@ class Launcher:
                     raise RuntimeError(f'Gave up after {gen.number - 1} relaunches '
                                        '(launch.max_relaunches).')
         finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
             self.ahead.close()
             self._stop_generation(self._generation)
-            for keeper in self.keepers.values():
+            for keeper in self.keepers.values():  # only once every worker has saved
                 keeper.stop()
             self.monitor.close()
         summary = {'generations': gen.number + 1, 'recoveries': self.recoveries,
-                   'final_members': gen.members, 'compile_ahead': self.ahead.report()}
+                   'final_members': gen.members, 'compile_ahead': self.ahead.report(),
+                   'preempted_at': (outcome.completed_steps if outcome.kind == 'preempted'
+                                    else None)}
         with open(os.path.join(self.dir, 'summary.json'), 'w') as f:
             json.dump(summary, f, indent=2)
         return summary
+
+    # ------------------------------------------------------------- preemption
+
+    def _catch_stop_signals(self) -> dict:
+        """SIGTERM or a first Ctrl-C: workers save a step and stop; a second Ctrl-C aborts."""
+        import threading
+        self._stop_requested = self._stop_forwarded = False
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self._on_stop_signal)
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _on_stop_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self._stop_requested:
+            raise KeyboardInterrupt  # the second Ctrl-C: tear down without saving
+        self._stop_requested = True
+        self.log(f'[launch] {signal.Signals(signum).name}: the workers save a step and stop '
+                 '(Ctrl-C again to abort without saving)')
+
+    def _forward_stop(self, gen: Generation) -> None:
+        """Pass the stop to every worker: JAX's preemption sync point picks one step for all."""
+        self._stop_forwarded = True
+        for proc in gen.procs.values():
+            if proc.popen.poll() is None:
+                try:
+                    os.kill(proc.popen.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
     # ------------------------------------------------------------- processes
 
@@ -262,6 +295,13 @@ class Launcher:
             time.sleep(_POLL_SEC)
             self.monitor.poll()
             now_mono, now = time.monotonic(), time.time()
+            if self._stop_requested and not self._stop_forwarded:
+                self._forward_stop(gen)
+            if self._stop_forwarded:  # stopping on purpose: wait for every worker's save
+                outcome = self._stopped(gen)
+                if outcome is not None:
+                    return outcome
+                continue
             self._inject(gen)
             # Heartbeats come from a thread: a hang that blocks every worker's
             # training loop (a collective that never completes) keeps them
@@ -302,6 +342,16 @@ class Launcher:
                 if silent > self.timeout:
                     return self._failed(gen, worker, f'no heartbeat for {silent:.1f} s', now,
                                         failed_at=now - silent)
+
+    def _stopped(self, gen: Generation) -> Outcome | None:
+        """Once every worker has exited after a forwarded stop: the step they saved."""
+        if any(proc.popen.poll() is None for proc in gen.procs.values()):
+            return None
+        ends = [self._read(f'g{gen.number}_w{w}_end.json') or {} for w in gen.members]
+        saved = min((e.get('final_step', 0) for e in ends), default=0)
+        self.log(f'[launch] preempted: every worker stopped; resume step {saved}')
+        now = time.time()
+        return Outcome('preempted', failed_at=now, detected_at=now, completed_steps=saved)
 
     def _inject(self, gen: Generation) -> None:
         for kill in self.kills:
@@ -448,7 +498,7 @@ class Launcher:
             rebuilt = rebuild_member(f'workers{first}-{group[-1]}', addresses, lost=w - first)
             with KeeperClient(self.keepers[w].address) as client:
                 SnapshotWriter(client).write_blob(rebuilt.raw)
-            self.log(f'[launch] rebuilt worker {w}\'s snapshot of step {rebuilt.step} from parity')
+            self.log(f"[launch] rebuilt worker {w}'s snapshot of step {rebuilt.step} from parity")
             row.setdefault('parity_rebuilt_workers', []).append(w)
             original = self._lost_snapshots.get(w, {}).get(rebuilt.step)
             if original is not None:

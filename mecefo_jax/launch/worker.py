@@ -83,7 +83,6 @@ def main(argv):
     from mecefo_jax import train as train_lib
     from mecefo_jax.launch import placement as placement_lib
     from mecefo_jax.launch import worker_state as worker_state
-    from mecefo_jax.main import run as train_run
 
     placement = placement_lib.Placement(_WORKERS.value, cfg.launch.local_devices, cfg.mesh.model)
     placement.check_mesh(cfg.mesh)
@@ -113,11 +112,15 @@ def main(argv):
     step_log = _StepLog(heartbeat, provenance, os.path.join(out_dir, f'{tag}_start.json'),
                         start_record, info)
     observers = [step_log] + ([snapshot_hook] if snapshot_hook is not None else [])
-    summary = train_run(cfg, _WORKDIR.value, run=run, restore=restore, observers=observers,
-                        stop_at=_STOP_AT.value or None, elastic=True)
+    summary, preempted = _train(cfg, run, restore, observers)
     if snapshot_hook is not None:
-        snapshot_hook.close()
-    _write_end(cfg, summary, snapshot_hook, out_dir, tag)
+        snapshot_hook.close()  # the keeper holds the last snapshot before the launcher stops it
+    if preempted is None:
+        _write_end(cfg, summary, snapshot_hook, out_dir, tag)
+    else:
+        _write_json(os.path.join(out_dir, f'{tag}_end.json'),
+                    {'worker': _WORKER.value, 'generation': _GENERATION.value,
+                     'final_step': preempted, 'finished': False, 'preempted': True})
     if step_log.provenance is not None:
         step_log.provenance.close()
     # Every process reaches the end before any leaves: a process that shuts
@@ -126,6 +129,22 @@ def main(argv):
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(f'end of generation {_GENERATION.value}')
     jax.distributed.shutdown()
+    if preempted is not None:
+        from mecefo_jax.preemption import EXIT_PREEMPTED
+        sys.exit(EXIT_PREEMPTED)
+
+
+def _train(cfg, run, restore, observers):
+    """(summary, None), or (None, the saved step) when the launcher asked the job to stop."""
+    from mecefo_jax.main import run as train_run
+    from mecefo_jax.preemption import Preempted, PreemptionGuard
+    with PreemptionGuard() as preemption:  # the launcher forwards SIGTERM; JAX syncs the step
+        try:
+            return train_run(cfg, _WORKDIR.value, run=run, restore=restore, observers=observers,
+                             stop_at=_STOP_AT.value or None, elastic=True,
+                             preemption=preemption), None
+        except Preempted as stopped:
+            return None, stopped.step
 
 
 def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str) -> None:

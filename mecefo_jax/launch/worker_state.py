@@ -30,10 +30,18 @@ import numpy as np
 from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import multihost
 from mecefo_jax.observers import Observer
+from mecefo_jax.snapshot import (
+    AsyncSnapshotter,
+    KeeperClient,
+    ParityPusher,
+    SnapshotMissingError,
+    SnapshotWriter,
+    feasible_steps,
+    open_sources,
+    pinned_local_copies,
+    restore,
+)
 from mecefo_jax.snapshot.cadence import AutoCadence
-from mecefo_jax.snapshot import (AsyncSnapshotter, KeeperClient, ParityPusher, SnapshotWriter,
-                                 SnapshotMissingError, feasible_steps, open_sources,
-                                 pinned_local_copies, restore)
 
 
 class SnapshotHook(Observer):
@@ -195,7 +203,7 @@ def disk_restore(info: dict):
     def restore_fn(run, topology):
         if run.checkpointer is None or run.checkpointer.latest_step() is None:
             return None
-        run.abstract_state  # traced before the clock starts, as for a keeper restore
+        _ = run.abstract_state  # traced before the clock starts, as for a keeper restore
         start = time.perf_counter()
         state, data_state = resume.restore_onto(run, run.checkpointer, topology)
         jax.block_until_ready(state)

@@ -35,15 +35,15 @@ keeper process stays light. Names below load their module on first use.
 import importlib
 
 _EXPORTS = {
-    "start_keeper": "keeper", "KeeperProcess": "keeper",
-    "KeeperClient": "client", "KeeperError": "client", "SnapshotWriter": "client",
-    "open_snapshots": "client", "open_sources": "client", "BlobSnapshot": "client",
-    "host_shards": "jax_io", "pinned_host_shardings": "jax_io", "restore": "jax_io",
-    "pinned_local_copies": "jax_io",
-    "feasible_steps": "jax_io", "SnapshotMissingError": "jax_io",
-    "AsyncSnapshotter": "async_writer", "SnapshotError": "async_writer",
-    "XorCode": "erasure", "ErasureCode": "erasure",
-    "ParityPusher": "parity", "rebuild_member": "parity", "ParityLossError": "parity",
+    'start_keeper': 'keeper', 'KeeperProcess': 'keeper',
+    'KeeperClient': 'client', 'KeeperError': 'client', 'SnapshotWriter': 'client',
+    'open_snapshots': 'client', 'open_sources': 'client', 'BlobSnapshot': 'client',
+    'host_shards': 'jax_io', 'pinned_host_shardings': 'jax_io', 'restore': 'jax_io',
+    'pinned_local_copies': 'jax_io',
+    'feasible_steps': 'jax_io', 'SnapshotMissingError': 'jax_io',
+    'AsyncSnapshotter': 'async_writer', 'SnapshotError': 'async_writer',
+    'XorCode': 'erasure', 'ErasureCode': 'erasure',
+    'ParityPusher': 'parity', 'rebuild_member': 'parity', 'ParityLossError': 'parity',
 }
 
 __all__ = sorted(_EXPORTS)
@@ -52,5 +52,5 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name):
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    return getattr(importlib.import_module(f'{__name__}.{module}'), name)

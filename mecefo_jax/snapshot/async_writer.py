@@ -74,7 +74,7 @@ class AsyncSnapshotter:
         self._job: tuple | None = None  # (step, tree, data_state) not yet published
         self._error: tuple[int, BaseException] | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="snapshot-writer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name='snapshot-writer', daemon=True)
         self._thread.start()
 
     def submit(self, step: int, host_tree: Any, data_state: dict) -> float:
@@ -83,7 +83,7 @@ class AsyncSnapshotter:
         data_state = blob.normalise_data_state(data_state, step)  # fail here, not in the thread
         with self._cond:
             if self._closed:
-                raise RuntimeError("AsyncSnapshotter is closed.")
+                raise RuntimeError('AsyncSnapshotter is closed.')
             self._cond.wait_for(lambda: self._job is None)
             self._raise_pending()
             self._job = (int(step), host_tree, data_state)
@@ -111,7 +111,7 @@ class AsyncSnapshotter:
         with self._cond:
             self._raise_pending()
 
-    def __enter__(self) -> "AsyncSnapshotter":
+    def __enter__(self) -> AsyncSnapshotter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -128,8 +128,8 @@ class AsyncSnapshotter:
         if self._error is not None:
             step, err = self._error
             self._error = None
-            raise SnapshotError(f"Snapshot of step {step} failed in the background: "
-                                f"{type(err).__name__}: {err}") from err
+            raise SnapshotError(f'Snapshot of step {step} failed in the background: '
+                                f'{type(err).__name__}: {err}') from err
 
     def _run(self) -> None:
         while True:

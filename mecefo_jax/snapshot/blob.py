@@ -26,17 +26,18 @@ import dataclasses
 import json
 import struct
 import zlib
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-MAGIC = b"MCFSNAP1"
+MAGIC = b'MCFSNAP1'
 FORMAT = 1
 PREAMBLE_BYTES = 64
 ALIGN = 64
 # magic, step, header_offset, header_len, header_crc
-_PREAMBLE = struct.Struct("<8sqQQI")
+_PREAMBLE = struct.Struct('<8sqQQI')
 # The widest value a crc32 can print as; used to bound the header size
 # before the crcs are known.
 _MAX_CRC = 0xFFFFFFFF
@@ -86,15 +87,15 @@ class Entry:
         return tuple(stop - start for start, stop in self.index)
 
     def to_json(self) -> dict:
-        return {"path": self.path, "shape": list(self.shape), "dtype": self.dtype,
-                "index": [list(b) for b in self.index], "offset": self.offset,
-                "nbytes": self.nbytes, "crc": self.crc}
+        return {'path': self.path, 'shape': list(self.shape), 'dtype': self.dtype,
+                'index': [list(b) for b in self.index], 'offset': self.offset,
+                'nbytes': self.nbytes, 'crc': self.crc}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Entry":
-        return cls(path=d["path"], shape=tuple(d["shape"]), dtype=d["dtype"],
-                   index=tuple((int(a), int(b)) for a, b in d["index"]),
-                   offset=int(d["offset"]), nbytes=int(d["nbytes"]), crc=int(d["crc"]))
+    def from_json(cls, d: dict) -> Entry:
+        return cls(path=d['path'], shape=tuple(d['shape']), dtype=d['dtype'],
+                   index=tuple((int(a), int(b)) for a, b in d['index']),
+                   offset=int(d['offset']), nbytes=int(d['nbytes']), crc=int(d['crc']))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +116,7 @@ def dtype_from_name(name: str) -> np.dtype:
     except TypeError:
         kind = getattr(ml_dtypes, name, None)
         if kind is None:
-            raise SnapshotCorruptError(f"Unknown dtype {name!r} in snapshot header.") from None
+            raise SnapshotCorruptError(f'Unknown dtype {name!r} in snapshot header.') from None
         return np.dtype(kind)
 
 
@@ -128,12 +129,12 @@ def layout(shards: Sequence[HostShard]) -> tuple[list[Entry], int]:
     entries, offset, seen = [], PREAMBLE_BYTES, set()
     for s in shards:
         if s.key in seen:
-            raise ValueError(f"Shard {s.path} {list(s.index)} appears twice; "
-                             "pass each (path, index) once (see jax_io.host_shards).")
+            raise ValueError(f'Shard {s.path} {list(s.index)} appears twice; '
+                             'pass each (path, index) once (see jax_io.host_shards).')
         seen.add(s.key)
         if tuple(s.data.shape) != tuple(b - a for a, b in s.index):
-            raise ValueError(f"Shard {s.path}: data shape {s.data.shape} does not match "
-                             f"its index {list(s.index)}.")
+            raise ValueError(f'Shard {s.path}: data shape {s.data.shape} does not match '
+                             f'its index {list(s.index)}.')
         nbytes = int(s.data.nbytes)
         entries.append(Entry(path=s.path, shape=tuple(int(d) for d in s.shape),
                              dtype=np.dtype(s.data.dtype).name, index=s.index,
@@ -143,9 +144,9 @@ def layout(shards: Sequence[HostShard]) -> tuple[list[Entry], int]:
 
 
 def header_bytes(step: int, data_state: dict, entries: Iterable[Entry], meta: dict | None = None) -> bytes:
-    doc = {"format": FORMAT, "step": int(step), "data_state": data_state,
-           "meta": meta or {}, "entries": [e.to_json() for e in entries]}
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    doc = {'format': FORMAT, 'step': int(step), 'data_state': data_state,
+           'meta': meta or {}, 'entries': [e.to_json() for e in entries]}
+    return json.dumps(doc, separators=(',', ':'), allow_nan=False).encode()
 
 
 def header_bound(step: int, data_state: dict, entries: Sequence[Entry], meta: dict | None = None) -> int:
@@ -161,14 +162,14 @@ def write_preamble(buf, step: int, header_offset: int, header_len: int, header_c
 def read_preamble(buf) -> tuple[int, int, int, int]:
     """(step, header_offset, header_len, header_crc) of a blob."""
     if len(buf) < PREAMBLE_BYTES:
-        raise SnapshotCorruptError(f"Snapshot of {len(buf)} bytes is shorter than its preamble.")
+        raise SnapshotCorruptError(f'Snapshot of {len(buf)} bytes is shorter than its preamble.')
     magic, step, h_off, h_len, h_crc = _PREAMBLE.unpack_from(buf, 0)
     if magic != MAGIC:
-        raise SnapshotCorruptError(f"Bad snapshot magic {magic!r} (expected {MAGIC!r}): the "
-                                   "slot was never completely written.")
+        raise SnapshotCorruptError(f'Bad snapshot magic {magic!r} (expected {MAGIC!r}): the '
+                                   'slot was never completely written.')
     if h_off < PREAMBLE_BYTES or h_off + h_len > len(buf):
-        raise SnapshotCorruptError(f"Snapshot header [{h_off}, {h_off + h_len}) lies outside "
-                                   f"the {len(buf)} bytes available.")
+        raise SnapshotCorruptError(f'Snapshot header [{h_off}, {h_off + h_len}) lies outside '
+                                   f'the {len(buf)} bytes available.')
     return step, h_off, h_len, h_crc
 
 
@@ -176,16 +177,16 @@ def parse_header(raw, checksum: int, nbytes: int) -> Header:
     """Verify `raw` header bytes against `checksum` and decode them."""
     got = zlib.crc32(raw)
     if got != checksum:
-        raise SnapshotCorruptError(f"Snapshot header crc32 {got:#010x} != recorded {checksum:#010x}.")
+        raise SnapshotCorruptError(f'Snapshot header crc32 {got:#010x} != recorded {checksum:#010x}.')
     doc = json.loads(bytes(raw))
-    if doc.get("format") != FORMAT:
+    if doc.get('format') != FORMAT:
         raise SnapshotCorruptError(f"Snapshot format {doc.get('format')} is not {FORMAT}; "
                                    "it was written by another version of mecefo_jax.")
-    entries = tuple(Entry.from_json(e) for e in doc["entries"])
+    entries = tuple(Entry.from_json(e) for e in doc['entries'])
     for e in entries:
         if e.offset < PREAMBLE_BYTES or e.offset + e.nbytes > nbytes:
             raise SnapshotCorruptError(f"Entry {e.path} lies outside the snapshot's {nbytes} bytes.")
-    return Header(step=int(doc["step"]), data_state=doc["data_state"], meta=doc["meta"],
+    return Header(step=int(doc['step']), data_state=doc['data_state'], meta=doc['meta'],
                   entries=entries, checksum=checksum, nbytes=nbytes)
 
 
@@ -193,11 +194,11 @@ def parse(buf, expect_checksum: int | None = None) -> Header:
     """Header of a whole blob; `expect_checksum` is the one recorded at publish."""
     step, h_off, h_len, h_crc = read_preamble(buf)
     if expect_checksum is not None and h_crc != expect_checksum:
-        raise SnapshotCorruptError(f"Snapshot preamble names checksum {h_crc:#010x}, but "
-                                   f"{expect_checksum:#010x} was recorded.")
+        raise SnapshotCorruptError(f'Snapshot preamble names checksum {h_crc:#010x}, but '
+                                   f'{expect_checksum:#010x} was recorded.')
     header = parse_header(memoryview(buf)[h_off:h_off + h_len], h_crc, h_off + h_len)
     if header.step != step:
-        raise SnapshotCorruptError(f"Snapshot preamble says step {step}, header says {header.step}.")
+        raise SnapshotCorruptError(f'Snapshot preamble says step {step}, header says {header.step}.')
     return header
 
 
@@ -207,12 +208,12 @@ def entry_array(raw, entry: Entry) -> np.ndarray:
                          count=int(np.prod(entry.local_shape, dtype=np.int64))).reshape(entry.local_shape)
 
 
-def check_entry(raw, entry: Entry, source: str = "snapshot") -> None:
+def check_entry(raw, entry: Entry, source: str = 'snapshot') -> None:
     """Raise unless `raw` (the entry's bytes) matches the recorded crc32."""
     got = zlib.crc32(raw)
     if got != entry.crc:
-        raise SnapshotCorruptError(f"{source}: shard {entry.path} {list(entry.index)} has crc32 "
-                                   f"{got:#010x}, recorded {entry.crc:#010x}.")
+        raise SnapshotCorruptError(f'{source}: shard {entry.path} {list(entry.index)} has crc32 '
+                                   f'{got:#010x}, recorded {entry.crc:#010x}.')
 
 
 def fill(buf, shards: Sequence[HostShard], entries: Sequence[Entry], step: int,
@@ -228,14 +229,14 @@ def fill(buf, shards: Sequence[HostShard], entries: Sequence[Entry], step: int,
     for shard, entry in zip(shards, entries, strict=True):
         if entry.nbytes:
             dst = np.ndarray(entry.local_shape, dtype=shard.data.dtype, buffer=buf, offset=entry.offset)
-            np.copyto(dst, shard.data, casting="no")
+            np.copyto(dst, shard.data, casting='no')
             del dst  # release the export on buf before anyone closes it
         crc = zlib.crc32(memoryview(buf)[entry.offset:entry.offset + entry.nbytes])
         final.append(dataclasses.replace(entry, crc=crc))
     h_off = _aligned(final[-1].offset + final[-1].nbytes) if final else PREAMBLE_BYTES
     raw = header_bytes(step, data_state, final, meta)
     if h_off + len(raw) > len(buf):
-        raise ValueError(f"Snapshot needs {h_off + len(raw)} bytes, buffer has {len(buf)}.")
+        raise ValueError(f'Snapshot needs {h_off + len(raw)} bytes, buffer has {len(buf)}.')
     memoryview(buf)[h_off:h_off + len(raw)] = raw
     checksum = zlib.crc32(raw)
     write_preamble(buf, step, h_off, len(raw), checksum)
@@ -257,8 +258,8 @@ def normalise_data_state(data_state: Any, step: int) -> dict:
     try:
         out = json.loads(json.dumps(data_state, allow_nan=False))
     except (TypeError, ValueError) as e:
-        raise TypeError(f"data_state for step {step} is not JSON-serialisable ({e}); convert "
-                        "numpy/jax values to Python numbers and keys to str.") from e
+        raise TypeError(f'data_state for step {step} is not JSON-serialisable ({e}); convert '
+                        'numpy/jax values to Python numbers and keys to str.') from e
     if not isinstance(out, dict):
-        raise TypeError(f"data_state must be a dict, got {type(data_state).__name__}.")
+        raise TypeError(f'data_state must be a dict, got {type(data_state).__name__}.')
     return out

@@ -26,7 +26,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ class SnapshotRecord:
     header_len: int
 
     @classmethod
-    def from_reply(cls, d: dict) -> "SnapshotRecord":
+    def from_reply(cls, d: dict) -> SnapshotRecord:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
 
@@ -73,62 +73,62 @@ class KeeperClient:
                 if self._sock is None:
                     self._sock = socket.create_connection(self.address, timeout=self.timeout)
                     wire.configure(self._sock)
-                wire.send(self._sock, {"op": op, **fields}, payload)
+                wire.send(self._sock, {'op': op, **fields}, payload)
                 reply, data = wire.recv(self._sock)
             except (OSError, EOFError) as e:
                 self._drop()
-                raise KeeperError(f"Keeper at {self.address[0]}:{self.address[1]} is unreachable "
-                                  f"({type(e).__name__}: {e}); it or its host is gone. Fix: restore from "
-                                  "another keeper or parity, or from the disk checkpoint.") from e
-        if not reply.get("ok"):
-            raise KeeperError(reply.get("error", f"keeper refused {op!r}"))
+                raise KeeperError(f'Keeper at {self.address[0]}:{self.address[1]} is unreachable '
+                                  f'({type(e).__name__}: {e}); it or its host is gone. Fix: restore from '
+                                  'another keeper or parity, or from the disk checkpoint.') from e
+        if not reply.get('ok'):
+            raise KeeperError(reply.get('error', f'keeper refused {op!r}'))
         return reply, data
 
     # --------------------------------------------------------------- requests
 
     def hello(self) -> dict:
-        return self.request("hello")[0]
+        return self.request('hello')[0]
 
     def snapshots(self) -> list[SnapshotRecord]:
         """Published snapshots, newest first."""
-        return [SnapshotRecord.from_reply(r) for r in self.request("list")[0]["snapshots"]]
+        return [SnapshotRecord.from_reply(r) for r in self.request('list')[0]['snapshots']]
 
     def latest(self) -> SnapshotRecord | None:
         records = self.snapshots()
         return records[0] if records else None
 
     def begin(self, nbytes: int) -> dict:
-        return self.request("begin", nbytes=int(nbytes))[0]
+        return self.request('begin', nbytes=int(nbytes))[0]
 
     def publish(self, slot: int, token: int, *, step: int, nbytes: int, checksum: int,
                 header_offset: int, header_len: int) -> SnapshotRecord:
-        reply, _ = self.request("publish", slot=slot, token=token, step=int(step), nbytes=nbytes,
+        reply, _ = self.request('publish', slot=slot, token=token, step=int(step), nbytes=nbytes,
                                 checksum=checksum, header_offset=header_offset, header_len=header_len)
-        return SnapshotRecord.from_reply(reply["record"])
+        return SnapshotRecord.from_reply(reply['record'])
 
     def pin(self, step: int) -> SnapshotRecord:
-        return SnapshotRecord.from_reply(self.request("pin", step=int(step))[0]["record"])
+        return SnapshotRecord.from_reply(self.request('pin', step=int(step))[0]['record'])
 
     def unpin(self, record: SnapshotRecord) -> None:
-        self.request("unpin", slot=record.slot)
+        self.request('unpin', slot=record.slot)
 
     def read(self, step: int, ranges: Sequence[tuple[int, int]]) -> bytearray:
         """The concatenated byte ranges [offset, offset + n) of a published step."""
-        _, data = self.request("read", step=int(step), ranges=[[int(o), int(n)] for o, n in ranges])
+        _, data = self.request('read', step=int(step), ranges=[[int(o), int(n)] for o, n in ranges])
         return data if data is not None else bytearray()
 
     def parity_put(self, chunk, **fields) -> bool:
-        return self.request("parity_put", [chunk], **fields)[0]["complete"]
+        return self.request('parity_put', [chunk], **fields)[0]['complete']
 
     def parity_list(self, group: str) -> list[dict]:
-        return self.request("parity_list", group=group)[0]["stripes"]
+        return self.request('parity_list', group=group)[0]['stripes']
 
     def parity_get(self, group: str, step: int) -> tuple[dict, bytearray]:
-        reply, data = self.request("parity_get", group=group, step=int(step))
-        return reply["info"], data if data is not None else bytearray()
+        reply, data = self.request('parity_get', group=group, step=int(step))
+        return reply['info'], data if data is not None else bytearray()
 
     def shutdown(self) -> None:
-        self.request("shutdown")
+        self.request('shutdown')
 
     # ------------------------------------------------------------ shared memory
 
@@ -146,7 +146,7 @@ class KeeperClient:
         seg = self._segments[slot] = shm.attach(name)
         return seg
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional: most sources hold nothing)
         with self._lock:
             self._drop()
         for seg in self._segments.values():
@@ -160,7 +160,7 @@ class KeeperClient:
             finally:
                 self._sock = None
 
-    def __enter__(self) -> "KeeperClient":
+    def __enter__(self) -> KeeperClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -202,12 +202,12 @@ class SnapshotWriter:
         bound = data_end + blob.header_bound(step, data_state, entries, meta)
         t0 = time.perf_counter()
         slot = self.client.begin(bound)
-        buf = self.client.segment(slot["shm"], slot["slot"]).buf
+        buf = self.client.segment(slot['shm'], slot['slot']).buf
         nbytes, checksum, h_off = blob.fill(buf, shards, entries, step, data_state, meta)
         t1 = time.perf_counter()
         if self.before_publish is not None:
             self.before_publish(step)
-        self.client.publish(slot["slot"], slot["token"], step=step, nbytes=nbytes, checksum=checksum,
+        self.client.publish(slot['slot'], slot['token'], step=step, nbytes=nbytes, checksum=checksum,
                             header_offset=h_off, header_len=nbytes - h_off)
         t2 = time.perf_counter()
         parity_bytes = 0
@@ -216,7 +216,7 @@ class SnapshotWriter:
             try:
                 parity_bytes = self.parity.push(step, buf[:nbytes], checksum)
             except KeeperError as e:
-                raise KeeperError(f"Step {step} is published, but pushing its parity failed: {e}") from e
+                raise KeeperError(f'Step {step} is published, but pushing its parity failed: {e}') from e
         return WriteInfo(step=step, nbytes=nbytes, checksum=checksum, copy_sec=t1 - t0,
                          publish_sec=t2 - t1, parity_sec=time.perf_counter() - t2,
                          parity_bytes=parity_bytes)
@@ -225,9 +225,9 @@ class SnapshotWriter:
         """Publish a complete blob as is (e.g. one rebuilt from parity)."""
         header = blob.parse(raw)
         slot = self.client.begin(header.nbytes)
-        self.client.segment(slot["shm"], slot["slot"]).buf[:header.nbytes] = memoryview(raw)[:header.nbytes]
+        self.client.segment(slot['shm'], slot['slot']).buf[:header.nbytes] = memoryview(raw)[:header.nbytes]
         _, h_off, h_len, _ = blob.read_preamble(raw)
-        return self.client.publish(slot["slot"], slot["token"], step=header.step, nbytes=header.nbytes,
+        return self.client.publish(slot['slot'], slot['token'], step=header.step, nbytes=header.nbytes,
                                    checksum=header.checksum, header_offset=h_off, header_len=h_len)
 
 
@@ -275,7 +275,7 @@ class Snapshot(abc.ABC):
     def _raw(self, entries: Sequence[blob.Entry]) -> list:
         """Each entry's bytes."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional: most sources hold nothing)
         pass
 
     def __enter__(self):
@@ -285,11 +285,11 @@ class Snapshot(abc.ABC):
         self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(step={self.step}, source={self.source!r})"
+        return f'{type(self).__name__}(step={self.step}, source={self.source!r})'
 
 
 class BlobSnapshot(Snapshot):
-    def __init__(self, raw, source: str = "blob", expect_checksum: int | None = None):
+    def __init__(self, raw, source: str = 'blob', expect_checksum: int | None = None):
         self._buf = memoryview(raw)
         self.source = source
         self.header = blob.parse(self._buf, expect_checksum)
@@ -303,7 +303,7 @@ class _KeeperSnapshot(Snapshot):
         self._client = KeeperClient(address, timeout=timeout)
         try:
             self.record = self._client.pin(step)
-            self.source = f"{address[0]}:{address[1]}"
+            self.source = f'{address[0]}:{address[1]}'
             self._open()
         except BaseException:
             self._client.close()
@@ -312,11 +312,11 @@ class _KeeperSnapshot(Snapshot):
     def _open(self) -> None:
         raise NotImplementedError
 
-    def close(self) -> None:
-        client = self.__dict__.get("_client")
+    def close(self) -> None:  # noqa: B027  (optional: most sources hold nothing)
+        client = self.__dict__.get('_client')
         if client is None:
             return
-        record = self.__dict__.pop("record", None)
+        record = self.__dict__.pop('record', None)
         if record is not None:
             try:
                 client.unpin(record)  # released before close() returns...
@@ -329,7 +329,7 @@ class ShmSnapshot(_KeeperSnapshot):
     """A snapshot of a keeper on this host, mapped from its shared memory."""
 
     def _open(self):
-        self.source = f"shm:{self.source}"
+        self.source = f'shm:{self.source}'
         seg = self._client.segment(self.record.shm, self.record.slot)
         self._buf = seg.buf[:self.record.nbytes]
         self.header = blob.parse(self._buf, self.record.checksum)
@@ -338,7 +338,7 @@ class ShmSnapshot(_KeeperSnapshot):
         return [self._buf[e.offset:e.offset + e.nbytes] for e in entries]
 
     def close(self):
-        buf = self.__dict__.pop("_buf", None)
+        buf = self.__dict__.pop('_buf', None)
         if buf is not None:
             try:
                 buf.release()
@@ -360,7 +360,7 @@ class TcpSnapshot(_KeeperSnapshot):
     _shared = False  # each read lands in a fresh private buffer
 
     def _open(self):
-        self.source = f"tcp:{self.source}"
+        self.source = f'tcp:{self.source}'
         r = self.record
         raw = self._client.read(r.step, [(r.header_offset, r.header_len)])
         self.header = blob.parse_header(raw, r.checksum, r.nbytes)
@@ -374,13 +374,13 @@ class TcpSnapshot(_KeeperSnapshot):
         return out
 
 
-def open_snapshots(address: Address, *, via: str = "tcp", timeout: float = 120.0) -> list[Snapshot]:
+def open_snapshots(address: Address, *, via: str = 'tcp', timeout: float = 120.0) -> list[Snapshot]:
     """Every snapshot a keeper holds, newest first; `via` is 'shm' or 'tcp'.
 
     'shm' works only on the keeper's host. A step overwritten between
     listing and pinning is skipped.
     """
-    kinds = {"shm": ShmSnapshot, "tcp": TcpSnapshot}
+    kinds = {'shm': ShmSnapshot, 'tcp': TcpSnapshot}
     if via not in kinds:
         raise ValueError(f"via must be 'shm' or 'tcp', got {via!r}.")
     with KeeperClient(address, timeout=timeout) as client:
@@ -390,12 +390,12 @@ def open_snapshots(address: Address, *, via: str = "tcp", timeout: float = 120.0
         try:
             out.append(kinds[via](address, step, timeout))
         except KeeperError as e:
-            if "holds no snapshot" not in str(e):
+            if 'holds no snapshot' not in str(e):
                 raise
     return out
 
 
-def open_sources(own: Address | None, peers: Sequence[Address] = (), *, own_via: str = "shm",
+def open_sources(own: Address | None, peers: Sequence[Address] = (), *, own_via: str = 'shm',
                  timeout: float = 120.0) -> list[Snapshot]:
     """The own keeper's snapshots (shared memory) then every reachable peer's (TCP).
 
@@ -404,9 +404,9 @@ def open_sources(own: Address | None, peers: Sequence[Address] = (), *, own_via:
     to be gone, and `restore` names whatever that leaves missing.
     """
     out = []
-    for address, via in ([(own, own_via)] if own is not None else []) + [(p, "tcp") for p in peers]:
+    for address, via in ([(own, own_via)] if own is not None else []) + [(p, 'tcp') for p in peers]:
         try:
             out.extend(open_snapshots(address, via=via, timeout=timeout))
         except KeeperError as e:
-            log.warning("Skipping keeper %s:%s: %s", address[0], address[1], e)
+            log.warning('Skipping keeper %s:%s: %s', address[0], address[1], e)
     return out

@@ -13,7 +13,7 @@ No jax here: the keeper process imports this module.
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,14 +24,16 @@ class TooManyLostError(ValueError):
 
 def as_bytes(block) -> np.ndarray:
     """A flat uint8 view of any buffer."""
-    return np.frombuffer(block, dtype=np.uint8) if not isinstance(block, np.ndarray) else block.reshape(-1).view(np.uint8)
+    if isinstance(block, np.ndarray):
+        return block.reshape(-1).view(np.uint8)
+    return np.frombuffer(block, dtype=np.uint8)
 
 
 def xor_into(dst: np.ndarray, src: np.ndarray) -> None:
     """dst[:len(src)] ^= src, eight bytes at a time where possible."""
     n = len(src)
     if n > len(dst):
-        raise ValueError(f"Block of {n} bytes does not fit a parity buffer of {len(dst)}.")
+        raise ValueError(f'Block of {n} bytes does not fit a parity buffer of {len(dst)}.')
     wide = n // 8 * 8
     if wide:
         np.bitwise_xor(dst[:wide].view(np.uint64), src[:wide].view(np.uint64),
@@ -60,7 +62,7 @@ class ErasureCode(abc.ABC):
 
 
 class XorCode(ErasureCode):
-    name = "xor"
+    name = 'xor'
     parity_blocks = 1
 
     def encode(self, blocks):
@@ -86,7 +88,7 @@ class XorCode(ErasureCode):
             if i != lost:
                 xor_into(out, as_bytes(b))
         if lengths[lost] > len(out):
-            raise TooManyLostError(f"Block {lost} has {lengths[lost]} bytes but the parity only {len(out)}.")
+            raise TooManyLostError(f'Block {lost} has {lengths[lost]} bytes but the parity only {len(out)}.')
         rebuilt = [as_bytes(b) if b is not None else None for b in blocks]
         rebuilt[lost] = out[:lengths[lost]]
         return rebuilt
@@ -99,4 +101,4 @@ def get_code(name: str) -> ErasureCode:
     try:
         return CODES[name]
     except KeyError:
-        raise ValueError(f"Unknown erasure code {name!r}; known: {sorted(CODES)}.") from None
+        raise ValueError(f'Unknown erasure code {name!r}; known: {sorted(CODES)}.') from None

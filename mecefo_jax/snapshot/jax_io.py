@@ -17,14 +17,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
 from mecefo_jax.snapshot import blob
-from mecefo_jax.tree_paths import key_names
 from mecefo_jax.snapshot.client import Snapshot
+from mecefo_jax.tree_paths import key_names
 
 _MAX_LISTED = 12
 
@@ -39,7 +40,7 @@ class SnapshotMismatchError(ValueError):
 
 def path_str(path: tuple) -> str:
     """'params.layers.mlp.kernel' for a pytree key path (dict, attribute and index keys)."""
-    return ".".join(key_names(path)) or "<root>"
+    return '.'.join(key_names(path)) or '<root>'
 
 
 def index_bounds(index: tuple, shape: tuple) -> blob.Index:
@@ -59,8 +60,8 @@ def host_shards(tree: Any) -> list[blob.HostShard]:
         name = path_str(path)
         if isinstance(leaf, jax.Array):
             if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
-                raise TypeError(f"Leaf {name} has dtype {leaf.dtype}; snapshot jax.random.key_data(...) "
-                                "instead of typed PRNG keys.")
+                raise TypeError(f'Leaf {name} has dtype {leaf.dtype}; snapshot jax.random.key_data(...) '
+                                'instead of typed PRNG keys.')
             seen = set()
             for shard in leaf.addressable_shards:
                 bounds = index_bounds(shard.index, leaf.shape)
@@ -91,7 +92,7 @@ def pinned_local_copies(tree: Any) -> list[blob.HostShard]:
             bounds = index_bounds(shard.index, leaf.shape)
             if bounds not in seen:
                 seen.add(bounds)
-                target = jax.sharding.SingleDeviceSharding(shard.device, memory_kind="pinned_host")
+                target = jax.sharding.SingleDeviceSharding(shard.device, memory_kind='pinned_host')
                 out.append(blob.HostShard(name, tuple(leaf.shape), bounds,
                                           jax.device_put(shard.data, target)))
     return out
@@ -102,10 +103,10 @@ def pinned_host_shardings(shardings: Any) -> Any:
     leaves = jax.tree.leaves(shardings)
     if leaves:
         kinds = {m.kind for m in next(iter(leaves[0].device_set)).addressable_memories()}
-        if "pinned_host" not in kinds:
+        if 'pinned_host' not in kinds:
             raise ValueError(f"Devices of this backend offer memories {sorted(kinds)}, not 'pinned_host'; "
                              "snapshot by jax.device_get instead (blocking).")
-    return jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), shardings)
+    return jax.tree.map(lambda s: s.with_memory_kind('pinned_host'), shardings)
 
 
 # --------------------------------------------------------------------- restore
@@ -132,10 +133,10 @@ def _leaves(abstract: Any) -> tuple[list[_Leaf], Any]:
     leaves = []
     for path, x in flat:
         name = path_str(path)
-        sharding = getattr(x, "sharding", None)
-        if not hasattr(x, "shape") or sharding is None:
-            raise ValueError(f"Restore target {name} needs a shape, dtype and sharding; give "
-                             "jax.ShapeDtypeStruct(shape, dtype, sharding=...) (see checkpoint.abstract_like).")
+        sharding = getattr(x, 'sharding', None)
+        if not hasattr(x, 'shape') or sharding is None:
+            raise ValueError(f'Restore target {name} needs a shape, dtype and sharding; give '
+                             'jax.ShapeDtypeStruct(shape, dtype, sharding=...) (see checkpoint.abstract_like).')
         shape = tuple(x.shape)
         needed = {index_bounds(i, shape) for i in sharding.addressable_devices_indices_map(shape).values()}
         leaves.append(_Leaf(name, shape, np.dtype(x.dtype), sharding, tuple(sorted(needed))))
@@ -163,9 +164,9 @@ def _plan(leaves: list[_Leaf], snapshots: Sequence[Snapshot]):
         _, e = next(iter(saved.values()), (None, None))
         if e is not None and (tuple(e.shape) != leaf.shape or blob.dtype_from_name(e.dtype) != leaf.dtype):
             raise SnapshotMismatchError(
-                f"Leaf {leaf.path} was saved as {e.dtype}{list(e.shape)} but is requested as "
-                f"{leaf.dtype.name}{list(leaf.shape)}. Fix: build the restore target from the same "
-                "model/optimizer config as the run that wrote the snapshot.")
+                f'Leaf {leaf.path} was saved as {e.dtype}{list(e.shape)} but is requested as '
+                f'{leaf.dtype.name}{list(leaf.shape)}. Fix: build the restore target from the same '
+                'model/optimizer config as the run that wrote the snapshot.')
         boxes = {}
         for box in leaf.needed:
             if box in saved:
@@ -179,7 +180,7 @@ def _plan(leaves: list[_Leaf], snapshots: Sequence[Snapshot]):
                 if sum(_volume(_intersect(e.index, box)) for _, e in parts) == _volume(box):
                     boxes[box] = parts
                 else:
-                    missing.append(f"{leaf.path}{[list(b) for b in box]}")
+                    missing.append(f'{leaf.path}{[list(b) for b in box]}')
         plan.append(boxes)
     return plan, missing
 
@@ -214,16 +215,16 @@ def restore(abstract: Any, snapshots: Sequence[Snapshot], *, step: int | None = 
     else:
         held = sorted({(s.source, s.step) for s in snapshots})
         if first_missing is None:
-            detail = f"no snapshot of step {step}" if step is not None else "no snapshots at all"
+            detail = f'no snapshot of step {step}' if step is not None else 'no snapshots at all'
         else:
             t, missing = first_missing
-            shown = ", ".join(missing[:_MAX_LISTED]) + (f", ... (+{len(missing) - _MAX_LISTED} more)"
-                                                        if len(missing) > _MAX_LISTED else "")
-            detail = f"step {t} lacks {len(missing)} shard(s): {shown}"
+            shown = ', '.join(missing[:_MAX_LISTED]) + (f', ... (+{len(missing) - _MAX_LISTED} more)'
+                                                        if len(missing) > _MAX_LISTED else '')
+            detail = f'step {t} lacks {len(missing)} shard(s): {shown}'
         raise SnapshotMissingError(
-            f"Cannot restore from in-memory snapshots: {detail}. Snapshots given (source, step): {held}. "
-            "Fix: add the keepers of peers holding these shards, rebuild a lost member from parity, "
-            "or restart from the Orbax disk checkpoint.")
+            f'Cannot restore from in-memory snapshots: {detail}. Snapshots given (source, step): {held}. '
+            'Fix: add the keepers of peers holding these shards, rebuild a lost member from parity, '
+            'or restart from the Orbax disk checkpoint.')
     report = RestoreReport(step=t)
     arrays = [_build(leaf, boxes, at_t[0], report) for leaf, boxes in zip(leaves, plan)]
     data_state = at_t[0].data_state

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -43,8 +43,8 @@ from mecefo_jax.snapshot.client import Address, BlobSnapshot, KeeperClient, Keep
 
 log = logging.getLogger(__name__)
 
-FALLBACK = ("Fall back to restarting from the Orbax disk checkpoint (written every "
-            "train.checkpoint_every steps).")
+FALLBACK = ('Fall back to restarting from the Orbax disk checkpoint (written every '
+            'train.checkpoint_every steps).')
 
 
 class ParityLossError(RuntimeError):
@@ -68,9 +68,9 @@ class Chunk:
 def chunk_plan(member: int, nbytes: int, members: int) -> list[Chunk]:
     """How member's blob of `nbytes` is cut over the other members' stripes."""
     if members < 2:
-        raise ValueError(f"A parity group needs at least 2 members, got {members}.")
+        raise ValueError(f'A parity group needs at least 2 members, got {members}.')
     if not 0 <= member < members:
-        raise ValueError(f"Member {member} is not in a group of {members}.")
+        raise ValueError(f'Member {member} is not in a group of {members}.')
     size = -(-nbytes // (members - 1))
     chunks = []
     for j, stripe in enumerate(p for p in range(members) if p != member):
@@ -90,8 +90,8 @@ class ParityPusher:
         self.group, self.member, self.members = str(group), int(member), len(addresses)
         self.code = code or erasure.XorCode()
         if self.code.parity_blocks != 1:
-            raise ValueError(f"The RAID-5 placement holds one parity block per stripe; "
-                             f"code {self.code.name!r} has {self.code.parity_blocks}.")
+            raise ValueError(f'The RAID-5 placement holds one parity block per stripe; '
+                             f'code {self.code.name!r} has {self.code.parity_blocks}.')
         chunk_plan(self.member, 0, self.members)  # validates member and group size
         self._clients = {p: KeeperClient(a, timeout=timeout)
                          for p, a in enumerate(addresses) if p != self.member}
@@ -124,7 +124,7 @@ class Rebuilt:
     checksum: int
 
     def snapshot(self) -> BlobSnapshot:
-        return BlobSnapshot(self.raw, source=f"parity:member{self.member}", expect_checksum=self.checksum)
+        return BlobSnapshot(self.raw, source=f'parity:member{self.member}', expect_checksum=self.checksum)
 
 
 def rebuild_member(group: str, addresses: Sequence[Address | None], lost: int | Sequence[int] = (), *,
@@ -138,7 +138,7 @@ def rebuild_member(group: str, addresses: Sequence[Address | None], lost: int | 
     code = code or erasure.XorCode()
     members = len(addresses)
     if members < 2:
-        raise ValueError(f"A parity group needs at least 2 members, got {members}.")
+        raise ValueError(f'A parity group needs at least 2 members, got {members}.')
     lost = {lost} if isinstance(lost, int) else set(lost)
     lost |= {m for m, a in enumerate(addresses) if a is None}
     clients = {m: KeeperClient(a, timeout=timeout) for m, a in enumerate(addresses) if m not in lost}
@@ -151,10 +151,10 @@ def rebuild_member(group: str, addresses: Sequence[Address | None], lost: int | 
                 clients.pop(m).close()
         if len(lost) > code.parity_blocks:
             raise ParityLossError(
-                f"Parity group {group!r} lost members {sorted(lost)} of {members}; {code.name} parity "
-                f"rebuilds at most {code.parity_blocks} member per group. {FALLBACK}")
+                f'Parity group {group!r} lost members {sorted(lost)} of {members}; {code.name} parity '
+                f'rebuilds at most {code.parity_blocks} member per group. {FALLBACK}')
         if not lost:
-            raise ValueError(f"No member of parity group {group!r} is lost; nothing to rebuild.")
+            raise ValueError(f'No member of parity group {group!r} is lost; nothing to rebuild.')
         (gone,) = lost
         return _rebuild(group, gone, members, clients, code)
     finally:
@@ -164,26 +164,26 @@ def rebuild_member(group: str, addresses: Sequence[Address | None], lost: int | 
 
 def _rebuild(group, gone, members, clients, code) -> Rebuilt:
     published = {m: {r.step: r for r in c.snapshots()} for m, c in clients.items()}
-    stripes = {p: {s["step"]: s for s in c.parity_list(group) if s["complete"]} for p, c in clients.items()}
+    stripes = {p: {s['step']: s for s in c.parity_list(group) if s['complete']} for p, c in clients.items()}
     steps = set.intersection(*(set(s) for s in stripes.values()))
     problems = []
     for step in sorted(steps, reverse=True):
         try:
             return _rebuild_step(group, gone, members, step, clients, published, stripes, code)
         except (RebuildError, blob.SnapshotCorruptError, KeeperError) as e:
-            log.warning("Rebuilding member %d at step %d failed: %s", gone, step, e)
-            problems.append(f"step {step}: {e}")
+            log.warning('Rebuilding member %d at step %d failed: %s', gone, step, e)
+            problems.append(f'step {step}: {e}')
     held = {m: sorted(p) for m, p in published.items()}
     complete = {p: sorted(s) for p, s in stripes.items()}
     raise RebuildError(
         f"Cannot rebuild member {gone} of parity group {group!r}: no step has complete parity on "
         f"every survivor and the survivors' snapshots of it. Survivors hold snapshots {held} and "
-        f"complete parity {complete}. " + (" ".join(problems) + " " if problems else "") + FALLBACK)
+        f"complete parity {complete}. " + (' '.join(problems) + ' ' if problems else '') + FALLBACK)
 
 
 def _rebuild_step(group, gone, members, step, clients, published, stripes, code) -> Rebuilt:
-    contributions = {p: {int(m): c for m, c in stripes[p][step]["contributions"].items()} for p in clients}
-    sizes = {(c[gone]["blob_nbytes"], c[gone]["blob_checksum"]) for c in contributions.values()}
+    contributions = {p: {int(m): c for m, c in stripes[p][step]['contributions'].items()} for p in clients}
+    sizes = {(c[gone]['blob_nbytes'], c[gone]['blob_checksum']) for c in contributions.values()}
     if len(sizes) != 1:
         raise RebuildError(f"stripes disagree on member {gone}'s blob (size, checksum): {sorted(sizes)}")
     ((nbytes, checksum),) = sizes
@@ -193,8 +193,8 @@ def _rebuild_step(group, gone, members, step, clients, published, stripes, code)
                 continue
             record = published[m].get(step)
             if record is None:
-                raise RebuildError(f"survivor {m} no longer holds its snapshot")
-            if record.checksum != c["blob_checksum"]:
+                raise RebuildError(f'survivor {m} no longer holds its snapshot')
+            if record.checksum != c['blob_checksum']:
                 raise RebuildError(f"survivor {m}'s snapshot is not the one it contributed to stripe {p}")
     raw = bytearray(nbytes)
     for p in sorted(clients):
@@ -207,18 +207,18 @@ def _rebuild_step(group, gone, members, step, clients, published, stripes, code)
                 lengths.append(0)
             elif m == gone:
                 blocks.append(None)
-                lengths.append(c["length"])
+                lengths.append(c['length'])
             else:
-                data = clients[m].read(step, [(c["offset"], c["length"])])
-                if zlib.crc32(data) != c["chunk_crc"]:
+                data = clients[m].read(step, [(c['offset'], c['length'])])
+                if zlib.crc32(data) != c['chunk_crc']:
                     raise RebuildError(f"survivor {m}'s chunk for stripe {p} fails its crc")
                 blocks.append(data)
-                lengths.append(c["length"])
+                lengths.append(c['length'])
         chunk = code.decode(blocks, [parity], lengths)[gone]
         mine = contributions[p][gone]
-        if zlib.crc32(chunk) != mine["chunk_crc"]:
+        if zlib.crc32(chunk) != mine['chunk_crc']:
             raise RebuildError(f"rebuilt chunk {mine['chunk_index']} (stripe {p}) fails its recorded crc")
-        memoryview(raw)[mine["offset"]:mine["offset"] + mine["length"]] = chunk
+        memoryview(raw)[mine['offset']:mine['offset'] + mine['length']] = chunk
     rebuilt = Rebuilt(member=gone, step=step, raw=raw, checksum=checksum)
     rebuilt.snapshot().verify()  # preamble and header against `checksum`, then every shard's crc
     return rebuilt

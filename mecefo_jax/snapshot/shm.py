@@ -28,11 +28,11 @@ from multiprocessing import resource_tracker, shared_memory
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = '/dev/shm'
 
 
 def prefix(pid: int) -> str:
-    return f"mcf{pid}_"
+    return f'mcf{pid}_'
 
 
 def create(name: str, size: int) -> shared_memory.SharedMemory:
@@ -44,17 +44,17 @@ def create(name: str, size: int) -> shared_memory.SharedMemory:
     allocation fault on the training host's critical path.
     """
     seg = shared_memory.SharedMemory(name=name, create=True, size=size)
-    fd = getattr(seg, "_fd", -1)
-    if fd >= 0 and hasattr(os, "posix_fallocate"):
+    fd = getattr(seg, '_fd', -1)
+    if fd >= 0 and hasattr(os, 'posix_fallocate'):
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as e:
             unlink(seg)
             free = _free_bytes()
             raise MemoryError(
-                f"Cannot allocate {size / 2**20:.0f} MiB of shared memory for segment {name} ({e}); "
-                f"{free / 2**20:.0f} MiB free in {SHM_DIR}. Fix: enlarge {SHM_DIR} (e.g. docker "
-                "--shm-size), run keepers with fewer --slots, or snapshot less state.") from e
+                f'Cannot allocate {size / 2**20:.0f} MiB of shared memory for segment {name} ({e}); '
+                f'{free / 2**20:.0f} MiB free in {SHM_DIR}. Fix: enlarge {SHM_DIR} (e.g. docker '
+                '--shm-size), run keepers with fewer --slots, or snapshot less state.') from e
     return seg
 
 
@@ -63,7 +63,7 @@ def _free_bytes() -> float:
         st = os.statvfs(SHM_DIR)
         return st.f_bavail * st.f_frsize
     except OSError:
-        return float("nan")
+        return float('nan')
 
 
 class Attached:
@@ -90,7 +90,7 @@ def attach(name: str):
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name=name, track=False)
     seg = shared_memory.SharedMemory(name=name)
-    resource_tracker.unregister(seg._name, "shared_memory")  # noqa: SLF001 (no public API before 3.13)
+    resource_tracker.unregister(seg._name, 'shared_memory')  # noqa: SLF001 (no public API before 3.13)
     return seg
 
 
@@ -99,7 +99,7 @@ def close(seg) -> None:
     try:
         seg.close()
     except BufferError:
-        log.debug("Segment %s still has exported views; leaving it mapped.", seg.name)
+        log.debug('Segment %s still has exported views; leaving it mapped.', seg.name)
 
 
 def unlink(seg: shared_memory.SharedMemory) -> None:
@@ -128,8 +128,8 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
     except (FileNotFoundError, IndexError):
         return True
 
@@ -142,8 +142,8 @@ def remove_stale() -> list[str]:
         return []
     removed = []
     for n in names:
-        head = n.split("_", 1)[0]
-        if not (head.startswith("mcf") and head[3:].isdigit()):
+        head = n.split('_', 1)[0]
+        if not (head.startswith('mcf') and head[3:].isdigit()):
             continue
         if not alive(int(head[3:])):
             try:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
-_PREFIX = struct.Struct("!IQ")
+_PREFIX = struct.Struct('!IQ')
 # Requests and replies are small JSON objects; a larger one means the peer
 # is not speaking this protocol.
 _MAX_JSON = 64 << 20
@@ -26,8 +26,8 @@ def configure(sock: socket.socket) -> None:
 
 def send(sock: socket.socket, obj: dict, payload: Sequence | None = None) -> None:
     """Send `obj` and the concatenation of the buffers in `payload`."""
-    raw = json.dumps(obj, separators=(",", ":")).encode()
-    views = [memoryview(p).cast("B") for p in (payload or ())]
+    raw = json.dumps(obj, separators=(',', ':')).encode()
+    views = [memoryview(p).cast('B') for p in (payload or ())]
     sock.sendall(_PREFIX.pack(len(raw), sum(v.nbytes for v in views)) + raw)
     for v in views:
         if v.nbytes:
@@ -39,7 +39,7 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
     while got < len(view):
         n = sock.recv_into(view[got:])
         if n == 0:
-            raise ConnectionError("Peer closed the connection in the middle of a message.")
+            raise ConnectionError('Peer closed the connection in the middle of a message.')
         got += n
 
 
@@ -52,7 +52,7 @@ def recv(sock: socket.socket) -> tuple[dict, bytearray | None]:
     _recv_into(sock, memoryview(prefix)[first:])
     json_len, payload_len = _PREFIX.unpack(prefix)
     if json_len > _MAX_JSON:
-        raise ConnectionError(f"Message header of {json_len} bytes: not a keeper peer.")
+        raise ConnectionError(f'Message header of {json_len} bytes: not a keeper peer.')
     raw = bytearray(json_len)
     _recv_into(sock, memoryview(raw))
     payload = None

@@ -3,9 +3,8 @@
 | module | owns |
 |---|---|
 | `traces` | Monte Carlo failure traces (per cluster or per node) and per-live-set loads |
-| `costs` | per-role step costs (the library's `faults/costs.py`, re-exported) |
 | `recovery` | per-event recovery overheads (in-process, from memory, from disk) |
-| `settings` | the strategies, the projection's config and its cost tables (refresh included) |
+| `settings` | the strategies, the config and the cost tables (refresh included; `faults/costs.py`) |
 | `sim` | the synchronous-step throughput model and the Monte Carlo driver |
 | `report` | JSON, markdown and plot of the result |
 """

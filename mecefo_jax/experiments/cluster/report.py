@@ -15,11 +15,11 @@ import math
 import os
 from typing import Any
 
-from mecefo_jax.experiments.cluster import costs as costs_lib
 from mecefo_jax.experiments.cluster import recovery as recovery_lib
 from mecefo_jax.experiments.cluster import traces as traces_lib
 from mecefo_jax.experiments.cluster.traces import READINGS, REGIMES
 from mecefo_jax.experiments.report import fmt, pyplot
+from mecefo_jax.faults import costs as costs_lib
 
 # The paper's Table 2 (MeCeFO, NeurIPS 2025; 32 A100s = 4 nodes x 8): MeCeFO
 # throughput in k tokens/s, failure-free and under `high`, and the drops of
@@ -162,7 +162,7 @@ def _table2(result, reading, assumption) -> list[str]:
 
 def _paper_baselines(result, expl) -> list[str]:
     cfg = result['config']
-    lines = ['### Under `high`: the paper\'s baselines beside ours (drop %)', '',
+    lines = ["### Under `high`: the paper's baselines beside ours (drop %)", '',
              '| model | paper MeCeFO | paper Bamboo | paper Oobleck | '
              + ' | '.join(f'ours mecefo ({r}, {a})' for r in cfg['readings']
                           for a in cfg['assumptions']) + ' |',
@@ -203,18 +203,18 @@ def _explanation_text(result, expl) -> list[str]:
         "Bamboo, then Oobleck. We simulate no Bamboo or Oobleck; we compare MeCeFO with the "
         "project's baselines and with the paper's own MeCeFO figure.")
     lines.append('')
-    for key, e in expl.items():
+    for e in expl.values():
         order = ' < '.join(f"{s} {e['drops_pct'][s]:.1f}" for s in e['ordering'])
         verdict = []
         gap = e['elastic_beats_mecefo_by_points']
         if gap is not None:
             verdict.append(
-                f"elastic beats MeCeFO by {gap:.1f} points" if gap > 0 else
-                f"MeCeFO beats elastic by {-gap:.1f} points")
+                f'elastic beats MeCeFO by {gap:.1f} points' if gap > 0 else
+                f'MeCeFO beats elastic by {-gap:.1f} points')
         beats = [name for name, v in (('Bamboo', e['bamboo_high_drop_pct']),
                                       ('Oobleck', e['oobleck_high_drop_pct']))
                  if e['mecefo_drop_pct'] < v]
-        verdict.append('our MeCeFO drop is below the paper\'s ' + ' and '.join(beats)
+        verdict.append("our MeCeFO drop is below the paper's " + ' and '.join(beats)
                        if beats else "our MeCeFO drop is above the paper's Bamboo and Oobleck")
         lines.append(
             f"- **{e['model']}, reading {e['reading']}, {e['assumption']}**: {order} (% drop). "
@@ -265,7 +265,7 @@ def _sentence(text: str) -> str:
 
 
 def _ratio(x) -> str:
-    return 'impossible (p is below the paper\'s drop)' if math.isinf(x) else f'{x:.3f}x'
+    return "impossible (p is below the paper's drop)" if math.isinf(x) else f'{x:.3f}x'
 
 
 def _hours(h) -> str:
@@ -333,8 +333,8 @@ def _sweep_panel(result, idx, sizes, regime, reading, assumption) -> list[str]:
     if wins:
         better = [(n, g) for n, g in wins if g > 0]
         where = (', '.join(str(n) for n, _ in better)
-                 + f" (by {min(g for _, g in better):.1f} to "
-                   f"{max(g for _, g in better):.1f} points)"
+                 + f' (by {min(g for _, g in better):.1f} to '
+                   f'{max(g for _, g in better):.1f} points)'
                  if better else 'none of these sizes')
         lines.append(f'Elastic drops less than MeCeFO at n = {where}.')
     if quiet:
@@ -347,10 +347,10 @@ def _sweep_panel(result, idx, sizes, regime, reading, assumption) -> list[str]:
             'change_events', {}).get('mean') and horizon / traces[(reading, n)][
             'change_events']['mean'] < 2 * rec]
         if busy:
-            lines.append(f"From n = {busy[0]} the live set changes less than "
-                         f"{2 * rec:g} s apart on average, twice the {rec:g} s relaunch: "
-                         "a job that relaunches on every change spends most of its time "
-                         "relaunching.")
+            lines.append(f'From n = {busy[0]} the live set changes less than '
+                         f'{2 * rec:g} s apart on average, twice the {rec:g} s relaunch: '
+                         'a job that relaunches on every change spends most of its time '
+                         'relaunching.')
     lines.append('')
     return lines
 
@@ -408,7 +408,7 @@ def _recovery_section(result) -> list[str]:
         lines.append(f"| {name} | {used[name]} | {e['recovery_sec']:g} | {e['restore_sec']:g} "
                      f"| {lost} | {e['source']} |")
     lines += ['', 'Default breakdown (s): ' + '; '.join(
-        f"{name}: " + ', '.join(f'{k} {v:g}' for k, v in parts.items())
+        f'{name}: ' + ', '.join(f'{k} {v:g}' for k, v in parts.items())
         for name, parts in recovery_lib.DEFAULT_BREAKDOWN.items() if parts) + '.', '']
     return lines
 
@@ -429,7 +429,7 @@ def _assumptions(result) -> list[str]:
             '(drop keeps (n-f)/n of the batch; redone steps count once).',
             f"- Batches split at {gran}; mecefo_spread uses k = {cfg['spread_k']}.",
             '- A live-set change during a recovery restarts that recovery; returns lose no '
-            'steps (a planned restart saves first); failures lose the recovery entry\'s lost '
+            "steps (a planned restart saves first); failures lose the recovery entry's lost "
             f"steps (checkpoint_restart: the steps since its last checkpoint, every "
             f"{cfg['checkpoint_every']} steps = "
             + ', '.join(f"{t['step_sec'] * cfg['checkpoint_every'] / 60:.1f} min ({name})"

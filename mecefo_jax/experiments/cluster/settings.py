@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mecefo_jax.experiments.cluster import costs as costs_lib
 from mecefo_jax.experiments.cluster import traces as traces_lib
+from mecefo_jax.faults import costs as costs_lib
 
 STRATEGIES = ('fault_free', 'mecefo', 'mecefo_planned', 'ndb_naive', 'mecefo_spread', 'elastic',
               'drop', 'checkpoint_restart')
@@ -46,8 +46,10 @@ class SimConfig:
     rank: int = 128
     spread_k: int = 2
     tau: int = 100  # steps between projection refreshes while a neighbour is active (paper)
-    refresh_sec: float = -1.0  # seconds per refresh; < 0: SVD FLOPs at svd_tflops
-    svd_tflops: float = DEFAULT_SVD_TFLOPS
+    refresh_sec: float = -1.0  # seconds per refresh; < 0: the refresh's FLOPs at svd_tflops
+    svd_tflops: float = DEFAULT_SVD_TFLOPS  # assumed effective TFLOP/s of the refresh
+    refresh_method: str = 'subspace'  # as mecefo.refresh: 'subspace' (default) | 'svd'
+    refresh_iters: int = 2  # as mecefo.refresh_iters
     granularity: str = 'sequence'  # or 'continuous'
     checkpoint_every: int = 1000
     recompute_ffn: bool = False  # as mecefo.remat_ffn, off by default (docs/algorithm.md section 6)
@@ -92,6 +94,9 @@ class SimConfig:
             raise ValueError(f'--seeds={self.seeds} must be >= 1 and --hours={self.hours} > 0.')
         if self.spread_k < 1:
             raise ValueError(f'--spread_k={self.spread_k} must be >= 1.')
+        if self.refresh_method not in ('subspace', 'svd') or self.refresh_iters < 1:
+            raise ValueError(f"--refresh_method={self.refresh_method!r} must be 'subspace' or "
+                             f"'svd' and --refresh_iters={self.refresh_iters} >= 1.")
         if self.tau < 1 or not self.svd_tflops > 0:
             raise ValueError(f'--tau={self.tau} must be >= 1 and --svd_tflops='
                              f'{self.svd_tflops} > 0.')
@@ -138,7 +143,11 @@ def refresh_charge(config: SimConfig, shape: costs_lib.ModelShape) -> dict[str, 
     """{refresh_sec, refresh_source}: the flag, or the SVD FLOPs at `svd_tflops`."""
     if config.refresh_sec >= 0:
         return {'refresh_sec': config.refresh_sec, 'refresh_source': '--refresh_sec'}
-    flops = costs_lib.svd_refresh_flops(shape)
+    if config.refresh_method == 'svd':
+        flops, what = costs_lib.svd_refresh_flops(shape), 'thin-SVD'
+    else:
+        flops = costs_lib.subspace_refresh_flops(shape, config.rank, config.refresh_iters)
+        what = f'{config.refresh_iters}-iteration subspace-refresh'
     return {'refresh_sec': flops / (config.svd_tflops * 1e12),
-            'refresh_source': f'thin-SVD FLOPs of the FFN kernels ({flops / 1e12:.2f} TFLOP) '
+            'refresh_source': f'{what} FLOPs of the FFN kernels ({flops / 1e12:.3f} TFLOP) '
                               f'at an assumed {config.svd_tflops:g} TFLOP/s'}

@@ -42,8 +42,10 @@ The neighbour-mode strategies (mecefo, mecefo_spread, mecefo_planned) also
 pay the projection refresh, as the controller does: `refresh_sec` of no
 progress at each onset, and `refresh_sec / tau` per step while some replica
 is down (a refresh every `tau` steps while a neighbour is active). Its
-seconds come from `--refresh_sec`, or else from the thin-SVD FLOPs of the
-model's FFN kernels (`costs.svd_refresh_flops`) at `--svd_tflops`.
+seconds come from `--refresh_sec`, or else from the FLOPs of the refresh the
+library runs (`--refresh_method`: the warm-started subspace iteration by
+default, `costs.subspace_refresh_flops`; or the thin SVD,
+`costs.svd_refresh_flops`) at an assumed `--svd_tflops`.
 
 `mecefo_planned` asks the planner (`faults/planner.py`, the same code the
 controller runs) for its slowest device once per distinct (live, failed)
@@ -55,16 +57,24 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from mecefo_jax.experiments.cluster import costs as costs_lib
 from mecefo_jax.experiments.cluster import recovery as recovery_lib
 from mecefo_jax.experiments.cluster import traces as traces_lib
 from mecefo_jax.experiments.cluster.settings import (  # noqa: F401 (re-exported)
-    ASSUMPTIONS, DEFAULT_SVD_TFLOPS, NEIGHBOUR_MODE, STRATEGIES, TABLE2_REGIMES, SimConfig,
-    cost_tables, refresh_charge)
+    ASSUMPTIONS,
+    DEFAULT_SVD_TFLOPS,
+    NEIGHBOUR_MODE,
+    STRATEGIES,
+    TABLE2_REGIMES,
+    SimConfig,
+    cost_tables,
+    refresh_charge,
+)
+from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults import costs as faults_costs
 from mecefo_jax.faults import planner as planner_lib
 from mecefo_jax.layout import ROLE_NORMAL

@@ -26,6 +26,7 @@ def one_device_failure_step_sec(cfg, layers: int, batch: int) -> float:
     import dataclasses
 
     import jax
+
     from mecefo_jax import step as step_lib
     from mecefo_jax.aot import abstract_batch
     from mecefo_jax.experiments.gpu.step import Setup

@@ -35,7 +35,7 @@ def run(out: str, *, budget_sec: float = 540.0, smoke: bool = False, sections=SE
         raise ValueError(f'--budget_sec={budget_sec}: give a positive number of seconds.')
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
-    started = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
+    started = datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')
     start = time.monotonic()
     params = {'smoke': smoke, 'out': out, 'xla_cache_dir': os.path.join(out, 'xla_cache')}
     results = runner.run_sections(sections, params, os.path.join(out, 'sections'),

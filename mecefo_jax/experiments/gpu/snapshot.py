@@ -25,7 +25,8 @@ import jax
 import numpy as np
 
 from mecefo_jax.experiments.gpu import configs
-from mecefo_jax.experiments.gpu.step import SHAPES as STEP_SHAPES, Setup
+from mecefo_jax.experiments.gpu.step import SHAPES as STEP_SHAPES
+from mecefo_jax.experiments.gpu.step import Setup
 
 # Steps per timed block: at 350M one snapshot (4.4 GB copied and checksummed)
 # takes seconds, so every=1 blocks are kept short to fit the section's time.
@@ -128,11 +129,11 @@ def auto(loop: Loop, cfg, measured: dict, runs: dict) -> dict:
 
 def run(ctx) -> dict:
     from mecefo_jax import step as step_lib
+    from mecefo_jax.experiments import step_cost
     from mecefo_jax.layout import assemble
     from mecefo_jax.model import Llama, ModelConfig
     from mecefo_jax.snapshot import start_keeper
     from mecefo_jax.state import create_train_state
-    from mecefo_jax.experiments import step_cost
     kind = 'smoke' if ctx.smoke else 'full'
     shape, runs = STEP_SHAPES['step'][kind], RUNS[kind]
     cfg = configs.load(shape['config'], shape['overrides'])

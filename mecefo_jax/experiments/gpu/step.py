@@ -103,7 +103,8 @@ class Setup:
         return Setup.build(self.cfg, model, self.device)
 
     def compile(self, mode: str, batch: int):
-        from mecefo_jax import sharding, step as step_lib
+        from mecefo_jax import sharding
+        from mecefo_jax import step as step_lib
         from mecefo_jax.aot import abstract_batch
         seq = self.cfg.data.seq_len + 1
         if mode == 'plain_dp':
@@ -169,7 +170,8 @@ def compile_modes(setup: Setup, batch: int, modes, first: tuple, ctx, start: flo
 
 def time_modes(setup: Setup, compiled: dict, batch: int, warmup: int, iters: int, ctx):
     """Median step ms per mode (interleaved) and the allocator's running peak per mode."""
-    from mecefo_jax import sharding, step as step_lib
+    from mecefo_jax import sharding
+    from mecefo_jax import step as step_lib
     from mecefo_jax.layout import assemble
     from mecefo_jax.state import create_train_state
     state, _ = create_train_state(setup.model, setup.optimizer, setup.mesh, seed=0,
@@ -253,7 +255,7 @@ def extrapolation_check(setup: Setup, modes: dict, batch: int) -> dict:
 
 
 def bench_json(out: dict) -> dict:
-    """The `bench_step.json` the cluster simulator reads (experiments/cluster/costs.py)."""
+    """The `bench_step.json` the cluster simulator reads (faults/costs.py)."""
     return {'modes': out['modes'], 'ratios': out['ratios'], 'config': out['config'],
             'device': out['device'], 'jax_version': jax.__version__, 'mfu': out.get('mfu'),
             'measured': 'scripts/gpu_report.py: ' + out['measured'],
@@ -302,7 +304,7 @@ def run_step(ctx, key: str) -> dict:
     out['device_memory_note'] = (
         'device_peak_bytes: memory_stats()["peak_bytes_in_use"] after each mode\'s first call, '
         'modes called in ascending order of planned peak (a running maximum, state included); '
-        'peak_bytes: XLA\'s plan, arguments + outputs + temporaries - aliased')
+        "peak_bytes: XLA's plan, arguments + outputs + temporaries - aliased")
     if ctx.out:
         path = os.path.join(ctx.out, BENCH_FILES[key])
         write_json(path, bench_json(out))

@@ -1,0 +1,131 @@
+"""Nothing lost: preemption saves and resumes exactly, a rejected resume keeps the record,
+a workdir with a run is never silently restarted, metrics keep one row per step."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from configs.tiny import get_config
+from mecefo_jax import checkpoint as ckpt_lib
+from mecefo_jax import train as train_lib
+from mecefo_jax.metrics import read_metrics
+from mecefo_jax.observers import Observer
+from mecefo_jax.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard
+from mecefo_jax.resume import WorkdirHoldsRunError
+from mecefo_jax.settings import resolve
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp('tokenizer_cache'))
+
+
+def tiny(cache_dir, steps=8, **fields):
+    cfg = get_config()
+    cfg.data.cache_dir = cache_dir
+    cfg.train.steps = steps
+    cfg.train.log_every = 1
+    cfg.train.eval_every = 0
+    cfg.train.checkpoint_every = 100  # no periodic save: only what the test asks for
+    for dotted, value in fields.items():
+        section, name = dotted.split('.')
+        cfg[section][name] = value
+    return resolve(cfg)
+
+
+def loss_steps(workdir):
+    return [r['step'] for r in read_metrics(workdir) if 'loss' in r]
+
+
+class SignalAt(Observer):
+    """Sends this process `sig` once step `step` has been dispatched, as a scheduler would."""
+
+    def __init__(self, step: int, sig=signal.SIGTERM):
+        self.step, self.sig = step, sig
+
+    def on_step(self, done) -> None:
+        if done.step == self.step:
+            os.kill(os.getpid(), self.sig)
+
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT], ids=['sigterm', 'ctrl_c'])
+def test_a_signal_saves_the_next_step_and_the_rerun_resumes_there_with_one_row_per_step(
+        cache_dir, tmp_path, sig, capsys):
+    workdir = str(tmp_path)
+    cfg = tiny(cache_dir)
+    with PreemptionGuard() as guard, pytest.raises(Preempted) as stopped:
+        train_lib.train(cfg, workdir, observers=[SignalAt(3, sig)], preemption=guard)
+    # The signal lands during step 3; the loop stops before step 4, saving the
+    # state entering it (steps 0..3 done), with the data position after batch 3.
+    assert stopped.value.step == 4
+    assert ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'), save_every=100) \
+        .latest_step() == 4
+    rows = read_metrics(workdir)
+    assert rows[-1] == {'event': 'preempted', 'step': 4}
+    summary = train_lib.train(cfg, workdir)
+    assert summary['start_step'] == 4 and summary['final_step'] == 8
+    assert 'resumed from step 4 (disk)' in capsys.readouterr().out
+    assert loss_steps(workdir) == list(range(1, 9))  # one loss row per step, none twice
+    assert {'event': 'resumed', 'step': 4, 'source': 'disk'} in read_metrics(workdir)
+
+
+def test_a_second_ctrl_c_aborts_without_saving():
+    with PreemptionGuard() as guard:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert guard.requested(0)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_rejected_resume_leaves_the_config_record_and_names_the_override(cache_dir, tmp_path):
+    workdir = str(tmp_path)
+    train_lib.train(tiny(cache_dir, steps=2, **{'train.checkpoint_every': 2}), workdir)
+    record = open(os.path.join(workdir, 'config.json')).read()
+    wider = tiny(cache_dir, steps=2, **{'train.checkpoint_every': 2, 'model.d_model': 64})
+    with pytest.raises(ckpt_lib.CheckpointMismatchError, match=r'--config\.model\.d_model=32'):
+        train_lib.train(wider, workdir)
+    assert open(os.path.join(workdir, 'config.json')).read() == record
+
+
+def test_a_run_with_nothing_to_resume_is_not_silently_restarted(cache_dir, tmp_path):
+    workdir = str(tmp_path)
+    cfg = tiny(cache_dir, steps=2, **{'train.checkpoint_every': 0})
+    train_lib.train(cfg, workdir)
+    with pytest.raises(WorkdirHoldsRunError, match='--workdir'):
+        train_lib.train(cfg, workdir)
+    assert loss_steps(workdir) == [1, 2]
+
+
+@pytest.mark.subprocess
+def test_sigterm_to_main_exits_preempted_and_the_rerun_resumes_exactly(cache_dir, tmp_path):
+    workdir = str(tmp_path / 'run')
+    args = [sys.executable, '-m', 'mecefo_jax.main', '--config',
+            os.path.join(REPO, 'configs', 'tiny.py'), f'--workdir={workdir}',
+            '--config.train.log_every=1', '--config.train.eval_every=0',
+            '--config.train.checkpoint_every=1000', f'--config.data.cache_dir={cache_dir}']
+    main = subprocess.Popen(args + ['--config.train.steps=2000'], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = os.path.join(workdir, 'metrics.jsonl')
+    # Training has begun once a loss row exists: the step it lands on does not matter,
+    # only that the save and the resume agree on it.
+    while not (os.path.exists(metrics) and '"loss"' in open(metrics).read()):
+        assert main.poll() is None, main.communicate()[0]
+        time.sleep(0.05)
+    main.send_signal(signal.SIGTERM)
+    output = main.communicate(timeout=600)[0]
+    assert main.returncode == EXIT_PREEMPTED, output
+    preempted = json.loads(open(metrics).read().splitlines()[-1])
+    assert preempted['event'] == 'preempted'
+    saved = preempted['step']
+    assert f'preempted: saved step {saved}' in output
+    rerun = subprocess.run(args + [f'--config.train.steps={saved + 2}'], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert f'resumed from step {saved} (disk)' in rerun.stdout
+    assert loss_steps(workdir) == list(range(1, saved + 3))
