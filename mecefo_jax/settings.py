@@ -86,9 +86,9 @@ class TrainSection:
 class MecefoSection:
     rank: float  # an integral value > 1 is an absolute rank (see projections.resolve_rank)
     tau: int
-    remat_ffn: bool
     refresh: str
     refresh_iters: int
+    remat_ffn: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,6 +87,7 @@ class FaultController:
         self.checkpoint_block_sec = 0.0  # training waiting for a save (checkpoint_restart)
         self.stop_checkpointer = run.checkpointer  # where a stop with every replica down saves
         self._pending: Event | None = None
+        self._schedule_logged = False
 
     @classmethod
     def from_config(cls, cfg, run):
@@ -94,19 +95,27 @@ class FaultController:
 
         The schedule and strategy are checked here, before any training
         starts, so a bad `fault` config fails at once; the scheduled events
-        are logged to metrics.
+        are logged to metrics at the first step (once the resumed step is
+        known and the metrics are cut back to it).
         """
         validate_strategy(cfg.fault.strategy)
         events = schedule_lib.events_from_config(cfg.fault, num_replicas=run.num_shards,
                                                  total_steps=cfg.train.steps)
-        for e in events:
-            run.metrics.write({'event': 'scheduled_failure', 'step': e.step,
-                               'replica': e.replica, 'duration_steps': e.duration_steps})
         return cls(run, schedule_lib.FailureSchedule(events, run.num_shards), cfg.fault.strategy)
+
+    def _log_schedule(self, clock: int) -> None:
+        """The failures still ahead of this run, once (a resumed run logged the earlier ones)."""
+        self._schedule_logged = True
+        for e in self.schedule.events:
+            if e.step >= clock:
+                self.run.metrics.write({'event': 'scheduled_failure', 'step': e.step,
+                                        'replica': e.replica, 'duration_steps': e.duration_steps})
 
     # -- the loop's hooks ---------------------------------------------------
 
     def prepare(self, clock: int, step: int, state):
+        if not self._schedule_logged:
+            self._log_schedule(clock)
         data_state = None
         start = time.perf_counter()
         scheduled = self.schedule.live_mask(clock)
