@@ -17,6 +17,7 @@ from configs.tiny import get_config
 from mecefo_jax.launch.compile_ahead import survivor_sets
 from mecefo_jax.launch.placement import Placement
 from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.settings import resolve
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = 3
@@ -54,7 +55,7 @@ def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(tmp_pa
     for key, value in values.items():
         section, field = key.split('.')
         cfg[section][field] = value
-    summary = Launcher(cfg, args, workdir, WORKERS, log=lambda _: None).run()
+    summary = Launcher(resolve(cfg), workdir, WORKERS, log=lambda _: None).run()
 
     failure = next(r for r in summary['recoveries'] if r['kind'] == 'failure')
     assert failure['members'] == [0, 2]

@@ -242,7 +242,7 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     run = train_lib.build_run(cfg, scratch, replica_rows=rows, checkpoint_every=0)
     # The relaunch's controller starts on the present replicas' topology and
     # layout, and its first prepare compiles exactly these (see _transition).
-    controller = FaultController.factory(cfg, run)(run)
+    controller = FaultController.from_config(cfg, run)
     topology, layout = controller.topology, controller.layout
     state = aot.abstract(run.abstract_state, topology.state_shardings)
     _, step_sec = topology.compiled_step(
