@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
 
 
 def load(name: str, overrides: dict | None = None):
-    """`get_config()` of configs/NAME.py with `overrides` ('section.field': value) set."""
+    """The resolved config of configs/NAME.py with `overrides` ('section.field': value) set."""
     path = os.path.join(REPO, 'configs', f'{name}.py')
     spec = importlib.util.spec_from_file_location(f'_gpu_report_config_{name}', path)
     module = importlib.util.module_from_spec(spec)
@@ -26,4 +26,5 @@ def load(name: str, overrides: dict | None = None):
         if field not in node:
             raise ValueError(f'gpu report: config {name} has no field {dotted}.')
         setattr(node, field, value)
-    return cfg
+    from mecefo_jax.settings import resolve
+    return resolve(cfg)

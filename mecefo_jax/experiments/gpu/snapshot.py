@@ -16,7 +16,6 @@ process holding the snapshots in shared memory:
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 import types
@@ -71,22 +70,26 @@ class Loop:
         self.keeper_address = keeper_address
         self.step = 0
 
-    def per_step_sec(self, steps: int, every: int | None) -> dict:
+    def per_step_sec(self, steps: int, every) -> dict:
+        """Seconds per step with the worker's hook at `every` (an int, 'auto', or None: off)."""
         from mecefo_jax.launch.worker_state import SnapshotHook
         hook = SnapshotHook(self.keeper_address, every) if every else None
+        layout = types.SimpleNamespace(signature=('one device',))  # one topology throughout
         start = time.perf_counter()
         for _ in range(steps):
             self.state, metrics = self.compiled(self.state, self.batch)
             if hook is not None:
-                hook(types.SimpleNamespace(step=self.step, state=self.state,
-                                           data_position={'step': self.step}))
+                hook.on_step(types.SimpleNamespace(
+                    step=self.step, state=self.state, data_position={'step': self.step},
+                    loss=metrics['loss'], layout=layout))
             self.step += 1
         jax.block_until_ready((self.state, metrics))
         out = {'sec': (time.perf_counter() - start) / steps}
         if hook is not None:
             hook.close()  # the last write finishes outside the timed block
             out.update(blocked_sec=hook.blocked_sec / max(1, hook.submitted),
-                       write_sec=hook.stats.write_sec / max(1, hook.stats.published))
+                       write_sec=hook.stats.write_sec / max(1, hook.stats.published),
+                       interval=hook.interval)
         return out
 
 
@@ -108,23 +111,15 @@ def overhead(loop: Loop, runs: dict, ctx) -> dict:
 
 
 def auto(loop: Loop, cfg, measured: dict, runs: dict) -> dict:
-    if 'overhead_budget_pct' not in cfg.snapshot:
-        return {'status': 'n/a', 'reason': 'the config has no snapshot.overhead_budget_pct '
-                                           '(snapshot.every=auto is not supported)'}
-    budget = cfg.snapshot.overhead_budget_pct
-    cost = max(0.0, measured['every_1']['overhead_pct'])
-    interval = max(1, math.ceil(cost / budget)) if budget > 0 else 1
-    out = {'status': 'ok', 'budget_pct': budget, 'interval': interval,
-           'rule': 'smallest interval with overhead(every=1) / interval <= budget'}
-    steps = max(runs['steps'], 2 * interval)
-    if steps > runs['max_auto_steps']:
-        out.update(overhead_pct=cost / interval, measured=False,
-                   note=f'interval too long to measure here: overhead(every=1) / {interval}')
-        return out
-    with_snap = loop.per_step_sec(steps, interval)['sec']
+    """snapshot.every=auto as a worker runs it: the hook measures, chooses, then snapshots."""
+    from mecefo_jax.snapshot.cadence import PROBE_STEPS, SETTLE_STEPS
+    steps = max(runs['max_auto_steps'], 2 * (SETTLE_STEPS + PROBE_STEPS))
+    with_snap = loop.per_step_sec(steps, 'auto')
     without = loop.per_step_sec(steps, None)['sec']
-    out.update(overhead_pct=100 * (with_snap / without - 1), measured=True, steps=steps)
-    return out
+    return {'status': 'ok', 'budget_pct': cfg.snapshot.overhead_budget_pct,
+            'interval': with_snap['interval'], 'steps': steps,
+            'overhead_pct': 100 * (with_snap['sec'] / without - 1),
+            'note': 'includes the measuring steps (every step snapshotted) before the choice'}
 
 
 def run(ctx) -> dict:

@@ -97,8 +97,7 @@ def snapshot(r) -> list[str]:
              + ' ms')]
     if a.get('status') == 'ok':
         rows.append((f"overhead, every=auto (interval {a['interval']}, budget {a['budget_pct']} %)",
-                     fmt(a.get('overhead_pct'), '.2f') + ' %'
-                     + ('' if a.get('measured') else ' (estimated)')))
+                     fmt(a.get('overhead_pct'), '.2f') + ' %'))
     elif a:
         rows.append(('every=auto', f"n/a: {a.get('reason')}"))
     return _table(('figure', 'value'), rows)
