@@ -225,6 +225,17 @@ def test_a_job_that_completes_no_step_is_restarted(caches, tmp_path):
     assert read(str(tmp_path), 'g1_w0_end.json')['finished']
 
 
+def describe(pids) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                out.append(f'{pid}: ' + f.read().replace(b'\0', b' ').decode(errors='replace')[:200])
+        except OSError:
+            pass
+    return out
+
+
 def start_launcher(caches, workdir, **extra):
     """The launcher as a process (as a user or a scheduler runs it), once its job has begun."""
     values = overrides(caches, **extra)
@@ -283,7 +294,8 @@ def test_a_killed_launcher_loses_at_most_the_steps_since_the_disk_checkpoint(cac
     launcher.wait(timeout=60)
     deadline = time.monotonic() + 10  # workers notice their launcher is gone
     while processes_mentioning(workdir):
-        assert time.monotonic() < deadline, 'orphans left after the launcher was killed'
+        assert time.monotonic() < deadline, \
+            f'orphans left after the launcher was killed: {describe(processes_mentioning(workdir))}'
         time.sleep(0.2)
     newest = max(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
     args = [a for a in args if not a.startswith('--config.train.steps=')]

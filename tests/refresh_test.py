@@ -224,11 +224,13 @@ def test_collective_check_sees_a_gathered_kernel():
     assert max(_collective_sizes(hlo)) >= N * M
 
 
-def test_build_run_rejects_a_bad_refresh_before_building_anything(tmp_path):
+def test_a_bad_refresh_is_refused_when_the_config_is_resolved(tmp_path):
     from configs import tiny
-    from mecefo_jax.train import build_run
+    from mecefo_jax.settings import ConfigError, resolve
     cfg = tiny.get_config()
     cfg.mecefo.refresh = 'qr'
-    with pytest.raises(ValueError, match='mecefo.refresh must be one of'):
-        build_run(cfg, str(tmp_path))
-    assert not (tmp_path / 'config.json').exists()
+    with pytest.raises(ConfigError, match=r"mecefo\.refresh='qr'.*--config\.mecefo\.refresh"):
+        resolve(cfg)
+    cfg.mecefo.refresh, cfg.mecefo.refresh_iters = 'subspace', 0
+    with pytest.raises(ConfigError, match=r'mecefo\.refresh_iters=0'):
+        resolve(cfg)

@@ -176,9 +176,9 @@ def test_a_worker_restores_the_launchers_step_healing_from_a_peer_or_names_the_f
     state, data_state, source = keeper_restore([own.address, peer.address], 0, info,
                                                step=41)(run, topology)
     _assert_bitwise(state, values, mesh)
-    assert data_state == {'pos': 41} and source == 'in-memory snapshot of step 41'
+    assert data_state == {'pos': 41} and source == 'memory'
     assert info['restore'].step == 41 and info['restore'].healed_bytes == 12 * 4 * 2  # bf16 'b'
-    with pytest.raises(jax_io.SnapshotMissingError, match=r'step 42 .*launch.recovery=disk'):
+    with pytest.raises(jax_io.SnapshotMissingError, match=r'step 42 .*newest Orbax checkpoint'):
         keeper_restore([own.address, peer.address], 0, {}, step=42)(run, topology)
 
 

@@ -67,8 +67,10 @@ def test_resume_equals_uninterrupted(straight_run, cache_dir, tmp_path, capsys):
     resumed = train_lib.train(tiny(cache_dir, checkpoint_every=half), workdir)
     assert resumed['start_step'] == half
     # The restart says so, on the console and in metrics.jsonl.
-    assert f'resumed from step {half}' in capsys.readouterr().out
-    assert {'event': 'resumed', 'step': half} in read_metrics(workdir)
+    assert f'resumed from step {half} (disk)' in capsys.readouterr().out
+    rows = read_metrics(workdir)
+    assert {'event': 'resumed', 'step': half, 'source': 'disk'} in rows
+    assert [r['step'] for r in rows if 'loss' in r] == list(range(1, STEPS + 1))
     expected = params_of(straight_run[0])
     # Same compiled program, same data order, exactly restored state and data
     # iterator: the trajectories must agree to the last bit on CPU.

@@ -56,7 +56,7 @@ def start(config_args: list[str], workdir: str, workers: int, log_path: str) -> 
     with open(log_path, 'w') as log:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=worker_env(),
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_kill_me_with_my_parent)
 
 
 class CompileAhead:
@@ -126,6 +126,17 @@ def _write(path: str, report: dict) -> None:
     with open(f'{path}.tmp', 'w') as f:
         json.dump(report, f, indent=2)
     os.replace(f'{path}.tmp', path)
+
+
+def _kill_me_with_my_parent() -> None:
+    """In the child between fork and exec: PR_SET_PDEATHSIG survives the exec, so there is
+    no moment after the start in which the parent can die unnoticed (Linux; elsewhere
+    `die_with_parent`'s polling thread covers it once the child runs)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def die_with_parent() -> None:
@@ -213,7 +224,8 @@ def _spawn_members(config_args, workdir, workers, lost, members) -> list:
         log = open(os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.log'),
                    'w')
         procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, env=worker_env()))
+                                      stderr=subprocess.STDOUT, env=worker_env(),
+                                      preexec_fn=_kill_me_with_my_parent))
     return procs
 
 
