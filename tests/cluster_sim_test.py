@@ -346,11 +346,23 @@ def test_refresh_is_charged_at_onset_and_every_tau_steps_to_neighbour_modes(stra
 
 
 def test_default_refresh_charge_states_its_source():
+    """The default charges the library's refresh: 2 iterations of subspace iteration per
+    FFN kernel (350M: d 1024, h 2736, 24 layers, r 128), counted here by hand."""
     config = sim.SimConfig(models=('350M',), sizes=())
     table = sim.cost_tables(config)['350M']
-    flops = costs_lib.svd_refresh_flops(costs_lib.PAPER_MODELS['350M'])
-    assert table.refresh_sec == pytest.approx(flops / 1e12)
-    assert 'assumed 1 TFLOP/s' in table.refresh_source
+    d, h, layers, r, iters = 1024, 2736, 24, 128, 2
+
+    def qr(k):  # Householder thin QR of a k x r block
+        return 2.0 * k * r * r - 2.0 * r ** 3 / 3.0
+
+    per_kernel = [qr(n) + iters * (4.0 * n * m * r + qr(m) + qr(n))
+                  for n, m in ((d, h), (d, h), (h, d))]
+    assert table.refresh_sec == pytest.approx(layers * sum(per_kernel) / 1e12)
+    assert 'subspace' in table.refresh_source and 'assumed 1 TFLOP/s' in table.refresh_source
+    svd = sim.cost_tables(sim.SimConfig(models=('350M',), sizes=(), refresh_method='svd'))
+    small, big = d, h  # thin SVD of each m x n kernel, m >= n: 6 m n^2 + 20 n^3
+    assert svd['350M'].refresh_sec == pytest.approx(
+        3 * layers * (6.0 * big * small ** 2 + 20.0 * small ** 3) / 1e12)
     config = sim.SimConfig(models=('350M',), sizes=(), refresh_sec=0.5)
     assert sim.cost_tables(config)['350M'].refresh_sec == 0.5
 
