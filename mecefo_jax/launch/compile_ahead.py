@@ -42,6 +42,7 @@ def survivor_sets(placement) -> list[tuple[int, list[int]]]:
 def worker_env() -> dict:
     """The environment `Launcher._spawn` gives a worker (its XLA flags enter program keys)."""
     env = dict(os.environ)
+    env[PARENT_ENV] = str(os.getpid())  # the child checks it is still ours (die_with_parent)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
     env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
@@ -56,7 +57,7 @@ def start(config_args: list[str], workdir: str, workers: int, log_path: str) -> 
     with open(log_path, 'w') as log:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=worker_env(),
-                                start_new_session=True, preexec_fn=_kill_me_with_my_parent)
+                                start_new_session=True)
 
 
 class CompileAhead:
@@ -128,15 +129,8 @@ def _write(path: str, report: dict) -> None:
     os.replace(f'{path}.tmp', path)
 
 
-def _kill_me_with_my_parent() -> None:
-    """In the child between fork and exec: PR_SET_PDEATHSIG survives the exec, so there is
-    no moment after the start in which the parent can die unnoticed (Linux; elsewhere
-    `die_with_parent`'s polling thread covers it once the child runs)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+# The spawning process's pid, so a child that starts after its parent died notices.
+PARENT_ENV = 'MECEFO_COMPILE_AHEAD_PARENT'
 
 
 def die_with_parent() -> None:
@@ -144,9 +138,11 @@ def die_with_parent() -> None:
 
     Linux's PR_SET_PDEATHSIG has the kernel deliver the SIGKILL, so a niced
     process on a busy machine need not be scheduled to notice; elsewhere a
-    thread polls the parent.
+    thread polls the parent. A parent that died before this call (the child
+    was still importing) is caught by comparing with the pid it passed down
+    (`PARENT_ENV`): no preexec_fn, which is unsafe in a multithreaded parent.
     """
-    parent = os.getppid()
+    parent = int(os.environ.get(PARENT_ENV, os.getppid()))
     try:
         import ctypes
         if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL) != 0:  # PR_SET_PDEATHSIG
@@ -157,6 +153,8 @@ def die_with_parent() -> None:
                 time.sleep(0.5)
             os.kill(os.getpid(), signal.SIGKILL)
         threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # gone before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _Stopped(Exception):
@@ -224,8 +222,7 @@ def _spawn_members(config_args, workdir, workers, lost, members) -> list:
         log = open(os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.log'),
                    'w')
         procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, env=worker_env(),
-                                      preexec_fn=_kill_me_with_my_parent))
+                                      stderr=subprocess.STDOUT, env=worker_env()))
     return procs
 
 

@@ -28,6 +28,7 @@ flags.mark_flags_as_required(['workdir', 'workers'])
 
 def main(argv):
     del argv
+    compile_ahead.die_with_parent()  # before the config and jax load: the parent may go meanwhile
     from mecefo_jax.settings import load_json, resolve_or_exit
     if (_CONFIG.value is None) == (_CONFIG_JSON.value is None):
         sys.exit('compile_ahead_job: pass exactly one of --config and --config_json.')
