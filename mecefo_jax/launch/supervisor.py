@@ -115,6 +115,16 @@ class Outcome:
     completed_steps: int = 0  # the most steps any worker had completed
 
 
+def _signal_live(gen: Generation, send, sig) -> None:
+    """`send(pid, sig)` (os.kill, or os.killpg for a whole session) to every live process of `gen`."""
+    for proc in gen.procs.values():
+        if proc.popen.poll() is None:
+            try:
+                send(proc.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -215,12 +225,7 @@ class Launcher:
     def _forward_stop(self, gen: Generation) -> None:
         """Pass the stop to every worker: JAX's preemption sync point picks one step for all."""
         self._stop_forwarded = True
-        for proc in gen.procs.values():
-            if proc.popen.poll() is None:
-                try:
-                    os.kill(proc.popen.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        _signal_live(gen, os.kill, signal.SIGTERM)
 
     # ------------------------------------------------------------- processes
 
@@ -277,12 +282,7 @@ class Launcher:
         """Kill every process of the generation (stopped ones too) and reap them."""
         if gen is None:
             return
-        for proc in gen.procs.values():
-            if proc.popen.poll() is None:
-                try:
-                    os.killpg(proc.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        _signal_live(gen, os.killpg, signal.SIGKILL)
         for proc in gen.procs.values():
             proc.popen.wait()
 
