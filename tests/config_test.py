@@ -3,6 +3,7 @@ import dataclasses
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ from ml_collections import config_flags
 
 from configs.tiny import get_config
 from mecefo_jax import settings
-from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.launch.supervisor import Kill, Launcher, parse_kills
 from mecefo_jax.sharding import mesh_shape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -162,6 +163,17 @@ def test_launcher_hands_its_resolved_overrides_to_every_worker(tmp_path):
     # What a worker loads from its --config_json is the launcher's config.
     assert settings.load_json(path) == cfg
     assert settings.load_json(path).train.steps == 7
+
+
+def test_launch_kill_reads_every_form_and_names_the_format_when_it_cannot():
+    assert parse_kills('12:1, 8:0:STOP,9:2:KILL:keeper,3:1:KILL:publish', 3) == [
+        Kill(12, 1), Kill(8, 0, signal.SIGSTOP), Kill(9, 2, keeper=True),
+        Kill(3, 1, in_publish=True)]
+    for bad in ('3', '3:1:KILL:somewhere', '3:1:NOSUCHSIG', '3:1:KILL:keeper:x'):
+        with pytest.raises(ValueError, match='STEP:WORKER'):
+            parse_kills(bad, 2)
+    with pytest.raises(ValueError, match='worker 5 of 2 workers'):
+        parse_kills('3:5', 2)
 
 
 def test_bad_config_ends_main_with_the_message_last_and_nothing_written(tmp_path):

@@ -29,10 +29,11 @@ pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS, LOCAL = 2, 2  # 4 replicas: worker 1 holds replicas 2 and 3
-# The launcher sees a worker's step through heartbeats every 0.2 s, and tiny
-# steps take tens of ms, so a kill 'at step 3' lands a few steps later; 14
-# steps leave room for the rejoin 2 steps after the relaunch.
+# The crashed job's worker is killed while held inside its publish of
+# HELD_STEP (the job cannot run on past it); 14 steps leave room for the rejoin
+# 2 steps after the relaunch.
 STEPS = 14
+HELD_STEP = 3
 
 
 @pytest.fixture(scope='module')
@@ -87,9 +88,14 @@ def processes_mentioning(text: str) -> list[int]:
 
 @pytest.fixture(scope='module')
 def crashed(caches, tmp_path_factory):
-    """Worker 1 SIGKILLed at step 3, back 2 steps after the relaunch."""
+    """Worker 1 SIGKILLed inside its publish of step 3, back 2 steps after the relaunch.
+
+    The worker stops after copying step 3's bytes into its keeper and before
+    publishing them, says so, and the launcher kills it there: the kill lands
+    at the same point in every run.
+    """
     workdir = str(tmp_path_factory.mktemp('crashed'))
-    summary = launch(overrides(caches, **{'launch.kill': '3:1',
+    summary = launch(overrides(caches, **{'launch.kill': f'{HELD_STEP}:1:KILL:publish',
                                           'launch.return_after_steps': 2}), workdir)
     return summary, workdir
 
@@ -100,9 +106,12 @@ def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed)
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
     assert failure['cause'] == 'exit code -9'
     assert failure['members'] == [0] and failure['resume'] == 'memory'
-    # snapshot.every=1: the survivors resume at the step the job had reached.
+    # The dead worker's keeper never got step 3; the survivor's own keeper has
+    # every step the job completed (snapshot.every=1), and the survivors need
+    # only their own shards: they resume where the job was, nothing redone.
+    assert failure['newest_held_by_worker']['1'] == HELD_STEP - 1
     assert failure['redone_steps'] == 0
-    assert failure['resume_step'] == failure['completed_steps'] >= 3
+    assert failure['resume_step'] == failure['completed_steps'] >= HELD_STEP
     assert failure['restore_bytes'] > 0 and failure['restore_sec'] > 0
     for kind in ('infrastructure_recovery_from_disruption', 'program_startup',
                  'accelerator_initialization', 'unproductive_checkpoint_restore',

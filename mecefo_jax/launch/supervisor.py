@@ -56,15 +56,25 @@ _POLL_SEC = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class Kill:
-    """Send `signal` to `worker` once it has completed `step` steps (and kill its keeper)."""
+    """One injected failure: `signal` into `worker` at `step`.
+
+    `keeper`: its keeper is killed with it (its memory is lost).
+    `in_publish`: the worker is held inside its snapshot publish of step
+    `step` (bytes copied, not yet published) and the signal lands there, at a
+    known point rather than wherever a heartbeat happens to find it.
+    """
     step: int
     worker: int
     signal: int = signal.SIGKILL
     keeper: bool = False
+    in_publish: bool = False
+
+
+_KILL_FORMAT = "'STEP:WORKER[:SIGNAL[:keeper|publish]]', e.g. '12:1', '8:0:STOP', '9:2:KILL:keeper'"
 
 
 def parse_kills(text: str, workers: int) -> list[Kill]:
-    """`launch.kill`: 'STEP:WORKER[:SIGNAL[:keeper]],...' e.g. '12:1', '8:0:STOP', '9:2:KILL:keeper'."""
+    """`launch.kill`: comma-separated items in `_KILL_FORMAT`."""
     kills = []
     for item in filter(None, (t.strip() for t in str(text).split(','))):
         parts = item.split(':')
@@ -74,17 +84,21 @@ def parse_kills(text: str, workers: int) -> list[Kill]:
             if len(parts) > 2 and parts[2]:
                 name = parts[2].upper()
                 sig = getattr(signal, name if name.startswith('SIG') else f'SIG{name}')
-            keeper = len(parts) > 3 and parts[3] == 'keeper'
-            if len(parts) > 4 or (len(parts) > 3 and not keeper):
+            where = parts[3] if len(parts) > 3 else ''
+            if len(parts) > 4 or where not in ('', 'keeper', 'publish'):
                 raise ValueError
         except (ValueError, IndexError, AttributeError):
-            raise ValueError(f"launch.kill: cannot read {item!r}; use 'STEP:WORKER[:SIGNAL[:keeper]]', "
-                             "e.g. '12:1' or '8:0:STOP' or '9:2:KILL:keeper'.") from None
+            raise ValueError(f'launch.kill: cannot read {item!r}; use {_KILL_FORMAT}.') from None
         if not 0 <= worker < workers or step < 0:
             raise ValueError(f'launch.kill: {item!r} names worker {worker} of {workers} workers '
                              f'(0..{workers - 1}) at step {step} (>= 0).')
-        kills.append(Kill(step, worker, sig, keeper))
+        kills.append(Kill(step, worker, sig, where == 'keeper', where == 'publish'))
     return kills
+
+
+def held_in_publish_marker(out_dir: str, generation: int, worker: int) -> str:
+    """The file a worker held inside a publish writes (`Kill.in_publish`)."""
+    return os.path.join(out_dir, f'g{generation}_w{worker}_held_in_publish.json')
 
 
 @dataclasses.dataclass
@@ -271,6 +285,8 @@ class Launcher:
                    f'--resume={gen.resume}', f'--resume_step={gen.resume_step}',
                    f'--stop_at={gen.stop_at}',
                    f'--heartbeat={host}:{hb_port}', f'--keepers={keepers}']
+            cmd += [f'--hold_in_publish={kill.step}' for kill in self.kills
+                    if kill.in_publish and kill.worker == worker and kill not in self.fired]
             log = open(os.path.join(self.dir, f'g{gen.number}_w{worker}.log'), 'w')
             popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -358,13 +374,18 @@ class Launcher:
             if kill in self.fired or kill.worker not in gen.procs:
                 continue
             beat = self.monitor.beat(gen.number, kill.worker)
-            if beat is None or beat['completed'] < kill.step:
+            if kill.in_publish:
+                if not os.path.exists(held_in_publish_marker(self.dir, gen.number, kill.worker)):
+                    continue
+                where = f'inside its publish of step {kill.step}'
+            elif beat is None or beat['completed'] < kill.step:
                 continue
+            else:
+                where = f'at step {beat["completed"]}'
             self.fired.add(kill)
             self._kill_time = time.time()
             self.log(f'[launch] injecting {signal.Signals(kill.signal).name} into worker '
-                     f'{kill.worker} at step {beat["completed"]}'
-                     f'{" and killing its keeper" if kill.keeper else ""}')
+                     f'{kill.worker} {where}{" and killing its keeper" if kill.keeper else ""}')
             if kill.keeper and kill.worker in self.keepers:
                 # Keep what the keeper held, only to check a parity rebuild bit for bit.
                 self._lost_snapshots[kill.worker] = self._held_bytes(kill.worker)
@@ -399,6 +420,7 @@ class Launcher:
             if self.recovery == 'memory':
                 survivors = [w for w in gen.members if w not in outcome.failed]
                 row['completed_steps'] = self._await_snapshots(survivors, outcome.completed_steps)
+                row['newest_held_by_worker'] = {str(w): self._newest_held(w) for w in workers}
         self._stop_generation(gen)
         row['teardown_sec'] = time.time() - start
         survivors = [w for w in gen.members if w not in outcome.failed]

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 
 from absl import app, flags
@@ -41,6 +42,9 @@ _RESUME_STEP = flags.DEFINE_integer(
 _STOP_AT = flags.DEFINE_integer('stop_at', 0, 'Stop after this step (0: train.steps).')
 _HEARTBEAT = flags.DEFINE_string('heartbeat', None, 'host:port of the launcher heartbeat socket.')
 _KEEPERS = flags.DEFINE_string('keepers', '[]', 'JSON list: each worker keeper [host, port] or null.')
+_HOLD_IN_PUBLISH = flags.DEFINE_integer(
+    'hold_in_publish', 0, "Crash drills (launch.kill 'STEP:WORKER:SIGNAL:publish'): stop inside "
+    "the publish of this snapshot step, say so in a file, and wait there for the launcher's signal.")
 flags.mark_flags_as_required(['config_json', 'workdir', 'coordinator', 'num_processes', 'process_id',
                               'worker', 'members', 'workers', 'heartbeat'])
 
@@ -102,7 +106,8 @@ def main(argv):
         restore = worker_state.disk_restore(info)
     # 'fresh': the newest intact disk checkpoint if the workdir has one (a rerun
     # after the launcher itself was lost), else a new run.
-    snapshot_hook = _snapshot_hook(cfg, keepers, _WORKER.value)
+    snapshot_hook = _snapshot_hook(cfg, keepers, _WORKER.value,
+                                   before_publish=_hold_in_publish(out_dir, tag))
 
     provenance = (os.path.join(out_dir, 'provenance.jsonl')
                   if jax.process_index() == 0 else None)
@@ -255,14 +260,35 @@ def _local_params_sha256(params) -> str:
     return digest.hexdigest()
 
 
-def _snapshot_hook(cfg, keepers, worker):
+def _hold_in_publish(out_dir: str, tag: str):
+    """The writer's `before_publish` for `--hold_in_publish`: None unless a drill asks for it.
+
+    The snapshot writer thread stops after copying the step's bytes and
+    before publishing them, writes a marker file, and never goes on: the
+    launcher, which polls for that file, kills the process there.
+    """
+    hold = _HOLD_IN_PUBLISH.value
+    if not hold:
+        return None
+
+    def before_publish(step: int) -> None:
+        if step == hold:
+            from mecefo_jax.launch.supervisor import held_in_publish_marker
+            marker = held_in_publish_marker(out_dir, _GENERATION.value, _WORKER.value)
+            _write_json(marker, {'worker': _WORKER.value, 'step': step, 'pid': os.getpid()})
+            print(f'[{tag}] holding inside the publish of step {step}', flush=True)
+            threading.Event().wait()  # until the launcher's signal
+    return before_publish
+
+
+def _snapshot_hook(cfg, keepers, worker, *, before_publish=None):
     """This worker's snapshot observer, or None when snapshots are off or it has no keeper."""
     from mecefo_jax.launch import worker_state
     if cfg.snapshot.every == 0 or not keepers or keepers[worker] is None:
         return None
     parity = _parity_pusher(cfg, keepers, worker) if cfg.snapshot.parity else None
     return worker_state.SnapshotHook(
-        keepers[worker], cfg.snapshot.every, parity=parity,
+        keepers[worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
         budget_pct=cfg.snapshot.overhead_budget_pct,
         log=lambda msg: print(f'[worker {worker}] {msg}', flush=True))
 

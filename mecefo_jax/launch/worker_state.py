@@ -53,9 +53,10 @@ class SnapshotHook(Observer):
     """
 
     def __init__(self, keeper, every, *, parity: ParityPusher | None = None,
-                 budget_pct: float = 2.0, log=None):
+                 before_publish=None, budget_pct: float = 2.0, log=None):
         self._client = KeeperClient(tuple(keeper))
-        self._snapshotter = AsyncSnapshotter(SnapshotWriter(self._client, parity=parity))
+        self._snapshotter = AsyncSnapshotter(
+            SnapshotWriter(self._client, parity=parity, before_publish=before_publish))
         self.cadence = None
         if every == 'auto':
             self.cadence = AutoCadence(budget_pct, flush=self._flush,
