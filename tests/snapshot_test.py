@@ -321,3 +321,21 @@ def test_sigkilled_training_worker_restores_its_last_published_step(own):
     step = report.step
     assert step >= 20 and data_state == {'pos': step}
     np.testing.assert_array_equal(np.asarray(tree['w']), np.arange(50_000, dtype=np.float32) + step + 1)
+
+
+def test_a_planned_stop_is_snapshotted_whatever_the_interval(own):
+    """A rejoin resumes from the step the survivors stop at: it must be in their keepers."""
+    import types
+
+    from mecefo_jax.launch.worker_state import SnapshotHook
+    mesh, values = _mesh(4), _values(5)
+    state = _put(values, mesh)
+    hook = SnapshotHook(own.address, 5, stop_at=7)
+    try:
+        for step in range(7):  # the state after step s enters step s + 1
+            hook.on_step(types.SimpleNamespace(step=step, state=state, data_position={'pos': step}))
+    finally:
+        hook.close()
+    with KeeperClient(own.address) as c:
+        assert {r.step for r in c.snapshots()} >= {5, 7}
+        assert 6 not in {r.step for r in c.snapshots()}

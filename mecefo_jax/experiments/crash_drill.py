@@ -19,6 +19,7 @@ and `crash_drill.md`.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import statistics
@@ -109,9 +110,37 @@ def _cold_full_compile(workdir: str, members) -> float | None:
     return max(times, default=None)
 
 
-def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: int = 5,
-                      log=print) -> dict:
-    """Step time with and without in-memory snapshots, interleaved, in this process.
+def _last_ends(summary: dict, workdir: str) -> list[dict]:
+    """The end records of the job's last generation (full size again after any rejoin)."""
+    last = max(r['next_generation'] for r in summary['recoveries']) if summary['recoveries'] else 0
+    ends = []
+    for path in sorted(glob.glob(os.path.join(workdir, 'launch', f'g{last}_w*_end.json'))):
+        with open(path) as f:
+            ends.append(json.load(f))
+    return ends
+
+
+def step_sec(summary: dict, workdir: str) -> float | None:
+    """The job's median normal step: its last generation's, the median over its workers."""
+    steps = [e['median_step_sec'] for e in _last_ends(summary, workdir)
+             if e.get('median_step_sec')]
+    return statistics.median(steps) if steps else None
+
+
+def chosen_interval(summary: dict, workdir: str, setting) -> int:
+    """The snapshot interval the job used at full size: `snapshot.every`, or auto's last choice."""
+    if isinstance(setting, int):
+        return setting
+    for end in _last_ends(summary, workdir):
+        if end.get('snapshot_cadence'):
+            return int(end['snapshot_cadence'][-1]['interval'])
+    raise RuntimeError(f"snapshot.every={setting!r}: the job's last generation recorded no "
+                       'interval (too few steps to measure one?); run more steps.')
+
+
+def snapshot_overhead(cfg, workdir: str, *, every: int = 1, blocks: int = 40,
+                      steps_per_block: int = 5, log=print) -> dict:
+    """Step time with and without in-memory snapshots every `every` steps, interleaved.
 
     Blocks alternate; each block with snapshots ends by waiting for the last
     one to be published, so back-pressure and the write are both inside it
@@ -134,7 +163,12 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
     plan = train_lib.Plan(topology, layout, run.present)
     state = resume.init_or_restore(run)
     keeper = start_keeper(f'mecefodrill{os.getpid()}', slots=cfg.snapshot.slots)
-    hook = SnapshotHook(keeper.address, 1)
+    # Whole intervals per block, one snapshot at each interval's end; with a
+    # long interval, fewer blocks (at least 10 of each kind).
+    if steps_per_block % every:
+        steps_per_block = every * -(-steps_per_block // every)
+        blocks = max(20, min(blocks, 2 * -(-100 // steps_per_block)))
+    hook = SnapshotHook(keeper.address, every)
     try:
         host = dict(assemble(layout, next(run.train_data)), step=np.int32(0))
         batch = topology.put_batch(host)
@@ -161,7 +195,8 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
         ratios = [w / o for w, o in zip(times[True], times[False])]
         quartiles = statistics.quantiles(ratios, n=4)
         stats = hook.stats
-        result = {'step_sec_with_snapshots': with_snap, 'step_sec_without': without,
+        result = {'snapshot_every': every,
+                  'step_sec_with_snapshots': with_snap, 'step_sec_without': without,
                   'overhead_pct': 100.0 * (statistics.median(ratios) - 1.0),
                   'overhead_pct_quartiles': [100.0 * (quartiles[0] - 1.0),
                                              100.0 * (quartiles[2] - 1.0)],
@@ -171,7 +206,7 @@ def snapshot_overhead(cfg, workdir: str, *, blocks: int = 40, steps_per_block: i
                   'write_sec_per_snapshot': stats.write_sec / max(stats.published, 1),
                   'wait_for_output_sec_per_snapshot': stats.materialize_sec / max(stats.published, 1),
                   'blocked_sec_per_snapshot': hook.blocked_sec / max(hook.submitted, 1)}
-        log(f"[drill] snapshot overhead {result['overhead_pct']:+.2f}% "
+        log(f"[drill] snapshot overhead every {every} step(s): {result['overhead_pct']:+.2f}% "
             f"({with_snap * 1e3:.1f} vs {without * 1e3:.1f} ms/step)")
         return result
     finally:
@@ -290,9 +325,12 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     diffs = {k: float(np.max(np.abs(real[k] - v))) for k, v in simulated.items()}
     bitwise = [v for r in parity['recoveries'] for v in
                (r.get('parity_rebuild_bitwise') or {}).values()]
-    overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'), log=log)
+    every = chosen_interval(memory, os.path.join(out_dir, 'memory'), cfg.snapshot.every)
+    overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'), every=every, log=log)
     alone = restore_comparison(cfg, os.path.join(out_dir, 'restore_alone'), log=log)
     dsk = _recovery(disk)
+    mem['step_sec'] = step_sec(memory, os.path.join(out_dir, 'memory'))
+    dsk['step_sec'] = step_sec(disk, os.path.join(out_dir, 'disk'))
     mem['cold_compile_sec_by_process'] = ahead['cold_compile_sec_by_process']
     mem['cold_compile_sec'] = max(ahead['cold_compile_sec_by_process'].values(), default=None)
     dsk['cold_compile_sec'] = _cold_full_compile(os.path.join(out_dir, 'memory'),
@@ -306,6 +344,8 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
                                            if mem['restore_sec'] else None),
         'restore_alone': alone,
         'snapshot_overhead_pct': overhead['overhead_pct'], 'snapshot_overhead': overhead,
+        'snapshot_every': every, 'snapshot_every_setting': cfg.snapshot.every,
+        'expected_lost_steps_per_failure': every / 2,
         'max_abs_param_diff_vs_simulated': max(diffs.values()),
         'max_rel_param_diff_vs_simulated': max(
             diffs[k] / max(float(np.max(np.abs(v))), 1e-30) for k, v in simulated.items()),
@@ -341,6 +381,8 @@ def markdown(r: dict) -> str:
     lines.append(f"| cold compile of the same program | {fmt(mem.get('cold_compile_sec'))} | "
                  f"{fmt(dsk.get('cold_compile_sec'))} |")
     lines.append(f"| lost (redone) steps | {mem['lost_steps']} | {dsk['lost_steps']} |")
+    lines.append(f"| normal step (median, s) | {fmt(mem.get('step_sec'))} | "
+                 f"{fmt(dsk.get('step_sec'))} |")
     lines.append(f"| restored bytes | {mem['restore_bytes']} | {dsk['restore_bytes']} |")
     o = r['snapshot_overhead']
     speedup = r['restore_speedup_memory_vs_disk']
@@ -351,6 +393,9 @@ def markdown(r: dict) -> str:
               f"{a['repeats']} interleaved repeats, medians): keeper "
               f"{a['memory_restore_sec'] * 1e3:.1f} ms, Orbax {a['disk_restore_sec'] * 1e3:.1f} ms, "
               f"{a['speedup']:.1f}x.",
+              f"Snapshot interval: {r['snapshot_every']} step(s) (`snapshot.every="
+              f"{r['snapshot_every_setting']}`): a failure redoes the steps since the last "
+              f"snapshot, {r['expected_lost_steps_per_failure']:g} on average.",
               f"Snapshot overhead: {r['snapshot_overhead_pct']:+.2f}% of step time, the median "
               f"over {o['blocks_each']} pairs of interleaved blocks of {o['steps_per_block']} "
               f"steps with and without snapshots (quartiles "

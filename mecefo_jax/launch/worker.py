@@ -18,6 +18,7 @@ which shard were computed) and, when the run is complete, `final_params.npz`.
 import hashlib
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -121,7 +122,8 @@ def main(argv):
     if snapshot_hook is not None:
         snapshot_hook.close()  # the keeper holds the last snapshot before the launcher stops it
     if preempted is None:
-        _write_end(cfg, summary, snapshot_hook, out_dir, tag)
+        _write_end(cfg, summary, snapshot_hook, out_dir, tag,
+                   median_step_sec=step_log.median_step_sec())
     else:
         _write_json(os.path.join(out_dir, f'{tag}_end.json'),
                     {'worker': _WORKER.value, 'generation': _GENERATION.value,
@@ -152,7 +154,8 @@ def _train(cfg, run, restore, observers):
             return None, stopped.step
 
 
-def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str) -> None:
+def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str, *,
+               median_step_sec: float | None) -> None:
     """The end record (and, for a complete run, the final parameters from process 0)."""
     import jax
     import numpy as np
@@ -167,6 +170,7 @@ def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str) -> Non
            'snapshots': snapshot_hook.submitted if snapshot_hook else 0,
            'programs_compiled': program_cache.stats.misses,
            'programs_cached': program_cache.stats.hits,
+           'median_step_sec': median_step_sec,
            'snapshot_cadence': (snapshot_hook.cadence.history
                                 if snapshot_hook and snapshot_hook.cadence else None)}
     if end['finished']:
@@ -194,6 +198,17 @@ class _StepLog(Observer):
         self.events = []
         self.train_start = time.perf_counter()
         self.first_done = False
+        self.dispatched: list[float] = []  # each step's dispatch time (perf_counter)
+
+    def median_step_sec(self, settle: int = 2) -> float | None:
+        """This generation's median step, dispatch to dispatch, past its first `settle` steps.
+
+        The loop dispatches a step once the previous one's outputs can be
+        read, so the interval is a step's wall time, snapshot blocking included.
+        """
+        times = self.dispatched[settle:]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        return statistics.median(gaps) if gaps else None
 
     def on_event(self, event) -> None:
         self.events.append(event)
@@ -205,6 +220,7 @@ class _StepLog(Observer):
         from mecefo_jax import program_cache
         from mecefo_jax.metrics import truncate_rows_after
         self.heartbeat.dispatched_step(done.step + 1, done.loss)
+        self.dispatched.append(done.dispatched)
         if self.provenance is None and self.provenance_path is not None:
             # Steps past the resumed one were recorded by a run that did not
             # keep them: this run records them again, once.
@@ -289,6 +305,7 @@ def _snapshot_hook(cfg, keepers, worker, *, before_publish=None):
     parity = _parity_pusher(cfg, keepers, worker) if cfg.snapshot.parity else None
     return worker_state.SnapshotHook(
         keepers[worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
+        stop_at=_STOP_AT.value or None,
         budget_pct=cfg.snapshot.overhead_budget_pct,
         log=lambda msg: print(f'[worker {worker}] {msg}', flush=True))
 

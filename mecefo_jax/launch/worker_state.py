@@ -53,7 +53,8 @@ class SnapshotHook(Observer):
     """
 
     def __init__(self, keeper, every, *, parity: ParityPusher | None = None,
-                 before_publish=None, budget_pct: float = 2.0, log=None):
+                 before_publish=None, stop_at: int | None = None, budget_pct: float = 2.0,
+                 log=None):
         self._client = KeeperClient(tuple(keeper))
         self._snapshotter = AsyncSnapshotter(
             SnapshotWriter(self._client, parity=parity, before_publish=before_publish))
@@ -67,6 +68,9 @@ class SnapshotHook(Observer):
         else:
             raise ValueError(f"snapshot.every={every!r}: use 'auto', an integer >= 1, "
                              'or 0 to disable snapshots.')
+        # A planned stop (a rejoin) resumes from this step: always snapshot it,
+        # whatever the cadence, so the way back redoes nothing.
+        self.stop_at = stop_at
         self.blocked_sec = 0.0  # time the training loop waited for the previous snapshot
         self.submitted = 0
         self._last_done: float | None = None  # probing: when the previous step finished
@@ -83,6 +87,8 @@ class SnapshotHook(Observer):
         return stats.write_sec, stats.published
 
     def _due(self, done, step: int) -> bool:
+        if step == self.stop_at:
+            return True
         if self.cadence is None:
             return step % self.every == 0
         if self.cadence.probing:  # time the step itself: wait for it, minus our own blocking

@@ -1,0 +1,34 @@
+"""The crash drill's readers of a job's records (the drill itself is a benchmark)."""
+import json
+import os
+
+import pytest
+
+from mecefo_jax.experiments import crash_drill
+
+
+def write_ends(workdir, generation, ends):
+    os.makedirs(os.path.join(workdir, 'launch'), exist_ok=True)
+    for worker, end in enumerate(ends):
+        with open(os.path.join(workdir, 'launch', f'g{generation}_w{worker}_end.json'), 'w') as f:
+            json.dump(end, f)
+
+
+def test_step_and_interval_come_from_the_last_generation(tmp_path):
+    summary = {'recoveries': [{'next_generation': 1}, {'next_generation': 2}]}
+    # The degraded generation 1 is not the job's normal step; generation 2 is.
+    write_ends(tmp_path, 1, [{'median_step_sec': 9.0,
+                              'snapshot_cadence': [{'step': 20, 'interval': 7}]}])
+    write_ends(tmp_path, 2, [
+        {'median_step_sec': 0.020, 'snapshot_cadence': [{'step': 30, 'interval': 3}]},
+        {'median_step_sec': 0.030, 'snapshot_cadence': [{'step': 30, 'interval': 3}]},
+        {'median_step_sec': None, 'snapshot_cadence': None}])
+    assert crash_drill.step_sec(summary, str(tmp_path)) == pytest.approx(0.025)
+    assert crash_drill.chosen_interval(summary, str(tmp_path), 'auto') == 3
+    assert crash_drill.chosen_interval(summary, str(tmp_path), 5) == 5
+
+
+def test_an_auto_job_too_short_to_choose_says_so(tmp_path):
+    write_ends(tmp_path, 0, [{'median_step_sec': 0.02, 'snapshot_cadence': []}])
+    with pytest.raises(RuntimeError, match='run more steps'):
+        crash_drill.chosen_interval({'recoveries': []}, str(tmp_path), 'auto')
