@@ -25,12 +25,28 @@ job whose processes are renumbered exactly as a compile-ahead job was
 `enable(directory)` turns it on for this process (the launcher's workers
 do); `compile(lowered, devices)` is then load-or-compile-and-store, and
 plain `lowered.compile()` when disabled. `stats` counts hits and misses.
+
+A hit by that key still pays for tracing and lowering the program, which on
+the way back from a crash costs more than loading it (a tiny LLaMA's
+degraded step: about 0.8 s of tracing and lowering against 0.1 s of
+loading). So `load_or_compile(jitted, args, ...)` first looks the program up
+by what decides it *before* tracing: a context the caller sets
+(`program_context`: the config sections a program reads, and this package's
+source), the program's identity (its name and, for a train step, its
+layout), the abstract inputs (shapes, dtypes, shardings, tree structure),
+the devices, this process's place in the job, and the JAX/XLA versions,
+flags and config. A hit there loads the executable with no trace at all;
+a miss takes the path above and records the program under both keys.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
+import json
 import os
+import pickle
 import time
 import warnings
 
@@ -45,20 +61,29 @@ class Stats:
     compile_sec: float = 0.0  # compiling on a miss
     load_sec: float = 0.0  # deserialising on a hit
     programs: list = dataclasses.field(default_factory=list)  # (name, 'hit'|'miss', seconds)
+    untraced_hits: int = 0  # hits found before tracing (`load_or_compile`)
 
 
 stats = Stats()
 _directory: str | None = None
+_context = ''  # what decides a program besides its inputs ('' : no untraced lookups)
+
+# Config sections no program reads: the launcher's and the snapshots'.
+_SECTIONS_OUTSIDE_PROGRAMS = ('launch', 'snapshot')
 
 
-def enable(directory: str) -> None:
-    """Store and look up this process's compiled programs under `directory`."""
-    global _directory
+def enable(directory: str, context: str = '') -> None:
+    """Store and look up this process's compiled programs under `directory`.
+
+    With a `context` (`program_context`), `load_or_compile` finds programs
+    without tracing them.
+    """
+    global _directory, _context
     os.makedirs(directory, exist_ok=True)
-    _directory = directory
+    _directory, _context = directory, context
 
 
-def configure(setting: str, workdir: str) -> str:
+def configure(setting: str, workdir: str, context: str = '') -> str:
     """`launch.compilation_cache` for a launcher process: JAX's cache and this one, under it.
 
     'auto' is `<workdir>/launch/xla_cache`, '' turns both off. Shared by
@@ -69,31 +94,120 @@ def configure(setting: str, workdir: str) -> str:
     cache = os.path.join(workdir, 'launch', 'xla_cache') if setting == 'auto' else setting
     jax.config.update('jax_compilation_cache_dir', cache)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-    enable(os.path.join(cache, 'programs'))
+    enable(os.path.join(cache, 'programs'), context)
     return cache
 
 
 def disable() -> None:
-    global _directory
-    _directory = None
+    global _directory, _context
+    _directory, _context = None, ''
+
+
+def program_context(cfg) -> str:
+    """The config sections programs read, and this package's source: part of every untraced key."""
+    sections = {k: v for k, v in cfg.to_dict().items() if k not in _SECTIONS_OUTSIDE_PROGRAMS}
+    return json.dumps(sections, sort_keys=True, default=repr) + source_fingerprint()
+
+
+@functools.cache
+def source_fingerprint() -> str:
+    """sha256 of every Python file of this package: an edited rule means a new program."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(f for f in files if f.endswith('.py')):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode())
+            with open(path, 'rb') as f:
+                digest.update(f.read())
+    return digest.hexdigest()
 
 
 def enabled() -> bool:
     return _directory is not None
 
 
-def program_key(lowered, devices) -> str:
-    """What makes a compiled program reusable by this process (see module docstring)."""
-    backend = jax.devices()[0].client
+def _digest(parts) -> str:
     digest = hashlib.sha256()
-    parts = (lowered.as_text(), jax.__version__, jaxlib.__version__, backend.platform,
-             backend.platform_version, os.environ.get('XLA_FLAGS', ''),
-             repr((jax.process_index(), jax.process_count())),
-             repr([(d.id, d.process_index) for d in devices]))
     for part in parts:
         digest.update(part.encode())
         digest.update(b'\0')
     return digest.hexdigest()
+
+
+def _process_parts(devices) -> tuple:
+    """This process, its devices and its JAX/XLA build: the same program text differs by these."""
+    backend = jax.devices()[0].client
+    return (jax.__version__, jaxlib.__version__, backend.platform, backend.platform_version,
+            os.environ.get('XLA_FLAGS', ''), repr((jax.process_index(), jax.process_count())),
+            repr([(d.id, d.process_index) for d in devices]))
+
+
+def program_key(lowered, devices) -> str:
+    """What makes a compiled program reusable by this process (see module docstring)."""
+    return _digest((lowered.as_text(), *_process_parts(devices)))
+
+
+def _abstract(leaf) -> str:
+    """A leaf as a program sees it: shape, dtype, weak type, sharding and its devices."""
+    sharding = getattr(leaf, 'sharding', None)
+    mesh = getattr(sharding, 'mesh', None)
+    devices = [d.id for d in mesh.devices.flat] if mesh is not None else None
+    return repr((tuple(leaf.shape), str(leaf.dtype), bool(getattr(leaf, 'weak_type', False)),
+                 repr(sharding), getattr(sharding, 'memory_kind', None), devices))
+
+
+def untraced_key(identity: str, args, devices) -> str:
+    """The lookup before tracing (module docstring): context, identity, inputs, process, JAX."""
+    leaves, tree = jax.tree.flatten(args)
+    config = repr(sorted((k, repr(v)) for k, v in jax.config.values.items()))
+    return _digest((_context, identity, str(tree), *map(_abstract, leaves), config,
+                    *_process_parts(devices)))
+
+
+def load_or_compile(jitted, args, devices, name: str, identity: str = ''):
+    """`jitted.lower(*args).compile()` through the cache, found before tracing when it can be.
+
+    `identity` tells apart programs of one name with the same inputs (a
+    train step's layout). Without a context set, this is `compile` of the
+    lowered program.
+    """
+    devices = list(devices)
+    if _directory is None:
+        return jitted.lower(*args).compile()
+    if not _context:
+        return compile(jitted.lower(*args), devices, name)
+    key = untraced_key(f'{name}:{identity}', args, devices)
+    path = os.path.join(_directory, f'{name}-untraced-{key}.bin')
+    start = time.perf_counter()
+    compiled = _load_untraced(path, devices)
+    if compiled is not None:
+        _count_hit(name, time.perf_counter() - start)
+        stats.untraced_hits += 1
+        return compiled
+    lowered = jitted.lower(*args)
+    compiled, payload = _compile_or_load(lowered, devices, name)
+    if payload is not None:
+        _, in_tree = jax.tree_util.tree_flatten(lowered.args_info)
+        _write(path, pickle.dumps((payload, in_tree, lowered.out_tree)))
+    return compiled
+
+
+def _load_untraced(path: str, devices):
+    """The executable stored at `path` with its input/output trees, or None."""
+    from jax.experimental import serialize_executable
+    try:
+        with open(path, 'rb') as f:
+            payload, in_tree, out_tree = pickle.load(f)
+        return serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices)
+    except FileNotFoundError:
+        return None
+    except Exception as error:  # a damaged or incompatible entry: trace and look up again
+        warnings.warn(f'program cache: could not load {path} ({error!r}); tracing it.',
+                      stacklevel=3)
+        return None
 
 
 def compile(lowered, devices, name: str = 'program'):  # noqa: A001 (mirrors Lowered.compile)
@@ -101,48 +215,77 @@ def compile(lowered, devices, name: str = 'program'):  # noqa: A001 (mirrors Low
     devices = list(devices)
     if _directory is None:
         return lowered.compile()
+    return _compile_or_load(lowered, devices, name)[0]
+
+
+def _compile_or_load(lowered, devices, name: str):
+    """(executable, its serialised bytes or None): loaded by the lowered key, or compiled and stored.
+
+    The bytes are always those of a fresh compile: an executable that was
+    itself loaded from serialised bytes (ours, or JAX's own persistent cache)
+    serialises into bytes that load but fail to run on CPU ("Function ...
+    not found", jax 0.10.2), so it is never serialised again.
+    """
     path = os.path.join(_directory, f'{name}-{program_key(lowered, devices)}.bin')
     start = time.perf_counter()
-    if os.path.exists(path):
-        try:
-            compiled = _load(path, lowered, devices)
-        except Exception as error:  # a damaged or incompatible entry: compile again
-            warnings.warn(f'program cache: could not load {path} ({error!r}); compiling.',
-                          stacklevel=2)
-        else:
-            seconds = time.perf_counter() - start
-            stats.hits += 1
-            stats.load_sec += seconds
-            stats.programs.append((name, 'hit', seconds))
-            return compiled
-    compiled = lowered.compile()
+    try:
+        with open(path, 'rb') as f:
+            payload = f.read()
+        compiled = _load(payload, lowered, devices)
+    except FileNotFoundError:
+        pass
+    except Exception as error:  # a damaged or incompatible entry: compile again
+        warnings.warn(f'program cache: could not load {path} ({error!r}); compiling.',
+                      stacklevel=3)
+    else:
+        _count_hit(name, time.perf_counter() - start)
+        return compiled, payload
+    with _jax_cache_off():
+        compiled = lowered.compile()
     seconds = time.perf_counter() - start
     stats.misses += 1
     stats.compile_sec += seconds
     stats.programs.append((name, 'miss', seconds))
-    _store(path, compiled)
-    return compiled
+    payload = _serialise(compiled, path)
+    if payload is not None:
+        _write(path, payload)
+    return compiled, payload
 
 
-def _load(path: str, lowered, devices):
+def _count_hit(name: str, seconds: float) -> None:
+    stats.hits += 1
+    stats.load_sec += seconds
+    stats.programs.append((name, 'hit', seconds))
+
+
+@contextlib.contextmanager
+def _jax_cache_off():
+    """Compile for real, not from JAX's persistent cache (see `_compile_or_load`)."""
+    from jax._src import config as jax_config  # the thread-local switch; no public one
+    with jax_config.enable_compilation_cache(False):
+        yield
+
+
+def _load(payload: bytes, lowered, devices):
     from jax.experimental import serialize_executable
-    with open(path, 'rb') as f:
-        payload = f.read()
     _, in_tree = jax.tree_util.tree_flatten(lowered.args_info)
     return serialize_executable.deserialize_and_load(
         payload, in_tree, lowered.out_tree, backend=devices[0].client,
         execution_devices=devices)
 
 
-def _store(path: str, compiled) -> None:
+def _serialise(compiled, path: str) -> bytes | None:
     from jax.experimental import serialize_executable
     try:
-        payload, _, _ = serialize_executable.serialize(compiled)
+        return serialize_executable.serialize(compiled)[0]
     except (ValueError, NotImplementedError) as error:
         warnings.warn(f'program cache: cannot serialise {os.path.basename(path)}: {error}',
-                      stacklevel=3)
-        return
+                      stacklevel=4)
+        return None
+
+
+def _write(path: str, data: bytes) -> None:
     tmp = f'{path}.{os.getpid()}.tmp'
     with open(tmp, 'wb') as f:
-        f.write(payload)
+        f.write(data)
     os.replace(tmp, path)

@@ -66,8 +66,8 @@ class CachedProgram:
         key = (tree, tuple((tuple(x.shape), str(x.dtype), x.sharding,
                             bool(getattr(x, 'weak_type', False))) for x in leaves))
         if key not in self._compiled:
-            self._compiled[key] = program_cache.compile(self.jitted.lower(*args),
-                                                        self._mesh.devices.flat, self._name)
+            self._compiled[key] = program_cache.load_or_compile(
+                self.jitted, args, self._mesh.devices.flat, self._name)
         return self._compiled[key]
 
     def __call__(self, *args):
@@ -107,8 +107,9 @@ class Topology:
         if key in self.compiled:
             return self.compiled[key], 0.0
         start = time.perf_counter()
-        self.compiled[key] = program_cache.compile(self.train_step(layout).lower(state, batch),
-                                                   self.mesh.devices.flat, 'train_step')
+        self.compiled[key] = program_cache.load_or_compile(
+            self.train_step(layout), (state, batch), self.mesh.devices.flat, 'train_step',
+            identity=repr(key))
         return self.compiled[key], time.perf_counter() - start
 
     def batch_spec(self, layout: Layout, seq: int) -> dict:

@@ -42,3 +42,72 @@ def test_disabled_it_compiles_and_stores_nothing(tmp_path):
     compiled = program_cache.compile(_lowered(), jax.devices()[:1], 'f')
     assert compiled(np.ones((4, 3), np.float32)).shape == (4, 4)
     assert not list(tmp_path.iterdir())
+
+
+def _counting_jit(traces):
+    def f(x):
+        traces.append(1)  # runs only while tracing
+        return jnp.tanh(x) @ x.T
+    return jax.jit(f)
+
+
+def test_with_a_context_a_stored_program_loads_without_tracing_and_computes_the_same(tmp_path):
+    program_cache.enable(str(tmp_path), context='config A')
+    program_cache.stats = program_cache.Stats()
+    try:
+        x = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
+        args = (jax.ShapeDtypeStruct((4, 3), jnp.float32),)
+        traces = []
+        first = program_cache.load_or_compile(_counting_jit(traces), args, jax.devices()[:1], 'f')
+        again = program_cache.load_or_compile(_counting_jit(traces), args, jax.devices()[:1], 'f')
+        assert len(traces) == 1 and program_cache.stats.untraced_hits == 1
+        np.testing.assert_array_equal(np.asarray(first(x)), np.asarray(again(x)))
+        # Another identity, other inputs or another context are other programs: traced.
+        program_cache.load_or_compile(_counting_jit(traces), args, jax.devices()[:1], 'f',
+                                      identity='layout 2')
+        program_cache.load_or_compile(_counting_jit(traces),
+                                      (jax.ShapeDtypeStruct((4, 5), jnp.float32),),
+                                      jax.devices()[:1], 'f')
+        program_cache.enable(str(tmp_path), context='config B')
+        program_cache.load_or_compile(_counting_jit(traces), args, jax.devices()[:1], 'f')
+        assert len(traces) == 4 and program_cache.stats.untraced_hits == 1
+    finally:
+        program_cache.disable()
+
+
+def test_a_damaged_untraced_entry_is_traced_again_with_a_warning(tmp_path):
+    program_cache.enable(str(tmp_path), context='config A')
+    try:
+        args = (jax.ShapeDtypeStruct((4, 3), jnp.float32),)
+        traces = []
+        program_cache.load_or_compile(_counting_jit(traces), args, jax.devices()[:1], 'f')
+        (entry,) = tmp_path.glob('f-untraced-*.bin')
+        entry.write_bytes(b'not a pickle')
+        with pytest.warns(UserWarning, match='could not load'):
+            compiled = program_cache.load_or_compile(_counting_jit(traces), args,
+                                                     jax.devices()[:1], 'f')
+        assert len(traces) == 2 and compiled(np.ones((4, 3), np.float32)).shape == (4, 4)
+    finally:
+        program_cache.disable()
+
+
+def test_the_source_fingerprint_is_part_of_the_context():
+    from configs.tiny import get_config
+    from mecefo_jax.settings import resolve
+    cfg = resolve(get_config())
+    context = program_cache.program_context(cfg)
+    assert context.endswith(program_cache.source_fingerprint())
+    # The launcher's and the snapshots' settings decide no program.
+    assert program_cache.program_context(cfg.updated({'launch.kill': '3:1'})) == context
+    assert program_cache.program_context(cfg.updated({'mecefo.rank': 3})) != context
+
+
+def test_a_program_in_jaxs_own_cache_is_stored_from_a_fresh_compile(cache):
+    """Bytes re-serialised from an executable JAX loaded from its cache fail to run on CPU."""
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
+    assert jax.config.jax_compilation_cache_dir  # tests/conftest.py: JAX's persistent cache
+    want = np.asarray(_lowered().compile()(x))  # now in JAX's cache too
+    program_cache.compile(_lowered(), jax.devices()[:1], 'f')
+    loaded = program_cache.compile(_lowered(), jax.devices()[:1], 'f')
+    assert program_cache.stats.hits == 1
+    np.testing.assert_array_equal(np.asarray(loaded(x)), want)

@@ -74,7 +74,8 @@ def main(argv):
     # Shared by every worker, generation and compile-ahead job: a program
     # compiled once loads on every process after a relaunch.
     from mecefo_jax import program_cache
-    program_cache.configure(cfg.launch.compilation_cache, _WORKDIR.value)
+    program_cache.configure(cfg.launch.compilation_cache, _WORKDIR.value,
+                            program_cache.program_context(cfg))
 
     members = [int(w) for w in _MEMBERS.value.split(',')]
     keepers = json.loads(_KEEPERS.value)
@@ -246,6 +247,7 @@ class _StepLog(Observer):
             programs_compiled=program_cache.stats.misses,
             programs_cached=program_cache.stats.hits,
             programs_load_sec=program_cache.stats.load_sec,
+            programs_found_untraced=program_cache.stats.untraced_hits,
             refresh_sec=sum(e.refresh_sec for e in events),
             train_start_to_first_step_sec=time.perf_counter() - self.train_start,
             **self.record, restore_sec=restored.seconds if restored else None,
