@@ -339,3 +339,19 @@ def test_a_planned_stop_is_snapshotted_whatever_the_interval(own):
     with KeeperClient(own.address) as c:
         assert {r.step for r in c.snapshots()} >= {5, 7}
         assert 6 not in {r.step for r in c.snapshots()}
+
+
+def test_pinned_local_copies_keep_the_values_of_a_donated_step():
+    mesh, values = _mesh(4), _values(5)
+    state = _put(values, mesh)
+    copies = jax_io.pinned_local_copies(state)
+    step_fn = jax.jit(lambda t: jax.tree.map(lambda x: x + 1, t), donate_argnums=0)
+    state = jax.block_until_ready(step_fn(state))  # donates the buffers just copied
+    # One copy per distinct shard of each leaf, holding the pre-step values.
+    assert len(copies) == sum(len({jax_io.index_bounds(s.index, v.shape)
+                                   for s in state[k].addressable_shards})
+                              for k, v in values.items())
+    for copy in copies:
+        want = values[copy.path][tuple(slice(a, b) for a, b in copy.index)]
+        assert copy.data.sharding.memory_kind == 'pinned_host'
+        np.testing.assert_array_equal(_bytes(np.asarray(copy.data)), _bytes(want))

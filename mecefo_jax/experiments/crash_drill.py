@@ -142,9 +142,12 @@ def snapshot_overhead(cfg, workdir: str, *, every: int = 1, blocks: int = 40,
                       steps_per_block: int = 5, log=print) -> dict:
     """Step time with and without in-memory snapshots every `every` steps, interleaved.
 
-    Blocks alternate; each block with snapshots ends by waiting for the last
-    one to be published, so back-pressure and the write are both inside it
-    (an upper bound: in a run the last write would overlap the next step).
+    Blocks alternate, each a whole number of intervals. In a block with
+    snapshots, each interval snapshots its first step, so the background
+    write has the rest of the interval to finish, as in a run; the block
+    still ends by waiting for the last write, so nothing it started is
+    charged to the next block (with `every=1` that wait is an upper bound:
+    in a run the last write would overlap the next step).
     The overhead is the median over adjacent pairs of blocks of their time
     ratio, robust to the drift of a shared machine; quartiles show the noise.
     """
@@ -163,8 +166,8 @@ def snapshot_overhead(cfg, workdir: str, *, every: int = 1, blocks: int = 40,
     plan = train_lib.Plan(topology, layout, run.present)
     state = resume.init_or_restore(run)
     keeper = start_keeper(f'mecefodrill{os.getpid()}', slots=cfg.snapshot.slots)
-    # Whole intervals per block, one snapshot at each interval's end; with a
-    # long interval, fewer blocks (at least 10 of each kind).
+    # Whole intervals per block; with a long interval, fewer blocks (at
+    # least 10 of each kind).
     if steps_per_block % every:
         steps_per_block = every * -(-steps_per_block // every)
         blocks = max(20, min(blocks, 2 * -(-100 // steps_per_block)))
@@ -182,9 +185,10 @@ def snapshot_overhead(cfg, workdir: str, *, every: int = 1, blocks: int = 40,
                 host['step'] = np.int32(step + 1)
                 batch = topology.put_batch(host)
                 state, metrics = step_fn(state, batch)
-                if with_snapshots:
+                if with_snapshots:  # labelled so that the hook's `every` falls on the first step
+                    label = step + every - 1
                     hook.on_step(train_lib.StepDone(
-                        step, step, state, plan, None, run.train_data.get_state(), metrics,
+                        label, label, state, plan, None, run.train_data.get_state(), metrics,
                         time.perf_counter()))
             jax.block_until_ready(state)
             if with_snapshots:

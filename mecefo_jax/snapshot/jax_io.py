@@ -83,8 +83,12 @@ def pinned_local_copies(tree: Any) -> list[blob.HostShard]:
     launched (a `device_put` of the global arrays would be one, and launched
     from the training loop beside the train steps it deadlocked a 4-process
     CPU job). `data` is a jax.Array; `np.asarray` it to read it.
+
+    All copies go out in one batched `device_put`: the training loop blocks
+    for their dispatch, and one call per shard cost 4x more (tiny config,
+    42 leaves: 7.5 ms against 1.9 ms per snapshot on CPU).
     """
-    out = []
+    found, sources, targets = [], [], []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         name = path_str(path)
         seen = set()
@@ -92,10 +96,13 @@ def pinned_local_copies(tree: Any) -> list[blob.HostShard]:
             bounds = index_bounds(shard.index, leaf.shape)
             if bounds not in seen:
                 seen.add(bounds)
-                target = jax.sharding.SingleDeviceSharding(shard.device, memory_kind='pinned_host')
-                out.append(blob.HostShard(name, tuple(leaf.shape), bounds,
-                                          jax.device_put(shard.data, target)))
-    return out
+                found.append((name, tuple(leaf.shape), bounds))
+                sources.append(shard.data)
+                targets.append(jax.sharding.SingleDeviceSharding(shard.device,
+                                                                 memory_kind='pinned_host'))
+    copies = jax.device_put(sources, targets) if sources else []
+    return [blob.HostShard(name, shape, bounds, data)
+            for (name, shape, bounds), data in zip(found, copies)]
 
 
 def pinned_host_shardings(shardings: Any) -> Any:
