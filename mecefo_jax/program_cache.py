@@ -194,12 +194,26 @@ def load_or_compile(jitted, args, devices, name: str, identity: str = ''):
     return compiled
 
 
+@functools.cache
+def _prepare_runtime() -> None:
+    """What lowering would have set up for a program that runs without being lowered here.
+
+    JAX initialises its CPU LAPACK kernels (QR, SVD, ...) while lowering the
+    first program that uses one; a loaded program that calls them in a
+    process that never lowered one crashes (SIGSEGV, jax 0.10.2). Lowering
+    one small QR initialises all of them.
+    """
+    import jax.numpy as jnp
+    jax.jit(jnp.linalg.qr).lower(jax.ShapeDtypeStruct((2, 2), jnp.float32))
+
+
 def _load_untraced(path: str, devices):
     """The executable stored at `path` with its input/output trees, or None."""
     from jax.experimental import serialize_executable
     try:
         with open(path, 'rb') as f:
             payload, in_tree, out_tree = pickle.load(f)
+        _prepare_runtime()
         return serialize_executable.deserialize_and_load(
             payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices)
     except FileNotFoundError:

@@ -1,4 +1,6 @@
 """The program cache: a program stored once loads instead of compiling, and computes the same."""
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,3 +113,29 @@ def test_a_program_in_jaxs_own_cache_is_stored_from_a_fresh_compile(cache):
     loaded = program_cache.compile(_lowered(), jax.devices()[:1], 'f')
     assert program_cache.stats.hits == 1
     np.testing.assert_array_equal(np.asarray(loaded(x)), want)
+
+
+_LOAD_QR = '''
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from mecefo_jax import program_cache
+program_cache.enable(sys.argv[1], context='qr test')
+f = jax.jit(lambda x: jnp.linalg.qr(x)[0].sum())
+c = program_cache.load_or_compile(f, (jax.ShapeDtypeStruct((8, 4), jnp.float32),),
+                                  jax.devices()[:1], 'qr')
+print(program_cache.stats.untraced_hits, float(c(np.eye(8, 4, dtype=np.float32))))
+'''
+
+
+@pytest.mark.subprocess
+def test_a_program_calling_lapack_runs_when_loaded_untraced_in_a_fresh_process(tmp_path):
+    """A fresh process that never lowered a LAPACK op crashed running one it loaded (SIGSEGV)."""
+    import subprocess
+    import sys
+    root = str(Path(__file__).resolve().parents[1])
+    runs = [subprocess.run([sys.executable, '-c', _LOAD_QR, str(tmp_path)], cwd=root,
+                           capture_output=True, text=True, timeout=120) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    # Stored by the first process, found untraced by the second; Q of eye(8, 4) sums to 4.
+    assert [r.stdout.split()[-2:] for r in runs] == [['0', '4.0'], ['1', '4.0']]
