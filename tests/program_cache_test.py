@@ -115,7 +115,7 @@ def test_a_program_in_jaxs_own_cache_is_stored_from_a_fresh_compile(cache):
     np.testing.assert_array_equal(np.asarray(loaded(x)), want)
 
 
-_LOAD_QR = '''
+_LOAD_QR = """
 import sys
 import jax, jax.numpy as jnp, numpy as np
 from mecefo_jax import program_cache
@@ -124,7 +124,7 @@ f = jax.jit(lambda x: jnp.linalg.qr(x)[0].sum())
 c = program_cache.load_or_compile(f, (jax.ShapeDtypeStruct((8, 4), jnp.float32),),
                                   jax.devices()[:1], 'qr')
 print(program_cache.stats.untraced_hits, float(c(np.eye(8, 4, dtype=np.float32))))
-'''
+"""
 
 
 @pytest.mark.subprocess
