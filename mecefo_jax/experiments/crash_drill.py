@@ -43,15 +43,24 @@ def _job(cfg, values, workdir, workers, log):
 
 
 def _recovery(summary: dict) -> dict:
-    """The failure's recovery row, reduced to the drill's fields."""
-    row = next(r for r in summary['recoveries'] if r['kind'] == 'failure')
+    """The failure's recovery row, reduced to the drill's fields.
+
+    A drill injects one failure; any other (a relaunch that itself failed)
+    is counted in `failures` and shown, not hidden.
+    """
+    failures = [r for r in summary['recoveries'] if r['kind'] == 'failure']
+    recovered = [r for r in failures if r.get('resume_step') is not None]
+    if not recovered:
+        raise RuntimeError(f'the job never recovered from its failures: {failures}')
+    row = recovered[-1]
     out = {k: row.get(k) for k in COMPONENTS}
     out.update(recovery_sec=row.get('recovery_sec'), lost_steps=row.get('redone_steps'),
                resume_step=row.get('resume_step'), completed_steps=row.get('completed_steps'),
                restore_bytes=row.get('restore_bytes'), badput_sec=row.get('badput_sec'),
                parity_rebuild_sec=row.get('parity_rebuild_sec'),
                compile_sec_by_worker=row.get('compile_sec_by_worker'),
-               programs_compiled_by_worker=row.get('programs_compiled_by_worker'))
+               programs_compiled_by_worker=row.get('programs_compiled_by_worker'),
+               failures=len(failures), causes=[r.get('cause') for r in failures])
     return out
 
 
@@ -385,6 +394,8 @@ def markdown(r: dict) -> str:
     lines.append(f"| cold compile of the same program | {fmt(mem.get('cold_compile_sec'))} | "
                  f"{fmt(dsk.get('cold_compile_sec'))} |")
     lines.append(f"| lost (redone) steps | {mem['lost_steps']} | {dsk['lost_steps']} |")
+    lines.append(f"| failures (causes) | {mem.get('failures')} ({', '.join(mem.get('causes') or [])}) "
+                 f"| {dsk.get('failures')} ({', '.join(dsk.get('causes') or [])}) |")
     lines.append(f"| normal step (median, s) | {fmt(mem.get('step_sec'))} | "
                  f"{fmt(dsk.get('step_sec'))} |")
     lines.append(f"| restored bytes | {mem['restore_bytes']} | {dsk['restore_bytes']} |")
