@@ -147,10 +147,31 @@ def chosen_interval(summary: dict, workdir: str, setting) -> int:
                        'interval (too few steps to measure one?); run more steps.')
 
 
-def snapshot_overhead(cfg, workdir: str, *, every: int = 1, blocks: int = 40,
+def _auto_interval_here(hook, step_fn, state, host, topology, plan, run) -> tuple:
+    """Run steps under `snapshot.every=auto` until it chooses: (interval, state, its choice)."""
+    import numpy as np
+
+    from mecefo_jax import train as train_lib
+    for _ in range(200):
+        if hook.cadence.interval is not None:
+            break
+        step = int(host['step'])
+        host['step'] = np.int32(step + 1)
+        state, metrics = step_fn(state, topology.put_batch(host))
+        hook.on_step(train_lib.StepDone(step, step, state, plan, None, run.train_data.get_state(),
+                                        metrics, time.perf_counter()))
+    else:
+        raise RuntimeError('snapshot.every=auto chose no interval in 200 steps')
+    hook.close()
+    return hook.cadence.interval, state, hook.cadence.history[-1]
+
+
+def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
                       steps_per_block: int = 5, log=print) -> dict:
     """Step time with and without in-memory snapshots every `every` steps, interleaved.
 
+    With `every='auto'` the interval is the one `snapshot.every=auto` chooses
+    here first (its step and snapshot timings are this process's, not a job's).
     Blocks alternate, each a whole number of intervals. In a block with
     snapshots, each interval snapshots its first step, so the background
     write has the rest of the interval to finish, as in a run; the block
@@ -175,16 +196,21 @@ def snapshot_overhead(cfg, workdir: str, *, every: int = 1, blocks: int = 40,
     plan = train_lib.Plan(topology, layout, run.present)
     state = resume.init_or_restore(run)
     keeper = start_keeper(f'mecefodrill{os.getpid()}', slots=cfg.snapshot.slots)
-    # Whole intervals per block; with a long interval, fewer blocks (at
-    # least 10 of each kind).
-    if steps_per_block % every:
-        steps_per_block = every * -(-steps_per_block // every)
-        blocks = max(20, min(blocks, 2 * -(-100 // steps_per_block)))
-    hook = SnapshotHook(keeper.address, every)
+    host = dict(assemble(layout, next(run.train_data)), step=np.int32(0))
+    step_fn, _ = topology.compiled_step(state, topology.put_batch(host), layout)
+    choice, hook = None, None
     try:
-        host = dict(assemble(layout, next(run.train_data)), step=np.int32(0))
-        batch = topology.put_batch(host)
-        step_fn, _ = topology.compiled_step(state, batch, layout)
+        if every == 'auto':
+            auto = SnapshotHook(keeper.address, 'auto',
+                                budget_pct=cfg.snapshot.overhead_budget_pct)
+            every, state, choice = _auto_interval_here(auto, step_fn, state, host, topology,
+                                                       plan, run)
+        # Whole intervals per block; with a long interval, fewer blocks (at
+        # least 10 of each kind).
+        if steps_per_block % every:
+            steps_per_block = every * -(-steps_per_block // every)
+            blocks = max(20, min(blocks, 2 * -(-100 // steps_per_block)))
+        hook = SnapshotHook(keeper.address, every)
         times = {True: [], False: []}
         for block in range(blocks + 2):  # two warm-up blocks
             with_snapshots = bool(block % 2)
@@ -192,8 +218,7 @@ def snapshot_overhead(cfg, workdir: str, *, every: int = 1, blocks: int = 40,
             for _ in range(steps_per_block):
                 step = int(host['step'])
                 host['step'] = np.int32(step + 1)
-                batch = topology.put_batch(host)
-                state, metrics = step_fn(state, batch)
+                state, metrics = step_fn(state, topology.put_batch(host))
                 if with_snapshots:  # labelled so that the hook's `every` falls on the first step
                     label = step + every - 1
                     hook.on_step(train_lib.StepDone(
@@ -208,7 +233,7 @@ def snapshot_overhead(cfg, workdir: str, *, every: int = 1, blocks: int = 40,
         ratios = [w / o for w, o in zip(times[True], times[False])]
         quartiles = statistics.quantiles(ratios, n=4)
         stats = hook.stats
-        result = {'snapshot_every': every,
+        result = {'snapshot_every': every, 'auto_choice': choice,
                   'step_sec_with_snapshots': with_snap, 'step_sec_without': without,
                   'overhead_pct': 100.0 * (statistics.median(ratios) - 1.0),
                   'overhead_pct_quartiles': [100.0 * (quartiles[0] - 1.0),
@@ -223,7 +248,8 @@ def snapshot_overhead(cfg, workdir: str, *, every: int = 1, blocks: int = 40,
             f"({with_snap * 1e3:.1f} vs {without * 1e3:.1f} ms/step)")
         return result
     finally:
-        hook.close()
+        if hook is not None:
+            hook.close()
         keeper.stop()
 
 
@@ -338,8 +364,10 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     diffs = {k: float(np.max(np.abs(real[k] - v))) for k, v in simulated.items()}
     bitwise = [v for r in parity['recoveries'] for v in
                (r.get('parity_rebuild_bitwise') or {}).values()]
-    every = chosen_interval(memory, os.path.join(out_dir, 'memory'), cfg.snapshot.every)
-    overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'), every=every, log=log)
+    job_every = chosen_interval(memory, os.path.join(out_dir, 'memory'), cfg.snapshot.every)
+    overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'),
+                                 every=cfg.snapshot.every, log=log)
+    every = overhead['snapshot_every']
     alone = restore_comparison(cfg, os.path.join(out_dir, 'restore_alone'), log=log)
     dsk = _recovery(disk)
     mem['step_sec'] = step_sec(memory, os.path.join(out_dir, 'memory'))
@@ -358,6 +386,7 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
         'restore_alone': alone,
         'snapshot_overhead_pct': overhead['overhead_pct'], 'snapshot_overhead': overhead,
         'snapshot_every': every, 'snapshot_every_setting': cfg.snapshot.every,
+        'snapshot_every_memory_job': job_every,
         'expected_lost_steps_per_failure': every / 2,
         'max_abs_param_diff_vs_simulated': max(diffs.values()),
         'max_rel_param_diff_vs_simulated': max(
@@ -408,9 +437,11 @@ def markdown(r: dict) -> str:
               f"{a['repeats']} interleaved repeats, medians): keeper "
               f"{a['memory_restore_sec'] * 1e3:.1f} ms, Orbax {a['disk_restore_sec'] * 1e3:.1f} ms, "
               f"{a['speedup']:.1f}x.",
-              f"Snapshot interval: {r['snapshot_every']} step(s) (`snapshot.every="
-              f"{r['snapshot_every_setting']}`): a failure redoes the steps since the last "
-              f"snapshot, {r['expected_lost_steps_per_failure']:g} on average.",
+              f"Snapshot interval: `snapshot.every={r['snapshot_every_setting']}` chose "
+              f"{r['snapshot_every_memory_job']} step(s) in the memory job (at its full size) and "
+              f"{r['snapshot_every']} in the overhead measurement below: a failure redoes the "
+              f"steps since the last snapshot, {r['expected_lost_steps_per_failure']:g} on "
+              "average at the latter.",
               f"Snapshot overhead: {r['snapshot_overhead_pct']:+.2f}% of step time, the median "
               f"over {o['blocks_each']} pairs of interleaved blocks of {o['steps_per_block']} "
               f"steps with and without snapshots (quartiles "
