@@ -85,7 +85,17 @@ def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
 
 
 def _orthonormal(y_kr: jax.Array) -> jax.Array:
-    """Q of a thin Householder QR: stays orthonormal even if y is rank deficient."""
+    """Q of a thin Householder QR: stays orthonormal even if y is rank deficient.
+
+    One QR per matrix, as for the SVD above: jax 0.10.2's CPU LAPACK kernels
+    split a batch over XLA's intra-op thread pool and wait for it from a
+    thread of that same pool, so two devices of one process refreshing at
+    once could take every pool thread and wait forever (a relaunched
+    survivor on `configs/small.py` hung in its first refresh). A single
+    matrix runs in the calling thread.
+    """
+    if y_kr.ndim > 2:
+        return jnp.stack([_orthonormal(y) for y in y_kr])
     return jnp.linalg.qr(y_kr, mode='reduced')[0]
 
 

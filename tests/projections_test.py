@@ -1,4 +1,6 @@
 """Tests for mecefo_jax.projections: rank resolution, V selection/quality, refresh schedule."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -177,3 +179,32 @@ def test_refresh_steps_schedule():
     # A second failure starting at 5 while already in neighbour mode.
     assert refresh_steps(active, tau=4, onset_steps={2, 5, 10}) == [2, 4, 5, 10, 12]
     assert refresh_steps([1, 1, 1], tau=4, start_step=7) == [7, 8]
+
+
+_REFRESH_ON_TWO_DEVICES = """
+import os
+os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from mecefo_jax.projections import subspace_iteration
+replicated = NamedSharding(Mesh(np.array(jax.devices()), ('d',)), P())
+rng = np.random.default_rng(0)
+kernels = jax.device_put(rng.standard_normal((4, 512, 1376)).astype(np.float32), replicated)
+v = jax.device_put(rng.standard_normal((4, 512, 32)).astype(np.float32), replicated)
+refresh = jax.jit(lambda k, v: subspace_iteration(k, 32, v, iterations=2),
+                  out_shardings=replicated)
+for _ in range(20):
+    v = refresh(kernels, v).block_until_ready()
+print('done')
+"""
+
+
+@pytest.mark.subprocess
+def test_a_layered_refresh_on_two_cpu_devices_finishes():
+    """Batched LAPACK QRs after large matmuls hung every time on 2 CPU devices (jax 0.10.2)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, '-c', _REFRESH_ON_TWO_DEVICES], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split()[-1] == 'done', run.stderr[-2000:]
