@@ -40,13 +40,22 @@ def survivor_sets(placement) -> list[tuple[int, list[int]]]:
 
 
 def worker_env() -> dict:
-    """The environment `Launcher._spawn` gives a worker (its XLA flags enter program keys)."""
+    """The environment of a worker and of a compile-ahead process (its XLA flags enter program keys).
+
+    Each worker is its own host: its own CPU device count, never the
+    launcher's. OpenBLAS runs single-threaded unless the user says
+    otherwise: XLA already runs one LAPACK call per device at once, and
+    OpenBLAS's own threads on top spun against them (a 4-layer projection
+    refresh took 1.4 to 5 s on 6 CPU devices of one process, 0.02 s with
+    OPENBLAS_NUM_THREADS=1; 16 s in a relaunched survivor).
+    """
     env = dict(os.environ)
     env[PARENT_ENV] = str(os.getpid())  # the child checks it is still ours (die_with_parent)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
     env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
                                 if 'xla_force_host_platform_device_count' not in f)
+    env.setdefault('OPENBLAS_NUM_THREADS', '1')
     return env
 
 

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 
-from mecefo_jax.launch.compile_ahead import CompileAhead
+from mecefo_jax.launch.compile_ahead import CompileAhead, worker_env
 from mecefo_jax.launch.heartbeat import HeartbeatMonitor
 from mecefo_jax.launch.placement import Placement
 from mecefo_jax.settings import Config
@@ -269,12 +269,7 @@ class Launcher:
         port = _free_port()
         gen.started = time.time()
         keepers = json.dumps(self._keeper_addresses())
-        env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
-        # Each worker is its own host: its own CPU device count, never the launcher's.
-        env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
-                                    if 'xla_force_host_platform_device_count' not in f)
+        env = worker_env()
         host, hb_port = self.monitor.address
         for process_id, worker in enumerate(gen.members):
             cmd = [sys.executable, '-m', 'mecefo_jax.launch.worker',
