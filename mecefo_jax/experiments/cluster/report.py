@@ -438,8 +438,7 @@ def _assumptions(result) -> list[str]:
             f"{'causal half' if cfg['causal_scores'] else 'full L x L matrix (as XLA counts)'}, "
             f"r={cfg['rank']}; absolute time at MFU {cfg['mfu']:g} of {cfg['peak_tflops']:g} "
             'TFLOP/s unless a GPU bench of the same shape is given.',
-            '- Not charged: the SVD refresh (every tau steps and at failure onset), checkpoint '
-            'save time, the data pipeline, communication (all-reduce time is the same in '
+            '- Not charged: checkpoint save time, the data pipeline, communication (all-reduce time is the same in '
             'every strategy but grows with n).', '']
 
 
