@@ -63,7 +63,6 @@ flags.DEFINE_boolean('causal_scores', _DEFAULT.causal_scores,
                      'Count only the causal half of QK^T/PV.')
 flags.DEFINE_float('mfu', _DEFAULT.mfu, 'Model-FLOPs utilisation assumed.')
 flags.DEFINE_float('peak_tflops', _DEFAULT.peak_tflops, 'A100 bf16 dense peak.')
-flags.DEFINE_integer('spread_k', _DEFAULT.spread_k, 'Neighbours of mecefo_spread.')
 flags.DEFINE_integer('tau', _DEFAULT.tau,
                      'Steps between projection refreshes while a neighbour is active.')
 flags.DEFINE_float('refresh_sec', _DEFAULT.refresh_sec,
@@ -104,7 +103,7 @@ def sim_config() -> cluster_sim.SimConfig:
     lists = {n: tuple(x.strip() for x in f[n].value if x.strip()) for n in names}
     scalars = ('replicas', 'node_size', 'seeds', 'hours', 'sweep_model',
                'sweep_seeds', 'mtbf_hours', 'mttr_hours', 'rate_scaling', 'global_batch',
-               'seq_len', 'rank', 'spread_k', 'tau', 'refresh_sec', 'svd_tflops', 'link_gbps',
+               'seq_len', 'rank', 'tau', 'refresh_sec', 'svd_tflops', 'link_gbps',
                'refresh_method', 'refresh_iters',
                'granularity', 'checkpoint_every',
                'recompute_ffn', 'causal_scores', 'mfu', 'peak_tflops')

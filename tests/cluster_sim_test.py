@@ -66,7 +66,6 @@ def test_fault_free_ignores_the_trace():
 @pytest.mark.parametrize('strategy,expected', [
     ('mecefo', 1 - 1 / 1.3),  # the neighbour does two shards in neighbour mode
     ('ndb_naive', 1 - 1 / 2.0),  # two exact shards
-    ('mecefo_spread', 1 - 1 / 1.05),  # k=2: each helper 1.5 shards in neighbour mode
     ('elastic', 1 - 1 / (1 + 1 / 7)),  # 1 + 1/(n-1) in one larger batch
     ('drop', 1 / 8),  # full speed, one shard in eight skipped
     ('checkpoint_restart', 1 - 1 / (1 + 1 / 7)),  # as elastic; nothing to redo at t=0
@@ -169,7 +168,7 @@ def test_reading_b_takes_whole_nodes_and_keeps_one_live():
 
 def test_loads_agree_with_the_projects_layout():
     # The simulator's vectorised rules must be the layouts the controller
-    # would build (faults/strategies.py): adopters and spread exactly; the
+    # would build (faults/strategies.py): adopters exactly; the
     # elastic re-split is exact (each survivor takes at most ceil(orphans/live)).
     from mecefo_jax.faults.strategies import adopters, layout_for
     rng = np.random.default_rng(0)
@@ -182,27 +181,25 @@ def test_loads_agree_with_the_projects_layout():
         ns.append(n)
     for n in sorted(set(ns)):
         rows = np.array([m for m in masks if m.size == n])
-        got = traces_lib.batch_shards(rows, shard_seqs=4, spread_k=2)
-        for mask, (adopt, spread, elastic) in zip(rows, got):
+        got = traces_lib.batch_shards(rows, shard_seqs=4)
+        for mask, (adopt, elastic) in zip(rows, got):
             load = {}
             for adopter in adopters(list(mask)).values():
                 load[adopter] = load.get(adopter, 0) + 1
             assert adopt == 1 + max(load.values()), mask
-            for strategy, ours in (('mecefo_spread', spread), ('elastic', elastic)):
-                layout = layout_for(strategy, list(mask), 4, spread_k=2)
-                busiest = max(layout.rows(i) for i in range(len(layout.replicas))) / 4
-                assert ours == busiest, (strategy, mask)
+            layout = layout_for('elastic', list(mask), 4)
+            busiest = max(layout.rows(i) for i in range(len(layout.replicas))) / 4
+            assert elastic == busiest, mask
 
 
 def test_vectorised_loads_match_the_one_row_reference():
     rng = np.random.default_rng(1)
-    for n, k, shard in ((9, 3, None), (64, 2, 16), (40, 1, 3)):
+    for n, shard in ((9, None), (64, 16), (40, 3)):
         rows = np.ones((50, n), bool)
         for r in range(50):
             rows[r, rng.choice(n, int(rng.integers(0, n)), replace=False)] = False
-        ref = [traces_lib.live_set_shards(m, shard_seqs=shard, spread_k=k) for m in rows]
-        np.testing.assert_allclose(traces_lib.batch_shards(rows, shard_seqs=shard, spread_k=k),
-                                   ref)
+        ref = [traces_lib.live_set_shards(m, shard_seqs=shard) for m in rows]
+        np.testing.assert_allclose(traces_lib.batch_shards(rows, shard_seqs=shard), ref)
 
 
 # ---------------------------------------------------------------------- costs

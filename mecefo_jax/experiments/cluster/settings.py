@@ -12,9 +12,9 @@ from mecefo_jax.experiments.cluster import traces as traces_lib
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults import refresh_costs
 
-STRATEGIES = ('fault_free', 'mecefo', 'mecefo_planned', 'ndb_naive', 'mecefo_spread', 'elastic',
-              'drop', 'checkpoint_restart')
-NEIGHBOUR_MODE = ('mecefo', 'mecefo_spread', 'mecefo_planned')
+STRATEGIES = ('fault_free', 'mecefo', 'mecefo_planned', 'ndb_naive', 'elastic', 'drop',
+              'checkpoint_restart')
+NEIGHBOUR_MODE = ('mecefo', 'mecefo_planned')
 ASSUMPTIONS = ('in_process', 'real_crash')
 TABLE2_REGIMES = ('none', 'low', 'mid', 'high')
 
@@ -42,7 +42,6 @@ class SimConfig:
     global_batch: int = 512  # sequences per step at `replicas`
     seq_len: int = 256
     rank: int = 128
-    spread_k: int = 2
     tau: int = 100  # steps between projection refreshes while a neighbour is active (paper)
     refresh_sec: float = -1.0  # seconds per refresh; < 0: its FLOPs and bytes (refresh_costs)
     svd_tflops: float = refresh_costs.DEFAULT_REFRESH_TFLOPS  # assumed TFLOP/s of the refresh
@@ -91,8 +90,6 @@ class SimConfig:
                              f"'continuous'.")
         if self.seeds < 1 or self.hours <= 0:
             raise ValueError(f'--seeds={self.seeds} must be >= 1 and --hours={self.hours} > 0.')
-        if self.spread_k < 1:
-            raise ValueError(f'--spread_k={self.spread_k} must be >= 1.')
         if self.refresh_method not in ('subspace', 'svd') or self.refresh_iters < 1:
             raise ValueError(f"--refresh_method={self.refresh_method!r} must be 'subspace' or "
                              f"'svd' and --refresh_iters={self.refresh_iters} >= 1.")

@@ -32,13 +32,12 @@ Strategies (names as in `faults/strategies.py`, plus `fault_free`):
 | fault_free         | one shard (no failures)                      | all    | -         |
 | mecefo             | neighbour mode, 1 + adopted shards           | all    | recovery  |
 | ndb_naive          | exact, 1 + adopted shards                    | all    | recovery  |
-| mecefo_spread      | neighbour mode, 1 + its pieces (k nearest)   | all    | recovery  |
 | mecefo_planned     | the planner's slowest device (>= 1)          | all    | recovery  |
 | elastic            | exact, 1 + f/(n-f) in one larger batch       | all    | recovery  |
 | drop               | one shard                                    | (n-f)/n| recovery  |
 | checkpoint_restart | as elastic                                   | all    | disk restore + redo |
 
-The neighbour-mode strategies (mecefo, mecefo_spread, mecefo_planned) also
+The neighbour-mode strategies (mecefo, mecefo_planned) also
 pay the projection refresh, as the controller does: one refresh of no
 progress at each onset, and 1 / tau of one per step while some replica is
 down (a refresh every `tau` steps while a neighbour is active). One refresh
@@ -98,8 +97,6 @@ def step_costs(strategy: str, iv: traces_lib.Intervals,
         # Normal replicas of a layout with a neighbour run the role-switching
         # step (cost 1); nothing down means the plain fault-free step.
         ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(iv.adopt_shards)), cost.plain)
-    elif strategy == 'mecefo_spread':
-        ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(iv.spread_shards)), cost.plain)
     elif strategy == 'mecefo_planned':
         ratio = np.where(down, planned_cost(iv, cost), cost.plain)
     elif strategy == 'ndb_naive':
@@ -259,7 +256,7 @@ def run_setting(config: SimConfig, tables: dict[str, costs_lib.CostTable],
                 num_replicas=num_replicas, reading=reading, mtbf_hours=mtbf, mttr_hours=mttr,
                 horizon_hours=config.hours, seed=seed, node_size=config.node_size,
                 rate_scaling=config.rate_scaling)
-            iv = traces_lib.intervals(trace, shard_seqs=shard, spread_k=config.spread_k)
+            iv = traces_lib.intervals(trace, shard_seqs=shard)
         stats.append(trace_stats(iv))
         for model in models:
             for assumption in config.assumptions:
