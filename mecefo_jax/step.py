@@ -223,15 +223,15 @@ def data_split_spec(spec: P, shape, mesh_shape) -> P:
 def _refresh_split_for(state_shardings):
     """path, kernel -> RefreshSplit: the kernel split over 'data' as well, blocks replicated."""
     kernels = state_shardings.params
-    mesh = jax.tree.leaves(kernels)[0].mesh
-    mesh_shape = dict(mesh.shape)
+    mesh = getattr(jax.tree.leaves(kernels)[0], 'mesh', None)  # None: not a NamedSharding
+    mesh_shape = dict(mesh.shape) if mesh is not None else {}
 
     def split_for(path, kernel_nm):
-        if mesh_shape.get(DATA, 1) == 1:
-            return proj_lib.RefreshSplit()
         sharding_ = kernels
         for key in path:
             sharding_ = sharding_[key]
+        if mesh_shape.get(DATA, 1) == 1 or not isinstance(sharding_, jax.sharding.NamedSharding):
+            return proj_lib.RefreshSplit()  # one replica: nothing to split
         spec = tuple(data_split_spec(sharding_.spec, kernel_nm.shape, mesh_shape))
         lead = spec[:-2]
 
