@@ -94,7 +94,7 @@ def _mecefo_section() -> ConfigDict:
 def _fault_section() -> ConfigDict:
     """Which replicas fail when, and the strategy that absorbs it."""
     section = ConfigDict()
-    # mecefo | mecefo_planned | ndb_naive | elastic | drop | checkpoint_restart | mecefo_spread
+    # mecefo | mecefo_planned | ndb_naive | elastic | drop | checkpoint_restart
     section.strategy = 'mecefo'
     section.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
     section.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
@@ -104,7 +104,10 @@ def _fault_section() -> ConfigDict:
     section.step_time_sec = 60.0  # cluster seconds per step, converts hours to steps
     section.seed = 0  # seed of the random failure process (identical on every host)
     section.max_concurrent = 0  # cap on replicas down at once; 0 = all but one
-    section.spread_k = 2  # neighbours sharing a failed shard under mecefo_spread
+    # mecefo_planned: at most this many rows per step in neighbour mode (the helpers' own
+    # shards and the failed shards' rows), so fewer helpers take more rows each: closer to
+    # exact gradients, at the price of steps that may exceed one normal step. 0: no cap.
+    section.max_neighbour_rows = 0
     section.checkpoint_every = 10  # checkpoint_restart: save period in steps
     section.relaunch_delay_sec = 120.0  # checkpoint_restart: modelled job relaunch, reported apart
     return section

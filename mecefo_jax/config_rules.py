@@ -121,18 +121,25 @@ def _check_events(cfg: Config) -> None:
 def _check_fault(cfg: Config) -> None:
     from mecefo_jax.faults.strategies import STRATEGIES
     f = cfg.fault
+    _require(f.strategy != 'mecefo_spread', 'fault.strategy', f.strategy,
+             'was retired: mecefo_planned splits each failed shard over the helpers a fixed '
+             'k would pick, or better ones', 'mecefo_planned')
     _one_of('fault.strategy', f.strategy, STRATEGIES)
     _check_events(cfg)
     from mecefo_jax.faults.schedule import REGIMES
     _one_of('fault.regime', f.regime.strip().lower(), ('',) + tuple(sorted(REGIMES)), "''")
-    _at_least(f, 'fault', 0, {'regime_replicas': 0, 'max_concurrent': 0, 'mtbf_hours': 0.0,
+    _at_least(f, 'fault', 0, {'regime_replicas': 0, 'max_concurrent': 0,
+                              'max_neighbour_rows': 0, 'mtbf_hours': 0.0,
                               'mttr_hours': 0.0, 'relaunch_delay_sec': 120.0})
     _require((f.mtbf_hours > 0) == (f.mttr_hours > 0), 'fault.mttr_hours', f.mttr_hours,
              f'must be > 0 exactly when fault.mtbf_hours={f.mtbf_hours} is (a custom failure '
              'process needs both; both 0 means none)', 'HOURS (or mtbf_hours=0)')
     _require(f.step_time_sec > 0, 'fault.step_time_sec', f.step_time_sec,
              'must be > 0 (cluster seconds per step)', 60.0)
-    _at_least(f, 'fault', 1, {'spread_k': 2, 'checkpoint_every': 10})
+    _at_least(f, 'fault', 1, {'checkpoint_every': 10})
+    _require(f.max_neighbour_rows == 0 or f.strategy == 'mecefo_planned',
+             'fault.max_neighbour_rows', f.max_neighbour_rows,
+             f'caps the plans of fault.strategy=mecefo_planned only, not {f.strategy!r}', 0)
 
 
 def _check_snapshot(cfg: Config) -> None:

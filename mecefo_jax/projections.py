@@ -9,9 +9,10 @@ onset and every `tau` steps while some device runs in neighbour mode).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -100,7 +101,8 @@ def _orthonormal(y_kr: jax.Array) -> jax.Array:
 
 
 def subspace_iteration(kernel_nm: jax.Array, rank: int, init_v: jax.Array | None = None, *,
-                       iterations: int, key: jax.Array | None = None) -> jax.Array:
+                       iterations: int, key: jax.Array | None = None,
+                       split: RefreshSplit | None = None) -> jax.Array:
     """Top-r left singular subspace of a Flax kernel by randomized subspace iteration.
 
     Halko, Martinsson & Tropp (2011), Algorithm 4.4: starting from Q = orth(V0),
@@ -118,6 +120,12 @@ def subspace_iteration(kernel_nm: jax.Array, rank: int, init_v: jax.Array | None
     stay sharded like the kernel; only the skinny [., r] blocks are reduced
     or gathered, never the kernel. Products run at HIGHEST precision, as the
     SVD path does in float32 (TF32/bf16 passes would cap the accuracy).
+
+    `split` (see `RefreshSplit`) places the kernel and the skinny blocks:
+    under a data-parallel mesh the kernel is identical on every replica, so
+    splitting its long axis over 'data' as well cuts each replica's share of
+    the products by the data size, for one reduction of a [., r] block per
+    product; the thin QRs run replicated on the gathered [., r] blocks.
 
     Returns [..., n, r] float32 with orthonormal columns; the basis inside the
     subspace is arbitrary (MeCeFO only uses V V^T). Leading dims (scanned
@@ -137,11 +145,38 @@ def subspace_iteration(kernel_nm: jax.Array, rank: int, init_v: jax.Array | None
     if iterations < 1:
         raise ValueError(f'subspace_iteration: iterations must be >= 1; got {iterations}')
     hi = jax.lax.Precision.HIGHEST
-    q_nr = _orthonormal(init_v.astype(jnp.float32))
+    split = split or RefreshSplit()
+    kernel_nm = split.kernel(kernel_nm)
+    q_nr = _orthonormal(split.block(init_v.astype(jnp.float32)))
     for _ in range(iterations):
-        z_mr = _orthonormal(jnp.einsum('...nm,...nr->...mr', kernel_nm, q_nr, precision=hi))
-        q_nr = _orthonormal(jnp.einsum('...nm,...mr->...nr', kernel_nm, z_mr, precision=hi))
+        z_mr = _orthonormal(split.block(split.product_m(
+            jnp.einsum('...nm,...nr->...mr', kernel_nm, q_nr, precision=hi))))
+        q_nr = _orthonormal(split.block(split.product_n(
+            jnp.einsum('...nm,...mr->...nr', kernel_nm, z_mr, precision=hi))))
     return q_nr
+
+
+def _unchanged(x: jax.Array) -> jax.Array:
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class RefreshSplit:
+    """Where one kernel's subspace iteration runs: two placement hooks.
+
+    `kernel` places the [..., n, m] kernel before the products (e.g. a
+    sharding constraint that splits it over the data axis too);
+    `product_m` and `product_n` place the [..., m, r] and [..., n, r]
+    products as they come out (split like the kernel's m or n axis, so the
+    product is computed split and not on a gathered kernel); `block` places
+    each skinny block before its QR (e.g. replicated: GSPMD gathers or
+    reduces it once and the QR is not split). The default leaves all where
+    the caller's shardings put them.
+    """
+    kernel: Callable[[jax.Array], jax.Array] = _unchanged
+    product_m: Callable[[jax.Array], jax.Array] = _unchanged
+    product_n: Callable[[jax.Array], jax.Array] = _unchanged
+    block: Callable[[jax.Array], jax.Array] = _unchanged
 
 
 def _is_ffn_kernel(path: tuple[str, ...]) -> bool:
@@ -187,12 +222,16 @@ def compute_projections(params: Mapping[str, Any], rank: Any) -> dict[str, Any]:
 
 
 def refresh_projections(params: Mapping[str, Any], previous: Mapping[str, Any], rank: Any, *,
-                        method: str, iterations: int) -> dict[str, Any]:
+                        method: str, iterations: int,
+                        split_for: Callable[[tuple[str, ...], jax.Array], RefreshSplit]
+                        | None = None
+                        ) -> dict[str, Any]:
     """New V for every FFN kernel: exact SVD or subspace iteration from `previous`.
 
     `previous` is the projection tree the state holds (same paths as
     `compute_projections` gives); under 'subspace' each of its V warm-starts
-    `subspace_iteration` on the kernel at the same path.
+    `subspace_iteration` on the kernel at the same path, placed by
+    `split_for(path, kernel)` when given (the SVD path ignores it).
     """
     method, iterations = validate_refresh(method, iterations)
     if method == 'svd':
@@ -202,7 +241,10 @@ def refresh_projections(params: Mapping[str, Any], previous: Mapping[str, Any], 
         kernel_nm = params
         for entry in path:
             kernel_nm = kernel_nm[entry.key]
-        return subspace_iteration(kernel_nm, v_nr.shape[-1], v_nr, iterations=iterations)
+        keys = tuple(str(entry.key) for entry in path)
+        split = split_for(keys, kernel_nm) if split_for is not None else None
+        return subspace_iteration(kernel_nm, v_nr.shape[-1], v_nr, iterations=iterations,
+                                  split=split)
     return jax.tree_util.tree_map_with_path(refresh, previous)
 
 

@@ -102,7 +102,7 @@ class FaultSection:
     step_time_sec: float
     seed: int
     max_concurrent: int
-    spread_k: int
+    max_neighbour_rows: int
     checkpoint_every: int
     relaunch_delay_sec: float
 

@@ -63,13 +63,16 @@ flags.DEFINE_boolean('causal_scores', _DEFAULT.causal_scores,
                      'Count only the causal half of QK^T/PV.')
 flags.DEFINE_float('mfu', _DEFAULT.mfu, 'Model-FLOPs utilisation assumed.')
 flags.DEFINE_float('peak_tflops', _DEFAULT.peak_tflops, 'A100 bf16 dense peak.')
-flags.DEFINE_integer('spread_k', _DEFAULT.spread_k, 'Neighbours of mecefo_spread.')
 flags.DEFINE_integer('tau', _DEFAULT.tau,
                      'Steps between projection refreshes while a neighbour is active.')
 flags.DEFINE_float('refresh_sec', _DEFAULT.refresh_sec,
-                   'Seconds per projection refresh; < 0: the refresh FLOPs at --svd_tflops.')
+                   'Seconds per projection refresh; < 0: its FLOPs at --svd_tflops and its '
+                   'collective bytes at --link_gbps (faults/refresh_costs.py).')
 flags.DEFINE_float('svd_tflops', _DEFAULT.svd_tflops,
                    'Assumed effective TFLOP/s of the refresh on the GPU (not measured).')
+flags.DEFINE_float('link_gbps', _DEFAULT.link_gbps,
+                   'GB/s between replicas for the refresh collectives (DGX A100: 200 Gb/s '
+                   'HDR InfiniBand per GPU).')
 flags.DEFINE_enum('refresh_method', _DEFAULT.refresh_method, ('subspace', 'svd'),
                   'The refresh charged, as mecefo.refresh (subspace: the library default).')
 flags.DEFINE_integer('refresh_iters', _DEFAULT.refresh_iters, 'As mecefo.refresh_iters.')
@@ -100,7 +103,7 @@ def sim_config() -> cluster_sim.SimConfig:
     lists = {n: tuple(x.strip() for x in f[n].value if x.strip()) for n in names}
     scalars = ('replicas', 'node_size', 'seeds', 'hours', 'sweep_model',
                'sweep_seeds', 'mtbf_hours', 'mttr_hours', 'rate_scaling', 'global_batch',
-               'seq_len', 'rank', 'spread_k', 'tau', 'refresh_sec', 'svd_tflops',
+               'seq_len', 'rank', 'tau', 'refresh_sec', 'svd_tflops', 'link_gbps',
                'refresh_method', 'refresh_iters',
                'granularity', 'checkpoint_every',
                'recompute_ffn', 'causal_scores', 'mfu', 'peak_tflops')

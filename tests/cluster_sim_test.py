@@ -66,7 +66,6 @@ def test_fault_free_ignores_the_trace():
 @pytest.mark.parametrize('strategy,expected', [
     ('mecefo', 1 - 1 / 1.3),  # the neighbour does two shards in neighbour mode
     ('ndb_naive', 1 - 1 / 2.0),  # two exact shards
-    ('mecefo_spread', 1 - 1 / 1.05),  # k=2: each helper 1.5 shards in neighbour mode
     ('elastic', 1 - 1 / (1 + 1 / 7)),  # 1 + 1/(n-1) in one larger batch
     ('drop', 1 / 8),  # full speed, one shard in eight skipped
     ('checkpoint_restart', 1 - 1 / (1 + 1 / 7)),  # as elastic; nothing to redo at t=0
@@ -169,7 +168,7 @@ def test_reading_b_takes_whole_nodes_and_keeps_one_live():
 
 def test_loads_agree_with_the_projects_layout():
     # The simulator's vectorised rules must be the layouts the controller
-    # would build (faults/strategies.py): adopters and spread exactly; the
+    # would build (faults/strategies.py): adopters exactly; the
     # elastic re-split is exact (each survivor takes at most ceil(orphans/live)).
     from mecefo_jax.faults.strategies import adopters, layout_for
     rng = np.random.default_rng(0)
@@ -182,27 +181,25 @@ def test_loads_agree_with_the_projects_layout():
         ns.append(n)
     for n in sorted(set(ns)):
         rows = np.array([m for m in masks if m.size == n])
-        got = traces_lib.batch_shards(rows, shard_seqs=4, spread_k=2)
-        for mask, (adopt, spread, elastic) in zip(rows, got):
+        got = traces_lib.batch_shards(rows, shard_seqs=4)
+        for mask, (adopt, elastic) in zip(rows, got):
             load = {}
             for adopter in adopters(list(mask)).values():
                 load[adopter] = load.get(adopter, 0) + 1
             assert adopt == 1 + max(load.values()), mask
-            for strategy, ours in (('mecefo_spread', spread), ('elastic', elastic)):
-                layout = layout_for(strategy, list(mask), 4, spread_k=2)
-                busiest = max(layout.rows(i) for i in range(len(layout.replicas))) / 4
-                assert ours == busiest, (strategy, mask)
+            layout = layout_for('elastic', list(mask), 4)
+            busiest = max(layout.rows(i) for i in range(len(layout.replicas))) / 4
+            assert elastic == busiest, mask
 
 
 def test_vectorised_loads_match_the_one_row_reference():
     rng = np.random.default_rng(1)
-    for n, k, shard in ((9, 3, None), (64, 2, 16), (40, 1, 3)):
+    for n, shard in ((9, None), (64, 16), (40, 3)):
         rows = np.ones((50, n), bool)
         for r in range(50):
             rows[r, rng.choice(n, int(rng.integers(0, n)), replace=False)] = False
-        ref = [traces_lib.live_set_shards(m, shard_seqs=shard, spread_k=k) for m in rows]
-        np.testing.assert_allclose(traces_lib.batch_shards(rows, shard_seqs=shard, spread_k=k),
-                                   ref)
+        ref = [traces_lib.live_set_shards(m, shard_seqs=shard) for m in rows]
+        np.testing.assert_allclose(traces_lib.batch_shards(rows, shard_seqs=shard), ref)
 
 
 # ---------------------------------------------------------------------- costs
@@ -330,24 +327,29 @@ def test_planned_single_permanent_failure_matches_the_closed_form_when_degraded(
 
 
 @pytest.mark.parametrize('strategy', ['mecefo', 'mecefo_planned', 'elastic'])
-def test_refresh_is_charged_at_onset_and_every_tau_steps_to_neighbour_modes(strategy):
-    # One permanent failure at t = 0, 1 s steps, a 5 s refresh every 100 steps.
+@pytest.mark.parametrize('split', [False, True])
+def test_refresh_is_charged_at_onset_and_every_tau_steps_to_neighbour_modes(strategy, split):
+    """One permanent failure of 8 at t = 0, 1 s steps, a 5 s refresh every 100 steps:
+    paid whole (`refresh_sec`) or split over the 7 live replicas (`refresh_split_sec`)."""
     horizon, refresh = 10 * HOUR, 5.0
-    table = dataclasses.replace(KNOWN, refresh_sec=refresh)
+    field = 'refresh_split_sec' if split else 'refresh_sec'
+    table = dataclasses.replace(KNOWN, **{field: refresh})
     out = sim.simulate(strategy, _permanent(horizon=horizon), table, ZERO,
                        assumption='in_process', global_tokens=100.0, checkpoint_every=1000,
                        tau=100)
     ratio = {'mecefo': 1.3, 'mecefo_planned': 1.0, 'elastic': 1 + 1 / 7}[strategy]
+    paid = refresh / 7 if split else refresh
     if strategy == 'elastic':  # exact strategies keep no projections
         expected = 1 - 1 / ratio
     else:
-        expected = 1 - (1 - refresh / horizon) / (ratio + refresh / 100)
+        expected = 1 - (1 - paid / horizon) / (ratio + paid / 100)
     assert out['drop_pct'] == pytest.approx(100 * expected, rel=1e-9)
 
 
 def test_default_refresh_charge_states_its_source():
     """The default charges the library's refresh: 2 iterations of subspace iteration per
-    FFN kernel (350M: d 1024, h 2736, 24 layers, r 128), counted here by hand."""
+    FFN kernel (350M: d 1024, h 2736, 24 layers, r 128), counted here by hand: the
+    products split over the live replicas, the QRs and the collectives on every one."""
     config = sim.SimConfig(models=('350M',), sizes=())
     table = sim.cost_tables(config)['350M']
     d, h, layers, r, iters = 1024, 2736, 24, 128, 2
@@ -355,16 +357,23 @@ def test_default_refresh_charge_states_its_source():
     def qr(k):  # Householder thin QR of a k x r block
         return 2.0 * k * r * r - 2.0 * r ** 3 / 3.0
 
-    per_kernel = [qr(n) + iters * (4.0 * n * m * r + qr(m) + qr(n))
-                  for n, m in ((d, h), (d, h), (h, d))]
-    assert table.refresh_sec == pytest.approx(layers * sum(per_kernel) / 1e12)
+    kernels = ((d, h), (d, h), (h, d))
+    products = layers * sum(iters * 4.0 * n * m * r for n, m in kernels)
+    qrs = layers * sum(qr(n) + iters * (qr(m) + qr(n)) for n, m in kernels)
+    # per kernel and iteration: all-gather h x r, ring all-reduce 2 x d x r, float32
+    collective_bytes = layers * 3 * iters * (h + 2 * d) * r * 4
+    assert table.refresh_split_sec == pytest.approx(products / 1e12)
+    assert table.refresh_sec == pytest.approx(qrs / 1e12 + collective_bytes / 25e9)
     assert 'subspace' in table.refresh_source and 'assumed 1 TFLOP/s' in table.refresh_source
+    assert '25 GB/s' in table.refresh_source
     svd = sim.cost_tables(sim.SimConfig(models=('350M',), sizes=(), refresh_method='svd'))
-    small, big = d, h  # thin SVD of each m x n kernel, m >= n: 6 m n^2 + 20 n^3
+    small, big = d, h  # thin SVD of each m x n kernel, m >= n: 6 m n^2 + 20 n^3, unsplit
     assert svd['350M'].refresh_sec == pytest.approx(
         3 * layers * (6.0 * big * small ** 2 + 20.0 * small ** 3) / 1e12)
+    assert svd['350M'].refresh_split_sec == 0.0
     config = sim.SimConfig(models=('350M',), sizes=(), refresh_sec=0.5)
     assert sim.cost_tables(config)['350M'].refresh_sec == 0.5
+    assert sim.cost_tables(config)['350M'].refresh_split_sec == 0.0
 
 
 # ------------------------------------------------------------------- recovery

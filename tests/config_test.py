@@ -87,6 +87,12 @@ BAD = [
     ({'fault__events': '2:3:4,4:3:2'}, 'replica 3 fails again', '--config.fault.events='),
     ({'fault__regime': 'bogus'}, "fault.regime='bogus'", "--config.fault.regime=''"),
     ({'fault__strategy': 'pray'}, "fault.strategy='pray'", '--config.fault.strategy=mecefo'),
+    ({'fault__strategy': 'mecefo_spread'}, "fault.strategy='mecefo_spread': was retired",
+     '--config.fault.strategy=mecefo_planned'),
+    ({'fault__max_neighbour_rows': -1}, 'fault.max_neighbour_rows=-1: must be >= 0',
+     '--config.fault.max_neighbour_rows=0'),
+    ({'fault__max_neighbour_rows': 8}, 'fault.max_neighbour_rows=8: caps the plans of '
+     'fault.strategy=mecefo_planned only', '--config.fault.max_neighbour_rows=0'),
     ({'fault__mtbf_hours': 2.0}, 'fault.mttr_hours', '--config.fault.mttr_hours='),
     ({'fault__mttr_hours': 2.0}, 'fault.mtbf_hours=0.0', '--config.fault.mttr_hours='),
     ({'fault__step_time_sec': 0.0}, 'fault.step_time_sec=0.0', '--config.fault.step_time_sec=60'),

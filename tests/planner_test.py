@@ -26,9 +26,10 @@ def compositions(total: int, parts: int, cap: int) -> np.ndarray:
     return np.array(rows, np.int64).reshape(-1, parts)
 
 
-def brute_force(mask, shard, cost, max_rows=None):
+def brute_force(mask, shard, cost, max_rows=None, max_neighbour_rows=None):
     """min over every assignment of extra rows to live replicas of
-    (slowest cost, neighbour rows, ring transport)."""
+    (slowest cost, neighbour rows, ring transport); with `max_neighbour_rows`,
+    over the assignments within it, or else those with the fewest neighbour rows."""
     mask = np.asarray(mask, bool)
     n, live = mask.size, np.flatnonzero(mask)
     orphaned = int((~mask).sum()) * shard
@@ -50,6 +51,10 @@ def brute_force(mask, shard, cost, max_rows=None):
     flow = np.cumsum(net, 1)
     transport = np.abs(flow - np.median(flow, 1, keepdims=True)).sum(1)
     keys = sorted(zip(np.round(slow, 9), neighbour_rows, np.round(transport, 6)))
+    if max_neighbour_rows:
+        within = [k for k in keys if k[1] <= max_neighbour_rows]
+        fewest = min(k[1] for k in keys)
+        keys = within or [k for k in keys if k[1] == fewest]
     return keys[0]
 
 
@@ -97,6 +102,40 @@ def test_planner_matches_brute_force_with_a_memory_bound_and_a_steep_cost():
         assert_exactly_once(layout, mask, 4)
         assert max(layout.rows(i) for i in range(len(layout.replicas))) <= 6
         assert objectives(layout, 7, 4, cost) == brute_force(mask, 4, cost, max_rows=6), mask
+
+
+@pytest.mark.parametrize('n', [6, 8])
+def test_planner_matches_brute_force_under_a_neighbour_row_cap(n):
+    """Every cap from below the fewest possible rows to above the uncapped plan's, with
+    and without a memory bound: the cap binds, then decides, then is met."""
+    cost = analytic_350m(4)
+    for mask in itertools.product([True, False], repeat=n):
+        failed = n - sum(mask)
+        if not failed or 2 * sum(mask) < 4 * failed:
+            continue  # nothing to plan, or the memory bound cannot hold the orphans
+        for max_rows in (None, 6):
+            for cap in range(4, 4 * failed + 4 * sum(mask) + 1, 3):
+                layout = planner_lib.plan_layout(mask, 4, cost, max_rows=max_rows,
+                                                 max_neighbour_rows=cap)
+                assert_exactly_once(layout, mask, 4)
+                assert objectives(layout, n, 4, cost) == brute_force(
+                    mask, 4, cost, max_rows=max_rows, max_neighbour_rows=cap), (mask, max_rows,
+                                                                                cap)
+
+
+def test_a_neighbour_row_cap_trades_the_step_for_fewer_approximated_rows():
+    # 350M, one failure of 32, 16 sequences per shard: uncapped, two helpers in one
+    # normal step (48 rows in neighbour mode); capped at 32, the paper's single
+    # neighbour (32 rows) at its slower step.
+    shard, mask = 16, np.ones(32, bool)
+    mask[5] = False
+    cost = analytic_350m(shard)
+    free = planner_lib.Planner(shard, cost).budget(31, 1)
+    capped = planner_lib.Planner(shard, cost, max_neighbour_rows=32).budget(31, 1)
+    assert (free.helpers, free.neighbour_rows, free.within_step) == (2, 48, True)
+    assert (capped.helpers, capped.neighbour_rows) == (1, 32)
+    assert capped.slowest_cost == pytest.approx(cost(ROLE_NEIGHBOUR, 32) / cost(ROLE_NORMAL, 16))
+    assert capped.slowest_cost > 1.0
 
 
 def test_memory_bound_that_cannot_hold_the_orphans_names_the_fix():
@@ -166,6 +205,22 @@ def test_plan_command_prints_every_strategy_as_json():
     assert planned['slowest_cost'] == max(x['cost'] for x in planned['replicas'])
     assert report['mecefo']['slowest_cost'] > planned['slowest_cost']
     assert report['drop']['slowest_cost'] == 1.0
+    assert planned['neighbour_rows'] == 2 * 3 and report['mecefo']['neighbour_rows'] == 4
+    assert report['drop']['neighbour_rows'] == 0
+
+
+def test_plan_command_shows_the_neighbour_row_cap():
+    from configs import tiny
+    from mecefo_jax.faults import plan
+    from mecefo_jax.settings import resolve
+    cfg = resolve(tiny.get_config())
+    # tiny: 2 sequences per shard on 8 replicas; one failure, capped at 4 rows: the
+    # single neighbour of the paper's rule instead of two helpers with one row each.
+    report = plan.plan_all(cfg, replicas=8, down=(3,), max_neighbour_rows=4)
+    planned = report['mecefo_planned']
+    assert (planned['neighbour_rows'], planned['max_neighbour_rows']) == (4, 4)
+    assert planned['slowest_cost'] == report['mecefo']['slowest_cost'] > 1.0
+    assert '4 rows in neighbour mode (cap 4)' in plan.format_text(report)
 
 
 def test_fault_library_never_imports_experiments():

@@ -161,7 +161,7 @@ def test_every_example_once_over_random_masks_and_shard_sizes(strategy):
         assert (counts == want).all(), (strategy, live, shard)
 
 
-@pytest.mark.parametrize('strategy', ['mecefo', 'mecefo_spread', 'mecefo_planned'])
+@pytest.mark.parametrize('strategy', ['mecefo', 'mecefo_planned'])
 @pytest.mark.parametrize('live', MASKS + RNG_MASKS)
 def test_mecefo_roles_neighbour_for_adopters_only(strategy, live):
     layout = layout_for(strategy, live, B)
@@ -184,36 +184,9 @@ def test_ndb_naive_places_like_mecefo():
         assert (a.replicas, a.pieces) == (b.replicas, b.pieces)
 
 
-@pytest.mark.parametrize('k', [1, 2, 3, 4])
-def test_spread_splits_over_k_nearest_and_bounds_the_slowest_device(k):
-    live = mask(down=(3,))
-    layout = layout_for('mecefo_spread', live, B, spread_k=k)
-    helpers = adopted_by(layout)[3]
-    assert sorted(helpers) == sorted(ring_order(3, live)[:k])
-    sizes = [p.size for pieces in layout.pieces for p in pieces if p.shard == 3]
-    assert len(sizes) == k and sum(sizes) == B and max(sizes) - min(sizes) <= 1
-    busiest = max(examples_per_replica(layout).values())
-    assert busiest == B + math.ceil(B / k)
-    assert layout.programs == (Program(ROLE_NORMAL, B), Program(ROLE_NEIGHBOUR, busiest))
-    naive = max(examples_per_replica(layout_for('mecefo', live, B)).values())
-    assert busiest <= naive and (k == 1 or busiest < naive)
-
-
-def test_spread_adjacent_failures_and_k_beyond_live():
-    live = mask(down=(3, 4))
-    layout = layout_for('mecefo_spread', live, B, spread_k=2)
-    assert sorted(adopted_by(layout)[3]) == [2, 5]
-    assert sorted(adopted_by(layout)[4]) == [5, 6]  # ring_order(4): 5, then 6 before 2
-    assert max(examples_per_replica(layout).values()) == 2 * B  # replica 5: own + 2 halves
-    assert (example_counts(layout) == 1).all()
-    few = (True, False, False, False)
-    layout = layout_for('mecefo_spread', few, B, spread_k=3)  # k > live replicas
-    assert layout.replicas == (0,) and (example_counts(layout, 4) == 1).all()
-
-
-def test_spread_k_must_be_positive():
-    with pytest.raises(ValueError, match='fault.spread_k'):
-        layout_for('mecefo_spread', mask(down=(3,)), B, spread_k=0)
+def test_the_retired_spread_strategy_is_refused():
+    with pytest.raises(ValueError, match="fault.strategy='mecefo_spread' is unknown"):
+        layout_for('mecefo_spread', mask(down=(3,)), B)
 
 
 @pytest.mark.parametrize('strategy', ['elastic', 'checkpoint_restart'])

@@ -60,7 +60,6 @@ def _schedule_programs(cfg, runs) -> set:
     return {key for name in runs for mask in masks if any(mask)
             for key in layout_keys(layout_for('mecefo' if name == 'fault_free' else name,
                                               mask, shard_batch,
-                                              spread_k=cfg.fault.spread_k,
                                               planner=planner))}
 
 

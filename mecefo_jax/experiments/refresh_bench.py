@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from mecefo_jax import aot
 from mecefo_jax import projections as proj_lib
-from mecefo_jax.faults.costs import subspace_flops
+from mecefo_jax.faults.refresh_costs import subspace_flops
 
 ITERATION_SWEEP = (1, 2, 3, 4)  # energy ratios also reported for these iteration counts
 

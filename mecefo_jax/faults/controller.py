@@ -70,7 +70,6 @@ class FaultController:
         self.run, self.schedule = run, schedule
         self.strategy = validate_strategy(strategy)
         self.tau = proj_lib.validate_tau(cfg.mecefo.tau)
-        self.spread_k = cfg.fault.spread_k
         self.planner = (config_planner(cfg, run.shard_batch)
                         if self.strategy == 'mecefo_planned' else None)
         # A job relaunched without some replicas (launch.py) starts as if they
@@ -161,8 +160,7 @@ class FaultController:
     # -- internals ----------------------------------------------------------
 
     def _layout(self, live):
-        return layout_for(self.strategy, live, self.run.shard_batch, spread_k=self.spread_k,
-                          planner=self.planner)
+        return layout_for(self.strategy, live, self.run.shard_batch, planner=self.planner)
 
     def _neighbour_active(self) -> bool:
         return ROLE_NEIGHBOUR in self.layout.roles

@@ -154,7 +154,8 @@ class CostTable:
     step_sec_source: str
     plain: float = 1.0
     note: str = ''
-    refresh_sec: float = 0.0  # one projection refresh (every FFN kernel), seconds
+    refresh_sec: float = 0.0  # one projection refresh, seconds every replica pays whole
+    refresh_split_sec: float = 0.0  # and the seconds split over the live replicas
     refresh_source: str = 'not charged'
 
     def __post_init__(self):
@@ -163,7 +164,8 @@ class CostTable:
             if not pts or any(not (x > 0 and c > 0) for x, c in pts):
                 raise ValueError(f'CostTable.{name} needs (shards > 0, cost > 0) points, '
                                  f'got {pts!r}.')
-        if not (self.step_sec > 0 and self.plain > 0 and self.refresh_sec >= 0):
+        if not (self.step_sec > 0 and self.plain > 0 and self.refresh_sec >= 0
+                and self.refresh_split_sec >= 0):
             raise ValueError(f'CostTable needs step_sec > 0 and plain > 0, got '
                              f'{self.step_sec!r} and {self.plain!r}.')
 
@@ -185,31 +187,6 @@ class CostTable:
         d['ratios'] = {k: self.ratio(k) for k in
                        ('ndb_naive', 'mecefo', 'mecefo_per_batch', 'plain_dp')}
         return d
-
-
-def svd_refresh_flops(shape: ModelShape) -> float:
-    """FLOPs of one projection refresh: a thin SVD of each of the 3 FFN kernels
-    per block, as `projections.top_singular_vectors` computes (U, S and V of
-    an m x n kernel, m >= n: ``6mn^2 + 20n^3``, Golub & Van Loan's R-SVD
-    count), on every replica (the refresh is replicated)."""
-    m, n = max(shape.d_model, shape.ffn_hidden), min(shape.d_model, shape.ffn_hidden)
-    return 3.0 * shape.num_layers * (6.0 * m * n * n + 20.0 * n ** 3)
-
-
-def subspace_refresh_flops(shape: ModelShape, rank: int, iterations: int) -> float:
-    """FLOPs of one cheap refresh (`mecefo.refresh=subspace`): per FFN kernel of the
-    model, `iterations` of two [n, m] x [., r] products and the thin QRs of
-    randomized subspace iteration (the start's QR included), on every replica."""
-    kernels = ((shape.d_model, shape.ffn_hidden),) * 2 + ((shape.ffn_hidden, shape.d_model),)
-    return shape.num_layers * sum(subspace_flops(n, m, rank, iterations) for n, m in kernels)
-
-
-def subspace_flops(n: int, m: int, r: int, iterations: int) -> float:
-    """One [n, m] kernel: two products per iteration plus the thin QRs (Householder
-    ``2 k r^2 - 2 r^3 / 3`` each), the start's QR included."""
-    def qr(k):
-        return 2.0 * k * r * r - 2.0 * r ** 3 / 3.0
-    return qr(n) + iterations * (4.0 * n * m * r + qr(m) + qr(n))
 
 
 def mfu_step_sec(shape: ModelShape, *, seq_len: int, replica_seqs: int, mfu: float,

@@ -5,9 +5,11 @@
 
 Per live replica: its role, its pieces (shard[start:stop]) and the modelled
 cost of its device program in normal steps (a device runs its role's
-busiest program, padding included), then the step's slowest device.
-`--json` prints one object keyed by strategy: {slowest_cost, replicas:
-[{replica, role, pieces, cost}]}. Costs: `analytic` (the FLOP model of the
+busiest program, padding included), then the step's slowest device and the
+rows computed in neighbour mode (`mecefo_planned` under the config's
+`fault.max_neighbour_rows`, shown when set; `--max_neighbour_rows` overrides it).
+`--json` prints one object keyed by strategy: {slowest_cost, neighbour_rows,
+replicas: [{replica, role, pieces, cost}]}. Costs: `analytic` (the FLOP model of the
 config's own shape, `faults/costs.py`), `bench:PATH` (a bench_step.json) or
 `roles:PATH` (a compare_faults.json). Nothing is compiled or run.
 """
@@ -18,7 +20,7 @@ import json
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults.planner import Planner
 from mecefo_jax.faults.strategies import STRATEGIES, layout_for
-from mecefo_jax.layout import ROLE_NAMES, ROLE_NORMAL, Layout
+from mecefo_jax.layout import ROLE_NAMES, ROLE_NEIGHBOUR, ROLE_NORMAL, Layout
 
 
 def cost_table(cfg, spec: str, shard: int) -> costs_lib.CostTable:
@@ -46,18 +48,22 @@ def _rank(cfg) -> int:
 
 
 def strategy_report(layout: Layout, cost) -> dict:
-    """{slowest_cost, replicas: [{replica, role, pieces, cost}]} in normal steps."""
+    """{slowest_cost, neighbour_rows, replicas: [{replica, role, pieces, cost}]};
+    costs in normal steps, rows as computed (padding not counted)."""
     rows_of = {p.role: p.rows for p in layout.programs}
     replicas = []
     for r, role, pieces in zip(layout.replicas, layout.roles, layout.pieces):
         replicas.append({'replica': r, 'role': ROLE_NAMES[role],
                          'pieces': [f'{p.shard}[{p.start}:{p.stop}]' for p in pieces],
                          'cost': cost(role, rows_of[role])})
-    return {'slowest_cost': max(x['cost'] for x in replicas), 'replicas': replicas}
+    neighbour_rows = sum(layout.rows(i) for i, role in enumerate(layout.roles)
+                         if role == ROLE_NEIGHBOUR)
+    return {'slowest_cost': max(x['cost'] for x in replicas),
+            'neighbour_rows': neighbour_rows, 'replicas': replicas}
 
 
 def plan_all(cfg, *, replicas: int, down, cost_spec: str = 'analytic',
-             strategies=STRATEGIES) -> dict:
+             strategies=STRATEGIES, max_neighbour_rows: int | None = None) -> dict:
     """Every strategy's report for `down` of `replicas` replicas (see module docstring)."""
     if replicas < 1 or cfg.data.global_batch_size % replicas:
         raise ValueError(f'data.global_batch_size={cfg.data.global_batch_size} must split '
@@ -70,17 +76,23 @@ def plan_all(cfg, *, replicas: int, down, cost_spec: str = 'analytic',
     table = cost_table(cfg, cost_spec, shard)
     raw = costs_lib.role_cost(table, shard)
     cost = lambda role, rows: raw(role, rows) / raw(ROLE_NORMAL, shard)  # noqa: E731
-    planner = Planner(shard, cost)
+    cap = cfg.fault.max_neighbour_rows if max_neighbour_rows is None else max_neighbour_rows
+    planner = Planner(shard, cost, max_neighbour_rows=cap)
     live = tuple(r not in set(down) for r in range(replicas))
-    return {name: strategy_report(layout_for(name, live, shard, spread_k=cfg.fault.spread_k,
-                                             planner=planner), cost)
-            for name in strategies}
+    report = {name: strategy_report(layout_for(name, live, shard, planner=planner), cost)
+              for name in strategies}
+    if cap and 'mecefo_planned' in report:
+        report['mecefo_planned']['max_neighbour_rows'] = cap
+    return report
 
 
 def format_text(report: dict) -> str:
     lines = []
     for name, entry in sorted(report.items(), key=lambda kv: kv[1]['slowest_cost']):
-        lines.append(f'{name}: slowest device {entry["slowest_cost"]:.3f}x a normal step')
+        cap = entry.get('max_neighbour_rows')
+        lines.append(f'{name}: slowest device {entry["slowest_cost"]:.3f}x a normal step, '
+                     f'{entry["neighbour_rows"]} rows in neighbour mode'
+                     + (f' (cap {cap})' if cap else ''))
         for x in entry['replicas']:
             if x['role'] != 'normal' or len(x['pieces']) > 1:
                 lines.append(f'  replica {x["replica"]:>4} {x["role"]:<9} {x["cost"]:.3f}x  '
@@ -100,7 +112,9 @@ def main(argv):
                                         else cfg.mesh.num_cpu_devices // cfg.mesh.model)
     down = tuple(int(x) for x in flags.FLAGS.down.split(',') if x.strip())
     try:
-        report = plan_all(cfg, replicas=replicas, down=down, cost_spec=flags.FLAGS.cost)
+        cap = flags.FLAGS.max_neighbour_rows
+        report = plan_all(cfg, replicas=replicas, down=down, cost_spec=flags.FLAGS.cost,
+                          max_neighbour_rows=None if cap < 0 else cap)
     except ValueError as err:
         raise SystemExit(f'plan: {err}') from None
     print(json.dumps(report, indent=1) if flags.FLAGS.json else format_text(report))
@@ -115,6 +129,8 @@ def _define_flags():
                          'mesh.num_cpu_devices / mesh.model when mesh.data is -1.')
     flags.DEFINE_string('cost', 'analytic', 'analytic | bench:PATH | roles:PATH')
     flags.DEFINE_bool('json', False, 'Print one JSON object keyed by strategy.')
+    flags.DEFINE_integer('max_neighbour_rows', -1, 'mecefo_planned row cap; -1: the '
+                         "config's fault.max_neighbour_rows, 0: none.")
     flags.mark_flags_as_required(['config'])
     return config
 

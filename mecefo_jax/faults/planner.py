@@ -27,6 +27,14 @@ planner picks, lexicographically:
    same node);
 4. then the smallest helper program (fewest rows on the busiest helper).
 
+`max_neighbour_rows` (`fault.max_neighbour_rows`) trades speed for
+fidelity: (1) to (4) are then taken over the plans with at most that many
+rows in neighbour mode, i.e. at most ``(cap - orphaned) // shard`` helpers,
+so each helper takes more rows and the step may exceed one normal step.
+When no plan meets the cap (every plan's helpers compute their own shards in
+neighbour mode too, and the memory bound may need more helpers) the plan
+with the fewest neighbour-mode rows is used.
+
 (1) and (2) have a closed form in (live, failed) alone (`Budget`); (3) is a
 min-cost transport on the ring with a fixed number of helpers, solved
 exactly by dynamic programming over the ring cut at every edge (an optimal
@@ -92,8 +100,12 @@ class Budget:
 
 
 def budget(num_live: int, num_failed: int, shard: int, cost: Cost,
-           max_rows: int | None = None) -> Budget:
-    """Objectives (1) and (2) in closed form: how many helpers, how many rows each."""
+           max_rows: int | None = None, max_neighbour_rows: int | None = None) -> Budget:
+    """Objectives (1) and (2) in closed form: how many helpers, how many rows each.
+
+    A plan whose busiest helper takes `e` extra rows needs ceil(orphaned / e)
+    helpers, so the helper cap of `max_neighbour_rows` is a floor on `e`.
+    """
     if num_live < 1:
         raise PlanError('every replica is down: nothing can take a failed shard.')
     orphaned = num_failed * shard
@@ -107,6 +119,10 @@ def budget(num_live: int, num_failed: int, shard: int, cost: Cost,
             f'{orphaned} orphaned rows do not fit on {num_live} live replicas with at most '
             f'{max_rows} rows per neighbour (the memory bound); allow more rows per neighbour '
             f'or use fault.strategy=drop.')
+    if max_neighbour_rows:
+        fewest = -(-orphaned // cap)  # helpers the memory bound needs at least
+        allowed = max(fewest, (max_neighbour_rows - orphaned) // shard)
+        least = max(least, -(-orphaned // allowed))
     extra = np.arange(least, cap + 1)
     slow = np.maximum(1.0, np.asarray(cost(ROLE_NEIGHBOUR, shard + extra), float) / normal)
     best = float(slow.min())
@@ -233,10 +249,12 @@ def place(live_mask, shard: int, plan: Budget) -> dict[int, list[Piece]]:
     return pieces
 
 
-def plan_layout(live_mask, shard: int, cost: Cost, max_rows: int | None = None) -> Layout:
+def plan_layout(live_mask, shard: int, cost: Cost, max_rows: int | None = None,
+                max_neighbour_rows: int | None = None) -> Layout:
     """The `mecefo_planned` layout for `live_mask` (see module docstring)."""
     live = np.asarray(live_mask, bool)
-    plan = budget(int(live.sum()), int((~live).sum()), shard, cost, max_rows)
+    plan = budget(int(live.sum()), int((~live).sum()), shard, cost, max_rows,
+                  max_neighbour_rows)
     adopted = place(live, shard, plan)
     replicas = tuple(int(r) for r in np.flatnonzero(live))
     return Layout(replicas=replicas,
@@ -248,12 +266,17 @@ class Planner:
     """`plan_layout` and `budget` for one shard size and cost, cached by live set
     (the simulator and the controller ask for the same few sets again and again)."""
 
-    def __init__(self, shard: int, cost: Cost | None = None, max_rows: int | None = None):
+    def __init__(self, shard: int, cost: Cost | None = None, max_rows: int | None = None,
+                 max_neighbour_rows: int | None = None):
         if shard < 1:
             raise ValueError(f'shard={shard!r} must be >= 1 sequence.')
         if max_rows is not None and max_rows < shard:
             raise ValueError(f'max_rows={max_rows!r} must hold at least one shard ({shard}).')
+        if max_neighbour_rows is not None and max_neighbour_rows < 0:
+            raise ValueError(f'fault.max_neighbour_rows={max_neighbour_rows!r} must be >= 0 '
+                             '(0: no cap).')
         self.shard, self.max_rows = shard, max_rows
+        self.max_neighbour_rows = max_neighbour_rows or None
         self.cost = cost or linear_cost()
         self._layouts: dict[tuple, Layout] = {}
         self._budgets: dict[tuple, Budget] = {}
@@ -261,14 +284,15 @@ class Planner:
     def layout(self, live_mask) -> Layout:
         key = tuple(bool(x) for x in live_mask)
         if key not in self._layouts:
-            self._layouts[key] = plan_layout(key, self.shard, self.cost, self.max_rows)
+            self._layouts[key] = plan_layout(key, self.shard, self.cost, self.max_rows,
+                                             self.max_neighbour_rows)
         return self._layouts[key]
 
     def budget(self, num_live: int, num_failed: int) -> Budget:
         key = (num_live, num_failed)
         if key not in self._budgets:
             self._budgets[key] = budget(num_live, num_failed, self.shard, self.cost,
-                                        self.max_rows)
+                                        self.max_rows, self.max_neighbour_rows)
         return self._budgets[key]
 
 
@@ -283,4 +307,5 @@ def config_planner(cfg, shard: int) -> Planner:
     table = costs_lib.analytic_table(
         costs_lib.shape_of(cfg.model), seq_len=cfg.data.seq_len, replica_seqs=shard, rank=rank,
         recompute_ffn=cfg.mecefo.remat_ffn, mfu=1.0)
-    return Planner(shard, costs_lib.role_cost(table, shard))
+    return Planner(shard, costs_lib.role_cost(table, shard),
+                   max_neighbour_rows=cfg.fault.max_neighbour_rows)

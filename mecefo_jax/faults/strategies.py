@@ -12,14 +12,13 @@ global batch and its order never change; only where shards are computed.
 |                     | every device within one normal step,    |                  |
 |                     | nearest first (`faults/planner.py`)     |                  |
 | ndb_naive           | nearest live ring neighbour             | normal (exact)   |
-| mecefo_spread       | split over the k nearest live neighbours| neighbour        |
 | elastic             | split evenly over every live replica    | normal           |
 | checkpoint_restart  | as elastic, after a restore             | normal           |
 | drop                | nowhere (its samples are skipped)       | -                |
 
-`mecefo` stays the paper's rule (the faithful row). `mecefo_spread` with a
-fixed k is one of the plans `mecefo_planned` chooses among; it is kept only
-to reproduce earlier figures.
+`mecefo` stays the paper's rule (the faithful row). Splitting each failed
+shard over a fixed k nearest neighbours is one of the plans `mecefo_planned`
+chooses among, so it is no strategy of its own.
 
 Every replica joins its own shard and what it adopts into one batch, so the
 elastic re-split costs each survivor exactly `1 + f/(n-f)` of a batch (f of n
@@ -28,9 +27,8 @@ replicas down), in one larger batch rather than many small ones.
 from mecefo_jax.faults.planner import Planner
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
 
-STRATEGIES = ('mecefo', 'ndb_naive', 'elastic', 'drop', 'checkpoint_restart', 'mecefo_spread',
-              'mecefo_planned')
-NEIGHBOUR_MODE_STRATEGIES = ('mecefo', 'mecefo_spread', 'mecefo_planned')
+STRATEGIES = ('mecefo', 'ndb_naive', 'elastic', 'drop', 'checkpoint_restart', 'mecefo_planned')
+NEIGHBOUR_MODE_STRATEGIES = ('mecefo', 'mecefo_planned')
 
 
 def validate_strategy(name: str) -> str:
@@ -99,7 +97,7 @@ def _split_evenly(pieces: list[Piece], parts: int) -> list[list[Piece]]:
     return groups
 
 
-def layout_for(strategy: str, live_mask, shard_batch: int, *, spread_k: int = 2,
+def layout_for(strategy: str, live_mask, shard_batch: int, *,
                planner: Planner | None = None) -> Layout:
     """The layout `strategy` uses when only the replicas in `live_mask` are up.
 
@@ -124,15 +122,6 @@ def layout_for(strategy: str, live_mask, shard_batch: int, *, spread_k: int = 2,
         for shard, adopter in adopters(live_mask).items():
             extra[adopter].append(Piece(shard, 0, shard_batch))
             neighbours.add(adopter)
-    elif strategy == 'mecefo_spread' and failed:
-        if spread_k < 1:
-            raise ValueError(f'fault.spread_k={spread_k} must be >= 1.')
-        k = min(spread_k, len(live))
-        for shard in failed:
-            helpers = ring_order(shard, live_mask)[:k]
-            for helper, group in zip(helpers, _split_evenly([Piece(shard, 0, shard_batch)], k)):
-                extra[helper].extend(group)
-                neighbours.add(helper)
     elif strategy in ('elastic', 'checkpoint_restart') and failed:
         # An exact re-split: every survivor takes at most ceil(orphans / live)
         # extra examples, joined with its own shard into one larger batch.

@@ -4,7 +4,7 @@
 |---|---|
 | `traces` | Monte Carlo failure traces (per cluster or per node) and per-live-set loads |
 | `recovery` | per-event recovery overheads (in-process, from memory, from disk) |
-| `settings` | the strategies, the config and the cost tables (refresh included; `faults/costs.py`) |
+| `settings` | the strategies, the config, the cost tables (`faults/costs.py`, `faults/refresh_costs.py`) |
 | `sim` | the synchronous-step throughput model and the Monte Carlo driver |
 | `report` | JSON, markdown and plot of the result |
 """

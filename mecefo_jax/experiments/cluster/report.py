@@ -386,8 +386,8 @@ def _cost_section(result) -> list[str]:
         recompute_ffn=False) / costs_lib.flops_per_token(shape, mode='normal', seq_len=256)
     lines += ['', 'Cost source: ' + '; '.join(sorted(notes)) + '. Step time: '
               + '; '.join(sorted(srcs)) + '. Between measured points cost is linear in '
-              'examples (elastic: one larger exact batch; spread: a fraction of a shard in '
-              'neighbour mode). For reference, the measured ratio (XLA cost analysis of the '
+              'examples (elastic: one larger exact batch; mecefo_planned: fractions of a '
+              'shard in neighbour mode). For reference, the measured ratio (XLA cost analysis of the '
               'whole train step, 350M width, seq 256, r=128, two shards of 4 sequences '
               f'joined, no FFN recompute) is {MEASURED_CPU_RATIO_350M:.3f}x at 24 blocks; '
               f'the FLOP model in that setting gives {cpu_like:.3f}x.', '']
@@ -427,7 +427,7 @@ def _assumptions(result) -> list[str]:
             f"{READINGS['A']}; reading B: {READINGS['B']}.",
             '- A step lasts as long as its slowest device; tokens count only when useful '
             '(drop keeps (n-f)/n of the batch; redone steps count once).',
-            f"- Batches split at {gran}; mecefo_spread uses k = {cfg['spread_k']}.",
+            f'- Batches split at {gran}.',
             '- A live-set change during a recovery restarts that recovery; returns lose no '
             "steps (a planned restart saves first); failures lose the recovery entry's lost "
             f"steps (checkpoint_restart: the steps since its last checkpoint, every "
@@ -438,8 +438,7 @@ def _assumptions(result) -> list[str]:
             f"{'causal half' if cfg['causal_scores'] else 'full L x L matrix (as XLA counts)'}, "
             f"r={cfg['rank']}; absolute time at MFU {cfg['mfu']:g} of {cfg['peak_tflops']:g} "
             'TFLOP/s unless a GPU bench of the same shape is given.',
-            '- Not charged: the SVD refresh (every tau steps and at failure onset), checkpoint '
-            'save time, the data pipeline, communication (all-reduce time is the same in '
+            '- Not charged: checkpoint save time, the data pipeline, communication (all-reduce time is the same in '
             'every strategy but grows with n).', '']
 
 

@@ -10,13 +10,11 @@ from typing import Any
 
 from mecefo_jax.experiments.cluster import traces as traces_lib
 from mecefo_jax.faults import costs as costs_lib
+from mecefo_jax.faults import refresh_costs
 
-STRATEGIES = ('fault_free', 'mecefo', 'mecefo_planned', 'ndb_naive', 'mecefo_spread', 'elastic',
-              'drop', 'checkpoint_restart')
-NEIGHBOUR_MODE = ('mecefo', 'mecefo_spread', 'mecefo_planned')
-# Effective TFLOP/s of the thin SVD on a GPU: an assumption, not a measurement
-# (bidiagonalisation is memory-bound and runs at a few percent of dense peak).
-DEFAULT_SVD_TFLOPS = 1.0
+STRATEGIES = ('fault_free', 'mecefo', 'mecefo_planned', 'ndb_naive', 'elastic', 'drop',
+              'checkpoint_restart')
+NEIGHBOUR_MODE = ('mecefo', 'mecefo_planned')
 ASSUMPTIONS = ('in_process', 'real_crash')
 TABLE2_REGIMES = ('none', 'low', 'mid', 'high')
 
@@ -44,10 +42,10 @@ class SimConfig:
     global_batch: int = 512  # sequences per step at `replicas`
     seq_len: int = 256
     rank: int = 128
-    spread_k: int = 2
     tau: int = 100  # steps between projection refreshes while a neighbour is active (paper)
-    refresh_sec: float = -1.0  # seconds per refresh; < 0: the refresh's FLOPs at svd_tflops
-    svd_tflops: float = DEFAULT_SVD_TFLOPS  # assumed effective TFLOP/s of the refresh
+    refresh_sec: float = -1.0  # seconds per refresh; < 0: its FLOPs and bytes (refresh_costs)
+    svd_tflops: float = refresh_costs.DEFAULT_REFRESH_TFLOPS  # assumed TFLOP/s of the refresh
+    link_gbps: float = refresh_costs.DEFAULT_LINK_GBPS  # replica-to-replica GB/s (DGX A100)
     refresh_method: str = 'subspace'  # as mecefo.refresh: 'subspace' (default) | 'svd'
     refresh_iters: int = 2  # as mecefo.refresh_iters
     granularity: str = 'sequence'  # or 'continuous'
@@ -92,14 +90,12 @@ class SimConfig:
                              f"'continuous'.")
         if self.seeds < 1 or self.hours <= 0:
             raise ValueError(f'--seeds={self.seeds} must be >= 1 and --hours={self.hours} > 0.')
-        if self.spread_k < 1:
-            raise ValueError(f'--spread_k={self.spread_k} must be >= 1.')
         if self.refresh_method not in ('subspace', 'svd') or self.refresh_iters < 1:
             raise ValueError(f"--refresh_method={self.refresh_method!r} must be 'subspace' or "
                              f"'svd' and --refresh_iters={self.refresh_iters} >= 1.")
-        if self.tau < 1 or not self.svd_tflops > 0:
-            raise ValueError(f'--tau={self.tau} must be >= 1 and --svd_tflops='
-                             f'{self.svd_tflops} > 0.')
+        if self.tau < 1 or not self.svd_tflops > 0 or not self.link_gbps > 0:
+            raise ValueError(f'--tau={self.tau} must be >= 1, --svd_tflops='
+                             f'{self.svd_tflops} > 0 and --link_gbps={self.link_gbps} > 0.')
 
     def seeds_for(self, n: int) -> int:
         if self.sweep_seeds > 0:
@@ -140,14 +136,11 @@ def cost_tables(config: SimConfig, *, source: str = 'analytic', bench: dict | No
 
 
 def refresh_charge(config: SimConfig, shape: costs_lib.ModelShape) -> dict[str, Any]:
-    """{refresh_sec, refresh_source}: the flag, or the SVD FLOPs at `svd_tflops`."""
+    """{refresh_sec, refresh_split_sec, refresh_source}: the flag, or the refresh's
+    FLOPs at `svd_tflops` and its collective bytes at `link_gbps` (`refresh_costs`)."""
     if config.refresh_sec >= 0:
-        return {'refresh_sec': config.refresh_sec, 'refresh_source': '--refresh_sec'}
-    if config.refresh_method == 'svd':
-        flops, what = costs_lib.svd_refresh_flops(shape), 'thin-SVD'
-    else:
-        flops = costs_lib.subspace_refresh_flops(shape, config.rank, config.refresh_iters)
-        what = f'{config.refresh_iters}-iteration subspace-refresh'
-    return {'refresh_sec': flops / (config.svd_tflops * 1e12),
-            'refresh_source': f'{what} FLOPs of the FFN kernels ({flops / 1e12:.3f} TFLOP) '
-                              f'at an assumed {config.svd_tflops:g} TFLOP/s'}
+        return {'refresh_sec': config.refresh_sec, 'refresh_split_sec': 0.0,
+                'refresh_source': '--refresh_sec'}
+    return refresh_costs.refresh_charge(shape, method=config.refresh_method, rank=config.rank,
+                                        iterations=config.refresh_iters,
+                                        tflops=config.svd_tflops, link_gbps=config.link_gbps)

@@ -32,20 +32,21 @@ Strategies (names as in `faults/strategies.py`, plus `fault_free`):
 | fault_free         | one shard (no failures)                      | all    | -         |
 | mecefo             | neighbour mode, 1 + adopted shards           | all    | recovery  |
 | ndb_naive          | exact, 1 + adopted shards                    | all    | recovery  |
-| mecefo_spread      | neighbour mode, 1 + its pieces (k nearest)   | all    | recovery  |
 | mecefo_planned     | the planner's slowest device (>= 1)          | all    | recovery  |
 | elastic            | exact, 1 + f/(n-f) in one larger batch       | all    | recovery  |
 | drop               | one shard                                    | (n-f)/n| recovery  |
 | checkpoint_restart | as elastic                                   | all    | disk restore + redo |
 
-The neighbour-mode strategies (mecefo, mecefo_spread, mecefo_planned) also
-pay the projection refresh, as the controller does: `refresh_sec` of no
-progress at each onset, and `refresh_sec / tau` per step while some replica
-is down (a refresh every `tau` steps while a neighbour is active). Its
-seconds come from `--refresh_sec`, or else from the FLOPs of the refresh the
-library runs (`--refresh_method`: the warm-started subspace iteration by
-default, `costs.subspace_refresh_flops`; or the thin SVD,
-`costs.svd_refresh_flops`) at an assumed `--svd_tflops`.
+The neighbour-mode strategies (mecefo, mecefo_planned) also
+pay the projection refresh, as the controller does: one refresh of no
+progress at each onset, and 1 / tau of one per step while some replica is
+down (a refresh every `tau` steps while a neighbour is active). One refresh
+takes `--refresh_sec`, or else what the library's refresh costs a replica
+(`faults/refresh_costs.py`): under `--refresh_method subspace` (the default)
+its products divided by the live replicas (the refresh splits them over the
+data axis), its replicated QRs at an assumed `--svd_tflops` and its
+collectives at `--link_gbps`; under `svd` the whole thin SVD on every
+replica at `--svd_tflops`.
 
 `mecefo_planned` asks the planner (`faults/planner.py`, the same code the
 controller runs) for its slowest device once per distinct (live, failed)
@@ -66,7 +67,6 @@ from mecefo_jax.experiments.cluster import recovery as recovery_lib
 from mecefo_jax.experiments.cluster import traces as traces_lib
 from mecefo_jax.experiments.cluster.settings import (  # noqa: F401 (re-exported)
     ASSUMPTIONS,
-    DEFAULT_SVD_TFLOPS,
     NEIGHBOUR_MODE,
     STRATEGIES,
     TABLE2_REGIMES,
@@ -97,8 +97,6 @@ def step_costs(strategy: str, iv: traces_lib.Intervals,
         # Normal replicas of a layout with a neighbour run the role-switching
         # step (cost 1); nothing down means the plain fault-free step.
         ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(iv.adopt_shards)), cost.plain)
-    elif strategy == 'mecefo_spread':
-        ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(iv.spread_shards)), cost.plain)
     elif strategy == 'mecefo_planned':
         ratio = np.where(down, planned_cost(iv, cost), cost.plain)
     elif strategy == 'ndb_naive':
@@ -172,7 +170,9 @@ def simulate(strategy: str, iv: traces_lib.Intervals, cost: costs_lib.CostTable,
     ratio, useful = step_costs(strategy, iv, cost)
     # Neighbour modes refresh the projections at each onset and every tau
     # steps while a replica is down (module docstring).
-    refresh = cost.refresh_sec if strategy in NEIGHBOUR_MODE else 0.0
+    live = np.maximum(iv.num_replicas - iv.failed, 1)
+    refresh = (cost.refresh_sec + cost.refresh_split_sec / live
+               if strategy in NEIGHBOUR_MODE else np.zeros(live.shape))
     step_sec = cost.step_sec * ratio / cost.plain + np.where(iv.failed > 0, refresh / tau, 0.0)
     tokens_per_step = global_tokens * useful
     sec, lost_fixed = event_recovery(strategy, assumption, recovery)
@@ -256,7 +256,7 @@ def run_setting(config: SimConfig, tables: dict[str, costs_lib.CostTable],
                 num_replicas=num_replicas, reading=reading, mtbf_hours=mtbf, mttr_hours=mttr,
                 horizon_hours=config.hours, seed=seed, node_size=config.node_size,
                 rate_scaling=config.rate_scaling)
-            iv = traces_lib.intervals(trace, shard_seqs=shard, spread_k=config.spread_k)
+            iv = traces_lib.intervals(trace, shard_seqs=shard)
         stats.append(trace_stats(iv))
         for model in models:
             for assumption in config.assumptions:
@@ -370,7 +370,8 @@ def run(config: SimConfig, *, out_dir: str | None = None, cost: str = 'analytic'
     for name, t in tables.items():
         log(f'[simulate] {name}: {t.source} costs, mecefo x{t.ratio("mecefo"):.3f}, '
             f'ndb_naive x{t.ratio("ndb_naive"):.3f}, fault-free step {t.step_sec * 1e3:.1f} ms '
-            f'({t.step_sec_source}), refresh {t.refresh_sec:.2f} s ({t.refresh_source})')
+            f'({t.step_sec_source}), refresh {t.refresh_sec:.3f} s + '
+            f'{t.refresh_split_sec:.3f} s / live ({t.refresh_source})')
     result = monte_carlo(config, tables, recovery, log=log)
     if out_dir:
         paths = cluster_report.write(result, out_dir)

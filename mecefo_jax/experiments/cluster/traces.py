@@ -35,8 +35,6 @@ a 1,024-replica trace with thousands of changes takes a fraction of a second:
 * ``mecefo`` / ``ndb_naive``: each failed shard goes to its nearest live
   ring neighbour; at a tie the less loaded one, the next one first. The
   busiest adopter computes ``1 + load`` shards.
-* ``mecefo_spread``: each failed shard is split into k even pieces over its
-  k nearest live replicas (ring order).
 * ``mecefo_planned``: not here. Its busiest device depends on the numbers
   of live and failed replicas alone, and `cluster.sim` asks the planner
   itself (`faults/planner.py`), once per distinct pair.
@@ -187,57 +185,6 @@ def adopter_loads(live_mask) -> np.ndarray:
     return load
 
 
-def _ring_order(replica: int, mask: np.ndarray) -> list[int]:
-    # Same order as strategies.ring_order; only used with very few live replicas.
-    n, order = mask.size, []
-    for distance in range(1, n):
-        for c in ((replica + distance) % n, (replica - distance) % n):
-            if mask[c] and c not in order:
-                order.append(c)
-    return order
-
-
-def piece_sizes(shard: int, k: int) -> np.ndarray:
-    """Sizes of `strategies._even_split(shard, k)` (empty pieces dropped)."""
-    bounds = [round(i * shard / k) for i in range(k + 1)]
-    sizes = np.array([b - a for a, b in zip(bounds, bounds[1:])])
-    return sizes[sizes > 0]
-
-
-def spread_extra(live_mask, shard: int | None, k: int) -> np.ndarray:
-    """Extra work per replica under `mecefo_spread` with `spread_k = k`.
-
-    In examples for a shard of `shard` examples; in shards (pieces of 1/k)
-    when `shard` is None (continuous batches).
-    """
-    mask = np.asarray(live_mask, bool)
-    n = mask.size
-    live, failed = np.flatnonzero(mask), np.flatnonzero(~mask)
-    extra = np.zeros(n, np.int64 if shard is not None else float)
-    if failed.size == 0:
-        return extra
-    if live.size == 0:
-        raise ValueError('every replica is down: nothing can take a piece.')
-    k = min(k, live.size)
-    sizes = piece_sizes(shard, k) if shard is not None else np.full(k, 1.0 / k)
-    if live.size < 2 * k:  # the k nearest on each side may overlap: do it plainly
-        for r in failed:
-            for helper, size in zip(_ring_order(int(r), mask), sizes):
-                extra[helper] += size
-        return extra
-    # The k nearest live replicas are among the k next and the k previous
-    # ones; order them as ring_order does: by distance, the next one first.
-    pos = np.searchsorted(live, failed)[:, None]
-    j = np.arange(k)
-    nxt, prev = live[(pos + j) % live.size], live[(pos - 1 - j) % live.size]
-    cand = np.concatenate([nxt, prev], 1)
-    key = np.concatenate([2 * ((nxt - failed[:, None]) % n),
-                          2 * ((failed[:, None] - prev) % n) + 1], 1)
-    helpers = np.take_along_axis(cand, np.argsort(key, axis=1)[:, :sizes.size], 1)
-    np.add.at(extra, helpers.ravel(), np.broadcast_to(sizes, helpers.shape).ravel())
-    return extra
-
-
 @dataclasses.dataclass(frozen=True)
 class Intervals:
     """A trace cut where the live set changes; one entry per interval.
@@ -253,7 +200,6 @@ class Intervals:
     end: np.ndarray
     failed: np.ndarray
     adopt_shards: np.ndarray  # mecefo / ndb_naive: 1 + adopted shards
-    spread_shards: np.ndarray  # mecefo_spread
     elastic_shards: np.ndarray  # elastic / checkpoint_restart
     event: np.ndarray
     onset: np.ndarray
@@ -264,54 +210,49 @@ class Intervals:
         return self.end - self.start
 
 
-def live_set_shards(mask: np.ndarray, *, shard_seqs: int | None,
-                    spread_k: int) -> tuple[float, float, float]:
-    """(adopt, spread, elastic) shards on the busiest replica for one live set.
+def live_set_shards(mask: np.ndarray, *, shard_seqs: int | None) -> tuple[float, float]:
+    """(adopt, elastic) shards on the busiest replica for one live set.
 
     The reference for `batch_shards`, which does many live sets at once.
     """
     n, f = mask.size, int(np.count_nonzero(~mask))
     if f == 0:
-        return 1.0, 1.0, 1.0
+        return 1.0, 1.0
     adopt = 1.0 + float(adopter_loads(mask).max())
     if shard_seqs is None:  # continuous batches
-        spread = 1.0 + float(spread_extra(mask, None, spread_k).max())
         elastic = 1.0 + f / (n - f)
     else:
-        spread = 1.0 + float(spread_extra(mask, shard_seqs, spread_k).max()) / shard_seqs
         elastic = 1.0 + -(-f * shard_seqs // (n - f)) / shard_seqs
-    return adopt, spread, elastic
+    return adopt, elastic
 
 
 _CHUNK_ELEMENTS = 1 << 18  # live sets x replicas handled per vectorised chunk
 
 
-def batch_shards(masks: np.ndarray, *, shard_seqs: int | None,
-                 spread_k: int) -> np.ndarray:
-    """`live_set_shards` of every row of `masks` [K, n]: float [K, 3].
+def batch_shards(masks: np.ndarray, *, shard_seqs: int | None) -> np.ndarray:
+    """`live_set_shards` of every row of `masks` [K, n]: float [K, 2].
 
     The same rules, vectorised over rows: previous / next live replica of
     every position from running max / min over the ring laid out three
     times. Rows the vectorised rules do not cover exactly (a tie at the
-    ring's wrap, fewer than 2k live replicas for spread) go through the
-    one-row functions.
+    ring's wrap) go through the one-row function.
     """
     masks = np.asarray(masks, bool)
     rows, n = masks.shape
-    out = np.empty((rows, 3))
+    out = np.empty((rows, 2))
     step = max(1, _CHUNK_ELEMENTS // max(n, 1))
     for a in range(0, rows, step):
-        out[a:a + step] = _batch_chunk(masks[a:a + step], shard_seqs, spread_k)
+        out[a:a + step] = _batch_chunk(masks[a:a + step], shard_seqs)
     return out
 
 
-def _batch_chunk(masks, shard_seqs, spread_k):
+def _batch_chunk(masks, shard_seqs):
     rows, n = masks.shape
     live_count = masks.sum(1)
     failed_count = n - live_count
     if np.any(live_count == 0):
         raise ValueError('every replica is down in some live set: nothing can adopt a shard.')
-    out = np.ones((rows, 3))
+    out = np.ones((rows, 2))
     # Ring laid out three times; position p of the middle copy is n + p.
     # prev_at[r, q]: last live <= q; next_at[r, q]: first live >= q.
     idx3 = np.arange(3 * n)
@@ -337,36 +278,10 @@ def _batch_chunk(masks, shard_seqs, spread_k):
 
     # elastic / checkpoint_restart: the orphaned examples over every live replica.
     if shard_seqs is None:
-        out[:, 2] = 1.0 + failed_count / live_count
+        out[:, 1] = 1.0 + failed_count / live_count
     else:
-        out[:, 2] = 1.0 + -(-failed_count * shard_seqs // live_count) / shard_seqs
+        out[:, 1] = 1.0 + -(-failed_count * shard_seqs // live_count) / shard_seqs
 
-    # mecefo_spread: merge the k next and k previous live replicas by
-    # (distance, next first), as ring_order does.
-    k = spread_k
-    sizes = piece_sizes(shard_seqs, k) / shard_seqs if shard_seqs else np.full(k, 1.0 / k)
-    nexts, prevs = [nxt_t], [prv_t]
-    for _ in range(k - 1):
-        nexts.append(next_at[fr, np.minimum(nexts[-1] + 1, 3 * n - 1)])
-        prevs.append(prev_at[fr, np.maximum(prevs[-1] - 1, 0)])
-    key_next = np.stack([2 * (c - mid) for c in nexts], 1)
-    key_prev = np.stack([2 * (mid - c) + 1 for c in prevs], 1)
-    cand_next, cand_prev = np.stack(nexts, 1) % n, np.stack(prevs, 1) % n
-    a = np.zeros(fr.size, np.int64)
-    b = np.zeros(fr.size, np.int64)
-    at = np.arange(fr.size)
-    extra = np.zeros(rows * n)
-    for size in sizes:
-        ia, ib = np.minimum(a, k - 1), np.minimum(b, k - 1)
-        take_next = ((key_next[at, ia] < key_prev[at, ib]) & (a < k)) | (b >= k)
-        helper = np.where(take_next, cand_next[at, ia], cand_prev[at, ib])
-        a += take_next
-        b += ~take_next
-        extra += np.bincount(fr * n + helper, minlength=rows * n) * size
-    out[:, 1] = 1.0 + extra.reshape(rows, n).max(1)
-    small = (live_count < 2 * min(k, n)) & (failed_count > 0)
-    for r in np.flatnonzero(small):
-        out[r] = live_set_shards(masks[r], shard_seqs=shard_seqs, spread_k=k)
     out[failed_count == 0] = 1.0
     return out
 
@@ -376,7 +291,7 @@ def no_failures(num_replicas: int, horizon_sec: float) -> Intervals:
     return intervals(trace_from_outages(num_replicas, horizon_sec, []))
 
 
-def intervals(trace: Trace, *, shard_seqs: int | None = None, spread_k: int = 2) -> Intervals:
+def intervals(trace: Trace, *, shard_seqs: int | None = None) -> Intervals:
     """Cuts `trace` into intervals of constant live set, with their loads."""
     n, size = trace.num_replicas, trace.unit_size
     horizon = trace.horizon_sec
@@ -399,9 +314,8 @@ def intervals(trace: Trace, *, shard_seqs: int | None = None, spread_k: int = 2)
     onset = np.concatenate([[False], np.any(masks[:-1] & ~masks[1:], axis=1)])
     event = np.ones(start.size, bool)
     event[0] = False
-    shards = batch_shards(masks, shard_seqs=shard_seqs, spread_k=spread_k)
+    shards = batch_shards(masks, shard_seqs=shard_seqs)
     return Intervals(num_replicas=n, horizon_sec=horizon, start=start,
                      end=np.append(start[1:], horizon), failed=n - masks.sum(1),
-                     adopt_shards=shards[:, 0], spread_shards=shards[:, 1],
-                     elastic_shards=shards[:, 2], event=event, onset=onset,
+                     adopt_shards=shards[:, 0], elastic_shards=shards[:, 1], event=event, onset=onset,
                      shard_seqs=shard_seqs)
