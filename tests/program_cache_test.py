@@ -104,13 +104,19 @@ def test_the_source_fingerprint_is_part_of_the_context():
     assert program_cache.program_context(cfg.updated({'mecefo.rank': 3})) != context
 
 
+def _lowered_only_here():
+    """A program no other test compiles, so JAX's session cache first sees it below."""
+    return jax.jit(lambda x: jnp.sin(x) @ x.T * 3).lower(
+        jax.ShapeDtypeStruct((4, 3), jnp.float32))
+
+
 def test_a_program_in_jaxs_own_cache_is_stored_from_a_fresh_compile(cache):
     """Bytes re-serialised from an executable JAX loaded from its cache fail to run on CPU."""
     x = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
     assert jax.config.jax_compilation_cache_dir  # tests/conftest.py: JAX's persistent cache
-    want = np.asarray(_lowered().compile()(x))  # now in JAX's cache too
-    program_cache.compile(_lowered(), jax.devices()[:1], 'f')
-    loaded = program_cache.compile(_lowered(), jax.devices()[:1], 'f')
+    want = np.asarray(_lowered_only_here().compile()(x))  # now in JAX's cache too
+    program_cache.compile(_lowered_only_here(), jax.devices()[:1], 'f')
+    loaded = program_cache.compile(_lowered_only_here(), jax.devices()[:1], 'f')
     assert program_cache.stats.hits == 1
     np.testing.assert_array_equal(np.asarray(loaded(x)), want)
 

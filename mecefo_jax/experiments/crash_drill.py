@@ -166,6 +166,26 @@ def _auto_interval_here(hook, step_fn, state, host, topology, plan, run) -> tupl
     return hook.cadence.interval, state, hook.cadence.history[-1]
 
 
+def _overhead_result(times, hook, every, choice, blocks, steps_per_block) -> dict:
+    """The overhead figures from the interleaved block times and the hook's stats."""
+    with_snap, without = statistics.median(times[True]), statistics.median(times[False])
+    ratios = [w / o for w, o in zip(times[True], times[False])]
+    quartiles = statistics.quantiles(ratios, n=4)
+    stats = hook.stats
+    result = {'snapshot_every': every, 'auto_choice': choice,
+              'step_sec_with_snapshots': with_snap, 'step_sec_without': without,
+              'overhead_pct': 100.0 * (statistics.median(ratios) - 1.0),
+              'overhead_pct_quartiles': [100.0 * (quartiles[0] - 1.0),
+                                         100.0 * (quartiles[2] - 1.0)],
+              'ratio_of_medians_pct': 100.0 * (with_snap / without - 1.0),
+              'blocks_each': blocks // 2, 'steps_per_block': steps_per_block,
+              'snapshot_bytes': stats.bytes / max(stats.published, 1),
+              'write_sec_per_snapshot': stats.write_sec / max(stats.published, 1),
+              'wait_for_output_sec_per_snapshot': stats.materialize_sec / max(stats.published, 1),
+              'blocked_sec_per_snapshot': hook.blocked_sec / max(hook.submitted, 1)}
+    return result
+
+
 def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
                       steps_per_block: int = 5, log=print) -> dict:
     """Step time with and without in-memory snapshots every `every` steps, interleaved.
@@ -229,23 +249,10 @@ def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
                 hook._snapshotter.wait()
             if block >= 2:
                 times[with_snapshots].append((time.perf_counter() - start) / steps_per_block)
-        with_snap, without = statistics.median(times[True]), statistics.median(times[False])
-        ratios = [w / o for w, o in zip(times[True], times[False])]
-        quartiles = statistics.quantiles(ratios, n=4)
-        stats = hook.stats
-        result = {'snapshot_every': every, 'auto_choice': choice,
-                  'step_sec_with_snapshots': with_snap, 'step_sec_without': without,
-                  'overhead_pct': 100.0 * (statistics.median(ratios) - 1.0),
-                  'overhead_pct_quartiles': [100.0 * (quartiles[0] - 1.0),
-                                             100.0 * (quartiles[2] - 1.0)],
-                  'ratio_of_medians_pct': 100.0 * (with_snap / without - 1.0),
-                  'blocks_each': blocks // 2, 'steps_per_block': steps_per_block,
-                  'snapshot_bytes': stats.bytes / max(stats.published, 1),
-                  'write_sec_per_snapshot': stats.write_sec / max(stats.published, 1),
-                  'wait_for_output_sec_per_snapshot': stats.materialize_sec / max(stats.published, 1),
-                  'blocked_sec_per_snapshot': hook.blocked_sec / max(hook.submitted, 1)}
+        result = _overhead_result(times, hook, every, choice, blocks, steps_per_block)
         log(f"[drill] snapshot overhead every {every} step(s): {result['overhead_pct']:+.2f}% "
-            f"({with_snap * 1e3:.1f} vs {without * 1e3:.1f} ms/step)")
+            f"({result['step_sec_with_snapshots'] * 1e3:.1f} vs "
+            f"{result['step_sec_without'] * 1e3:.1f} ms/step)")
         return result
     finally:
         if hook is not None:
@@ -324,6 +331,16 @@ def simulated_params(cfg, events: str, workdir: str, log=print) -> dict:
             for p, v in jax.tree_util.tree_leaves_with_path(jax.device_get(params))}
 
 
+def _add_step_and_cold_compile(mem, dsk, memory, disk, ahead, out_dir, workers) -> None:
+    """Each path's median normal step, and a cold compile of the program it loaded."""
+    mem['step_sec'] = step_sec(memory, os.path.join(out_dir, 'memory'))
+    dsk['step_sec'] = step_sec(disk, os.path.join(out_dir, 'disk'))
+    mem['cold_compile_sec_by_process'] = ahead['cold_compile_sec_by_process']
+    mem['cold_compile_sec'] = max(ahead['cold_compile_sec_by_process'].values(), default=None)
+    dsk['cold_compile_sec'] = _cold_full_compile(os.path.join(out_dir, 'memory'),
+                                                 range(workers))
+
+
 def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_step: int,
               return_after: int, checkpoint_every: int, log=print) -> dict:
     import numpy as np
@@ -370,12 +387,7 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     every = overhead['snapshot_every']
     alone = restore_comparison(cfg, os.path.join(out_dir, 'restore_alone'), log=log)
     dsk = _recovery(disk)
-    mem['step_sec'] = step_sec(memory, os.path.join(out_dir, 'memory'))
-    dsk['step_sec'] = step_sec(disk, os.path.join(out_dir, 'disk'))
-    mem['cold_compile_sec_by_process'] = ahead['cold_compile_sec_by_process']
-    mem['cold_compile_sec'] = max(ahead['cold_compile_sec_by_process'].values(), default=None)
-    dsk['cold_compile_sec'] = _cold_full_compile(os.path.join(out_dir, 'memory'),
-                                                 range(workers))
+    _add_step_and_cold_compile(mem, dsk, memory, disk, ahead, out_dir, workers)
     report = {
         'config': config_path, 'workers': workers, 'local_devices': local,
         'replicas': placement.replicas, 'steps': cfg.train.steps, 'kill_step': kill_step,

@@ -100,14 +100,7 @@ def main(argv):
     run = train_lib.build_run(cfg, _WORKDIR.value, replica_rows=rows)
 
     info: dict = {}
-    restore = None
-    if _RESUME.value == 'memory':
-        restore = worker_state.keeper_restore(keepers, _WORKER.value, info,
-                                               step=_RESUME_STEP.value or None)
-    elif _RESUME.value == 'disk':
-        restore = worker_state.disk_restore(info)
-    # 'fresh': the newest intact disk checkpoint if the workdir has one (a rerun
-    # after the launcher itself was lost), else a new run.
+    restore = _restore_fn(keepers, info)
     snapshot_hook = _snapshot_hook(cfg, keepers, _WORKER.value,
                                    before_publish=_hold_in_publish(out_dir, tag))
 
@@ -140,6 +133,21 @@ def main(argv):
     if preempted is not None:
         from mecefo_jax.preemption import EXIT_PREEMPTED
         sys.exit(EXIT_PREEMPTED)
+
+
+def _restore_fn(keepers, info: dict):
+    """`--resume`'s restore callback; None for 'fresh'.
+
+    'fresh' restores the newest intact disk checkpoint if the workdir has one
+    (a rerun after the launcher itself was lost), else starts a new run.
+    """
+    from mecefo_jax.launch import worker_state
+    if _RESUME.value == 'memory':
+        return worker_state.keeper_restore(keepers, _WORKER.value, info,
+                                           step=_RESUME_STEP.value or None)
+    if _RESUME.value == 'disk':
+        return worker_state.disk_restore(info)
+    return None
 
 
 def _train(cfg, run, restore, observers):
