@@ -347,3 +347,22 @@ def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(cache
     assert failure['members'] == [0, 1] and failure['resume'] == 'memory'
     assert failure['resume_step'] == HELD_STEP - 1
     assert all(read(str(tmp_path), f'g1_w{w}_end.json')['finished'] for w in range(WORKERS))
+
+
+def test_a_generation_that_completes_no_step_within_the_start_timeout_has_failed(caches,
+                                                                                   tmp_path):
+    """Worker 1 SIGSTOPped at its first heartbeat, before jax is even imported; its
+    silence is not yet past a long heartbeat timeout, and worker 0 waits for it in
+    jax.distributed. No step ever completes: launch.start_timeout_sec ends it
+    (max_relaunches=0 stops the job there, so the test waits for one timeout only)."""
+    start_timeout = 3.0
+    logs = []
+    cfg = config(overrides(caches, **{'launch.kill': '0:1:STOP',
+                                      'launch.heartbeat_timeout_sec': 1000,
+                                      'launch.start_timeout_sec': start_timeout,
+                                      'launch.max_relaunches': 0}))
+    with pytest.raises(RuntimeError, match='Gave up after 0 relaunches'):
+        Launcher(cfg, str(tmp_path), WORKERS, log=logs.append).run()
+    hung = [line for line in logs if 'no step completed' in line]
+    assert hung and 'launch.start_timeout_sec' in hung[0], logs
+    assert not glob.glob(os.path.join(tmp_path, 'launch', 'g0_w*_start.json'))

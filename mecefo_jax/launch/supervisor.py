@@ -167,6 +167,7 @@ class Launcher:
         self.fired: set = set()
         self.timeout = cfg.launch.heartbeat_timeout_sec
         self.stall_timeout = cfg.launch.stall_timeout_sec
+        self.start_timeout = cfg.launch.start_timeout_sec
         self.keepers: dict = {}  # worker -> KeeperProcess
         self.recoveries: list[dict] = []
         self.monitor: HeartbeatMonitor | None = None
@@ -347,13 +348,20 @@ class Launcher:
             # Heartbeats come from a thread: a hang that blocks every worker's
             # training loop (a collective that never completes) keeps them
             # beating. Steps completing is the other sign of life.
-            # The clock starts at the generation's first completed step: joining,
-            # restoring and compiling come before it and take what they take.
+            # The stall clock starts at the generation's first completed step;
+            # joining, restoring and compiling before it are bounded together
+            # by launch.start_timeout_sec.
             completed = max((self.monitor.beat(gen.number, w) or {}).get('completed', 0)
                             for w in gen.members)
             self.ahead.maybe_start(gen.number, completed)
             if completed > progress:
                 progress, progressed_at = completed, now_mono
+            elif (progress <= 0 and now - gen.started > self.start_timeout
+                  and len(done) < len(gen.procs)):
+                self.log(f'[launch] no step completed {now - gen.started:.0f} s after the start '
+                         '(launch.start_timeout_sec): the generation hangs')
+                return Outcome('failed', [], f'no step completed within {self.start_timeout:.1f} s '
+                               'of the start', gen.started, now, 0)
             elif (progress > 0 and now_mono - progressed_at > self.stall_timeout
                   and len(done) < len(gen.procs)):
                 stalled = now_mono - progressed_at
