@@ -21,6 +21,9 @@ finish without the dead process) and starts the next one:
 * `launch.recovery=disk`: the old way, every worker restarts from the latest
   Orbax checkpoint (`train.checkpoint_every`).
 
+A worker that exits with a Python exception (a program error, not a crash:
+`exits.py`) stops the job at once with its log's end. A generation that
+completes no step within `launch.start_timeout_sec` of its start has failed.
 A job whose workers all keep beating but complete no step for
 `launch.stall_timeout_sec` (a collective that never finishes) is torn down
 and relaunched on the same workers.
