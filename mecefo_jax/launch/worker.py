@@ -309,7 +309,7 @@ def _hold_in_publish(out_dir: str, tag: str):
 
     def before_publish(step: int) -> None:
         if step == hold:
-            from mecefo_jax.launch.supervisor import held_in_publish_marker
+            from mecefo_jax.launch.kills import held_in_publish_marker
             marker = held_in_publish_marker(out_dir, _GENERATION.value, _WORKER.value)
             _write_json(marker, {'worker': _WORKER.value, 'step': step, 'pid': os.getpid()})
             print(f'[{tag}] holding inside the publish of step {step}', flush=True)
