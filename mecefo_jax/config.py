@@ -132,6 +132,8 @@ def _launch_section() -> ConfigDict:
     section = ConfigDict()
     section.local_devices = 2  # CPU devices per worker on one machine (GPUs: what the host has)
     section.heartbeat_timeout_sec = 20.0  # a worker silent this long counts as failed
+    # No step completed this long after a generation's start (joining, restoring, compiling): a hang.
+    section.start_timeout_sec = 1800.0
     section.stall_timeout_sec = 600.0  # no step completed anywhere this long (after a generation's first): restart it
     section.kill = ''  # injected failures 'STEP:WORKER[:SIGNAL[:keeper|publish]],...' (SIGKILL default)
     section.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never

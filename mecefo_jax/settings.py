@@ -120,6 +120,7 @@ class SnapshotSection:
 class LaunchSection:
     local_devices: int
     heartbeat_timeout_sec: float
+    start_timeout_sec: float
     stall_timeout_sec: float
     kill: str
     return_after_steps: int

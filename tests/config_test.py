@@ -13,7 +13,8 @@ from ml_collections import config_flags
 
 from configs.tiny import get_config
 from mecefo_jax import settings
-from mecefo_jax.launch.supervisor import Kill, Launcher, parse_kills
+from mecefo_jax.launch.kills import Kill, parse_kills
+from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.sharding import mesh_shape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

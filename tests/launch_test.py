@@ -316,3 +316,53 @@ def test_a_killed_launcher_loses_at_most_the_steps_since_the_disk_checkpoint(cac
     # The newest step, or the one before it if the kill cut its save short.
     assert resumed and resumed[-1]['source'] == 'disk' and 6 <= resumed[-1]['step'] <= newest
     assert steps == list(range(1, newest + 3))  # one loss row per step after the resume
+
+
+def test_a_program_error_stops_the_job_at_once_with_the_workers_error(caches, tmp_path):
+    """Every worker raises the same FileNotFoundError (a data path that does not
+    exist): a relaunch would fail again, so the launcher stops after one
+    generation and shows the traceback's end from the worker's log."""
+    from mecefo_jax.launch.exits import WorkerProgramError
+    missing = str(tmp_path / 'no_such_corpus.txt')
+    with pytest.raises(WorkerProgramError, match='matches no files') as raised:
+        launch(overrides(caches, **{'data.source': 'text', 'data.text_files': missing}),
+               str(tmp_path))
+    assert 'program error (exit code 1)' in str(raised.value)
+    summary = read(str(tmp_path), 'summary.json')
+    assert summary['generations'] == 1 and summary['program_error']['workers']
+    (row,) = summary['recoveries']
+    assert row['kind'] == 'program_error' and 'matches no files' in row['error']
+    assert not os.path.exists(os.path.join(tmp_path, 'launch', 'g1_w0.log'))
+
+
+def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(caches, tmp_path):
+    """Both workers held inside their publish of HELD_STEP and SIGKILLed together."""
+    summary = launch(overrides(caches, **{
+        'launch.kill': f'{HELD_STEP}:0:KILL:publish,{HELD_STEP}:1:KILL:publish',
+        'train.steps': 6}), str(tmp_path))
+    (failure,) = summary['recoveries']
+    assert failure['failed_workers'] == [0, 1]
+    assert failure['deaths'] == {'0': 'exit code -9', '1': 'exit code -9'}
+    # No survivor: both come back, from the step both keepers hold.
+    assert failure['members'] == [0, 1] and failure['resume'] == 'memory'
+    assert failure['resume_step'] == HELD_STEP - 1
+    assert all(read(str(tmp_path), f'g1_w{w}_end.json')['finished'] for w in range(WORKERS))
+
+
+def test_a_generation_that_completes_no_step_within_the_start_timeout_has_failed(caches,
+                                                                                   tmp_path):
+    """Worker 1 SIGSTOPped at its first heartbeat, before jax is even imported; its
+    silence is not yet past a long heartbeat timeout, and worker 0 waits for it in
+    jax.distributed. No step ever completes: launch.start_timeout_sec ends it
+    (max_relaunches=0 stops the job there, so the test waits for one timeout only)."""
+    start_timeout = 3.0
+    logs = []
+    cfg = config(overrides(caches, **{'launch.kill': '0:1:STOP',
+                                      'launch.heartbeat_timeout_sec': 1000,
+                                      'launch.start_timeout_sec': start_timeout,
+                                      'launch.max_relaunches': 0}))
+    with pytest.raises(RuntimeError, match='Gave up after 0 relaunches'):
+        Launcher(cfg, str(tmp_path), WORKERS, log=logs.append).run()
+    hung = [line for line in logs if 'no step completed' in line]
+    assert hung and 'launch.start_timeout_sec' in hung[0], logs
+    assert not glob.glob(os.path.join(tmp_path, 'launch', 'g0_w*_start.json'))

@@ -159,3 +159,28 @@ def test_cli_ready_file_names_the_port(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_a_message_claiming_too_many_bytes_is_refused_and_the_keeper_serves_others():
+    """Lengths come from the peer: a header or payload over the keeper's bound is
+    refused before anything is allocated, that connection closed, the keeper kept."""
+    import socket
+    import struct
+
+    from mecefo_jax.snapshot import wire
+    bound = 1 << 20
+    with start_keeper('bounded', max_payload_bytes=bound) as k:
+        _fill(k.address)
+        for json_len, payload_len in ((16, bound + 1), (wire.MAX_JSON_BYTES + 1, 0),
+                                      (16, 1 << 62)):
+            with socket.create_connection(k.address, timeout=10) as sock:
+                sock.sendall(struct.pack('!IQ', json_len, payload_len) + b'{"op":"hello"}  ')
+                reply, _ = wire.recv(sock)
+                assert not reply['ok'] and 'bytes' in reply['error'], reply
+                assert sock.recv(1) == b''  # closed: its unread bytes cannot be resynced
+        # Within the bound, a parity chunk's payload is still taken.
+        with socket.create_connection(k.address, timeout=10) as sock:
+            wire.send(sock, {'op': 'hello'}, [b'x' * bound])
+            assert wire.recv(sock)[0]['ok']
+        with KeeperClient(k.address) as c:
+            assert [r.step for r in c.snapshots()] == [2, 1]

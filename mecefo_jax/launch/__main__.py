@@ -24,10 +24,14 @@ def main(argv):
     from mecefo_jax.launch.supervisor import Launcher
     from mecefo_jax.settings import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
+    from mecefo_jax.launch.exits import WorkerProgramError
     from mecefo_jax.preemption import EXIT_PREEMPTED
     from mecefo_jax.workdir_lock import WorkdirLock
     with WorkdirLock(_WORKDIR.value):  # one job per workdir
-        summary = Launcher(cfg, _WORKDIR.value, _NPROCS.value).run()
+        try:
+            summary = Launcher(cfg, _WORKDIR.value, _NPROCS.value).run()
+        except WorkerProgramError:  # the launcher has shown the worker's traceback
+            sys.exit(1)
     print(json.dumps(summary, indent=2, default=str))
     if summary['preempted_at'] is not None:
         print(f"preempted: saved step {summary['preempted_at']}; rerun the same command to "

@@ -64,23 +64,59 @@ class HeartbeatSender:
             time.sleep(self._interval)
 
 
-class HeartbeatMonitor:
-    """The launcher's end: the latest beat of every worker of every generation."""
+# A beat is ~150 bytes of JSON; anything much larger is not one of ours.
+MAX_BEAT_BYTES = 1024
+_INT_FIELDS = ('worker', 'generation', 'completed')
 
-    def __init__(self, host: str = '127.0.0.1'):
+
+def parse_beat(data: bytes, workers: int | None = None) -> dict | None:
+    """The beat in a datagram, or None if it is not a well-formed beat of this job.
+
+    The socket takes datagrams from anyone on the host: junk must never be
+    fatal (an unguarded `json.loads` once killed the launcher).
+    """
+    if len(data) > MAX_BEAT_BYTES:
+        return None
+    try:
+        beat = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(beat, dict):
+        return None
+    for name in _INT_FIELDS:
+        value = beat.get(name)
+        if type(value) is not int or value < 0:  # bool is an int subclass: refused too
+            return None
+    if workers is not None and beat['worker'] >= workers:
+        return None
+    return beat
+
+
+class HeartbeatMonitor:
+    """The launcher's end: the latest beat of every worker of every generation.
+
+    `rejected` counts datagrams that were not a well-formed beat (`parse_beat`).
+    """
+
+    def __init__(self, host: str = '127.0.0.1', workers: int | None = None):
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((host, 0))
         self._sock.setblocking(False)
         self.address = self._sock.getsockname()
+        self.workers = workers
+        self.rejected = 0
         self.latest: dict[tuple[int, int], dict] = {}  # (generation, worker) -> beat
 
     def poll(self) -> None:
         while True:
             try:
-                data, _ = self._sock.recvfrom(65536)
+                data, _ = self._sock.recvfrom(MAX_BEAT_BYTES + 1)  # longer ones arrive cut
             except BlockingIOError:
                 return
-            beat = json.loads(data)
+            beat = parse_beat(data, self.workers)
+            if beat is None:
+                self.rejected += 1
+                continue
             beat['received'] = time.monotonic()
             self.latest[(beat['generation'], beat['worker'])] = beat
 

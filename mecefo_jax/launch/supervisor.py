@@ -21,6 +21,9 @@ finish without the dead process) and starts the next one:
 * `launch.recovery=disk`: the old way, every worker restarts from the latest
   Orbax checkpoint (`train.checkpoint_every`).
 
+A worker that exits with a Python exception (a program error, not a crash:
+`exits.py`) stops the job at once with its log's end. A generation that
+completes no step within `launch.start_timeout_sec` of its start has failed.
 A job whose workers all keep beating but complete no step for
 `launch.stall_timeout_sec` (a collective that never finishes) is torn down
 and relaunched on the same workers.
@@ -47,58 +50,13 @@ import sys
 import time
 
 from mecefo_jax.launch.compile_ahead import CompileAhead, worker_env
+from mecefo_jax.launch.exits import CRASH, Death, WorkerProgramError, exit_kind
 from mecefo_jax.launch.heartbeat import HeartbeatMonitor
+from mecefo_jax.launch.kills import Kill, held_in_publish_marker, parse_kills
 from mecefo_jax.launch.placement import Placement
 from mecefo_jax.settings import Config
 
 _POLL_SEC = 0.05
-
-
-@dataclasses.dataclass(frozen=True)
-class Kill:
-    """One injected failure: `signal` into `worker` at `step`.
-
-    `keeper`: its keeper is killed with it (its memory is lost).
-    `in_publish`: the worker is held inside its snapshot publish of step
-    `step` (bytes copied, not yet published) and the signal lands there, at a
-    known point rather than wherever a heartbeat happens to find it.
-    """
-    step: int
-    worker: int
-    signal: int = signal.SIGKILL
-    keeper: bool = False
-    in_publish: bool = False
-
-
-_KILL_FORMAT = "'STEP:WORKER[:SIGNAL[:keeper|publish]]', e.g. '12:1', '8:0:STOP', '9:2:KILL:keeper'"
-
-
-def parse_kills(text: str, workers: int) -> list[Kill]:
-    """`launch.kill`: comma-separated items in `_KILL_FORMAT`."""
-    kills = []
-    for item in filter(None, (t.strip() for t in str(text).split(','))):
-        parts = item.split(':')
-        try:
-            step, worker = int(parts[0]), int(parts[1])
-            sig = signal.SIGKILL
-            if len(parts) > 2 and parts[2]:
-                name = parts[2].upper()
-                sig = getattr(signal, name if name.startswith('SIG') else f'SIG{name}')
-            where = parts[3] if len(parts) > 3 else ''
-            if len(parts) > 4 or where not in ('', 'keeper', 'publish'):
-                raise ValueError
-        except (ValueError, IndexError, AttributeError):
-            raise ValueError(f'launch.kill: cannot read {item!r}; use {_KILL_FORMAT}.') from None
-        if not 0 <= worker < workers or step < 0:
-            raise ValueError(f'launch.kill: {item!r} names worker {worker} of {workers} workers '
-                             f'(0..{workers - 1}) at step {step} (>= 0).')
-        kills.append(Kill(step, worker, sig, where == 'keeper', where == 'publish'))
-    return kills
-
-
-def held_in_publish_marker(out_dir: str, generation: int, worker: int) -> str:
-    """The file a worker held inside a publish writes (`Kill.in_publish`)."""
-    return os.path.join(out_dir, f'g{generation}_w{worker}_held_in_publish.json')
 
 
 @dataclasses.dataclass
@@ -121,12 +79,13 @@ class Generation:
 
 @dataclasses.dataclass
 class Outcome:
-    kind: str  # 'finished' | 'stopped' | 'failed'
+    kind: str  # 'finished' | 'stopped' | 'preempted' | 'failed' (a crash) | 'error' (a program error)
     failed: list = dataclasses.field(default_factory=list)
     cause: str = ''
     failed_at: float = 0.0  # time.time() the failure happened (kill sent / last beat)
     detected_at: float = 0.0
     completed_steps: int = 0  # the most steps any worker had completed
+    deaths: list = dataclasses.field(default_factory=list)  # exits.Death of every dead worker
 
 
 def _signal_live(gen: Generation, send, sig) -> None:
@@ -165,6 +124,7 @@ class Launcher:
         self.fired: set = set()
         self.timeout = cfg.launch.heartbeat_timeout_sec
         self.stall_timeout = cfg.launch.stall_timeout_sec
+        self.start_timeout = cfg.launch.start_timeout_sec
         self.keepers: dict = {}  # worker -> KeeperProcess
         self.recoveries: list[dict] = []
         self.monitor: HeartbeatMonitor | None = None
@@ -177,10 +137,11 @@ class Launcher:
 
     def run(self) -> dict:
         self.write_config()
-        self.monitor = HeartbeatMonitor()
+        self.monitor = HeartbeatMonitor(workers=self.placement.workers)
         workers = list(range(self.placement.workers))
         uses_keepers = self.recovery == 'memory' and self.cfg.snapshot.every != 0
         handlers = self._catch_stop_signals()
+        error = None
         try:
             if uses_keepers:
                 for w in workers:
@@ -198,6 +159,9 @@ class Launcher:
                 if outcome.kind in ('finished', 'preempted'):
                     self._stop_generation(gen)
                     break
+                if outcome.kind == 'error':
+                    error = self._program_error(gen, outcome)
+                    break
                 pending, gen = self._next(gen, outcome)
                 if gen.number > self.cfg.launch.max_relaunches:
                     raise RuntimeError(f'Gave up after {gen.number - 1} relaunches '
@@ -213,10 +177,29 @@ class Launcher:
         summary = {'generations': gen.number + 1, 'recoveries': self.recoveries,
                    'final_members': gen.members, 'compile_ahead': self.ahead.report(),
                    'preempted_at': (outcome.completed_steps if outcome.kind == 'preempted'
-                                    else None)}
+                                    else None),
+                   'program_error': None if error is None else {
+                       'workers': error.workers, 'message': str(error)},
+                   'heartbeats_rejected': self.monitor.rejected}
         with open(os.path.join(self.dir, 'summary.json'), 'w') as f:
             json.dump(summary, f, indent=2)
+        if error is not None:
+            raise error
         return summary
+
+    def _program_error(self, gen: Generation, outcome: Outcome) -> WorkerProgramError:
+        """Stop the job on a program error: record it, never relaunch it."""
+        self._stop_generation(gen)
+        error = WorkerProgramError(outcome.deaths, self.dir, gen.number)
+        row = {'kind': 'program_error', 'ended_generation': gen.number,
+               'failed_workers': outcome.failed, 'cause': outcome.cause,
+               'failed_at': outcome.failed_at, 'completed_steps': outcome.completed_steps,
+               'error': str(error)}
+        self.recoveries.append(row)
+        with open(os.path.join(self.dir, 'recoveries.jsonl'), 'a') as f:
+            f.write(json.dumps(row) + '\n')
+        self.log(f'[launch] {error}')
+        return error
 
     # ------------------------------------------------------------- preemption
 
@@ -317,42 +300,63 @@ class Launcher:
             # Heartbeats come from a thread: a hang that blocks every worker's
             # training loop (a collective that never completes) keeps them
             # beating. Steps completing is the other sign of life.
-            # The clock starts at the generation's first completed step: joining,
-            # restoring and compiling come before it and take what they take.
+            # The stall clock starts at the generation's first completed step;
+            # joining, restoring and compiling before it are bounded together
+            # by launch.start_timeout_sec.
             completed = max((self.monitor.beat(gen.number, w) or {}).get('completed', 0)
                             for w in gen.members)
             self.ahead.maybe_start(gen.number, completed)
             if completed > progress:
                 progress, progressed_at = completed, now_mono
+            elif (progress <= 0 and now - gen.started > self.start_timeout
+                  and len(done) < len(gen.procs)):
+                self.log(f'[launch] no step completed {now - gen.started:.0f} s after the start '
+                         '(launch.start_timeout_sec): the generation hangs')
+                return Outcome('failed', [], f'no step completed within {self.start_timeout:.1f} s '
+                               'of the start', gen.started, now, 0)
             elif (progress > 0 and now_mono - progressed_at > self.stall_timeout
                   and len(done) < len(gen.procs)):
                 stalled = now_mono - progressed_at
                 self.log(f'[launch] no step completed for {stalled:.0f} s: the job is stuck')
                 return Outcome('failed', [], f'no step completed for {stalled:.1f} s',
                                now - stalled, now, progress)
-            for worker, proc in gen.procs.items():
-                code = proc.popen.poll()
-                if code is None or worker in done:
-                    continue
-                if code == 0:
-                    done.add(worker)
-                    continue
-                return self._failed(gen, worker, f'exit code {code}', now)
-            if len(done) == len(gen.procs):
+            deaths = self._exits(gen, done, now)
+            if not deaths and len(done) == len(gen.procs):
                 ends = [self._read(f'g{gen.number}_w{w}_end.json') or {} for w in gen.members]
                 finished = all(e.get('finished') for e in ends)
                 return Outcome('finished' if finished else 'stopped', failed_at=now,
                                detected_at=now,
                                completed_steps=max(e.get('final_step', 0) for e in ends))
-            for worker, proc in gen.procs.items():
-                if worker in done:
-                    continue
-                beat = self.monitor.beat(gen.number, worker)
-                silent = now_mono - (beat['received'] if beat else
-                                     now_mono - (now - proc.spawned))
-                if silent > self.timeout:
-                    return self._failed(gen, worker, f'no heartbeat for {silent:.1f} s', now,
-                                        failed_at=now - silent)
+            deaths += self._silent(gen, done, deaths, now, now_mono)
+            if deaths:
+                return self._failed(gen, deaths, now)
+
+    def _exits(self, gen: Generation, done: set, now: float) -> list:
+        """Every worker that has exited non-zero (those exiting 0 join `done`)."""
+        deaths = []
+        for worker, proc in gen.procs.items():
+            code = proc.popen.poll()
+            if code is None or worker in done:
+                continue
+            if code == 0:
+                done.add(worker)
+                continue
+            deaths.append(Death(worker, f'exit code {code}', exit_kind(code), now))
+        return deaths
+
+    def _silent(self, gen: Generation, done: set, deaths: list, now, now_mono) -> list:
+        """Every running worker silent beyond `launch.heartbeat_timeout_sec` (a crash)."""
+        dead = {d.worker for d in deaths}
+        silent_ones = []
+        for worker, proc in gen.procs.items():
+            if worker in done or worker in dead:
+                continue
+            beat = self.monitor.beat(gen.number, worker)
+            silent = now_mono - (beat['received'] if beat else now_mono - (now - proc.spawned))
+            if silent > self.timeout:
+                silent_ones.append(Death(worker, f'no heartbeat for {silent:.1f} s', CRASH,
+                                         now - silent))
+        return silent_ones
 
     def _stopped(self, gen: Generation) -> Outcome | None:
         """Once every worker has exited after a forwarded stop: the step they saved."""
@@ -365,39 +369,59 @@ class Launcher:
         return Outcome('preempted', failed_at=now, detected_at=now, completed_steps=saved)
 
     def _inject(self, gen: Generation) -> None:
-        for kill in self.kills:
-            if kill in self.fired or kill.worker not in gen.procs:
+        """Fire the kills that are due; kills at one step fire together, once all are due."""
+        pending = [k for k in self.kills if k not in self.fired and k.worker in gen.procs]
+        due = {k: self._kill_point(gen, k) for k in pending}
+        for kill in pending:
+            if due[kill] is None or any(due[k] is None for k in pending if k.step == kill.step):
                 continue
-            beat = self.monitor.beat(gen.number, kill.worker)
-            if kill.in_publish:
-                if not os.path.exists(held_in_publish_marker(self.dir, gen.number, kill.worker)):
-                    continue
-                where = f'inside its publish of step {kill.step}'
-            elif beat is None or beat['completed'] < kill.step:
-                continue
-            else:
-                where = f'at step {beat["completed"]}'
-            self.fired.add(kill)
-            self._kill_time = time.time()
-            self.log(f'[launch] injecting {signal.Signals(kill.signal).name} into worker '
-                     f'{kill.worker} {where}{" and killing its keeper" if kill.keeper else ""}')
-            if kill.keeper and kill.worker in self.keepers:
-                # Keep what the keeper held, only to check a parity rebuild bit for bit.
-                self._lost_snapshots[kill.worker] = self._held_bytes(kill.worker)
-            os.kill(gen.procs[kill.worker].popen.pid, kill.signal)
-            if kill.keeper and kill.worker in self.keepers:
-                self.keepers[kill.worker].proc.kill()
-                self.keepers[kill.worker].proc.wait()
+            self._fire(gen, kill, due[kill])
+        for kill in pending:  # a SIGKILLed worker is dead before the next look at exits
+            if kill in self.fired and kill.signal == signal.SIGKILL:
+                gen.procs[kill.worker].popen.wait()
 
-    def _failed(self, gen, worker, cause, now, failed_at=None) -> Outcome:
+    def _kill_point(self, gen: Generation, kill: Kill) -> str | None:
+        """Where the worker of `kill` is if the kill is due now, else None."""
+        if kill.in_publish:
+            if not os.path.exists(held_in_publish_marker(self.dir, gen.number, kill.worker)):
+                return None
+            return f'inside its publish of step {kill.step}'
+        beat = self.monitor.beat(gen.number, kill.worker)
+        if beat is None or beat['completed'] < kill.step:
+            return None
+        return f'at step {beat["completed"]}'
+
+    def _fire(self, gen: Generation, kill: Kill, where: str) -> None:
+        self.fired.add(kill)
+        self._kill_time = time.time()
+        self.log(f'[launch] injecting {signal.Signals(kill.signal).name} into worker '
+                 f'{kill.worker} {where}{" and killing its keeper" if kill.keeper else ""}')
+        if kill.keeper and kill.worker in self.keepers:
+            # Keep what the keeper held, only to check a parity rebuild bit for bit.
+            self._lost_snapshots[kill.worker] = self._held_bytes(kill.worker)
+        os.kill(gen.procs[kill.worker].popen.pid, kill.signal)
+        if kill.keeper and kill.worker in self.keepers:
+            self.keepers[kill.worker].proc.kill()
+            self.keepers[kill.worker].proc.wait()
+
+    def _failed(self, gen: Generation, deaths: list, now: float) -> Outcome:
+        """Every death at once; a program error only when no worker crashed (exits.py)."""
         injected = getattr(self, '_kill_time', None)
-        failed_at = injected if injected is not None and failed_at is None else (failed_at or now)
         self._kill_time = None
+        crashed = [d for d in deaths if d.kind == CRASH]
+        failed_at = injected if injected is not None and crashed else min(
+            d.failed_at for d in deaths)
         completed = [(self.monitor.beat(gen.number, w) or {}).get('completed', 0)
                      for w in gen.members]
-        self.log(f'[launch] worker {worker} failed ({cause}); generation {gen.number} at '
-                 f'step {max(completed, default=0)}')
-        return Outcome('failed', [worker], cause, failed_at, now, max(completed, default=0))
+        cause = (deaths[0].cause if len(deaths) == 1 else
+                 '; '.join(f'worker {d.worker}: {d.cause}' for d in deaths))
+        workers = sorted(d.worker for d in deaths)
+        kind = 'failed' if crashed else 'error'
+        self.log(f'[launch] worker(s) {workers} '
+                 f"{'failed' if crashed else 'stopped with a program error'} ({cause}); "
+                 f'generation {gen.number} at step {max(completed, default=0)}')
+        return Outcome(kind, workers, cause, failed_at, now, max(completed, default=0),
+                       deaths=deaths)
 
     # ------------------------------------------------------------- recovery
 
@@ -409,6 +433,7 @@ class Launcher:
         row = {'kind': 'rejoin' if outcome.kind == 'stopped' else 'failure',
                'ended_generation': gen.number, 'failed_workers': outcome.failed,
                'cause': outcome.cause or 'planned rejoin', 'failed_at': outcome.failed_at,
+               'deaths': {str(d.worker): d.cause for d in outcome.deaths},
                'completed_steps': outcome.completed_steps}
         if outcome.kind == 'failed':
             row['detect_sec'] = outcome.detected_at - outcome.failed_at
@@ -435,9 +460,10 @@ class Launcher:
             # that were written to until the end (and any rebuilt from parity):
             # no collective on the way back. A rejoining worker's own keeper
             # may be empty or stale; it heals that step from its peers.
+            # With no survivor (every worker died at once), every live keeper.
             rebuilt = row.get('parity_rebuilt_workers', [])
             resume_step = self._snapshot_step(
-                [w for w in survivors + rebuilt if self._keeper_alive(w)])
+                [w for w in (survivors + rebuilt or members) if self._keeper_alive(w)])
         stop_at = resume_step + returns if returns > 0 else 0
         return row, Generation(gen.number + 1, members, resume, stop_at, resume_step)
 

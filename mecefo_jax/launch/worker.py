@@ -58,6 +58,24 @@ def _write_json(path: str, value: dict) -> None:
 
 
 def main(argv):
+    """Runs the worker; an exception ends the process at once, with exit code 1.
+
+    A normal interpreter exit runs `jax.distributed`'s shutdown, which waits
+    in a barrier for peers that may never reach it (they wait for this
+    process in a collective): minutes in which the launcher sees a live,
+    beating worker. Ending at once makes the error visible by its exit code.
+    """
+    try:
+        _run(argv)
+    except Exception:  # SystemExit (EXIT_PREEMPTED) leaves normally
+        import traceback
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _run(argv):
     del argv
     started = time.time()
     # Heartbeats first: the launcher must hear from us while jax imports.
@@ -299,7 +317,7 @@ def _hold_in_publish(out_dir: str, tag: str):
 
     def before_publish(step: int) -> None:
         if step == hold:
-            from mecefo_jax.launch.supervisor import held_in_publish_marker
+            from mecefo_jax.launch.kills import held_in_publish_marker
             marker = held_in_publish_marker(out_dir, _GENERATION.value, _WORKER.value)
             _write_json(marker, {'worker': _WORKER.value, 'step': step, 'pid': os.getpid()})
             print(f'[{tag}] holding inside the publish of step {step}', flush=True)

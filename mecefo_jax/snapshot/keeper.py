@@ -65,6 +65,11 @@ _PARENT_POLL_SEC = 0.2
 # some survivor no longer holds (see the module docstring on slots).
 _KEEP_PARITY = 2
 _MAX_PARITY_STEPS = 6
+# The only request with a payload is a parity chunk: 1/(g-1) of one worker's
+# snapshot (snapshots themselves go through shared memory). A claimed length
+# above this is refused before anything is allocated; a job whose
+# per-worker snapshot exceeds it times (g-1) raises it with --max-payload-bytes.
+MAX_PAYLOAD_BYTES = 16 << 30
 
 
 class RequestError(Exception):
@@ -114,10 +119,13 @@ class _Stripe:
 class Keeper:
     """The keeper's state and request handlers (thread-safe, no I/O of its own)."""
 
-    def __init__(self, name: str, slots: int = 2, pin_timeout: float = 60.0):
+    def __init__(self, name: str, slots: int = 2, pin_timeout: float = 60.0,
+                 max_payload: int = MAX_PAYLOAD_BYTES):
         if slots < 2:
             raise ValueError(f'A keeper needs at least 2 slots (double buffering), got {slots}.')
         self.name = name
+        self.max_payload = max_payload
+        self.refused = 0  # messages refused as too large (wire.MessageTooLarge)
         self.pin_timeout = pin_timeout
         self.stop = threading.Event()
         self._cond = threading.Condition()
@@ -368,7 +376,15 @@ class _Handler(socketserver.BaseRequestHandler):
         try:
             while True:
                 try:
-                    msg, payload = wire.recv(sock)
+                    msg, payload = wire.recv(sock, max_payload=keeper.max_payload)
+                except wire.MessageTooLarge as e:  # its bytes are unread: the stream is lost
+                    keeper.refused += 1
+                    log.warning('Keeper %s: %s Closing the connection.', keeper.name, e)
+                    try:
+                        wire.send(sock, {'ok': False, 'error': str(e)})
+                    except OSError:
+                        pass
+                    return
                 except (EOFError, OSError, ValueError):  # closed, reset, or not our protocol
                     return
                 release = None
@@ -434,6 +450,8 @@ def _parse(argv):
     p.add_argument('--ready-file', default=None, help='also write the ready JSON here (atomically)')
     p.add_argument('--pin-timeout', type=float, default=60.0,
                    help='seconds a writer waits for readers to release the slot it needs')
+    p.add_argument('--max-payload-bytes', type=int, default=MAX_PAYLOAD_BYTES,
+                   help='largest request payload (a parity chunk) accepted')
     p.add_argument('--log-level', default='WARNING')
     return p.parse_args(argv)
 
@@ -442,7 +460,8 @@ def main(argv=None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format='%(asctime)s keeper[%(process)d] %(levelname)s %(message)s')
-    keeper = Keeper(args.name, slots=args.slots, pin_timeout=args.pin_timeout)
+    keeper = Keeper(args.name, slots=args.slots, pin_timeout=args.pin_timeout,
+                    max_payload=args.max_payload_bytes)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: keeper.stop.set())
     parent = os.getppid() if args.parent_pid is None else (None if args.parent_pid < 0 else args.parent_pid)
@@ -508,7 +527,8 @@ class KeeperProcess:
 
 def start_keeper(name: str, *, host: str = '127.0.0.1', port: int = 0, slots: int = 2,
                  parent_pid: int | None = None, pin_timeout: float = 60.0, ready_timeout: float = 60.0,
-                 new_session: bool = True, stderr=None) -> KeeperProcess:
+                 new_session: bool = True, stderr=None,
+                 max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> KeeperProcess:
     """Start a keeper process and wait until it listens.
 
     It watches `parent_pid` (default: this process) and exits when that
@@ -518,7 +538,7 @@ def start_keeper(name: str, *, host: str = '127.0.0.1', port: int = 0, slots: in
     watch = os.getpid() if parent_pid is None else parent_pid
     cmd = [sys.executable, '-m', 'mecefo_jax.snapshot.keeper', '--name', name, '--host', host,
            '--port', str(port), '--slots', str(slots), '--parent-pid', str(watch),
-           '--pin-timeout', str(pin_timeout)]
+           '--pin-timeout', str(pin_timeout), '--max-payload-bytes', str(max_payload_bytes)]
     # The keeper must import this package however the caller found it.
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -13,9 +13,13 @@ import struct
 from collections.abc import Sequence
 
 _PREFIX = struct.Struct('!IQ')
-# Requests and replies are small JSON objects; a larger one means the peer
-# is not speaking this protocol.
-_MAX_JSON = 64 << 20
+# Requests and replies are small JSON objects (a few KiB); a larger one means
+# the peer is not speaking this protocol.
+MAX_JSON_BYTES = 1 << 20
+
+
+class MessageTooLarge(ValueError):
+    """A message claims more bytes than the receiver accepts; its bytes were not read."""
 
 
 def configure(sock: socket.socket) -> None:
@@ -43,16 +47,25 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def recv(sock: socket.socket) -> tuple[dict, bytearray | None]:
-    """One message; raises EOFError on a clean close before its first byte."""
+def recv(sock: socket.socket, *, max_payload: int | None = None) -> tuple[dict, bytearray | None]:
+    """One message; raises EOFError on a clean close before its first byte.
+
+    The lengths come from the peer: a header over MAX_JSON_BYTES or a payload
+    over `max_payload` (None: no bound, for replies to requests this side
+    made) raises MessageTooLarge before anything is allocated for it.
+    """
     prefix = bytearray(_PREFIX.size)
     first = sock.recv_into(prefix)
     if first == 0:
         raise EOFError
     _recv_into(sock, memoryview(prefix)[first:])
     json_len, payload_len = _PREFIX.unpack(prefix)
-    if json_len > _MAX_JSON:
-        raise ConnectionError(f'Message header of {json_len} bytes: not a keeper peer.')
+    if json_len > MAX_JSON_BYTES:
+        raise MessageTooLarge(f'Message header of {json_len} bytes (at most {MAX_JSON_BYTES}): '
+                              'not a keeper peer.')
+    if max_payload is not None and payload_len > max_payload:
+        raise MessageTooLarge(f"Message payload of {payload_len} bytes exceeds this keeper's "
+                              f'bound of {max_payload} bytes (--max-payload-bytes).')
     raw = bytearray(json_len)
     _recv_into(sock, memoryview(raw))
     payload = None

@@ -1,0 +1,61 @@
+"""Why a worker left: a crash (relaunch without it) or a program error (stop the job).
+
+A crash is what a lost host looks like: a signal (a negative return code:
+SIGKILL, a segfault, an abort), a silent heartbeat, or the preemption code.
+A program error is a Python exception (any other positive exit code): the
+relaunched program would fail the same way, so the launcher stops at once
+and shows the end of the worker's log instead of relaunching it
+`launch.max_relaunches` times.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from mecefo_jax.preemption import EXIT_PREEMPTED
+
+CRASH, PROGRAM_ERROR = 'crash', 'program_error'
+EXIT_ORPHANED = 70  # a worker's heartbeat thread ends it when the launcher is gone
+_TAIL_LINES = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Death:
+    """One dead worker of a generation."""
+    worker: int
+    cause: str  # 'exit code -9', 'no heartbeat for 3.1 s', ...
+    kind: str  # CRASH | PROGRAM_ERROR
+    failed_at: float  # time.time()
+
+
+def exit_kind(code: int) -> str:
+    """CRASH or PROGRAM_ERROR for a non-zero return code (see the module docstring)."""
+    if code < 0 or code in (EXIT_PREEMPTED, EXIT_ORPHANED):
+        return CRASH
+    return PROGRAM_ERROR
+
+
+def log_tail(path: str, lines: int = _TAIL_LINES) -> str:
+    """The last `lines` lines of a worker's log, from its last traceback if it has one."""
+    try:
+        with open(path, errors='replace') as f:
+            text = f.read()
+    except OSError as e:
+        return f'(no log: {e})'
+    rows = text.rstrip('\n').splitlines()
+    start = max((i for i, r in enumerate(rows) if r.startswith('Traceback')), default=0)
+    return '\n'.join(rows[max(start, len(rows) - lines):])
+
+
+class WorkerProgramError(RuntimeError):
+    """A worker failed in its own code: relaunching it would fail again."""
+
+    def __init__(self, deaths: list, log_dir: str, generation: int):
+        parts = []
+        for d in deaths:
+            path = os.path.join(log_dir, f'g{generation}_w{d.worker}.log')
+            parts.append(f'Worker {d.worker} stopped with a program error ({d.cause}), not a '
+                         f'crash, so it is not relaunched. The end of {path}:\n'
+                         f'{log_tail(path)}')
+        super().__init__('\n\n'.join(parts) + '\nFix the error and rerun the same command.')
+        self.workers = [d.worker for d in deaths]
