@@ -174,9 +174,7 @@ def load_or_compile(jitted, args, devices, name: str, identity: str = ''):
     lowered program.
     """
     devices = list(devices)
-    if _directory is None:
-        return jitted.lower(*args).compile()
-    if not _context:
+    if not _context:  # off, or on without untraced lookups
         return compile(jitted.lower(*args), devices, name)
     key = untraced_key(f'{name}:{identity}', args, devices)
     path = os.path.join(_directory, f'{name}-untraced-{key}.bin')

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from mecefo_jax.launch.heartbeat import EXIT_ORPHANED
 from mecefo_jax.preemption import EXIT_PREEMPTED
 
 CRASH, PROGRAM_ERROR = 'crash', 'program_error'
-EXIT_ORPHANED = 70  # a worker's heartbeat thread ends it when the launcher is gone
 _TAIL_LINES = 20
 
 

@@ -19,6 +19,9 @@ import socket
 import threading
 import time
 
+# A worker whose launcher is gone ends itself with this code (a crash, not a program error).
+EXIT_ORPHANED = 70
+
 
 class HeartbeatSender:
     """Sends `{worker, generation, pid, dispatched, completed}` every `interval` s."""
@@ -50,7 +53,7 @@ class HeartbeatSender:
     def _run(self) -> None:
         while True:
             if os.getppid() != self._parent:
-                os._exit(70)  # the launcher is gone: nobody will tear us down or relaunch
+                os._exit(EXIT_ORPHANED)  # the launcher is gone: nobody tears us down
             try:
                 self._refresh_completed()
             except Exception:  # a deleted array after the job tore down: keep beating
