@@ -101,7 +101,7 @@ def _check_mecefo(cfg: Config) -> None:
     _require(m.rank > 0 and (m.rank <= 1.0 or m.rank.is_integer()), 'mecefo.rank', m.rank,
              'must be a fraction in (0, 1] or a whole rank >= 1', 0.25)
     _one_of('mecefo.refresh', m.refresh, ('subspace', 'svd'))
-    _require(m.refresh_iters >= 1, 'mecefo.refresh_iters', m.refresh_iters, 'must be >= 1', 2)
+    _require(m.refresh_iters >= 1, 'mecefo.refresh_iters', m.refresh_iters, 'must be >= 1', 3)
 
 
 def _check_events(cfg: Config) -> None:

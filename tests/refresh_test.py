@@ -133,7 +133,7 @@ def test_subspace_iteration_input_errors():
 
 def test_refresh_config_defaults_and_errors_name_the_field():
     cfg = base_config()
-    assert validate_refresh(cfg.mecefo.refresh, cfg.mecefo.refresh_iters) == ('subspace', 2)
+    assert validate_refresh(cfg.mecefo.refresh, cfg.mecefo.refresh_iters) == ('subspace', 3)
     assert validate_refresh('svd', 1) == ('svd', 1)
     for bad in ('SVD', 'qr', '', None):
         with pytest.raises(ValueError, match=r"mecefo.refresh must be one of \('svd', 'subspace'\)"):

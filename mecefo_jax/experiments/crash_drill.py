@@ -406,6 +406,9 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
         'param_bitwise_equal_to_simulated': all(d == 0.0 for d in diffs.values()),
         'simulated_events': events,
         'parity_rebuild_bitwise': bool(bitwise) and all(bitwise),
+        # Where a rebuild and the killed keeper's own copy part, if they do.
+        'parity_rebuild_mismatch': [r['parity_rebuild_mismatch'] for r in parity['recoveries']
+                                    if r.get('parity_rebuild_mismatch')],
         'parity': _recovery(parity),
         'compile_ahead': {'cpu_sec': ahead['cpu_sec'], 'wall_sec': ahead['wall_sec'],
                           'sets': ahead['sets']},

@@ -98,6 +98,18 @@ def _signal_live(gen: Generation, send, sig) -> None:
                 pass
 
 
+def _first_difference(rebuilt: bytes, original: bytes) -> dict:
+    """Where a parity rebuild and the killed keeper's copy part: sizes, crc32s, first offset."""
+    import zlib
+
+    import numpy as np
+    n = min(len(rebuilt), len(original))
+    differs = np.flatnonzero(np.frombuffer(rebuilt, np.uint8, n) != np.frombuffer(original, np.uint8, n))
+    diff = int(differs[0]) if differs.size else n
+    return {'nbytes': [len(rebuilt), len(original)],
+            'crc32': [zlib.crc32(rebuilt), zlib.crc32(original)], 'first_diff_offset': diff}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -545,8 +557,11 @@ class Launcher:
             row.setdefault('parity_rebuilt_workers', []).append(w)
             original = self._lost_snapshots.get(w, {}).get(rebuilt.step)
             if original is not None:
-                row.setdefault('parity_rebuild_bitwise', {})[str(w)] = (
-                    bytes(rebuilt.raw) == original)
+                same = bytes(rebuilt.raw) == original
+                row.setdefault('parity_rebuild_bitwise', {})[str(w)] = same
+                if not same:
+                    row.setdefault('parity_rebuild_mismatch', {})[str(w)] = _first_difference(
+                        bytes(rebuilt.raw), original)
         return time.time() - start
 
     def _finish(self, row: dict) -> None:

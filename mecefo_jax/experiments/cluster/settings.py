@@ -47,7 +47,7 @@ class SimConfig:
     svd_tflops: float = refresh_costs.DEFAULT_REFRESH_TFLOPS  # assumed TFLOP/s of the refresh
     link_gbps: float = refresh_costs.DEFAULT_LINK_GBPS  # replica-to-replica GB/s (DGX A100)
     refresh_method: str = 'subspace'  # as mecefo.refresh: 'subspace' (default) | 'svd'
-    refresh_iters: int = 2  # as mecefo.refresh_iters
+    refresh_iters: int = 3  # as mecefo.refresh_iters
     granularity: str = 'sequence'  # or 'continuous'
     checkpoint_every: int = 1000
     recompute_ffn: bool = False  # as mecefo.remat_ffn, off by default (docs/algorithm.md section 6)
