@@ -399,7 +399,10 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
         'snapshot_overhead_pct': overhead['overhead_pct'], 'snapshot_overhead': overhead,
         'snapshot_every': every, 'snapshot_every_setting': cfg.snapshot.every,
         'snapshot_every_memory_job': job_every,
+        # A kill at a random step redoes half a save interval on average; the
+        # drill's kill step is a multiple of both intervals (scripts/crash_drill.py).
         'expected_lost_steps_per_failure': every / 2,
+        'expected_lost_steps_per_failure_disk': checkpoint_every / 2,
         'max_abs_param_diff_vs_simulated': max(diffs.values()),
         'max_rel_param_diff_vs_simulated': max(
             diffs[k] / max(float(np.max(np.abs(v))), 1e-30) for k, v in simulated.items()),
@@ -456,7 +459,10 @@ def markdown(r: dict) -> str:
               f"{r['snapshot_every_memory_job']} step(s) in the memory job (at its full size) and "
               f"{r['snapshot_every']} in the overhead measurement below: a failure redoes the "
               f"steps since the last snapshot, {r['expected_lost_steps_per_failure']:g} on "
-              "average at the latter.",
+              "average at the latter (disk: "
+              f"{r.get('expected_lost_steps_per_failure_disk', r['checkpoint_every'] / 2):g} "
+              f"at Orbax every {r['checkpoint_every']}); the kill at step {r['kill_step']} "
+              "lands where both paths had just saved, if the interval divides it.",
               f"Snapshot overhead: {r['snapshot_overhead_pct']:+.2f}% of step time, the median "
               f"over {o['blocks_each']} pairs of interleaved blocks of {o['steps_per_block']} "
               f"steps with and without snapshots (quartiles "
