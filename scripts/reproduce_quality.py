@@ -4,7 +4,8 @@ python scripts/reproduce_quality.py --config configs/small.py --seeds 2 --out DI
 
 Trains fault_free, mecefo under low / mid / high, mecefo_planned, drop and
 ndb_naive under high
-(--runs to choose), once per seed (seed s sets train.seed and fault.seed; seeds
+(--runs to choose; mecefo_planned:high:cap=8 adds a planned run whose helpers
+hold at most 8 rows in neighbour mode), once per seed (seed s sets train.seed and fault.seed; seeds
 start at --config.fault.seed), and writes DIR/quality.{json,md,png} plus each
 run's metrics under DIR/seed<s>/<run>/. Failures are drawn with
 --config.fault.step_time_sec seconds per step (default 60).
@@ -26,7 +27,9 @@ _SEEDS = flags.DEFINE_integer('seeds', 2, 'Seeds (initialisation + failure trace
 _RUNS = flags.DEFINE_string(
     'runs', 'fault_free,mecefo:low,mecefo:mid,mecefo:high,mecefo_planned:high,drop:high,'
     'ndb_naive:high',
-    'Comma-separated strategy:regime runs (fault_free has no regime).')
+    'Comma-separated strategy:regime runs (fault_free has no regime); '
+    'mecefo_planned:REGIME:cap=N caps its rows in neighbour mode per helper '
+    '(fault.max_neighbour_rows=N), e.g. mecefo_planned:high:cap=8.')
 _GRAD_EVERY = flags.DEFINE_integer(
     'grad_error_every', 10, "Measure the neighbour's gradient error on every k-th "
     'neighbour-mode step (0 disables).', lower_bound=0)

@@ -32,3 +32,32 @@ def test_an_auto_job_too_short_to_choose_says_so(tmp_path):
     write_ends(tmp_path, 0, [{'median_step_sec': 0.02, 'snapshot_cadence': []}])
     with pytest.raises(RuntimeError, match='run more steps'):
         crash_drill.chosen_interval({'recoveries': []}, str(tmp_path), 'auto')
+
+
+def test_a_drill_refuses_a_directory_a_previous_drill_left_behind(tmp_path):
+    """Its jobs would resume from the old checkpoints: the simulated run once did, silently
+    finishing at step 40 without training, and the drill compared against that."""
+    from configs.tiny import get_config
+    from mecefo_jax.settings import resolve
+    os.makedirs(tmp_path / 'simulated' / 'checkpoints' / '40')
+    with pytest.raises(ValueError, match='is not empty'):
+        crash_drill.run_drill(resolve(get_config()), 'configs/tiny.py', str(tmp_path),
+                              kill_step=20, return_after=10, checkpoint_every=10)
+
+
+def test_a_preempted_job_ends_the_drill(monkeypatch, tmp_path):
+    """SIGTERM makes the launcher save and return; the drill must not go on to its next job."""
+    class Preempted:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self):
+            return {'preempted_at': 7, 'recoveries': []}
+
+    class Cfg:
+        def updated(self, values):
+            return self
+
+    monkeypatch.setattr(crash_drill, 'Launcher', Preempted)
+    with pytest.raises(crash_drill.DrillStopped, match='memory job .* saved step 7'):
+        crash_drill._job(Cfg(), {}, str(tmp_path / 'memory'), 4, log=lambda _: None)

@@ -27,3 +27,19 @@ def test_junk_datagrams_are_rejected_and_counted_and_good_beats_still_land():
     monitor.close()
     assert monitor.rejected == len(junk)
     assert monitor.beat(0, 1)['completed'] == 3 and list(monitor.latest) == [(0, 1)]
+
+
+def test_a_worker_whose_launcher_died_before_its_heartbeat_started_exits_orphaned():
+    """The launcher's pid comes from the command line: a worker adopted before its
+    heartbeat thread starts still sees that its launcher is gone (it exits 70 at once,
+    instead of training on with nobody to tear it down)."""
+    import subprocess
+    import sys
+
+    from mecefo_jax.launch.heartbeat import EXIT_ORPHANED
+    gone = subprocess.Popen([sys.executable, '-c', 'pass'])
+    gone.wait()  # a pid that is nobody's parent now
+    code = ('import time; from mecefo_jax.launch.heartbeat import HeartbeatSender; '
+            f'HeartbeatSender(("127.0.0.1", 9), 0, 0, launcher_pid={gone.pid}); time.sleep(60)')
+    worker = subprocess.run([sys.executable, '-c', code], timeout=30)
+    assert worker.returncode == EXIT_ORPHANED

@@ -178,10 +178,23 @@ def test_summary_without_fault_free_leaves_the_target_unevaluated():
 
 
 def test_runs_flag_is_checked():
-    assert quality.parse_runs('fault_free, mecefo:high') == (('fault_free', ''),
-                                                            ('mecefo', 'high'))
+    assert quality.parse_runs('fault_free, mecefo:high, mecefo_planned:high:cap=8') == (
+        ('fault_free', '', 0), ('mecefo', 'high', 0), ('mecefo_planned', 'high', 8))
     for bad, words in (('mecefo', 'needs a regime'), ('mecefo:extreme', 'needs a regime'),
                        ('fault_free:high', 'takes no regime'), ('magic:high', 'unknown'),
-                       ('', 'empty')):
+                       ('mecefo:high:cap=8', 'mecefo_planned plans only'),
+                       ('mecefo_planned:high:cap=0', 'cap=N'),
+                       ('mecefo_planned:high:8', 'cap=N'), ('', 'empty')):
         with pytest.raises(ValueError, match=words):
             quality.parse_runs(bad)
+
+
+def test_a_capped_planned_run_gets_its_own_name_and_cap_and_no_other_run_does():
+    """The cap reaches the planned run's config only; the base config's is not inherited."""
+    cfg = resolve(get_config())
+    capped, plain = quality.parse_runs('mecefo_planned:high:cap=8, drop:high')
+    assert quality.run_name(*capped) == 'mecefo_planned_high_cap8'
+    assert quality.run_name(*plain) == 'drop_high'
+    run_cfg = quality._run_config(cfg, capped, seed=3, evals=2)
+    assert (run_cfg.fault.strategy, run_cfg.fault.max_neighbour_rows) == ('mecefo_planned', 8)
+    assert quality._run_config(cfg, plain, seed=3, evals=2).fault.max_neighbour_rows == 0

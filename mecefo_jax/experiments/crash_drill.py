@@ -38,8 +38,24 @@ def _job(cfg, values, workdir, workers, log):
         ', '.join(f'{k}={v}' for k, v in values.items() if k.startswith(('launch', 'snapshot'))))
     start = time.perf_counter()
     summary = Launcher(cfg.updated(values), workdir, workers, log=log).run()
+    if summary['preempted_at'] is not None:  # SIGTERM or Ctrl-C: the user stopped the drill
+        raise DrillStopped(f'the drill was stopped during its {os.path.basename(workdir)} job '
+                           f"(every worker saved step {summary['preempted_at']}); its figures "
+                           'are incomplete, so none are written.')
     summary['wall_sec'] = time.perf_counter() - start
     return summary
+
+
+class DrillStopped(RuntimeError):
+    """A job of the drill was preempted (SIGTERM, Ctrl-C): the drill ends there."""
+
+
+def _check_fresh(out_dir: str) -> None:
+    """A drill's jobs resume from whatever their directories hold: start from an empty one."""
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        raise ValueError(f'--out {out_dir} is not empty: its jobs would resume from the '
+                         'checkpoints and snapshots a previous drill left there. Choose a new '
+                         'directory or remove this one.')
 
 
 def _recovery(summary: dict) -> dict:
@@ -346,6 +362,7 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
     import numpy as np
 
     from mecefo_jax.launch.placement import Placement
+    _check_fresh(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     local = cfg.launch.local_devices
     placement = Placement(workers, local, cfg.mesh.model)

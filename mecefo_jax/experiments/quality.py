@@ -32,6 +32,7 @@ import json
 import math
 import os
 import time
+from typing import NamedTuple
 
 from mecefo_jax.experiments import step_cost as bench
 from mecefo_jax.experiments.report import distinct_seeds, format_spread, pyplot, stats
@@ -45,21 +46,34 @@ PAPER_TABLE3 = {'350M': (18.74, 18.75, 18.88, 19.04),
                 '7B': (14.92, 14.97, 15.04, 15.16)}
 PAPER_REGIMES = ('none', 'low', 'mid', 'high')
 TARGET_SIZE, TARGET_REGIME = '350M', 'high'
-# (strategy, regime); '' is no failures.
-DEFAULT_RUNS = (('fault_free', ''), ('mecefo', 'low'), ('mecefo', 'mid'), ('mecefo', 'high'),
-                ('mecefo_planned', 'high'), ('drop', 'high'), ('ndb_naive', 'high'))
 OUTPUT = 'quality'  # quality.{json,md,png}
 
 
-def run_name(strategy: str, regime: str) -> str:
-    return 'fault_free' if strategy == 'fault_free' else f'{strategy}_{regime}'
+class Run(NamedTuple):
+    """One run of the report: a strategy under a regime ('' is no failures), and for
+    mecefo_planned an optional cap on its rows in neighbour mode (fault.max_neighbour_rows)."""
+    strategy: str
+    regime: str
+    cap: int = 0
 
 
-def parse_runs(text: str) -> tuple:
-    """'fault_free,mecefo:high,...' -> ((strategy, regime), ...)."""
+DEFAULT_RUNS = (Run('fault_free', ''), Run('mecefo', 'low'), Run('mecefo', 'mid'),
+                Run('mecefo', 'high'), Run('mecefo_planned', 'high'), Run('drop', 'high'),
+                Run('ndb_naive', 'high'))
+
+
+def run_name(strategy: str, regime: str, cap: int = 0) -> str:
+    if strategy == 'fault_free':
+        return 'fault_free'
+    return f'{strategy}_{regime}' + (f'_cap{cap}' if cap else '')
+
+
+def parse_runs(text: str) -> tuple[Run, ...]:
+    """'fault_free,mecefo:high,mecefo_planned:high:cap=8,...' -> (Run, ...)."""
     runs = []
     for item in (x.strip() for x in text.split(',') if x.strip()):
-        strategy, _, regime = item.partition(':')
+        strategy, _, rest = item.partition(':')
+        regime, _, cap_text = rest.partition(':')
         if strategy == 'fault_free':
             if regime:
                 raise ValueError(f'--runs: {item!r}: fault_free takes no regime.')
@@ -71,10 +85,24 @@ def parse_runs(text: str) -> tuple:
             if regime not in REGIMES:
                 raise ValueError(f'--runs: {item!r} needs a regime, one of '
                                  f'{", ".join(REGIMES)} (e.g. mecefo:high).')
-        runs.append((strategy, regime))
+        runs.append(Run(strategy, regime, _parse_cap(item, strategy, cap_text)))
     if not runs:
         raise ValueError('--runs is empty; e.g. fault_free,mecefo:high.')
     return tuple(runs)
+
+
+def _parse_cap(item: str, strategy: str, text: str) -> int:
+    """The `cap=N` suffix: fault.max_neighbour_rows for a mecefo_planned run, else 0."""
+    if not text:
+        return 0
+    key, _, value = text.partition('=')
+    if key != 'cap' or not value.isdigit() or int(value) < 1:
+        raise ValueError(f"--runs: {item!r}: the third field is 'cap=N' with N >= 1 "
+                         '(fault.max_neighbour_rows), e.g. mecefo_planned:high:cap=8.')
+    if strategy != 'mecefo_planned':
+        raise ValueError(f'--runs: {item!r}: a cap limits mecefo_planned plans only; '
+                         f'drop it or use mecefo_planned:REGIME:{text}.')
+    return int(value)
 
 
 def paper_increase_pct() -> dict:
@@ -83,10 +111,11 @@ def paper_increase_pct() -> dict:
             for size, row in PAPER_TABLE3.items()}
 
 
-def _run_config(cfg, strategy: str, regime: str, seed: int, evals: int):
+def _run_config(cfg, run: Run, seed: int, evals: int):
     return cfg.updated({
-        'train.seed': seed, 'fault.seed': seed, 'fault.events': '', 'fault.regime': regime,
-        'fault.strategy': 'mecefo' if strategy == 'fault_free' else strategy,
+        'train.seed': seed, 'fault.seed': seed, 'fault.events': '', 'fault.regime': run.regime,
+        'fault.strategy': 'mecefo' if run.strategy == 'fault_free' else run.strategy,
+        'fault.max_neighbour_rows': run.cap,
         'train.checkpoint_every': 0,  # quality only: no checkpoint cost needed
         'train.eval_every': max(1, cfg.train.steps // max(1, evals))})
 
@@ -109,14 +138,14 @@ def _grad_summary(samples: list[dict]) -> dict | None:
     return out
 
 
-def train_one(cfg, strategy: str, regime: str, seed: int, workdir: str, *,
+def train_one(cfg, run_spec: Run, seed: int, workdir: str, *,
               grad_error_every: int, evals: int) -> dict:
     """One run; its row of the report."""
     from mecefo_jax.experiments.observers import Coverage, GradientError, ProgramUsage
     from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.main import run as train_run
     from mecefo_jax.train import build_run
-    run_cfg = _run_config(cfg, strategy, regime, seed, evals)
+    run_cfg = _run_config(cfg, run_spec, seed, evals)
     start = time.perf_counter()
     run = build_run(run_cfg, workdir)
     events = schedule_lib.events_from_config(run_cfg.fault, num_replicas=run.num_shards,
@@ -128,7 +157,8 @@ def train_one(cfg, strategy: str, regime: str, seed: int, workdir: str, *,
     train_curve, val_curve = _curves(workdir)
     executed = max(int(summary['executed_steps']), 1)
     return {
-        'run': run_name(strategy, regime), 'strategy': strategy, 'regime': regime, 'seed': seed,
+        'run': run_name(*run_spec), 'strategy': run_spec.strategy, 'regime': run_spec.regime,
+        'max_neighbour_rows': run_spec.cap, 'seed': seed,
         'replicas': run.num_shards,
         'final_val_loss': summary['final_val_loss'], 'final_val_ppl': summary['final_val_ppl'],
         'schedule': schedule_lib.format_events(events),
@@ -155,10 +185,10 @@ def reproduce_quality(cfg, out_dir: str, *, seeds, runs=DEFAULT_RUNS, grad_error
     os.makedirs(out_dir, exist_ok=True)
     rows = []
     for seed in seeds:
-        for strategy, regime in runs:
-            name = run_name(strategy, regime)
+        for run in runs:
+            name = run_name(*run)
             log(f'[quality] seed {seed}: {name}, {cfg.train.steps} steps')
-            row = train_one(cfg, strategy, regime, seed, os.path.join(out_dir, f'seed{seed}', name),
+            row = train_one(cfg, run, seed, os.path.join(out_dir, f'seed{seed}', name),
                             grad_error_every=grad_error_every, evals=evals)
             log(f"[quality] seed {seed}: {name}: val ppl {row['final_val_ppl']:.3f}, "
                 f"{row['failures']} failures, {row['neighbour_steps']} neighbour steps "

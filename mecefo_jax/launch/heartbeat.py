@@ -27,10 +27,12 @@ class HeartbeatSender:
     """Sends `{worker, generation, pid, dispatched, completed}` every `interval` s."""
 
     def __init__(self, address: tuple[str, int], worker: int, generation: int,
-                 interval: float = 0.2):
+                 interval: float = 0.2, *, launcher_pid: int | None = None):
         self._address, self._interval = address, interval
         self._fields = {'worker': worker, 'generation': generation, 'pid': os.getpid()}
-        self._parent = os.getppid()  # the launcher
+        # The launcher's pid as it says, not as we find it: a launcher killed
+        # before this line ran would leave us adopted already, and never orphaned.
+        self._parent = os.getppid() if launcher_pid is None else launcher_pid
         self.dispatched = 0
         self.completed = 0
         self._pending: collections.deque = collections.deque()  # (steps done, output array)

@@ -274,7 +274,8 @@ class Launcher:
                    f'--workers={self.placement.workers}', f'--generation={gen.number}',
                    f'--resume={gen.resume}', f'--resume_step={gen.resume_step}',
                    f'--stop_at={gen.stop_at}',
-                   f'--heartbeat={host}:{hb_port}', f'--keepers={keepers}']
+                   f'--heartbeat={host}:{hb_port}', f'--launcher_pid={os.getpid()}',
+                   f'--keepers={keepers}']
             cmd += [f'--hold_in_publish={kill.step}' for kill in self.kills
                     if kill.in_publish and kill.worker == worker and kill not in self.fired]
             log = open(os.path.join(self.dir, f'g{gen.number}_w{worker}.log'), 'w')

@@ -42,6 +42,7 @@ _RESUME_STEP = flags.DEFINE_integer(
     'resume_step', 0, 'With --resume=memory: the snapshot step to restore (0: the processes agree).')
 _STOP_AT = flags.DEFINE_integer('stop_at', 0, 'Stop after this step (0: train.steps).')
 _HEARTBEAT = flags.DEFINE_string('heartbeat', None, 'host:port of the launcher heartbeat socket.')
+_LAUNCHER_PID = flags.DEFINE_integer('launcher_pid', None, 'The launcher: exit when it is gone.')
 _KEEPERS = flags.DEFINE_string('keepers', '[]', 'JSON list: each worker keeper [host, port] or null.')
 _HOLD_IN_PUBLISH = flags.DEFINE_integer(
     'hold_in_publish', 0, "Crash drills (launch.kill 'STEP:WORKER:SIGNAL:publish'): stop inside "
@@ -81,7 +82,8 @@ def _run(argv):
     # Heartbeats first: the launcher must hear from us while jax imports.
     from mecefo_jax.launch.heartbeat import HeartbeatSender
     host, port = _HEARTBEAT.value.rsplit(':', 1)
-    heartbeat = HeartbeatSender((host, int(port)), _WORKER.value, _GENERATION.value)
+    heartbeat = HeartbeatSender((host, int(port)), _WORKER.value, _GENERATION.value,
+                                launcher_pid=_LAUNCHER_PID.value)
     from mecefo_jax.settings import load_json
     cfg = load_json(_CONFIG_JSON.value)
     from mecefo_jax.sharding import simulate_cpu_devices

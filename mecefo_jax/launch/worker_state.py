@@ -60,8 +60,10 @@ class SnapshotHook(Observer):
             SnapshotWriter(self._client, parity=parity, before_publish=before_publish))
         self.cadence = None
         if every == 'auto':
+            # On the CPU backend the background write runs on the cores the step uses.
             self.cadence = AutoCadence(budget_pct, flush=self._flush,
-                                       agree=multihost.process_zero_int, log=log)
+                                       agree=multihost.process_zero_int, log=log,
+                                       shares_cores=jax.default_backend() == 'cpu')
             self.every = None
         elif isinstance(every, int) and every >= 1:
             self.every = every
@@ -81,10 +83,11 @@ class SnapshotHook(Observer):
         """Steps between snapshots now (None while 'auto' is still measuring)."""
         return self.every if self.cadence is None else self.cadence.interval
 
-    def _flush(self) -> tuple[float, int]:
+    def _flush(self) -> tuple[float, int, float]:
+        """Background writes so far: (seconds, count, seconds waiting for the step's output)."""
         self.blocked_sec += self._snapshotter.wait()
         stats = self._snapshotter.stats
-        return stats.write_sec, stats.published
+        return stats.write_sec, stats.published, stats.materialize_sec
 
     def _due(self, done, step: int) -> bool:
         if step == self.stop_at:
