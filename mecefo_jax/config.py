@@ -138,7 +138,9 @@ def _launch_section() -> ConfigDict:
     # No step completed this long after a generation's start (joining, restoring, compiling): a hang.
     section.start_timeout_sec = 1800.0
     section.stall_timeout_sec = 600.0  # no step completed anywhere this long (after a generation's first): restart it
-    section.kill = ''  # injected failures 'STEP:WORKER[:SIGNAL[:keeper|publish]],...' (SIGKILL default)
+    # Injected failures 'STEP:WORKER[:SIGNAL[:keeper|publish|snapshot]],...' (SIGKILL default);
+    # docs/launch.md, "Failures".
+    section.kill = ''
     section.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never
     section.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)
     section.max_relaunches = 8  # give up after this many relaunches

@@ -173,9 +173,10 @@ def test_launcher_hands_its_resolved_overrides_to_every_worker(tmp_path):
 
 
 def test_launch_kill_reads_every_form_and_names_the_format_when_it_cannot():
-    assert parse_kills('12:1, 8:0:STOP,9:2:KILL:keeper,3:1:KILL:publish', 3) == [
+    assert parse_kills('12:1, 8:0:STOP,9:2:KILL:keeper,3:1:KILL:publish,4:0:KILL:snapshot',
+                       3) == [
         Kill(12, 1), Kill(8, 0, signal.SIGSTOP), Kill(9, 2, keeper=True),
-        Kill(3, 1, in_publish=True)]
+        Kill(3, 1, in_publish=True), Kill(4, 0, after_snapshot=True)]
     for bad in ('3', '3:1:KILL:somewhere', '3:1:NOSUCHSIG', '3:1:KILL:keeper:x'):
         with pytest.raises(ValueError, match='STEP:WORKER'):
             parse_kills(bad, 2)

@@ -100,6 +100,29 @@ def crashed(caches, tmp_path_factory):
     return summary, workdir
 
 
+def test_a_kill_after_a_snapshot_lands_on_the_snapshotted_step_whatever_the_interval(
+        caches, tmp_path):
+    """Asked for at step 4 with snapshots every 3 steps: worker 1 holds its loop after
+    publishing step 6, the launcher waits until both keepers hold 6 and kills it there,
+    and the survivor resumes at 6 with nothing redone. A kill at plain step 4 would
+    have redone 1 step (the crash drill's memory job kills this way)."""
+    workdir = str(tmp_path)
+    summary = launch(overrides(caches, **{'launch.kill': '4:1:KILL:snapshot',
+                                          'snapshot.every': 3, 'train.steps': 8}), workdir)
+    (failure,) = summary['recoveries']
+    assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
+    assert read(workdir, 'g0_w1_held_after_snapshot.json')['step'] == 6
+    assert failure['resume_step'] == failure['completed_steps'] == 6
+    assert failure['redone_steps'] == 0
+    assert read(workdir, 'g1_w0_end.json')['final_step'] == 8
+
+
+def test_a_kill_after_a_snapshot_needs_snapshots(caches, tmp_path):
+    with pytest.raises(ValueError, match='needs snapshots'):
+        launch(overrides(caches, **{'launch.kill': '4:1:KILL:snapshot', 'snapshot.every': 0}),
+               str(tmp_path))
+
+
 def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed):
     summary, workdir = crashed
     failure, rejoin = summary['recoveries']

@@ -372,7 +372,8 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
             'launch.compilation_cache': os.path.join(out_dir, 'xla_cache')}
     # The survivors' programs, compiled ahead into the jobs' cache before the
     # memory job (in a long run this happens, niced, during its first steps).
-    memory_values = dict(base, **{'launch.kill': f'{kill_step}:{victim}',
+    # Killed right after a snapshot every keeper holds, whatever interval auto chose.
+    memory_values = dict(base, **{'launch.kill': f'{kill_step}:{victim}:KILL:snapshot',
                                   'launch.return_after_steps': return_after,
                                   'launch.compile_ahead': False})
     ahead = compile_ahead(cfg, memory_values, os.path.join(out_dir, 'memory'), workers, log)
@@ -417,7 +418,7 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
         'snapshot_every': every, 'snapshot_every_setting': cfg.snapshot.every,
         'snapshot_every_memory_job': job_every,
         # A kill at a random step redoes half a save interval on average; the
-        # drill's kill step is a multiple of both intervals (scripts/crash_drill.py).
+        # memory job's kill lands right after a snapshot (scripts/crash_drill.py).
         'expected_lost_steps_per_failure': every / 2,
         'expected_lost_steps_per_failure_disk': checkpoint_every / 2,
         'max_abs_param_diff_vs_simulated': max(diffs.values()),
@@ -449,8 +450,9 @@ def _rounded(by_worker: dict | None) -> dict | None:
 def markdown(r: dict) -> str:
     mem, dsk = r['memory'], r['disk']
     lines = [f"Crash drill: `{r['config']}`, {r['workers']} workers x {r['local_devices']} CPU "
-             f"devices ({r['replicas']} replicas), {r['steps']} steps; worker 1 SIGKILLed at "
-             f"step {r['kill_step']}, back {r['return_after_steps']} steps later (memory); "
+             f"devices ({r['replicas']} replicas), {r['steps']} steps; worker 1 SIGKILLed right "
+             f"after its first snapshot at or after step {r['kill_step']} (memory) or at step "
+             f"{r['kill_step']} (disk), back {r['return_after_steps']} steps later (memory); "
              f"Orbax every {r['checkpoint_every']} steps (disk).", '',
              '| component (s) | memory (keepers) | disk (Orbax) |', '|---|---|---|']
     for key in COMPONENTS + ('recovery_sec',):
@@ -478,8 +480,9 @@ def markdown(r: dict) -> str:
               f"steps since the last snapshot, {r['expected_lost_steps_per_failure']:g} on "
               "average at the latter (disk: "
               f"{r.get('expected_lost_steps_per_failure_disk', r['checkpoint_every'] / 2):g} "
-              f"at Orbax every {r['checkpoint_every']}); the kill at step {r['kill_step']} "
-              "lands where both paths had just saved, if the interval divides it.",
+              f"at Orbax every {r['checkpoint_every']}); the memory job's kill lands right "
+              "after a snapshot every keeper holds, so its lost steps measure only what a "
+              "surviving copy failed to give back.",
               f"Snapshot overhead: {r['snapshot_overhead_pct']:+.2f}% of step time, the median "
               f"over {o['blocks_each']} pairs of interleaved blocks of {o['steps_per_block']} "
               f"steps with and without snapshots (quartiles "

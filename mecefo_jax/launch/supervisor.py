@@ -52,7 +52,7 @@ import time
 from mecefo_jax.launch.compile_ahead import CompileAhead, worker_env
 from mecefo_jax.launch.exits import CRASH, Death, WorkerProgramError, exit_kind
 from mecefo_jax.launch.heartbeat import HeartbeatMonitor
-from mecefo_jax.launch.kills import Kill, held_in_publish_marker, parse_kills
+from mecefo_jax.launch.kills import Kill, held_after_snapshot_marker, held_in_publish_marker, parse_kills
 from mecefo_jax.launch.placement import Placement
 from mecefo_jax.settings import Config
 
@@ -133,6 +133,9 @@ class Launcher:
             raise ValueError('launch.recovery=disk needs train.checkpoint_every >= 1; '
                              'set --config.train.checkpoint_every=10.')
         self.kills = parse_kills(cfg.launch.kill, self.placement.workers)
+        if cfg.snapshot.every == 0 and any(k.after_snapshot for k in self.kills):
+            raise ValueError(f'launch.kill={cfg.launch.kill!r}: a kill after a snapshot needs '
+                             "snapshots; set --config.snapshot.every=auto or drop ':snapshot'.")
         self.fired: set = set()
         self.timeout = cfg.launch.heartbeat_timeout_sec
         self.stall_timeout = cfg.launch.stall_timeout_sec
@@ -278,6 +281,8 @@ class Launcher:
                    f'--keepers={keepers}']
             cmd += [f'--hold_in_publish={kill.step}' for kill in self.kills
                     if kill.in_publish and kill.worker == worker and kill not in self.fired]
+            cmd += [f'--hold_after_snapshot={kill.step}' for kill in self.kills
+                    if kill.after_snapshot and kill.worker == worker and kill not in self.fired]
             log = open(os.path.join(self.dir, f'g{gen.number}_w{worker}.log'), 'w')
             popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -395,6 +400,12 @@ class Launcher:
 
     def _kill_point(self, gen: Generation, kill: Kill) -> str | None:
         """Where the worker of `kill` is if the kill is due now, else None."""
+        if kill.after_snapshot:
+            held = self._read(os.path.basename(
+                held_after_snapshot_marker(self.dir, gen.number, kill.worker)))
+            if held is None or not all(held['step'] in self._held_steps(w) for w in gen.members):
+                return None
+            return f"held after its snapshot of step {held['step']}, which every keeper holds"
         if kill.in_publish:
             if not os.path.exists(held_in_publish_marker(self.dir, gen.number, kill.worker)):
                 return None
@@ -526,6 +537,12 @@ class Launcher:
             self.log(f'[launch] keepers of workers {behind} still lack step {target} after '
                      f'{limit_sec:.0f} s: resuming from an older snapshot')
         return progress
+
+    def _held_steps(self, worker: int) -> set:
+        """The steps a worker's keeper has published."""
+        from mecefo_jax.snapshot import KeeperClient
+        with KeeperClient(self.keepers[worker].address) as client:
+            return {r.step for r in client.snapshots()}
 
     def _held_bytes(self, worker: int) -> dict:
         """Every snapshot a keeper holds, as bytes: {step: raw}."""

@@ -44,6 +44,9 @@ _STOP_AT = flags.DEFINE_integer('stop_at', 0, 'Stop after this step (0: train.st
 _HEARTBEAT = flags.DEFINE_string('heartbeat', None, 'host:port of the launcher heartbeat socket.')
 _LAUNCHER_PID = flags.DEFINE_integer('launcher_pid', None, 'The launcher: exit when it is gone.')
 _KEEPERS = flags.DEFINE_string('keepers', '[]', 'JSON list: each worker keeper [host, port] or null.')
+_HOLD_AFTER_SNAPSHOT = flags.DEFINE_integer(
+    'hold_after_snapshot', 0, "Crash drills (launch.kill 'STEP:WORKER:SIGNAL:snapshot'): hold "
+    'the training loop once the first snapshot at or after this step is published (0: never).')
 _HOLD_IN_PUBLISH = flags.DEFINE_integer(
     'hold_in_publish', 0, "Crash drills (launch.kill 'STEP:WORKER:SIGNAL:publish'): stop inside "
     "the publish of this snapshot step, say so in a file, and wait there for the launcher's signal.")
@@ -122,7 +125,8 @@ def _run(argv):
     info: dict = {}
     restore = _restore_fn(keepers, info)
     snapshot_hook = _snapshot_hook(cfg, keepers, _WORKER.value,
-                                   before_publish=_hold_in_publish(out_dir, tag))
+                                   before_publish=_hold_in_publish(out_dir, tag),
+                                   on_hold=_hold_after_snapshot(out_dir, tag))
 
     provenance = (os.path.join(out_dir, 'provenance.jsonl')
                   if jax.process_index() == 0 else None)
@@ -327,7 +331,18 @@ def _hold_in_publish(out_dir: str, tag: str):
     return before_publish
 
 
-def _snapshot_hook(cfg, keepers, worker, *, before_publish=None):
+def _hold_after_snapshot(out_dir: str, tag: str):
+    """SnapshotHook's `on_hold` for `--hold_after_snapshot`: write the marker, wait for the signal."""
+    def on_hold(step: int) -> None:
+        from mecefo_jax.launch.kills import held_after_snapshot_marker
+        marker = held_after_snapshot_marker(out_dir, _GENERATION.value, _WORKER.value)
+        _write_json(marker, {'worker': _WORKER.value, 'step': step, 'pid': os.getpid()})
+        print(f'[{tag}] holding after the published snapshot of step {step}', flush=True)
+        threading.Event().wait()  # until the launcher's signal
+    return on_hold
+
+
+def _snapshot_hook(cfg, keepers, worker, *, before_publish=None, on_hold=None):
     """This worker's snapshot observer, or None when snapshots are off or it has no keeper."""
     from mecefo_jax.launch import worker_state
     if cfg.snapshot.every == 0 or not keepers or keepers[worker] is None:
@@ -336,6 +351,7 @@ def _snapshot_hook(cfg, keepers, worker, *, before_publish=None):
     return worker_state.SnapshotHook(
         keepers[worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
         stop_at=_STOP_AT.value or None,
+        hold_after=_HOLD_AFTER_SNAPSHOT.value or None, on_hold=on_hold,
         budget_pct=cfg.snapshot.overhead_budget_pct,
         log=lambda msg: print(f'[worker {worker}] {msg}', flush=True))
 

@@ -54,7 +54,7 @@ class SnapshotHook(Observer):
 
     def __init__(self, keeper, every, *, parity: ParityPusher | None = None,
                  before_publish=None, stop_at: int | None = None, budget_pct: float = 2.0,
-                 log=None):
+                 log=None, hold_after: int | None = None, on_hold=None):
         self._client = KeeperClient(tuple(keeper))
         self._snapshotter = AsyncSnapshotter(
             SnapshotWriter(self._client, parity=parity, before_publish=before_publish))
@@ -73,6 +73,9 @@ class SnapshotHook(Observer):
         # A planned stop (a rejoin) resumes from this step: always snapshot it,
         # whatever the cadence, so the way back redoes nothing.
         self.stop_at = stop_at
+        # Crash drills: after the first snapshot at or after `hold_after` is
+        # published, `on_hold(step)` is called from the training loop (it never returns).
+        self.hold_after, self._on_hold = hold_after, on_hold
         self.blocked_sec = 0.0  # time the training loop waited for the previous snapshot
         self.submitted = 0
         self._last_done: float | None = None  # probing: when the previous step finished
@@ -117,6 +120,9 @@ class SnapshotHook(Observer):
             self.cadence.record_copy(copy_sec)
         self.blocked_sec += self._snapshotter.submit(step, copies, done.data_position)
         self.submitted += 1
+        if self.hold_after is not None and step >= self.hold_after:
+            self._snapshotter.wait()  # published, so its keeper holds it
+            self._on_hold(step)
 
     @property
     def stats(self):
