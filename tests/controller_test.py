@@ -567,3 +567,25 @@ def test_all_replicas_down_stops_with_checkpoint(cache_dir, topologies, tmp_path
         assert isinstance(data_state, dict) and data_state
     finally:
         run.checkpointer.close()
+
+
+def test_a_relaunch_charges_loading_the_refresh_program_to_compile_not_refresh(monkeypatch):
+    """With the program cache on (a launcher's worker), the refresh program is loaded before
+    the refresh is timed; without it the refresh stays a plain jitted call."""
+    from mecefo_jax import program_cache
+    from mecefo_jax.faults import controller
+
+    class Refresh:
+        def __init__(self):
+            self.compiled_for = []
+
+        def compile(self, *args):
+            self.compiled_for.append(args)
+
+    topology = dataclasses.make_dataclass('Topology', ['refresh'])(Refresh())
+    monkeypatch.setattr(program_cache, 'enabled', lambda: False)
+    assert controller._load_refresh(topology, 'state') == 0.0
+    assert topology.refresh.compiled_for == []
+    monkeypatch.setattr(program_cache, 'enabled', lambda: True)
+    assert controller._load_refresh(topology, 'state') >= 0.0
+    assert topology.refresh.compiled_for == [('state',)]
