@@ -21,8 +21,8 @@ GROUP = 'g0'
 SIZES = [10_000, 3, 70_001, 5_000]
 
 
-def _shards(member, step, nbytes):
-    rng = np.random.default_rng(1000 * member + step)
+def _shards(member, step, nbytes, generation=0):
+    rng = np.random.default_rng(1000 * member + step + 100_000 * generation)
     return [blob.HostShard('raw', (nbytes,), ((0, nbytes),), rng.integers(0, 256, nbytes, dtype=np.uint8)),
             blob.HostShard('w', (4,), ((0, 4),), rng.standard_normal(4).astype(ml_dtypes.bfloat16))]
 
@@ -47,13 +47,15 @@ def group():
         k.stop()
 
 
-def _write(keepers, member, step, nbytes, *, push=True):
+def _write(keepers, member, step, nbytes, *, push=True, generation=0):
     """Publish member's snapshot of `step` (and push its parity); return the blob bytes."""
     addresses = [k.address for k in keepers]
     client = KeeperClient(addresses[member])
-    pusher = parity.ParityPusher(GROUP, member, addresses) if push else None
+    pusher = (parity.ParityPusher(GROUP, member, addresses, generation=generation)
+              if push else None)
     try:
-        info = SnapshotWriter(client, parity=pusher).write(step, _shards(member, step, nbytes), {'step': step})
+        info = SnapshotWriter(client, parity=pusher).write(
+            step, _shards(member, step, nbytes, generation), {'step': step})
         return bytes(client.read(step, [(0, info.nbytes)]))
     finally:
         client.close()
@@ -141,6 +143,27 @@ def test_rebuild_after_the_lost_members_keeper_is_killed():
             record = SnapshotWriter(c).write_blob(rebuilt.raw)
             assert (record.step, record.checksum) == (4, rebuilt.checksum)
             assert bytes(c.read(4, [(0, record.nbytes)])) == blobs[1]
+    finally:
+        for k in keepers:
+            k.stop()
+
+
+def test_a_relaunch_snapshots_a_step_again_and_its_parity_replaces_the_rolled_back_one():
+    """Generation 0 snapshotted step 9 on members 0-2 and died (member 3 never pushed);
+    the relaunch resumed from an older step and snapshots 9 again on a new timeline, every
+    member contributing a second time. Before, the keepers refused the second contribution
+    and the worker stopped with a program error (a crash drill's parity job did)."""
+    from mecefo_jax.snapshot.client import KeeperError
+    keepers = _start_group(4, 't')
+    try:
+        for m in range(3):
+            _write(keepers, m, 9, SIZES[m], generation=0)
+        blobs = [_write(keepers, m, 9, SIZES[m], generation=1) for m in range(4)]
+        rebuilt = parity.rebuild_member(GROUP, [k.address for k in keepers[:3]] + [None])
+        assert rebuilt.step == 9 and bytes(rebuilt.raw) == blobs[3]
+        # A straggler of the dead generation cannot mix into the new stripes.
+        with pytest.raises(KeeperError, match='generation 0 arrived after generation 1'):
+            _write(keepers, 0, 9, SIZES[0], generation=0)
     finally:
         for k in keepers:
             k.stop()

@@ -363,7 +363,7 @@ def _parity_pusher(cfg, keepers, worker):
     first = worker - worker % size
     group = list(range(first, min(first + size, len(keepers))))
     return ParityPusher(f'workers{first}-{group[-1]}', worker - first,
-                        [tuple(keepers[w]) for w in group])
+                        [tuple(keepers[w]) for w in group], generation=_GENERATION.value)
 
 
 if __name__ == '__main__':

@@ -105,6 +105,9 @@ class _Stripe:
     code: str
     buf: np.ndarray
     contributions: dict = dataclasses.field(default_factory=dict)  # member -> metadata
+    # The job generation the contributions come from: a relaunch that resumed
+    # from an older step snapshots this step again, on a new timeline.
+    generation: int = 0
 
     @property
     def complete(self) -> bool:
@@ -312,11 +315,17 @@ class Keeper:
         if len(chunk) != int(msg['length']) or zlib.crc32(chunk) != int(msg['chunk_crc']):
             raise RequestError(f"Parity chunk from member {member} for step {step} arrived damaged "
                                f"({len(chunk)} bytes, expected {msg['length']}).")
+        generation = int(msg.get('generation', 0))
         with self._cond:
             steps = self._parity.setdefault(group, {})
             acc = steps.get(step)
-            if acc is None:
-                acc = steps[step] = _Stripe(stripe, members, code, np.zeros(len(chunk), np.uint8))
+            if acc is not None and generation < acc.generation:
+                raise RequestError(f'Parity group {group!r} step {step}: a contribution from '
+                                   f'generation {generation} arrived after generation '
+                                   f'{acc.generation} began this step again; dropped.')
+            if acc is None or generation > acc.generation:  # first, or a rolled-back timeline's
+                acc = steps[step] = _Stripe(stripe, members, code, np.zeros(len(chunk), np.uint8),
+                                            generation=generation)
             if (acc.stripe, acc.members, acc.code) != (stripe, members, code):
                 raise RequestError(f'Parity group {group!r} step {step}: this keeper holds stripe '
                                    f'{acc.stripe} of {acc.members} ({acc.code}), the contribution says '

@@ -86,8 +86,11 @@ class ParityPusher:
     """
 
     def __init__(self, group: str, member: int, addresses: Sequence[Address], *,
-                 code: erasure.ErasureCode | None = None, timeout: float = 120.0):
+                 code: erasure.ErasureCode | None = None, timeout: float = 120.0,
+                 generation: int = 0):
         self.group, self.member, self.members = str(group), int(member), len(addresses)
+        # A relaunched job's stripes replace those its rolled-back predecessor left.
+        self.generation = int(generation)
         self.code = code or erasure.XorCode()
         if self.code.parity_blocks != 1:
             raise ValueError(f'The RAID-5 placement holds one parity block per stripe; '
@@ -106,7 +109,7 @@ class ParityPusher:
                 data, group=self.group, step=int(step), stripe=c.stripe, members=self.members,
                 member=self.member, chunk_index=c.chunk_index, offset=c.offset, length=c.length,
                 chunk_crc=zlib.crc32(data), blob_nbytes=len(raw), blob_checksum=int(checksum),
-                code=self.code.name)
+                code=self.code.name, generation=self.generation)
             sent += c.length
         return sent
 
