@@ -138,6 +138,9 @@ def _launch_section() -> ConfigDict:
     # No step completed this long after a generation's start (joining, restoring, compiling): a hang.
     section.start_timeout_sec = 1800.0
     section.stall_timeout_sec = 600.0  # no step completed anywhere this long (after a generation's first): restart it
+    # After SIGTERM or Ctrl-C, how long the workers get to save a step before the
+    # launcher kills them (a worker that cannot reach the save would hold it forever).
+    section.stop_timeout_sec = 300.0
     # Injected failures 'STEP:WORKER[:SIGNAL[:keeper|publish|snapshot]],...' (SIGKILL default);
     # docs/launch.md, "Failures".
     section.kill = ''

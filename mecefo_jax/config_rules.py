@@ -158,7 +158,7 @@ def _check_launch(cfg: Config) -> None:
     _at_least(la, 'launch', 1, {'local_devices': 2})
     _at_least(la, 'launch', 0, {'return_after_steps': 0, 'max_relaunches': 8})
     for name, fix in (('heartbeat_timeout_sec', 20.0), ('start_timeout_sec', 1800.0),
-                      ('stall_timeout_sec', 600.0)):
+                      ('stall_timeout_sec', 600.0), ('stop_timeout_sec', 300.0)):
         value = getattr(la, name)
         _require(value > 0, f'launch.{name}', value, 'must be > 0 seconds', fix)
     _one_of('launch.recovery', la.recovery, RECOVERIES)

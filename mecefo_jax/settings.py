@@ -122,6 +122,7 @@ class LaunchSection:
     heartbeat_timeout_sec: float
     start_timeout_sec: float
     stall_timeout_sec: float
+    stop_timeout_sec: float
     kill: str
     return_after_steps: int
     recovery: str

@@ -316,6 +316,29 @@ def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(cach
     assert steps == sorted(set(steps)) and steps[-1] == saved + 2  # one row per step
 
 
+def test_a_stop_that_a_worker_cannot_reach_ends_after_the_stop_timeout(caches, tmp_path):
+    """Worker 1 is SIGSTOPped before the launcher gets SIGTERM, so it never reaches the
+    preemption sync and worker 0 waits there for it. Before, the launcher waited for
+    their saves forever; now it kills them after launch.stop_timeout_sec and exits
+    preempted, naming the workers that saved nothing. (The heartbeat and stall
+    timeouts are long: only the stop timeout can end this job.)"""
+    from mecefo_jax.preemption import EXIT_PREEMPTED
+    workdir = str(tmp_path)
+    launcher, _ = start_launcher(caches, workdir, **{
+        'train.steps': 2000, 'launch.stop_timeout_sec': 3.0,
+        'launch.heartbeat_timeout_sec': 1000, 'launch.stall_timeout_sec': 1000})
+    wait_for(os.path.join(workdir, 'launch', 'g0_w1_start.json'), launcher)
+    (worker,) = [p for p in processes_mentioning('--worker=1 ')
+                 if p in processes_mentioning(workdir)]
+    os.kill(worker, signal.SIGSTOP)
+    launcher.send_signal(signal.SIGTERM)
+    output = launcher.communicate(timeout=120)[0]
+    assert launcher.returncode == EXIT_PREEMPTED, output
+    assert 'did not stop within launch.stop_timeout_sec=3 s' in output
+    assert 'workers [0, 1] did not save within launch.stop_timeout_sec' in output
+    assert not processes_mentioning(workdir), describe(processes_mentioning(workdir))
+
+
 def test_a_killed_launcher_loses_at_most_the_steps_since_the_disk_checkpoint(caches, tmp_path):
     """Memory mode writes the disk tier too: the rerun of the same command resumes there."""
     workdir = str(tmp_path)

@@ -34,8 +34,13 @@ def main(argv):
             sys.exit(1)
     print(json.dumps(summary, indent=2, default=str))
     if summary['preempted_at'] is not None:
-        print(f"preempted: saved step {summary['preempted_at']}; rerun the same command to "
-              'resume there.', flush=True)
+        if summary['unsaved_workers']:
+            print(f"preempted: workers {summary['unsaved_workers']} did not save within "
+                  'launch.stop_timeout_sec; rerun the same command to resume from the newest '
+                  'checkpoint.', flush=True)
+        else:
+            print(f"preempted: saved step {summary['preempted_at']}; rerun the same command "
+                  'to resume there.', flush=True)
         sys.exit(EXIT_PREEMPTED)
 
 

@@ -85,6 +85,7 @@ class Outcome:
     failed_at: float = 0.0  # time.time() the failure happened (kill sent / last beat)
     detected_at: float = 0.0
     completed_steps: int = 0  # the most steps any worker had completed
+    unsaved: list = dataclasses.field(default_factory=list)  # a stop: workers that never saved
     deaths: list = dataclasses.field(default_factory=list)  # exits.Death of every dead worker
 
 
@@ -140,6 +141,7 @@ class Launcher:
         self.timeout = cfg.launch.heartbeat_timeout_sec
         self.stall_timeout = cfg.launch.stall_timeout_sec
         self.start_timeout = cfg.launch.start_timeout_sec
+        self.stop_timeout = cfg.launch.stop_timeout_sec
         self.keepers: dict = {}  # worker -> KeeperProcess
         self.recoveries: list[dict] = []
         self.monitor: HeartbeatMonitor | None = None
@@ -193,6 +195,7 @@ class Launcher:
                    'final_members': gen.members, 'compile_ahead': self.ahead.report(),
                    'preempted_at': (outcome.completed_steps if outcome.kind == 'preempted'
                                     else None),
+                   'unsaved_workers': outcome.unsaved,
                    'program_error': None if error is None else {
                        'workers': error.workers, 'message': str(error)},
                    'heartbeats_rejected': self.monitor.rejected}
@@ -236,7 +239,7 @@ class Launcher:
 
     def _forward_stop(self, gen: Generation) -> None:
         """Pass the stop to every worker: JAX's preemption sync point picks one step for all."""
-        self._stop_forwarded = True
+        self._stop_forwarded, self._stop_forwarded_at = True, time.monotonic()
         _signal_live(gen, os.kill, signal.SIGTERM)
 
     # ------------------------------------------------------------- processes
@@ -310,7 +313,7 @@ class Launcher:
             if self._stop_requested and not self._stop_forwarded:
                 self._forward_stop(gen)
             if self._stop_forwarded:  # stopping on purpose: wait for every worker's save
-                outcome = self._stopped(gen)
+                outcome = self._stopped(gen, now_mono - self._stop_forwarded_at)
                 if outcome is not None:
                     return outcome
                 continue
@@ -376,15 +379,29 @@ class Launcher:
                                          now - silent))
         return silent_ones
 
-    def _stopped(self, gen: Generation) -> Outcome | None:
-        """Once every worker has exited after a forwarded stop: the step they saved."""
-        if any(proc.popen.poll() is None for proc in gen.procs.values()):
+    def _stopped(self, gen: Generation, waited: float) -> Outcome | None:
+        """Once every worker has exited after a forwarded stop: the step they saved.
+
+        A worker that cannot reach the save (stopped, or stuck starting up)
+        would keep the launcher waiting forever: after `launch.stop_timeout_sec`
+        the generation is killed, and the rerun resumes from the newest checkpoint.
+        """
+        running = [w for w, proc in gen.procs.items() if proc.popen.poll() is None]
+        if running and waited <= self.stop_timeout:
             return None
-        ends = [self._read(f'g{gen.number}_w{w}_end.json') or {} for w in gen.members]
-        saved = min((e.get('final_step', 0) for e in ends), default=0)
-        self.log(f'[launch] preempted: every worker stopped; resume step {saved}')
+        if running:
+            self.log(f'[launch] workers {running} did not stop within '
+                     f'launch.stop_timeout_sec={self.stop_timeout:g} s of the stop: killing them')
+            self._stop_generation(gen)
+        ends = {w: self._read(f'g{gen.number}_w{w}_end.json') or {} for w in gen.members}
+        unsaved = sorted(w for w, e in ends.items() if not e.get('preempted'))
+        saved = min((e.get('final_step', 0) for e in ends.values()), default=0)
+        self.log(f'[launch] preempted: workers {unsaved} saved nothing; the rerun resumes from '
+                 'the newest checkpoint' if unsaved else
+                 f'[launch] preempted: every worker stopped; resume step {saved}')
         now = time.time()
-        return Outcome('preempted', failed_at=now, detected_at=now, completed_steps=saved)
+        return Outcome('preempted', failed_at=now, detected_at=now, completed_steps=saved,
+                       unsaved=unsaved)
 
     def _inject(self, gen: Generation) -> None:
         """Fire the kills that are due; kills at one step fire together, once all are due."""
