@@ -20,7 +20,7 @@ On `configs/tiny.py` (12 ms steps on 2 cores) leaving it out chose every 24
 steps and measured +3.7 % against a 2 % budget; with it, three crash drills
 chose 39 to 66 steps and measured +2.3 / +4.9 / +3.6 % (the measurement's
 quartiles span 3 to 9 points at that step length; on `configs/small.py`,
-1 s steps, +0.3 to +1.0 %). After every topology change
+0.5 s steps, +0.3 to +1.0 %). After every topology change
 it measures again: a failure changes the step time and the shards a process
 holds.
 
