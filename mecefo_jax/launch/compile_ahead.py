@@ -247,8 +247,8 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     placement_members = [w for w in range(workers) if w != lost]
     program_cache.configure(cfg.launch.compilation_cache, workdir,
                             program_cache.program_context(cfg))
-    jax.distributed.initialize(coordinator_address=coordinator,
-                               num_processes=len(placement_members), process_id=process_id)
+    from mecefo_jax.launch.coordinator import join
+    join(coordinator, len(placement_members), process_id)
     from mecefo_jax import aot
     from mecefo_jax import train as train_lib
     from mecefo_jax.faults.controller import FaultController

@@ -105,8 +105,8 @@ def _run(argv):
     out_dir = os.path.join(_WORKDIR.value, 'launch')
     tag = f'g{_GENERATION.value}_w{_WORKER.value}'
     t0 = time.perf_counter()
-    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+    from mecefo_jax.launch.coordinator import join
+    join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     distributed_init_sec = time.perf_counter() - t0
 
     from mecefo_jax import train as train_lib
