@@ -357,10 +357,35 @@ def _add_step_and_cold_compile(mem, dsk, memory, disk, ahead, out_dir, workers) 
                                                  range(workers))
 
 
+def _versus_simulated(cfg, memory: dict, mem: dict, replicas, out_dir: str, log) -> dict:
+    """The memory job's final parameters against its failure simulated in one process."""
+    import numpy as np
+    start, rejoin = mem['resume_step'], next(r['resume_step'] for r in memory['recoveries']
+                                             if r['kind'] == 'rejoin')
+    events = ','.join(f'{start}:{r}:{rejoin - start}' for r in replicas)
+    simulated = simulated_params(cfg, events, os.path.join(out_dir, 'simulated'), log)
+    real = np.load(os.path.join(out_dir, 'memory', 'launch', 'final_params.npz'))
+    diffs = {k: float(np.max(np.abs(real[k] - v))) for k, v in simulated.items()}
+    return {'max_abs_param_diff_vs_simulated': max(diffs.values()),
+            'max_rel_param_diff_vs_simulated': max(
+                diffs[k] / max(float(np.max(np.abs(v))), 1e-30) for k, v in simulated.items()),
+            'param_bitwise_equal_to_simulated': all(d == 0.0 for d in diffs.values()),
+            'simulated_events': events}
+
+
+def _parity_summary(parity: dict) -> dict:
+    """The parity job's recovery, and whether its rebuilt snapshot was the lost one bit for bit."""
+    bitwise = [v for r in parity['recoveries'] for v in
+               (r.get('parity_rebuild_bitwise') or {}).values()]
+    return {'parity_rebuild_bitwise': bool(bitwise) and all(bitwise),
+            # Where a rebuild and the killed keeper's own copy part, if they do.
+            'parity_rebuild_mismatch': [r['parity_rebuild_mismatch'] for r in parity['recoveries']
+                                        if r.get('parity_rebuild_mismatch')],
+            'parity': _recovery(parity)}
+
+
 def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_step: int,
               return_after: int, checkpoint_every: int, log=print) -> dict:
-    import numpy as np
-
     from mecefo_jax.launch.placement import Placement
     _check_fresh(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -390,15 +415,8 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
         os.path.join(out_dir, 'parity'), parity_workers, log)
 
     mem = _recovery(memory)
-    start, rejoin = mem['resume_step'], next(r['resume_step'] for r in memory['recoveries']
-                                             if r['kind'] == 'rejoin')
-    events = ','.join(f'{start}:{r}:{rejoin - start}' for r in placement.replicas_of(victim))
-    simulated = simulated_params(cfg.updated(base), events,
-                                 os.path.join(out_dir, 'simulated'), log)
-    real = np.load(os.path.join(out_dir, 'memory', 'launch', 'final_params.npz'))
-    diffs = {k: float(np.max(np.abs(real[k] - v))) for k, v in simulated.items()}
-    bitwise = [v for r in parity['recoveries'] for v in
-               (r.get('parity_rebuild_bitwise') or {}).values()]
+    versus_simulated = _versus_simulated(cfg.updated(base), memory, mem,
+                                         placement.replicas_of(victim), out_dir, log)
     job_every = chosen_interval(memory, os.path.join(out_dir, 'memory'), cfg.snapshot.every)
     overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'),
                                  every=cfg.snapshot.every, log=log)
@@ -421,16 +439,7 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
         # memory job's kill lands right after a snapshot (scripts/crash_drill.py).
         'expected_lost_steps_per_failure': every / 2,
         'expected_lost_steps_per_failure_disk': checkpoint_every / 2,
-        'max_abs_param_diff_vs_simulated': max(diffs.values()),
-        'max_rel_param_diff_vs_simulated': max(
-            diffs[k] / max(float(np.max(np.abs(v))), 1e-30) for k, v in simulated.items()),
-        'param_bitwise_equal_to_simulated': all(d == 0.0 for d in diffs.values()),
-        'simulated_events': events,
-        'parity_rebuild_bitwise': bool(bitwise) and all(bitwise),
-        # Where a rebuild and the killed keeper's own copy part, if they do.
-        'parity_rebuild_mismatch': [r['parity_rebuild_mismatch'] for r in parity['recoveries']
-                                    if r.get('parity_rebuild_mismatch')],
-        'parity': _recovery(parity),
+        **versus_simulated, **_parity_summary(parity),
         'compile_ahead': {'cpu_sec': ahead['cpu_sec'], 'wall_sec': ahead['wall_sec'],
                           'sets': ahead['sets']},
         'job_wall_sec': {'memory': memory['wall_sec'], 'disk': disk['wall_sec'],
