@@ -7,6 +7,8 @@ into typed, validated sections, and the code reads only those.
 """
 from ml_collections import ConfigDict, config_dict
 
+from mecefo_jax.faults.refresh_costs import DEFAULT_SPLIT_MIN_ELEMENTS
+
 
 def _model_section() -> ConfigDict:
     """The LLaMA shape and how it is computed."""
@@ -87,6 +89,12 @@ def _mecefo_section() -> ConfigDict:
     # >= 0.99 of the top-r energy after a tau-step random-walk drift at 7B
     # shapes (two: 0.987 on w_down); scripts/bench_refresh.py measures it.
     section.refresh_iters = 3
+    # Kernels with at least this many elements per layer split the refresh's
+    # products over 'data' (each replica 1/data of them, plus two collectives
+    # per kernel and iteration); smaller ones refresh whole on every replica,
+    # where 4 r FLOPs per element cost less than a collective's latency (the
+    # tiny and small configs; 350M and up split). 0 splits every kernel.
+    section.refresh_split_min_elements = DEFAULT_SPLIT_MIN_ELEMENTS
     # Recompute the neighbour's FFN activations in backward (the paper's rule 3).
     # Off: at 350M the neighbour's whole-step peak is 0.93x a normal device's
     # without it, and it costs +19% FLOPs (docs/algorithm.md section 6).

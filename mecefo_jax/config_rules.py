@@ -102,6 +102,8 @@ def _check_mecefo(cfg: Config) -> None:
              'must be a fraction in (0, 1] or a whole rank >= 1', 0.25)
     _one_of('mecefo.refresh', m.refresh, ('subspace', 'svd'))
     _require(m.refresh_iters >= 1, 'mecefo.refresh_iters', m.refresh_iters, 'must be >= 1', 3)
+    _require(m.refresh_split_min_elements >= 0, 'mecefo.refresh_split_min_elements',
+             m.refresh_split_min_elements, 'must be >= 0 (0 splits every kernel)', 262144)
 
 
 def _check_events(cfg: Config) -> None:

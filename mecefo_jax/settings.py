@@ -88,6 +88,7 @@ class MecefoSection:
     tau: int
     refresh: str
     refresh_iters: int
+    refresh_split_min_elements: int
     remat_ffn: bool
 
 

@@ -220,8 +220,9 @@ def data_split_spec(spec: P, shape, mesh_shape) -> P:
     return P(*axes)
 
 
-def _refresh_split_for(state_shardings):
-    """path, kernel -> RefreshSplit: the kernel split over 'data' as well, blocks replicated."""
+def _refresh_split_for(state_shardings, min_elements: int):
+    """path, kernel -> RefreshSplit: the kernel split over 'data' as well, blocks replicated;
+    a kernel under `min_elements` per layer stays where the model puts it (no split)."""
     kernels = state_shardings.params
     mesh = getattr(jax.tree.leaves(kernels)[0], 'mesh', None)  # None: not a NamedSharding
     mesh_shape = dict(mesh.shape) if mesh is not None else {}
@@ -232,6 +233,8 @@ def _refresh_split_for(state_shardings):
             sharding_ = sharding_[key]
         if mesh_shape.get(DATA, 1) == 1 or not isinstance(sharding_, jax.sharding.NamedSharding):
             return proj_lib.RefreshSplit()  # one replica: nothing to split
+        if math.prod(kernel_nm.shape[-2:]) < min_elements:
+            return proj_lib.RefreshSplit()  # cheaper whole than with two collectives
         spec = tuple(data_split_spec(sharding_.spec, kernel_nm.shape, mesh_shape))
         lead = spec[:-2]
 
@@ -244,14 +247,17 @@ def _refresh_split_for(state_shardings):
     return split_for
 
 
-def make_refresh_fn(rank, state_shardings, *, method: str, iterations: int):
+def make_refresh_fn(rank, state_shardings, *, method: str, iterations: int,
+                    split_min_elements: int = 0):
     """Jitted state -> state with every FFN projection V recomputed.
 
     `method` 'svd' is exact; 'subspace' runs `iterations` of subspace
     iteration warm-started from the V the state holds (mecefo.refresh),
-    its products split over the data axis (`data_split_spec`).
+    its products split over the data axis (`data_split_spec`) for kernels
+    of at least `split_min_elements` per layer
+    (mecefo.refresh_split_min_elements).
     """
-    split_for = _refresh_split_for(state_shardings)
+    split_for = _refresh_split_for(state_shardings, split_min_elements)
 
     def refresh(state):
         return state.replace(projections=proj_lib.refresh_projections(

@@ -130,10 +130,11 @@ class TopologyCache:
     """Builds each mesh (by its live rows) once and keeps it."""
 
     def __init__(self, model, optimizer, base_shardings, rank, *, refresh: str,
-                 refresh_iters: int):
+                 refresh_iters: int, refresh_split_min_elements: int):
         self._model, self._optimizer = model, optimizer
         self._base_shardings, self._rank = base_shardings, rank
-        self._refresh = dict(method=refresh, iterations=refresh_iters)
+        self._refresh = dict(method=refresh, iterations=refresh_iters,
+                             split_min_elements=refresh_split_min_elements)
         self._cache: dict[tuple, Topology] = {}
 
     def get(self, rows) -> Topology:

@@ -135,7 +135,9 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
                full_rows=replica_rows,
                topologies=TopologyCache(model, optimizer, base_shardings, rank,
-                                        refresh=refresh, refresh_iters=refresh_iters),
+                                        refresh=refresh, refresh_iters=refresh_iters,
+                                        refresh_split_min_elements=(
+                                            cfg.mecefo.refresh_split_min_elements)),
                train_data=train_data, val_data=val_data, checkpointer=checkpointer,
                metrics=MetricsWriter(workdir))
 

@@ -76,6 +76,8 @@ flags.DEFINE_float('link_gbps', _DEFAULT.link_gbps,
 flags.DEFINE_enum('refresh_method', _DEFAULT.refresh_method, ('subspace', 'svd'),
                   'The refresh charged, as mecefo.refresh (subspace: the library default).')
 flags.DEFINE_integer('refresh_iters', _DEFAULT.refresh_iters, 'As mecefo.refresh_iters.')
+flags.DEFINE_integer('refresh_split_min_elements', _DEFAULT.refresh_split_min_elements,
+                     'As mecefo.refresh_split_min_elements.')
 flags.DEFINE_enum('granularity', _DEFAULT.granularity, ('sequence', 'continuous'),
                   'How a failed shard is split over neighbours.')
 # Recovery
@@ -104,7 +106,7 @@ def sim_config() -> cluster_sim.SimConfig:
     scalars = ('replicas', 'node_size', 'seeds', 'hours', 'sweep_model',
                'sweep_seeds', 'mtbf_hours', 'mttr_hours', 'rate_scaling', 'global_batch',
                'seq_len', 'rank', 'tau', 'refresh_sec', 'svd_tflops', 'link_gbps',
-               'refresh_method', 'refresh_iters',
+               'refresh_method', 'refresh_iters', 'refresh_split_min_elements',
                'granularity', 'checkpoint_every',
                'recompute_ffn', 'causal_scores', 'mfu', 'peak_tflops')
     assumptions = (cluster_sim.ASSUMPTIONS if f.assumption == 'both' else (f.assumption,))

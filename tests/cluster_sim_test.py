@@ -439,3 +439,20 @@ def test_bad_config_names_the_flag():
         sim.SimConfig(global_batch=500).validate()
     with pytest.raises(ValueError, match='--models'):
         sim.SimConfig(models=('3B',)).validate()
+
+
+def test_kernels_under_the_split_threshold_are_charged_whole_on_every_replica():
+    """refresh_split_min_elements above 350M's d x h: no product is split and no
+    collective is charged; every replica pays the products and the QRs."""
+    d, h, layers, r, iters = 1024, 2736, 24, 128, 3
+    split = sim.cost_tables(sim.SimConfig(models=('350M',), sizes=()))['350M']
+    whole = sim.cost_tables(sim.SimConfig(models=('350M',), sizes=(),
+                                          refresh_split_min_elements=d * h + 1))['350M']
+    products = layers * 3 * iters * 4.0 * d * h * r
+    assert whole.refresh_split_sec == 0.0
+    assert split.refresh_split_sec == pytest.approx(products / 1e12)
+    collective_bytes = layers * 3 * iters * (h + 2 * d) * r * 4
+    assert whole.refresh_sec == pytest.approx(
+        split.refresh_sec - collective_bytes / 25e9 + products / 1e12)
+    with pytest.raises(ValueError, match='--refresh_split_min_elements=-1'):
+        sim.SimConfig(models=('350M',), sizes=(), refresh_split_min_elements=-1).validate()

@@ -105,6 +105,28 @@ def test_split_refresh_matches_the_unsplit_one_at_about_one_over_data_the_flops(
     assert not _kernel_sized_collectives(split_c.as_text(), d * h)
 
 
+def _collectives(hlo):
+    return re.findall(r'(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)\(',
+                      hlo)
+
+
+def test_a_kernel_under_the_split_threshold_refreshes_whole_with_no_collective():
+    """mecefo.refresh_split_min_elements: 48 x 96 kernels (4,608 elements) under a
+    threshold of 4,609 compile to the unsplit program (every replica computes all of
+    it, no collective at all on an 8 x 1 mesh); at 4,608 they split."""
+    mesh = Mesh(np.array(jax.devices()).reshape(8, 1), ('data', 'model'))
+    state, shardings = _state_and_shardings(mesh, 48, 96)
+    whole_c = step_lib.make_refresh_fn(R, shardings, method='subspace', iterations=2,
+                                       split_min_elements=48 * 96 + 1).lower(state).compile()
+    split_c = step_lib.make_refresh_fn(R, shardings, method='subspace', iterations=2,
+                                       split_min_elements=48 * 96).lower(state).compile()
+    unsplit_c = _unsplit_fn(shardings).lower(state).compile()
+    assert not _collectives(whole_c.as_text())
+    assert _collectives(split_c.as_text())
+    assert aot.flops_of(whole_c) >= 0.98 * aot.flops_of(unsplit_c)
+    assert aot.flops_of(split_c) <= 0.25 * aot.flops_of(whole_c)
+
+
 def test_data_split_spec_takes_the_long_axis_or_one_that_splits_evenly():
     shape = {'data': 4, 'model': 2}
     assert step_lib.data_split_spec(P(None, None, 'model'), (2, 48, 96), shape) == \

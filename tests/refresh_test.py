@@ -234,3 +234,6 @@ def test_a_bad_refresh_is_refused_when_the_config_is_resolved(tmp_path):
     cfg.mecefo.refresh, cfg.mecefo.refresh_iters = 'subspace', 0
     with pytest.raises(ConfigError, match=r'mecefo\.refresh_iters=0'):
         resolve(cfg)
+    cfg.mecefo.refresh_iters, cfg.mecefo.refresh_split_min_elements = 3, -1
+    with pytest.raises(ConfigError, match=r'mecefo\.refresh_split_min_elements=-1.*>= 0'):
+        resolve(cfg)

@@ -35,7 +35,8 @@ def compile_seconds(cfg, num_layers: int, scan_layers: bool) -> float:
     mesh = sharding.make_mesh(cfg.mesh)
     cache = TopologyCache(model, optimizer, state_lib.state_shardings(model, optimizer, mesh, rank),
                           rank, refresh=cfg.mecefo.refresh,
-                          refresh_iters=cfg.mecefo.refresh_iters)
+                          refresh_iters=cfg.mecefo.refresh_iters,
+                          refresh_split_min_elements=cfg.mecefo.refresh_split_min_elements)
     replicas = mesh.shape[sharding.DATA_AXIS]
     live = tuple(r != min(3, replicas - 1) for r in range(replicas))
     topology = cache.get([row for row, up in zip(sharding.mesh_rows(mesh), live) if up])

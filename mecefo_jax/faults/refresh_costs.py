@@ -12,6 +12,9 @@ the kernels are identical on every replica), so a refresh costs a replica
 * one all-gather of the long-axis [., r] block and one all-reduce of the
   short-axis one per kernel and iteration.
 
+A kernel under `mecefo.refresh_split_min_elements` is not split: every
+replica pays its products and no collective.
+
 The exact SVD (`mecefo.refresh=svd`) is not split: every replica pays all of it.
 Pure numpy: no jax import.
 """
@@ -23,6 +26,8 @@ import dataclasses
 # measurement, kept low on purpose (float32 at HIGHEST precision, skinny r-wide
 # products and LAPACK-style QRs run far below dense bf16 peak).
 DEFAULT_REFRESH_TFLOPS = 1.0
+# As mecefo.refresh_split_min_elements: smaller kernels refresh whole on every replica.
+DEFAULT_SPLIT_MIN_ELEMENTS = 1 << 18
 # Per-GPU bandwidth between data-parallel replicas on different nodes: one 200 Gb/s
 # HDR InfiniBand port per A100 in a DGX A100 (NVIDIA's DGX A100 datasheet), 25 GB/s.
 DEFAULT_LINK_GBPS = 25.0
@@ -64,26 +69,34 @@ def subspace_refresh_flops(shape, rank: int, iterations: int) -> float:
 class SubspaceRefreshParts:
     """One subspace refresh of every FFN kernel, in the three parts it is charged in."""
     product_flops: float  # all replicas together: each pays 1/live
-    qr_flops: float  # every replica
+    whole_flops: float  # every replica: the QRs, and the products of unsplit kernels
     collective_bytes: float  # every replica (ring all-gather/all-reduce upper bound)
 
 
-def subspace_refresh_parts(shape, rank: int, iterations: int) -> SubspaceRefreshParts:
-    """The split refresh's parts. Collective bytes per replica: per kernel and
-    iteration an all-gather of the long-axis [max(n, m), r] block (``k r`` words
-    received) and a ring all-reduce of the short-axis one (``2 k r`` words), at
-    their (live - 1) / live <= 1 upper bound."""
-    products = qrs = words = 0.0
+def subspace_refresh_parts(shape, rank: int, iterations: int,
+                           split_min_elements: int = DEFAULT_SPLIT_MIN_ELEMENTS
+                           ) -> SubspaceRefreshParts:
+    """The refresh's parts. A kernel of at least `split_min_elements` is split:
+    collective bytes per replica, per kernel and iteration, are an all-gather of
+    the long-axis [max(n, m), r] block (``k r`` words received) and a ring
+    all-reduce of the short-axis one (``2 k r`` words), at their
+    (live - 1) / live <= 1 upper bound. A smaller one is computed whole."""
+    products = whole = words = 0.0
     for n, m in _ffn_kernels(shape):
-        products += iterations * 4.0 * n * m * rank
-        qrs += _qr(n, rank) + iterations * (_qr(m, rank) + _qr(n, rank))
+        kernel_products = iterations * 4.0 * n * m * rank
+        whole += _qr(n, rank) + iterations * (_qr(m, rank) + _qr(n, rank))
+        if n * m < split_min_elements:
+            whole += kernel_products
+            continue
+        products += kernel_products
         words += iterations * rank * (max(n, m) + 2 * min(n, m))
     layers = shape.num_layers
-    return SubspaceRefreshParts(layers * products, layers * qrs, layers * words * BYTES_F32)
+    return SubspaceRefreshParts(layers * products, layers * whole, layers * words * BYTES_F32)
 
 
 def refresh_charge(shape, *, method: str, rank: int, iterations: int, tflops: float,
-                   link_gbps: float) -> dict:
+                   link_gbps: float,
+                   split_min_elements: int = DEFAULT_SPLIT_MIN_ELEMENTS) -> dict:
     """CostTable fields {refresh_sec, refresh_split_sec, refresh_source} for one model:
     `refresh_sec` is paid whole by every replica, `refresh_split_sec` divided by the
     live replicas."""
@@ -93,11 +106,12 @@ def refresh_charge(shape, *, method: str, rank: int, iterations: int, tflops: fl
         return {'refresh_sec': flops / rate, 'refresh_split_sec': 0.0,
                 'refresh_source': f'thin-SVD FLOPs of the FFN kernels ({flops / 1e12:.3f} '
                                   f'TFLOP, on every replica) at an assumed {tflops:g} TFLOP/s'}
-    parts = subspace_refresh_parts(shape, rank, iterations)
-    return {'refresh_sec': parts.qr_flops / rate + parts.collective_bytes / (link_gbps * 1e9),
+    parts = subspace_refresh_parts(shape, rank, iterations, split_min_elements)
+    return {'refresh_sec': parts.whole_flops / rate + parts.collective_bytes / (link_gbps * 1e9),
             'refresh_split_sec': parts.product_flops / rate,
             'refresh_source': (
                 f'{iterations}-iteration subspace refresh split over the live replicas: '
                 f'{parts.product_flops / 1e12:.3f} TFLOP of products / live + '
-                f'{parts.qr_flops / 1e12:.4f} TFLOP of QRs at an assumed {tflops:g} TFLOP/s, '
+                f'{parts.whole_flops / 1e12:.4f} TFLOP of QRs and unsplit products at an '
+                f'assumed {tflops:g} TFLOP/s, '
                 f'+ {parts.collective_bytes / 1e6:.0f} MB of collectives at {link_gbps:g} GB/s')}

@@ -48,6 +48,8 @@ class SimConfig:
     link_gbps: float = refresh_costs.DEFAULT_LINK_GBPS  # replica-to-replica GB/s (DGX A100)
     refresh_method: str = 'subspace'  # as mecefo.refresh: 'subspace' (default) | 'svd'
     refresh_iters: int = 3  # as mecefo.refresh_iters
+    # as mecefo.refresh_split_min_elements
+    refresh_split_min_elements: int = refresh_costs.DEFAULT_SPLIT_MIN_ELEMENTS
     granularity: str = 'sequence'  # or 'continuous'
     checkpoint_every: int = 1000
     recompute_ffn: bool = False  # as mecefo.remat_ffn, off by default (docs/algorithm.md section 6)
@@ -93,6 +95,9 @@ class SimConfig:
         if self.refresh_method not in ('subspace', 'svd') or self.refresh_iters < 1:
             raise ValueError(f"--refresh_method={self.refresh_method!r} must be 'subspace' or "
                              f"'svd' and --refresh_iters={self.refresh_iters} >= 1.")
+        if self.refresh_split_min_elements < 0:
+            raise ValueError(f'--refresh_split_min_elements={self.refresh_split_min_elements} '
+                             'must be >= 0 (0 splits every kernel).')
         if self.tau < 1 or not self.svd_tflops > 0 or not self.link_gbps > 0:
             raise ValueError(f'--tau={self.tau} must be >= 1, --svd_tflops='
                              f'{self.svd_tflops} > 0 and --link_gbps={self.link_gbps} > 0.')
@@ -143,4 +148,5 @@ def refresh_charge(config: SimConfig, shape: costs_lib.ModelShape) -> dict[str, 
                 'refresh_source': '--refresh_sec'}
     return refresh_costs.refresh_charge(shape, method=config.refresh_method, rank=config.rank,
                                         iterations=config.refresh_iters,
+                                        split_min_elements=config.refresh_split_min_elements,
                                         tflops=config.svd_tflops, link_gbps=config.link_gbps)
