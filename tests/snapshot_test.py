@@ -341,6 +341,36 @@ def test_a_planned_stop_is_snapshotted_whatever_the_interval(own):
         assert 6 not in {r.step for r in c.snapshots()}
 
 
+def test_auto_ends_each_measured_window_with_nothing_in_flight(own):
+    """snapshot.every=auto times windows of steps: each ends with the step's output ready
+    and no write in flight, so a window's time holds all its snapshot cost and none of
+    the next window's. Settling snapshots every step, the probe one step per pair."""
+    import types
+
+    from mecefo_jax.launch.worker_state import SnapshotHook
+    from mecefo_jax.snapshot.cadence import PAIRS, PROBE_STEPS, SETTLE_STEPS
+    mesh, values = _mesh(4), _values(5)
+    state = _put(values, mesh)
+    hook = SnapshotHook(own.address, 'auto', budget_pct=2.0)
+    window_ends = 0
+    try:
+        for step in range(SETTLE_STEPS + PROBE_STEPS):
+            hook.on_step(types.SimpleNamespace(
+                step=step, state=state, data_position={'pos': step}, loss=state['w'],
+                layout=types.SimpleNamespace(signature='full')))
+            if hook.cadence.window_ends:
+                window_ends += 1
+                assert hook._snapshotter._job is None, f'a write in flight after step {step}'
+        assert window_ends == 1 + 2 * PAIRS and hook.interval is None
+        assert hook.submitted == SETTLE_STEPS + PAIRS
+        hook.on_step(types.SimpleNamespace(
+            step=SETTLE_STEPS + PROBE_STEPS, state=state, data_position={'pos': 0},
+            loss=state['w'], layout=types.SimpleNamespace(signature='full')))
+        assert hook.interval is not None
+    finally:
+        hook.close()
+
+
 def test_pinned_local_copies_keep_the_values_of_a_donated_step():
     mesh, values = _mesh(4), _values(5)
     state = _put(values, mesh)

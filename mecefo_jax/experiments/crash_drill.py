@@ -27,6 +27,7 @@ import time
 
 from mecefo_jax.experiments.report import fmt
 from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.snapshot.cadence import PROBE_STEPS, SETTLE_STEPS
 
 # Recovery components, in the order a recovery goes through them.
 COMPONENTS = ('detect_sec', 'teardown_sec', 'relaunch_sec', 'distributed_init_sec',
@@ -152,15 +153,15 @@ def step_sec(summary: dict, workdir: str) -> float | None:
     return statistics.median(steps) if steps else None
 
 
-def chosen_interval(summary: dict, workdir: str, setting) -> int:
-    """The snapshot interval the job used at full size: `snapshot.every`, or auto's last choice."""
+def chosen_interval(summary: dict, workdir: str, setting) -> int | None:
+    """The snapshot interval the job used at full size: `snapshot.every`, or auto's last
+    choice; None when its last generation was too short for auto to choose one."""
     if isinstance(setting, int):
         return setting
     for end in _last_ends(summary, workdir):
         if end.get('snapshot_cadence'):
             return int(end['snapshot_cadence'][-1]['interval'])
-    raise RuntimeError(f"snapshot.every={setting!r}: the job's last generation recorded no "
-                       'interval (too few steps to measure one?); run more steps.')
+    return None
 
 
 def _auto_interval_here(hook, step_fn, state, host, topology, plan, run) -> tuple:
@@ -484,8 +485,11 @@ def markdown(r: dict) -> str:
               f"{a['memory_restore_sec'] * 1e3:.1f} ms, Orbax {a['disk_restore_sec'] * 1e3:.1f} ms, "
               f"{a['speedup']:.1f}x.",
               f"Snapshot interval: `snapshot.every={r['snapshot_every_setting']}` chose "
-              f"{r['snapshot_every_memory_job']} step(s) in the memory job (at its full size) and "
-              f"{r['snapshot_every']} in the overhead measurement below: a failure redoes the "
+              + (f"{r['snapshot_every_memory_job']} step(s) in the memory job (at its full size)"
+                 if r['snapshot_every_memory_job'] is not None else
+                 f'none in the memory job (its last generation ended before the '
+                 f'{SETTLE_STEPS + PROBE_STEPS} steps it measures)')
+              + f" and {r['snapshot_every']} in the overhead measurement below: a failure redoes the "
               f"steps since the last snapshot, {r['expected_lost_steps_per_failure']:g} on "
               "average at the latter (disk: "
               f"{r.get('expected_lost_steps_per_failure_disk', r['checkpoint_every'] / 2):g} "

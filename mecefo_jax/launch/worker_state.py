@@ -60,10 +60,8 @@ class SnapshotHook(Observer):
             SnapshotWriter(self._client, parity=parity, before_publish=before_publish))
         self.cadence = None
         if every == 'auto':
-            # On the CPU backend the background write runs on the cores the step uses.
             self.cadence = AutoCadence(budget_pct, flush=self._flush,
-                                       agree=multihost.process_zero_int, log=log,
-                                       shares_cores=jax.default_backend() == 'cpu')
+                                       agree=multihost.process_zero_int, log=log)
             self.every = None
         elif isinstance(every, int) and every >= 1:
             self.every = every
@@ -78,46 +76,40 @@ class SnapshotHook(Observer):
         self.hold_after, self._on_hold = hold_after, on_hold
         self.blocked_sec = 0.0  # time the training loop waited for the previous snapshot
         self.submitted = 0
-        self._last_done: float | None = None  # probing: when the previous step finished
-        self._blocked_at_last_done = 0.0
+        self._window_start: float | None = None  # auto: when the previous window ended
 
     @property
     def interval(self) -> int | None:
         """Steps between snapshots now (None while 'auto' is still measuring)."""
         return self.every if self.cadence is None else self.cadence.interval
 
-    def _flush(self) -> tuple[float, int, float]:
-        """Background writes so far: (seconds, count, seconds waiting for the step's output)."""
+    def _flush(self) -> tuple[float, int]:
+        """Background writes so far: (seconds, count)."""
         self.blocked_sec += self._snapshotter.wait()
         stats = self._snapshotter.stats
-        return stats.write_sec, stats.published, stats.materialize_sec
+        return stats.write_sec, stats.published
 
-    def _due(self, done, step: int) -> bool:
-        if step == self.stop_at:
-            return True
+    def _due(self, step: int, done) -> bool:
         if self.cadence is None:
-            return step % self.every == 0
-        if self.cadence.probing:  # time the step itself: wait for it, minus our own blocking
-            jax.block_until_ready(done.loss)
-            now = time.perf_counter()
-            if self._last_done is not None:
-                self.cadence.record_step(now - self._last_done
-                                         - (self.blocked_sec - self._blocked_at_last_done))
-            self._last_done, self._blocked_at_last_done = now, self.blocked_sec
-        else:
-            self._last_done = None
-        return self.cadence.due(step, done.layout.signature)
+            return step % self.every == 0 or step == self.stop_at
+        # Always asked, so that auto counts every step.
+        return self.cadence.due(step, done.layout.signature) or step == self.stop_at
 
     def on_step(self, done) -> None:
         step = done.step + 1  # the output state is the state entering step + 1
-        if not self._due(done, step):
-            return
+        if self._due(step, done):
+            self._snapshot(done, step)
+        if self.cadence is not None and self.cadence.window_ends:
+            jax.block_until_ready(done.loss)  # auto's windows end with nothing in flight
+            self.blocked_sec += self._snapshotter.wait()
+            now = time.perf_counter()
+            self.cadence.record_window(now - (self._window_start or now))
+            self._window_start = now
+
+    def _snapshot(self, done, step: int) -> None:
         start = time.perf_counter()
         copies = pinned_local_copies(done.state)
-        copy_sec = time.perf_counter() - start
-        self.blocked_sec += copy_sec
-        if self.cadence is not None:
-            self.cadence.record_copy(copy_sec)
+        self.blocked_sec += time.perf_counter() - start
         self.blocked_sec += self._snapshotter.submit(step, copies, done.data_position)
         self.submitted += 1
         if self.hold_after is not None and step >= self.hold_after:

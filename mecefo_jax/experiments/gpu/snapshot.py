@@ -119,7 +119,8 @@ def auto(loop: Loop, cfg, measured: dict, runs: dict) -> dict:
     return {'status': 'ok', 'budget_pct': cfg.snapshot.overhead_budget_pct,
             'interval': with_snap['interval'], 'steps': steps,
             'overhead_pct': 100 * (with_snap['sec'] / without - 1),
-            'note': 'includes the measuring steps (every step snapshotted) before the choice'}
+            'note': 'includes the measuring steps (settling snapshots every step, then one '
+                    'snapshot per pair of measured windows) before the choice'}
 
 
 def run(ctx) -> dict:
