@@ -43,7 +43,7 @@ def test_a_snapshot_costs_what_it_adds_to_a_window_median_over_pairs():
     """Plain windows of 4 x 10 ms; snapshotting ones 6 to 9.5 ms longer and one noisy
     pair 30 ms: the snapshot costs the median, 9.1 ms, and the writes (5 ms each, inside the
     window) add no back-pressure."""
-    writes = iter([(0.0, 0), (0.025, PAIRS)])
+    writes = iter([(0.0, 0, 0.0), (0.025, PAIRS, 0.0)])
     auto = AutoCadence(2.0, flush=lambda: next(writes))
     extra = [0.006, 0.0091, 0.030, 0.0085, 0.0095]
     _probe(auto, lambda i: 0.040 + (extra[i // 2] if i % 2 else 0.0))
@@ -58,12 +58,35 @@ def test_a_write_longer_than_a_window_is_charged_once_as_back_pressure():
     """A 100 ms write in 4 x 10 ms windows: the snapshotting window waits 60 ms for its
     tail on top of a 4.1 ms snapshot; the tail is back-pressure in the model (free from
     k = 10 steps), not part of every snapshot's cost."""
-    writes = iter([(0.0, 0), (0.1 * PAIRS, PAIRS)])
+    writes = iter([(0.0, 0, 0.0), (0.1 * PAIRS, PAIRS, 0.0)])
     auto = AutoCadence(2.0, flush=lambda: next(writes))
     _probe(auto, lambda i: 0.040 + (0.0641 if i % 2 else 0.0))
     chosen = auto.history[-1]
     assert chosen['snapshot_sec'] == pytest.approx(0.0041)
     assert auto.interval == brute_force_interval(0.010, 0.0041, 0.100, 2.0) == 21
+
+
+def test_where_cores_are_shared_a_snapshot_costs_at_least_its_own_cpu_time():
+    """tiny on 2 CPU cores: the window pairs read 2 ms (noise), but the loop blocked 7 ms
+    per snapshot and each write worked 5 ms (of 30 ms, 25 waiting for the step's output):
+    a snapshot costs at least 12 ms there. Off shared cores the pairs' figure stands."""
+    chosen = {}
+    for shares in (False, True):
+        writes = iter([(0.0, 0, 0.0), (0.03 * PAIRS, PAIRS, 0.025 * PAIRS)])
+        auto = AutoCadence(2.0, flush=lambda: next(writes), shares_cores=shares)
+        for step in range(1, SETTLE_STEPS + PROBE_STEPS + 2):
+            if auto.due(step, 'full'):
+                auto.record_blocked(0.007)
+            if auto.window_ends:
+                window = auto._probe_index // WINDOW
+                auto.record_window(0.036 + (0.002 if window % 2 else 0.0))
+        chosen[shares] = auto.history[-1]
+    assert chosen[False]['snapshot_sec'] == pytest.approx(0.002)
+    assert chosen[True]['measured_sec'] == pytest.approx(0.002)
+    assert chosen[True]['floor_sec'] == pytest.approx(0.012)
+    assert chosen[True]['snapshot_sec'] == pytest.approx(0.012)
+    assert chosen[True]['interval'] == brute_force_interval(0.009, 0.012, 0.03, 2.0) == 67
+    assert chosen[False]['interval'] == brute_force_interval(0.009, 0.002, 0.03, 2.0)
 
 
 def test_settling_snapshots_every_step_probing_one_per_pair_then_the_agreed_interval():
@@ -73,7 +96,7 @@ def test_settling_snapshots_every_step_probing_one_per_pair_then_the_agreed_inte
         agreed.append(k)
         return 7  # process 0 chose 7: every process must use it, whatever it measured
 
-    writes = iter([(0.0, 0), (0.05 * PAIRS, PAIRS)])
+    writes = iter([(0.0, 0, 0.0), (0.05 * PAIRS, PAIRS, 0.0)])
     auto = AutoCadence(2.0, flush=lambda: next(writes), agree=agree)
     snapshotted = _probe(auto, lambda i: 0.04 + (0.001 if i % 2 else 0.0))
     first_window = SETTLE_STEPS + 1
@@ -89,7 +112,7 @@ def test_settling_snapshots_every_step_probing_one_per_pair_then_the_agreed_inte
 
 
 def test_a_topology_change_measures_again():
-    auto = AutoCadence(2.0, flush=lambda: (0.0, 0))
+    auto = AutoCadence(2.0, flush=lambda: (0.0, 0, 0.0))
     _probe(auto, lambda i: 1.0)
     assert auto.interval == 1  # a snapshot that adds nothing fits any budget
     assert auto.due(100, 'three live replicas') and auto.interval is None

@@ -363,6 +363,7 @@ def test_auto_ends_each_measured_window_with_nothing_in_flight(own):
                 assert hook._snapshotter._job is None, f'a write in flight after step {step}'
         assert window_ends == 1 + 2 * PAIRS and hook.interval is None
         assert hook.submitted == SETTLE_STEPS + PAIRS
+        assert len(hook.cadence._blocked) == PAIRS  # the loop's time for each probed one
         hook.on_step(types.SimpleNamespace(
             step=SETTLE_STEPS + PROBE_STEPS, state=state, data_position={'pos': 0},
             loss=state['w'], layout=types.SimpleNamespace(signature='full')))

@@ -60,8 +60,10 @@ class SnapshotHook(Observer):
             SnapshotWriter(self._client, parity=parity, before_publish=before_publish))
         self.cadence = None
         if every == 'auto':
+            # On the CPU backend the snapshot's work runs on the cores the step uses.
             self.cadence = AutoCadence(budget_pct, flush=self._flush,
-                                       agree=multihost.process_zero_int, log=log)
+                                       agree=multihost.process_zero_int, log=log,
+                                       shares_cores=jax.default_backend() == 'cpu')
             self.every = None
         elif isinstance(every, int) and every >= 1:
             self.every = every
@@ -83,11 +85,11 @@ class SnapshotHook(Observer):
         """Steps between snapshots now (None while 'auto' is still measuring)."""
         return self.every if self.cadence is None else self.cadence.interval
 
-    def _flush(self) -> tuple[float, int]:
-        """Background writes so far: (seconds, count)."""
+    def _flush(self) -> tuple[float, int, float]:
+        """Background writes so far: (seconds, count, seconds waiting for the step's output)."""
         self.blocked_sec += self._snapshotter.wait()
         stats = self._snapshotter.stats
-        return stats.write_sec, stats.published
+        return stats.write_sec, stats.published, stats.materialize_sec
 
     def _due(self, step: int, done) -> bool:
         if self.cadence is None:
@@ -109,9 +111,12 @@ class SnapshotHook(Observer):
     def _snapshot(self, done, step: int) -> None:
         start = time.perf_counter()
         copies = pinned_local_copies(done.state)
-        self.blocked_sec += time.perf_counter() - start
-        self.blocked_sec += self._snapshotter.submit(step, copies, done.data_position)
+        self._snapshotter.submit(step, copies, done.data_position)
+        blocked = time.perf_counter() - start
+        self.blocked_sec += blocked
         self.submitted += 1
+        if self.cadence is not None:
+            self.cadence.record_blocked(blocked)
         if self.hold_after is not None and step >= self.hold_after:
             self._snapshotter.wait()  # published, so its keeper holds it
             self._on_hold(step)

@@ -9,22 +9,25 @@ behind its step). `AutoCadence` measures both and picks the smallest interval
 
     cost(k) = snapshot_sec + max(0, write_sec - k * step_sec)
 
-`snapshot_sec` is what one snapshot adds to a window of steps, measured
-directly: pairs of `WINDOW`-step windows, one plain and one that snapshots
-its first step, run as training runs them (dispatched ahead, synchronised
-only at the window's end). It holds whatever a snapshot costs here: the
-pipeline drained for the device-to-host copy, the copy itself and, where the
-background write shares the step's CPU cores, the write's work. `write_sec`
-is the background write: it is free while it fits behind the next `k` steps,
-and back-pressure otherwise (one write in flight at most), which the window
-pair already charges up to its own length.
+`step_sec` is the plain step, timed as training runs it (dispatched ahead,
+synchronised only at the end of a `WINDOW`-step window). `snapshot_sec` is
+what one snapshot adds to such a window: the median, over `PAIRS` pairs of
+windows (one plain, one snapshotting its first step), of their difference.
+Where the background write shares the step's CPU cores (`shares_cores`, the
+CPU backend), every CPU-second of the snapshot is a second of step lost, so
+its own time is a floor under that figure: the training loop's blocked time
+(dispatching the copies, handing them over) plus the write's work (copying
+and checksumming, not waiting for the step's output). `write_sec` is the
+background write: it is free while it fits behind the next `k` steps, and
+back-pressure otherwise (one write in flight at most).
 
-Modelling those parts instead missed on `configs/tiny.py` (9 ms steps on
-2 cores): a step timed on its own (synchronised, every step snapshotted)
-read 12 to 16 ms, and the copy 6 to 8 ms against 23 ms blocked in a
-dispatched-ahead loop. Three drills chose intervals of 33 to 66 and measured
-+2.3 to +4.9 % against a 2 % budget. After every topology change it measures
-again: a failure changes the step time and the shards a process holds.
+On `configs/tiny.py` (8 to 9 ms steps on 2 cores, 0.4 MiB snapshots) the
+window pairs alone are too noisy: three crash drills read 1.7 to 8.8 ms for
+a snapshot whose measured cost is about 12 ms, chose intervals of 8 to 47,
+and measured +3.8 to +13.5 % against a 2 % budget. Timing the step on its
+own (synchronised, every step snapshotted) overstated it instead (12 to
+16 ms). After every topology change it measures again: a failure changes
+the step time and the shards a process holds.
 
 Every process of a job must snapshot the same steps, or the keepers would
 share no step to resume from: the caller agrees on the chosen interval
@@ -72,14 +75,15 @@ class AutoCadence:
     and passes the choice through `agree` (process 0's, in a multi-process job).
     """
 
-    def __init__(self, budget_pct: float, *, flush: Callable[[], tuple[float, int]],
+    def __init__(self, budget_pct: float, *, flush: Callable[[], tuple[float, int, float]],
                  agree: Callable[[int], int] = lambda k: k,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, shares_cores: bool = False):
         if budget_pct <= 0:
             raise ValueError(f'snapshot.overhead_budget_pct={budget_pct}: use a percentage > 0, '
                              'e.g. --config.snapshot.overhead_budget_pct=2.')
         self.budget_pct = budget_pct
         self._flush, self._agree, self._log = flush, agree, log
+        self.shares_cores = shares_cores
         self.history: list[dict] = []  # every choice made: step, interval, its inputs
         self._topology = None
         self._reset()
@@ -88,7 +92,8 @@ class AutoCadence:
         self.interval: int | None = None  # None while measuring
         self._seen = 0
         self._windows: list[float] = []  # plain, snapshotting, plain, ...
-        self._writes_before: tuple[float, int] = (0.0, 0)
+        self._blocked: list[float] = []  # the loop's time per measured snapshot
+        self._writes_before: tuple[float, int, float] = (0.0, 0, 0.0)
 
     @property
     def _probe_index(self) -> int:
@@ -119,6 +124,11 @@ class AutoCadence:
         j = self._probe_index
         return j < 0 or (j // WINDOW % 2 == 1 and j % WINDOW == 0)
 
+    def record_blocked(self, seconds: float) -> None:
+        """Seconds the training loop spent on a snapshot it took while probing."""
+        if self.probing:
+            self._blocked.append(seconds)
+
     def record_window(self, seconds: float) -> None:
         """Seconds since the previous window ended (ignored at the end of settling)."""
         if self._probe_index == -1:
@@ -127,16 +137,20 @@ class AutoCadence:
             self._windows.append(seconds)
 
     def _choose(self, step: int) -> None:
-        total, count = self._flush()
-        writes = count - self._writes_before[1]
-        write = (total - self._writes_before[0]) / writes if writes > 0 else 0.0
+        total, count, waited = (now - before for now, before in
+                                zip(self._flush(), self._writes_before))
+        write = total / count if count > 0 else 0.0
         plain, snapshotting = self._windows[0::2], self._windows[1::2]
         step_sec = statistics.median(plain) / WINDOW if plain else 0.0
         added = statistics.median(b - a for a, b in zip(plain, snapshotting)) if plain else 0.0
         # A write longer than the window made the window wait for its tail; the
         # model charges that tail as back-pressure instead.
-        figures = {'step_sec': step_sec, 'write_sec': write,
-                   'snapshot_sec': max(0.0, added - max(0.0, write - WINDOW * step_sec))}
+        measured = max(0.0, added - max(0.0, write - WINDOW * step_sec))
+        floor = 0.0
+        if self.shares_cores and self._blocked:
+            floor = statistics.median(self._blocked) + max(0.0, total - waited) / max(count, 1)
+        figures = {'step_sec': step_sec, 'write_sec': write, 'measured_sec': measured,
+                   'floor_sec': floor, 'snapshot_sec': max(measured, floor)}
         local = choose_interval(figures['step_sec'], figures['snapshot_sec'],
                                 figures['write_sec'], self.budget_pct)
         self.interval = int(self._agree(local))
@@ -144,5 +158,6 @@ class AutoCadence:
         if self._log is not None:
             self._log(f'snapshot.every=auto: every {self.interval} step(s) from step {step} '
                       f'(step {figures["step_sec"] * 1e3:.1f} ms, a snapshot adds '
-                      f'{figures["snapshot_sec"] * 1e3:.1f} ms, its background write takes '
+                      f'{figures["measured_sec"] * 1e3:.1f} ms, costs at least '
+                      f'{figures["floor_sec"] * 1e3:.1f} ms of shared cores, its write takes '
                       f'{figures["write_sec"] * 1e3:.1f} ms, budget {self.budget_pct:g}%)')
