@@ -209,7 +209,10 @@ def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
 
     With `every='auto'` the interval is the one `snapshot.every=auto` chooses
     here first (its step and snapshot timings are this process's, not a job's).
-    Blocks alternate, each a whole number of intervals. In a block with
+    Blocks alternate, each a whole number of intervals. Steps are dispatched
+    ahead and synchronised every `train.log_every` steps, as training reads
+    its metrics (XLA:CPU's in-process collectives hung, a rendezvous timeout,
+    with 200 steps of 8 fake devices in flight on 2 cores). In a block with
     snapshots, each interval snapshots its first step, so the background
     write has the rest of the interval to finish, as in a run; the block
     still ends by waiting for the last write, so nothing it started is
@@ -252,10 +255,12 @@ def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
         for block in range(blocks + 2):  # two warm-up blocks
             with_snapshots = bool(block % 2)
             start = time.perf_counter()
-            for _ in range(steps_per_block):
+            for i in range(steps_per_block):
                 step = int(host['step'])
                 host['step'] = np.int32(step + 1)
                 state, metrics = step_fn(state, topology.put_batch(host))
+                if (i + 1) % cfg.train.log_every == 0:
+                    jax.device_get(metrics['loss'])  # as training reads its metrics
                 if with_snapshots:  # labelled so that the hook's `every` falls on the first step
                     label = step + every - 1
                     hook.on_step(train_lib.StepDone(
