@@ -141,16 +141,19 @@ def _snapshot_section() -> ConfigDict:
 def _launch_section() -> ConfigDict:
     """The launcher (python -m mecefo_jax.launch): worker processes, failures, relaunches."""
     section = ConfigDict()
-    section.local_devices = 2  # CPU devices per worker on one machine (GPUs: what the host has)
-    section.heartbeat_timeout_sec = 20.0  # a worker silent this long counts as failed
+    section.local_devices = 2  # devices per worker: fake CPU devices, or GPUs where the node has them
+    # A worker that has not answered the launcher's progress requests this long
+    # (stopped or hung; Ray reports dead actors and nodes itself) counts as failed.
+    section.heartbeat_timeout_sec = 20.0
     # No step completed this long after a generation's start (joining, restoring, compiling): a hang.
     section.start_timeout_sec = 1800.0
     section.stall_timeout_sec = 600.0  # no step completed anywhere this long (after a generation's first): restart it
     # After SIGTERM or Ctrl-C, how long the workers get to save a step before the
     # launcher kills them (a worker that cannot reach the save would hold it forever).
     section.stop_timeout_sec = 300.0
-    # Injected failures 'STEP:WORKER[:SIGNAL[:keeper|publish|snapshot]],...' (SIGKILL default);
-    # docs/launch.md, "Failures".
+    # Injected failures 'STEP:WORKER[:SIGNAL[:keeper|publish|snapshot]]', 'STEP:WORKER:node[:snapshot]'
+    # (tests and drills on simulated nodes) or 'STEP:launcher[:SIGNAL[:snapshot]]', comma-separated
+    # (SIGKILL default); docs/launch.md, "Failures".
     section.kill = ''
     section.return_after_steps = 0  # a failed worker rejoins after this many steps; 0: never
     section.recovery = 'memory'  # 'memory' (keepers; survivors go on) | 'disk' (Orbax; restart all)
@@ -160,6 +163,13 @@ def _launch_section() -> ConfigDict:
     # After the first step, compile (niced, off the training path) the programs
     # the survivors of every single-worker loss will need, into that cache.
     section.compile_ahead = True
+    # Ray's object store per node of a local cluster the launcher starts: small, since
+    # the keepers' snapshots live in /dev/shm beside it.
+    section.object_store_mb = 256
+    # On a cluster of several nodes the launcher refuses a placement where losing one
+    # node loses the only copy of part of the state (no whole replica elsewhere, no
+    # parity covering it); True runs it anyway (a lost node then means a disk restart).
+    section.accept_node_loss = False
     return section
 
 SECTIONS = {'model': _model_section, 'data': _data_section, 'mesh': _mesh_section,

@@ -164,6 +164,7 @@ def _check_launch(cfg: Config) -> None:
         value = getattr(la, name)
         _require(value > 0, f'launch.{name}', value, 'must be > 0 seconds', fix)
     _one_of('launch.recovery', la.recovery, RECOVERIES)
+    _at_least(la, 'launch', 32, {'object_store_mb': 256})
 
 
 def check(cfg: Config) -> None:

@@ -65,11 +65,18 @@ class PreemptionGuard:
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT and self._flag.is_set():
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without saving
-        self.signal_name = signal.Signals(signum).name
+        self.request(signal.Signals(signum).name)
+
+    def request(self, why: str) -> None:
+        """Stop at the next step every process agrees on: a signal, or a launcher's call.
+
+        Multi-process, every process learns of it through JAX's SIGTERM notifier.
+        """
+        self.signal_name = why
         self._flag.set()
-        if self._multi:  # tell every process, through JAX's SIGTERM notifier
+        if self._multi:
             os.kill(os.getpid(), signal.SIGTERM)
-        print(f'\n{self.signal_name}: finishing the current step and saving '
+        print(f'\n{why}: finishing the current step and saving '
               '(Ctrl-C again to abort without saving)', flush=True)
 
     def requested(self, step: int) -> bool:

@@ -130,6 +130,8 @@ class LaunchSection:
     max_relaunches: int
     compilation_cache: str
     compile_ahead: bool
+    object_store_mb: int
+    accept_node_loss: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,9 +237,14 @@ def resolve(config: Any) -> Config:
 
 
 def load_json(path: str) -> Config:
-    """The Config written by `Config.to_json` (the launcher's workers load theirs so)."""
+    """The Config written by `Config.to_json` to a file (a workdir's config.json)."""
     with open(path) as f:
-        return resolve(json.load(f))
+        return loads_json(f.read())
+
+
+def loads_json(text: str) -> Config:
+    """The Config of `Config.to_json`'s text (what the launcher hands its workers)."""
+    return resolve(json.loads(text))
 
 
 def resolve_or_exit(config: Any) -> Config:

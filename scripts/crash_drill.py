@@ -3,6 +3,7 @@
 See mecefo_jax/experiments/crash_drill.py.
 
   python scripts/crash_drill.py --config configs/small.py --out runs/drill
+  python scripts/crash_drill.py --config configs/tiny.py --nodes 4 --out runs/drill_nodes
 """
 import os
 import sys
@@ -16,6 +17,8 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.'
                                           lock_config=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory (crash_drill.json / .md).')
 _WORKERS = flags.DEFINE_integer('workers', 4, 'Worker processes of the memory and disk jobs.')
+_NODES = flags.DEFINE_integer('nodes', 1, 'Simulated Ray nodes on this machine the jobs run on; '
+                              'with 2 or more, a node-loss job runs too.', lower_bound=1)
 _STEPS = flags.DEFINE_integer('steps', 40, 'Training steps of each job.')
 _KILL = flags.DEFINE_integer(
     'kill_step', 15, 'Worker 1 is SIGKILLed at this step (disk), or right after its first '
@@ -41,7 +44,7 @@ def main(argv):
     from mecefo_jax.experiments.crash_drill import run_drill
     path = config_flags.get_config_filename(flags.FLAGS['config'])  # recorded in the report
     run_drill(cfg, os.path.abspath(path), os.path.abspath(_OUT.value), workers=_WORKERS.value,
-              kill_step=_KILL.value, return_after=_RETURN.value,
+              nodes=_NODES.value, kill_step=_KILL.value, return_after=_RETURN.value,
               checkpoint_every=_CKPT.value)
     print(open(os.path.join(_OUT.value, 'crash_drill.md')).read())
 

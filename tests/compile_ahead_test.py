@@ -3,23 +3,24 @@
 3 workers x 1 CPU device (mesh.data=3): losing worker 1 leaves a 2-process
 job, the smallest where a process other than 0 must find its programs
 (JAX's own persistent cache serves only process 0 on CPU; see
-mecefo_jax/program_cache.py).
+mecefo_jax/program_cache.py). The compile-ahead members are Ray actors, as
+the workers are, on one simulated cluster for the module.
 """
 import json
 import os
-import subprocess
-import sys
+import threading
 import time
 
 import pytest
 
 from configs.tiny import get_config
+from mecefo_jax.launch import compile_ahead
 from mecefo_jax.launch.compile_ahead import survivor_sets
 from mecefo_jax.launch.placement import Placement
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.settings import resolve
+from mecefo_jax.snapshot import shm
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = 3
 
 
@@ -29,33 +30,39 @@ def test_every_single_loss_that_leaves_a_replica_is_a_survivor_set():
     assert survivor_sets(Placement(2, 2, 4)) == []
 
 
-@pytest.mark.subprocess
-def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(tmp_path):
-    workdir = str(tmp_path / 'job')
+@pytest.fixture(scope='module')
+def cluster():
+    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
+    with SimulatedCluster(1) as c:
+        yield c
+
+
+def _config(tmp_path, **extra):
     values = {'train.steps': 12, 'train.eval_every': 0, 'mesh.data': WORKERS,
               'data.global_batch_size': 12,
               'launch.local_devices': 1, 'launch.compilation_cache': 'auto',
-              'launch.compile_ahead': False, 'launch.kill': '2:1',
-              'data.cache_dir': str(tmp_path / 'tokenizer'), 'snapshot.every': 1}
-    args = ['--config=' + os.path.join(REPO, 'configs', 'tiny.py')] + [
-        f'--config.{k}={v}' for k, v in values.items()]
-    os.makedirs(os.path.join(workdir, 'launch'))
-    # The compile-ahead job for the loss of worker 1, run to its end first.
-    driver = subprocess.run(
-        [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job', *args,
-         f'--workdir={workdir}', f'--workers={WORKERS}', '--losses=1', '--nice=0'],
-        cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert driver.returncode == 0, driver.stderr[-3000:]
-    with open(os.path.join(workdir, 'launch', 'compile_ahead.json')) as f:
-        ahead = json.load(f)
-    assert ahead['done'] and [s['members'] for s in ahead['sets']] == [[0, 2]]
-    assert ahead['sets'][0]['ok'] and ahead['cpu_sec'] > 0
-
+              'launch.compile_ahead': False, 'data.cache_dir': str(tmp_path / 'tokenizer'),
+              'snapshot.every': 1}
+    values.update(extra)
     cfg = get_config()
     for key, value in values.items():
         section, field = key.split('.')
         cfg[section][field] = value
-    summary = Launcher(resolve(cfg), workdir, WORKERS, log=lambda _: None).run()
+    return resolve(cfg)
+
+
+@pytest.mark.subprocess
+def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(cluster, tmp_path):
+    workdir = str(tmp_path / 'job')
+    cfg = _config(tmp_path, **{'launch.kill': '2:1'})
+    os.makedirs(os.path.join(workdir, 'launch'))
+    # The compile-ahead job for the loss of worker 1, run to its end first.
+    ahead = compile_ahead.drive(cfg, cfg.to_json(), workdir, Placement(WORKERS, 1, 1),
+                                losses=[1], nice=0, log=lambda _: None)
+    assert ahead['done'] and [s['members'] for s in ahead['sets']] == [[0, 2]]
+    assert ahead['sets'][0]['ok'] and ahead['cpu_sec'] > 0
+
+    summary = Launcher(cfg, workdir, WORKERS, log=lambda _: None).run()
 
     failure = next(r for r in summary['recoveries'] if r['kind'] == 'failure')
     assert failure['members'] == [0, 2]
@@ -73,43 +80,25 @@ def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(tmp_pa
 
 
 @pytest.mark.subprocess
-def test_a_stopped_driver_reaps_its_job_and_still_records_its_cpu_seconds(tmp_path):
+def test_a_stopped_compile_ahead_kills_its_members_and_still_counts_their_cpu_seconds(
+        cluster, tmp_path):
     workdir = str(tmp_path / 'job')
-    launch_dir = os.path.join(workdir, 'launch')
-    os.makedirs(launch_dir)
-    args = ['--config=' + os.path.join(REPO, 'configs', 'tiny.py'), '--config.mesh.data=3',
-            '--config.launch.local_devices=1', '--config.data.global_batch_size=12',
-            f"--config.data.cache_dir={tmp_path / 'tokenizer'}"]
-    driver = subprocess.Popen(
-        [sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job', *args,
-         f'--workdir={workdir}', f'--workers={WORKERS}', '--losses=1'], cwd=REPO)
-    # Held until both members of its job have run on a CPU (a clock tick of user time).
-    members = []
-    while len(members) < 2 or not all(_user_ticks(m) > 0 for m in members):
-        assert driver.poll() is None, 'the driver ended before its job ran'
-        time.sleep(0.05)
-        members = _children(driver.pid)
-    driver.terminate()
-    assert driver.wait(timeout=60) == 0
-    assert not [m for m in members if os.path.exists(f'/proc/{m}')], 'members left running'
-    with open(os.path.join(launch_dir, 'compile_ahead.json')) as f:
-        report = json.load(f)
-    assert report['stopped'] and not report['done']
-    assert [(s['members'], s['ok']) for s in report['sets']] == [([0, 2], False)]
-    assert report['sets'][0]['cpu_sec'] > 0  # the killed members were reaped and counted
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f'/proc/{pid}/task/{pid}/children') as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
-
-def _user_ticks(pid: int) -> int:
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return int(f.read().rsplit(')', 1)[1].split()[11])  # utime
-    except OSError:
-        return 0
+    os.makedirs(os.path.join(workdir, 'launch'))
+    cfg = _config(tmp_path)
+    stop, running = threading.Event(), threading.Event()
+    result = {}
+    driver = threading.Thread(target=lambda: result.update(compile_ahead.drive(
+        cfg, cfg.to_json(), workdir, Placement(WORKERS, 1, 1), losses=[1], stop=stop,
+        running=running, log=lambda _: None)))
+    driver.start()
+    assert running.wait(timeout=300), 'the job never ran'  # its members are compiling
+    stop.set()
+    driver.join(timeout=120)
+    assert result['stopped'] and not result['done']
+    (row,) = result['sets']
+    assert (row['members'], row['ok']) == ([0, 2], False)
+    assert row['cpu_sec'] > 0  # asked of the members before they were killed
+    deadline = time.monotonic() + 30  # ray.kill returns at once; Ray ends the processes
+    while [pid for pid in row['pids'] if shm.alive(pid)]:
+        assert time.monotonic() < deadline, 'members left running'
+        time.sleep(0.1)

@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from configs.tiny import get_config
 from mecefo_jax import settings
-from mecefo_jax.launch.kills import Kill, parse_kills
+from mecefo_jax.launch.kills import LAUNCHER, Kill, parse_kills
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.sharding import mesh_shape
 
@@ -163,13 +163,16 @@ def test_a_mesh_must_use_every_device():
 
 
 def test_launcher_hands_its_resolved_overrides_to_every_worker(tmp_path):
+    from mecefo_jax.launch.generation import Generation
     cfg = settings.resolve(parse('--config.train.steps=7', '--config.mesh.data=4',
                                  '--config.launch.local_devices=2', '--config.fault.seed=5'))
     launcher = Launcher(cfg, str(tmp_path), 2, log=lambda _: None)
-    path = launcher.write_config()
-    # What a worker loads from its --config_json is the launcher's config.
-    assert settings.load_json(path) == cfg
-    assert settings.load_json(path).train.steps == 7
+    args = launcher.worker_args(Generation(3, [0, 1], 'memory', 0, resume_step=5))
+    # What every worker resolves from the text it is handed is the launcher's config.
+    for w in (0, 1):
+        assert settings.loads_json(args[w]['config_json']) == cfg
+        assert (args[w]['generation'], args[w]['resume'], args[w]['resume_step']) == (3, 'memory', 5)
+    assert settings.loads_json(args[1]['config_json']).train.steps == 7
 
 
 def test_launch_kill_reads_every_form_and_names_the_format_when_it_cannot():
@@ -177,7 +180,11 @@ def test_launch_kill_reads_every_form_and_names_the_format_when_it_cannot():
                        3) == [
         Kill(12, 1), Kill(8, 0, signal.SIGSTOP), Kill(9, 2, keeper=True),
         Kill(3, 1, in_publish=True), Kill(4, 0, after_snapshot=True)]
-    for bad in ('3', '3:1:KILL:somewhere', '3:1:NOSUCHSIG', '3:1:KILL:keeper:x'):
+    assert parse_kills('5:1:node,6:2:node:snapshot,7:launcher,8:launcher:TERM:snapshot', 3) == [
+        Kill(5, 1, node=True), Kill(6, 2, after_snapshot=True, node=True), Kill(7, LAUNCHER),
+        Kill(8, LAUNCHER, signal.SIGTERM, after_snapshot=True)]
+    for bad in ('3', '3:1:KILL:somewhere', '3:1:NOSUCHSIG', '3:1:KILL:keeper:x',
+                '3:launcher:KILL:keeper', '3:launcher:node', '3:1:node:publish'):
         with pytest.raises(ValueError, match='STEP:WORKER'):
             parse_kills(bad, 2)
     with pytest.raises(ValueError, match='worker 5 of 2 workers'):

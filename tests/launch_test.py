@@ -1,11 +1,13 @@
-"""The launcher surviving real crashes: 2 workers x 2 CPU devices, the tiny config.
+"""The launcher on Ray surviving real crashes: 2 workers x 2 CPU devices, the tiny config.
 
+One simulated Ray cluster of 2 nodes for the module (a worker on each).
 One job is SIGKILLed and recovered from the keepers' memory, then rejoined;
-another has a worker SIGSTOPped (a hang) and detected by its silent
-heartbeat; two more end with the launcher interrupted or killed. Workers share a persistent XLA
-cache so the relaunches compile little. Snapshot publication under a crash,
-parity rebuilds and the two-lost-members error are tests/snapshot_test.py's
-and tests/parity_test.py's.
+another has a worker SIGSTOPped (a hang) and detected by its silence; others
+end with the launcher interrupted, stopped, killed (its rerun resumes from
+the keepers it left) or cleaned up. Workers share a persistent XLA cache so
+the relaunches compile little. Node losses are tests/node_loss_test.py's;
+snapshot publication under a crash, parity rebuilds and the two-lost-members
+error are tests/snapshot_test.py's and tests/parity_test.py's.
 """
 import glob
 import hashlib
@@ -22,10 +24,13 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax import main
+from mecefo_jax.launch import generation
+from mecefo_jax.launch.ray_cluster import namespace_of
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.settings import resolve
+from mecefo_jax.snapshot import shm
 
-pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
+pytestmark = pytest.mark.subprocess  # Ray's processes, workers and launchers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS, LOCAL = 2, 2  # 4 replicas: worker 1 holds replicas 2 and 3
@@ -34,6 +39,13 @@ WORKERS, LOCAL = 2, 2  # 4 replicas: worker 1 holds replicas 2 and 3
 # 2 steps after the relaunch.
 STEPS = 14
 HELD_STEP = 3
+
+
+@pytest.fixture(scope='module')
+def cluster():
+    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
+    with SimulatedCluster(WORKERS) as c:
+        yield c
 
 
 @pytest.fixture(scope='module')
@@ -46,7 +58,7 @@ def overrides(caches, **extra):
     tokenizer, xla = caches
     values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': 4,
               'launch.local_devices': LOCAL, 'launch.compilation_cache': xla,
-              'data.cache_dir': tokenizer, 'snapshot.every': 1}
+              'data.cache_dir': tokenizer, 'snapshot.every': 1, 'launch.compile_ahead': False}
     values.update(extra)
     return values
 
@@ -68,31 +80,42 @@ def read(workdir, name):
         return json.load(f)
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line contains `text` (not this one)."""
-    found = []
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f'/proc/{entry}/cmdline', 'rb') as f:
-                cmdline = f.read().replace(b'\0', b' ').decode(errors='replace')
-            with open(f'/proc/{entry}/stat') as f:
-                zombie = f.read().split(')')[-1].split()[0] == 'Z'
-        except OSError:
-            continue
-        if text in cmdline and not zombie:
-            found.append(int(entry))
-    return found
+def worker_pids(workdir) -> list[int]:
+    """Every worker process the job ran (from their start records)."""
+    return [read(workdir, os.path.basename(p))['pid']
+            for p in glob.glob(os.path.join(workdir, 'launch', 'g*_w*_start.json'))]
+
+
+def keeper_names(workdir) -> list[str]:
+    import ray
+    namespace = namespace_of(workdir)
+    return sorted(a['name'] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a['namespace'] == namespace)
+
+
+def assert_nothing_left(workdir, keeper_pids=()):
+    """No worker process, keeper actor or keeper segment of the job remains."""
+    deadline = time.monotonic() + 30  # Ray reaps a dead driver's actors within seconds
+    while [p for p in worker_pids(workdir) if shm.alive(p)] or keeper_names(workdir):
+        assert time.monotonic() < deadline, (
+            f'left behind: workers {[p for p in worker_pids(workdir) if shm.alive(p)]}, '
+            f'keepers {keeper_names(workdir)}')
+        time.sleep(0.2)
+    assert not [p for p in keeper_pids if shm.alive(p) or shm.listed(p)]
+
+
+def live_keeper_pids(workdir) -> list[int]:
+    from mecefo_jax.snapshot.keeper import find_keeper
+    return [find_keeper(name, namespace_of(workdir)).pid for name in keeper_names(workdir)]
 
 
 @pytest.fixture(scope='module')
-def crashed(caches, tmp_path_factory):
+def crashed(cluster, caches, tmp_path_factory):
     """Worker 1 SIGKILLed inside its publish of step 3, back 2 steps after the relaunch.
 
     The worker stops after copying step 3's bytes into its keeper and before
-    publishing them, says so, and the launcher kills it there: the kill lands
-    at the same point in every run.
+    publishing them, says so in its progress report, and the launcher kills it
+    there: the kill lands at the same point in every run.
     """
     workdir = str(tmp_path_factory.mktemp('crashed'))
     summary = launch(overrides(caches, **{'launch.kill': f'{HELD_STEP}:1:KILL:publish',
@@ -101,7 +124,7 @@ def crashed(caches, tmp_path_factory):
 
 
 def test_a_kill_after_a_snapshot_lands_on_the_snapshotted_step_whatever_the_interval(
-        caches, tmp_path):
+        cluster, caches, tmp_path):
     """Asked for at step 4 with snapshots every 3 steps: worker 1 holds its loop after
     publishing step 6, the launcher waits until both keepers hold 6 and kills it there,
     and the survivor resumes at 6 with nothing redone. A kill at plain step 4 would
@@ -111,13 +134,13 @@ def test_a_kill_after_a_snapshot_lands_on_the_snapshotted_step_whatever_the_inte
                                           'snapshot.every': 3, 'train.steps': 8}), workdir)
     (failure,) = summary['recoveries']
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
-    assert read(workdir, 'g0_w1_held_after_snapshot.json')['step'] == 6
+    assert failure['injected_at'] == 'held after its snapshot of step 6, which every keeper holds'
     assert failure['resume_step'] == failure['completed_steps'] == 6
     assert failure['redone_steps'] == 0
     assert read(workdir, 'g1_w0_end.json')['final_step'] == 8
 
 
-def test_a_kill_after_a_snapshot_needs_snapshots(caches, tmp_path):
+def test_a_kill_after_a_snapshot_needs_snapshots(cluster, caches, tmp_path):
     with pytest.raises(ValueError, match='needs snapshots'):
         launch(overrides(caches, **{'launch.kill': '4:1:KILL:snapshot', 'snapshot.every': 0}),
                str(tmp_path))
@@ -127,7 +150,7 @@ def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed)
     summary, workdir = crashed
     failure, rejoin = summary['recoveries']
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
-    assert failure['cause'] == 'exit code -9'
+    assert failure['cause'] == 'killed by SIGKILL'
     assert failure['members'] == [0] and failure['resume'] == 'memory'
     # The dead worker's keeper never got step 3; the survivor's own keeper has
     # every step the job completed (snapshot.every=1), and the survivors need
@@ -149,6 +172,9 @@ def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed)
     assert all(e['finished'] and e['final_step'] == STEPS for e in ends)
     # Surviving and returning workers hold bitwise-identical replicas.
     assert ends[0]['params_sha256'] == ends[1]['params_sha256']
+    # Each worker ran on its own node; the job's keepers went with it.
+    assert len(set(summary['nodes'].values())) == WORKERS
+    assert_nothing_left(workdir)
 
 
 def test_every_sample_of_every_step_is_computed_exactly_once(crashed, caches):
@@ -196,83 +222,26 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
                                    atol=1e-5 * float(np.max(np.abs(leaf))), err_msg=name)
 
 
-def test_a_hung_worker_is_detected_by_its_silent_heartbeat(caches, tmp_path):
+def test_a_hung_worker_is_detected_by_its_silence(cluster, caches, tmp_path):
     timeout = 3.0
     summary = launch(overrides(caches, **{'launch.kill': '2:1:STOP', 'train.steps': 4,
                                           'launch.heartbeat_timeout_sec': timeout}),
                      str(tmp_path))
     (failure,) = summary['recoveries']
     assert failure['cause'].startswith('no heartbeat')
-    # Beats come every 0.2 s and the launcher looks every 0.05 s: detection
-    # lands within half a second after the timeout.
-    assert timeout <= failure['detect_sec'] < timeout + 0.5
+    # The launcher asks every PROGRESS_SEC and looks every 0.05 s; silence counts
+    # from the last answer, which may precede the SIGSTOP by one request.
+    assert timeout - generation.PROGRESS_SEC - 0.05 <= failure['detect_sec'] < timeout + 0.5
     assert summary['final_members'] == [0]
     assert read(str(tmp_path), 'g1_w0_end.json')['finished']
 
 
-@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGKILL], ids=['ctrl_c', 'killed'])
-def test_a_stopped_launcher_leaves_no_worker_keeper_or_shared_memory(caches, tmp_path, sig):
-    """Ctrl-C tears down in the launcher; a SIGKILLed launcher is noticed by its children."""
-    values = overrides(caches, **{'train.steps': 200})
-    args = [sys.executable, '-m', 'mecefo_jax.launch', f'--nprocs={WORKERS}',
-            f'--workdir={tmp_path}', '--config=' + os.path.join(REPO, 'configs', 'tiny.py')]
-    args += [f'--config.{k}={v}' for k, v in values.items()]
-    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not glob.glob(os.path.join(tmp_path, 'launch', 'g0_w*_start.json')):
-        assert time.monotonic() < deadline and launcher.poll() is None, 'job never started'
-        time.sleep(0.2)
-    keeper_name = f'mecefo{launcher.pid}w'
-    assert processes_mentioning(keeper_name) and processes_mentioning(str(tmp_path))
-    launcher.send_signal(sig)
-    launcher.wait(timeout=60)
-    deadline = time.monotonic() + 10  # keepers and workers poll their parent every 0.2 s
-    while processes_mentioning(keeper_name) or processes_mentioning(str(tmp_path)):
-        assert time.monotonic() < deadline, f'orphans left after {sig.name}'
-        time.sleep(0.2)
-    assert not [n for n in os.listdir('/dev/shm') if keeper_name in n]
-
-
-def test_a_job_that_completes_no_step_is_restarted(caches, tmp_path):
-    """Worker 0 stopped, its silence not yet past a long heartbeat timeout: the
-    other worker blocks in a collective while its heartbeat thread keeps
-    beating. Only the stalled step count shows the job is stuck. (16 steps: the
-    stop lands mid-run, not in the end-of-run phase after the last step.)"""
-    # Long enough that a loaded 2-core machine's compile of a later step in the
-    # relaunched generation is not taken for a stall.
-    stall = 8.0
-    summary = launch(overrides(caches, **{'launch.kill': '2:0:STOP', 'train.steps': 16,
-                                          'launch.heartbeat_timeout_sec': 1000,
-                                          'launch.stall_timeout_sec': stall}), str(tmp_path))
-    (stuck,) = summary['recoveries']
-    assert stuck['cause'].startswith('no step completed') and stuck['failed_workers'] == []
-    assert stall <= stuck['detect_sec'] < stall + 1.0  # beats every 0.2 s, polled every 0.05 s
-    assert stuck['members'] == [0, 1] and stuck['resume'] == 'memory'
-    # The stop may catch worker 0 mid-publish: its keeper then holds one step
-    # fewer than worker 1's, and the common step is one back. snapshot.every=1
-    # and one write in flight bound the loss to that step (the SIGKILL test,
-    # whose dead keeper is not consulted, loses none).
-    assert stuck['redone_steps'] <= 1
-    assert read(str(tmp_path), 'g1_w0_end.json')['finished']
-
-
-def describe(pids) -> list[str]:
-    out = []
-    for pid in pids:
-        try:
-            with open(f'/proc/{pid}/cmdline', 'rb') as f:
-                out.append(f'{pid}: ' + f.read().replace(b'\0', b' ').decode(errors='replace')[:200])
-        except OSError:
-            pass
-    return out
-
-
-def start_launcher(caches, workdir, **extra):
-    """The launcher as a process (as a user or a scheduler runs it), once its job has begun."""
+def start_launcher(caches, workdir, *, address=None, **extra):
+    """The launcher as a process (as a user or a scheduler runs it)."""
     values = overrides(caches, **extra)
     args = [sys.executable, '-m', 'mecefo_jax.launch', f'--nprocs={WORKERS}',
             f'--workdir={workdir}', '--config=' + os.path.join(REPO, 'configs', 'tiny.py')]
+    args += [f'--address={address}'] if address else []
     args += [f'--config.{k}={v}' for k, v in values.items()]
     launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -292,12 +261,57 @@ def loss_steps(workdir):
     return [r['step'] for r in rows if 'loss' in r], rows
 
 
-def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(caches, tmp_path):
+def rerun(args, steps):
+    args = [a for a in args if not a.startswith(('--config.train.steps=', '--config.launch.kill='))]
+    done = subprocess.run(args + [f'--config.train.steps={steps}'], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_ctrl_c_saves_a_step_and_leaves_no_worker_keeper_or_shared_memory(cluster, caches,
+                                                                          tmp_path):
+    workdir = str(tmp_path)
+    launcher, _ = start_launcher(caches, workdir, address=cluster.address, **{'train.steps': 2000})
+    wait_for(os.path.join(workdir, 'launch', 'g0_w*_start.json'), launcher)
+    keepers = live_keeper_pids(workdir)
+    assert len(keepers) == WORKERS and all(shm.listed(p) for p in keepers)
+    launcher.send_signal(signal.SIGINT)
+    from mecefo_jax.preemption import EXIT_PREEMPTED
+    assert launcher.wait(timeout=120) == EXIT_PREEMPTED
+    assert_nothing_left(workdir, keepers)
+
+
+def test_a_job_that_completes_no_step_is_restarted(cluster, caches, tmp_path):
+    """Worker 0 stopped, its silence not yet past a long heartbeat timeout: the
+    other worker blocks in a collective while its own threads keep answering.
+    Only the stalled step count shows the job is stuck. (16 steps: the stop
+    lands mid-run, not in the end-of-run phase after the last step.)"""
+    # Long enough that a loaded 2-core machine's compile of a later step in the
+    # relaunched generation is not taken for a stall.
+    stall = 8.0
+    summary = launch(overrides(caches, **{'launch.kill': '2:0:STOP', 'train.steps': 16,
+                                          'launch.heartbeat_timeout_sec': 1000,
+                                          'launch.stall_timeout_sec': stall}), str(tmp_path))
+    (stuck,) = summary['recoveries']
+    assert stuck['cause'].startswith('no step completed') and stuck['failed_workers'] == []
+    assert stall <= stuck['detect_sec'] < stall + 1.0  # asked every 0.2 s, looked at every 0.05 s
+    assert stuck['members'] == [0, 1] and stuck['resume'] == 'memory'
+    # The stop may catch worker 0 mid-publish: its keeper then holds one step
+    # fewer than worker 1's, and the common step is one back. snapshot.every=1
+    # and one write in flight bound the loss to that step (the SIGKILL test,
+    # whose dead keeper is not consulted, loses none).
+    assert stuck['redone_steps'] <= 1
+    assert read(str(tmp_path), 'g1_w0_end.json')['finished']
+
+
+def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(cluster, caches,
+                                                                             tmp_path):
     """Every worker stops at the step JAX's preemption sync picks, saves it to disk
-    and exits; the keepers stay until then; the launcher exits with EXIT_PREEMPTED."""
+    and ends; the keepers stay until then; the launcher exits with EXIT_PREEMPTED."""
     from mecefo_jax.preemption import EXIT_PREEMPTED
     workdir = str(tmp_path)
-    launcher, args = start_launcher(caches, workdir, **{
+    launcher, args = start_launcher(caches, workdir, address=cluster.address, **{
         'train.steps': 2000, 'train.log_every': 1, 'train.checkpoint_every': 1000})
     wait_for(os.path.join(workdir, 'launch', 'g0_w*_start.json'), launcher)
     launcher.send_signal(signal.SIGTERM)
@@ -307,56 +321,87 @@ def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(cach
     saved = ends[0]['final_step']
     assert all(e['preempted'] and e['final_step'] == saved for e in ends)
     assert f'preempted: saved step {saved}' in output
-    args = [a for a in args if not a.startswith('--config.train.steps=')]
-    rerun = subprocess.run(args + [f'--config.train.steps={saved + 2}'], cwd=REPO,
-                           capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    rerun(args, saved + 2)
     steps, rows = loss_steps(workdir)
     assert {'event': 'resumed', 'step': saved, 'source': 'disk'} in rows
     assert steps == sorted(set(steps)) and steps[-1] == saved + 2  # one row per step
 
 
-def test_a_stop_that_a_worker_cannot_reach_ends_after_the_stop_timeout(caches, tmp_path):
+def test_a_stop_that_a_worker_cannot_reach_ends_after_the_stop_timeout(cluster, caches, tmp_path):
     """Worker 1 is SIGSTOPped before the launcher gets SIGTERM, so it never reaches the
-    preemption sync and worker 0 waits there for it. Before, the launcher waited for
-    their saves forever; now it kills them after launch.stop_timeout_sec and exits
-    preempted, naming the workers that saved nothing. (The heartbeat and stall
-    timeouts are long: only the stop timeout can end this job.)"""
+    preemption sync and worker 0 waits there for it. The launcher kills them after
+    launch.stop_timeout_sec and exits preempted, naming the workers that saved
+    nothing. (The heartbeat and stall timeouts are long: only the stop timeout can
+    end this job.)"""
     from mecefo_jax.preemption import EXIT_PREEMPTED
     workdir = str(tmp_path)
-    launcher, _ = start_launcher(caches, workdir, **{
+    launcher, _ = start_launcher(caches, workdir, address=cluster.address, **{
         'train.steps': 2000, 'launch.stop_timeout_sec': 3.0,
         'launch.heartbeat_timeout_sec': 1000, 'launch.stall_timeout_sec': 1000})
     wait_for(os.path.join(workdir, 'launch', 'g0_w1_start.json'), launcher)
-    (worker,) = [p for p in processes_mentioning('--worker=1 ')
-                 if p in processes_mentioning(workdir)]
-    os.kill(worker, signal.SIGSTOP)
+    os.kill(read(workdir, 'g0_w1_start.json')['pid'], signal.SIGSTOP)
     launcher.send_signal(signal.SIGTERM)
     output = launcher.communicate(timeout=120)[0]
     assert launcher.returncode == EXIT_PREEMPTED, output
     assert 'did not stop within launch.stop_timeout_sec=3 s' in output
     assert 'workers [0, 1] did not save within launch.stop_timeout_sec' in output
-    assert not processes_mentioning(workdir), describe(processes_mentioning(workdir))
+    assert_nothing_left(workdir)
 
 
-def test_a_killed_launcher_loses_at_most_the_steps_since_the_disk_checkpoint(caches, tmp_path):
-    """Memory mode writes the disk tier too: the rerun of the same command resumes there."""
+def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(caches, tmp_path):
+    """On the default local cluster: the launcher kills itself once every keeper holds
+    the snapshot worker 0 was held after (step 6). Its workers go with it; its keepers
+    and the local cluster stay. The same command again finds them and resumes there,
+    redoing nothing, then removes them all at the end."""
+    from mecefo_jax.launch import ray_cluster
     workdir = str(tmp_path)
     launcher, args = start_launcher(caches, workdir, **{
+        'train.steps': 10, 'train.log_every': 1, 'snapshot.every': 3,
+        'launch.kill': '5:launcher:KILL:snapshot'})
+    output = launcher.communicate(timeout=600)[0]
+    assert launcher.returncode == -signal.SIGKILL, output
+    host = ray_cluster.local_cluster(workdir)
+    assert host is not None, 'the local cluster died with the launcher'
+    assert read(workdir, 'launcher_killed.json')['where'].startswith(
+        'held after its snapshot of step 6')
+    workers_before = worker_pids(workdir)
+    deadline = time.monotonic() + 30  # Ray ends a dead driver's actors
+    while [p for p in workers_before if shm.alive(p)]:
+        assert time.monotonic() < deadline, 'workers outlived their launcher'
+        time.sleep(0.2)
+    done = rerun(args, 10)
+    summary = read(workdir, 'summary.json')
+    (restart,) = summary['recoveries']
+    assert restart['kind'] == 'launcher_restart' and restart['adopted_keepers'] == [0, 1]
+    assert restart['resume_step'] == restart['completed_steps'] == 6
+    assert restart['redone_steps'] == 0
+    assert not summary['ray']['started_local_cluster'], done.stdout  # it joined the one left
+    steps, rows = loss_steps(workdir)
+    assert {'event': 'resumed', 'step': 6, 'source': 'memory'} in rows
+    assert steps == list(range(1, 11))  # one loss row per step
+    assert ray_cluster.local_cluster(workdir) is None and not shm.alive(host['pid'])
+
+
+def test_cleanup_removes_what_a_killed_launcher_left_and_the_rerun_resumes_from_disk(
+        cluster, caches, tmp_path):
+    """Memory mode writes the disk tier too: with the keepers removed (--cleanup), the
+    rerun of the same command resumes from the newest Orbax checkpoint."""
+    workdir = str(tmp_path)
+    launcher, args = start_launcher(caches, workdir, address=cluster.address, **{
         'train.steps': 2000, 'train.log_every': 1, 'train.checkpoint_every': 3})
     wait_for(os.path.join(workdir, 'checkpoints', '6'), launcher)
     launcher.kill()
     launcher.wait(timeout=60)
-    deadline = time.monotonic() + 10  # workers notice their launcher is gone
-    while processes_mentioning(workdir):
-        assert time.monotonic() < deadline, \
-            f'orphans left after the launcher was killed: {describe(processes_mentioning(workdir))}'
-        time.sleep(0.2)
+    keepers = live_keeper_pids(workdir)
+    assert len(keepers) == WORKERS  # left for a rerun
+    base = [a for a in args if not a.startswith('--config')]
+    cleaned = subprocess.run(base + ['--cleanup'], cwd=REPO, capture_output=True, text=True,
+                             timeout=120)
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert json.loads(cleaned.stdout)['keepers'] == ['keeper0', 'keeper1']
+    assert_nothing_left(workdir, keepers)
     newest = max(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
-    args = [a for a in args if not a.startswith('--config.train.steps=')]
-    rerun = subprocess.run(args + [f'--config.train.steps={newest + 2}'], cwd=REPO,
-                           capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    rerun(args, newest + 2)
     steps, rows = loss_steps(workdir)
     resumed = [r for r in rows if r.get('event') == 'resumed']
     # The newest step, or the one before it if the kill cut its save short.
@@ -364,7 +409,7 @@ def test_a_killed_launcher_loses_at_most_the_steps_since_the_disk_checkpoint(cac
     assert steps == list(range(1, newest + 3))  # one loss row per step after the resume
 
 
-def test_a_program_error_stops_the_job_at_once_with_the_workers_error(caches, tmp_path):
+def test_a_program_error_stops_the_job_at_once_with_the_workers_error(cluster, caches, tmp_path):
     """Every worker raises the same FileNotFoundError (a data path that does not
     exist): a relaunch would fail again, so the launcher stops after one
     generation and shows the traceback's end from the worker's log."""
@@ -373,7 +418,7 @@ def test_a_program_error_stops_the_job_at_once_with_the_workers_error(caches, tm
     with pytest.raises(WorkerProgramError, match='matches no files') as raised:
         launch(overrides(caches, **{'data.source': 'text', 'data.text_files': missing}),
                str(tmp_path))
-    assert 'program error (exit code 1)' in str(raised.value)
+    assert 'program error (FileNotFoundError' in str(raised.value)
     summary = read(str(tmp_path), 'summary.json')
     assert summary['generations'] == 1 and summary['program_error']['workers']
     (row,) = summary['recoveries']
@@ -381,25 +426,26 @@ def test_a_program_error_stops_the_job_at_once_with_the_workers_error(caches, tm
     assert not os.path.exists(os.path.join(tmp_path, 'launch', 'g1_w0.log'))
 
 
-def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(caches, tmp_path):
+def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(cluster, caches,
+                                                                            tmp_path):
     """Both workers held inside their publish of HELD_STEP and SIGKILLed together."""
     summary = launch(overrides(caches, **{
         'launch.kill': f'{HELD_STEP}:0:KILL:publish,{HELD_STEP}:1:KILL:publish',
         'train.steps': 6}), str(tmp_path))
     (failure,) = summary['recoveries']
     assert failure['failed_workers'] == [0, 1]
-    assert failure['deaths'] == {'0': 'exit code -9', '1': 'exit code -9'}
+    assert failure['deaths'] == {'0': 'killed by SIGKILL', '1': 'killed by SIGKILL'}
     # No survivor: both come back, from the step both keepers hold.
     assert failure['members'] == [0, 1] and failure['resume'] == 'memory'
     assert failure['resume_step'] == HELD_STEP - 1
     assert all(read(str(tmp_path), f'g1_w{w}_end.json')['finished'] for w in range(WORKERS))
 
 
-def test_a_generation_that_completes_no_step_within_the_start_timeout_has_failed(caches,
-                                                                                   tmp_path):
-    """Worker 1 SIGSTOPped at its first heartbeat, before jax is even imported; its
-    silence is not yet past a long heartbeat timeout, and worker 0 waits for it in
-    jax.distributed. No step ever completes: launch.start_timeout_sec ends it
+def test_a_generation_that_completes_no_step_within_the_start_timeout_has_failed(
+        cluster, caches, tmp_path):
+    """Worker 1 SIGSTOPped at its first progress report, while it is still starting;
+    its silence is not yet past a long heartbeat timeout, and worker 0 waits for it
+    in jax.distributed. No step ever completes: launch.start_timeout_sec ends it
     (max_relaunches=0 stops the job there, so the test waits for one timeout only)."""
     start_timeout = 3.0
     logs = []
@@ -412,3 +458,5 @@ def test_a_generation_that_completes_no_step_within_the_start_timeout_has_failed
     hung = [line for line in logs if 'no step completed' in line]
     assert hung and 'launch.start_timeout_sec' in hung[0], logs
     assert not glob.glob(os.path.join(tmp_path, 'launch', 'g0_w*_start.json'))
+    (row,) = read(str(tmp_path), 'summary.json')['recoveries']
+    assert row['kind'] == 'gave_up' and row['cause'].startswith('no step completed')

@@ -1,18 +1,15 @@
 """Tests for mecefo_jax.snapshot.parity and erasure: XOR parity across keepers.
 
-Real keeper processes (three slots each, as parity needs); snapshots are
-built from numpy shards, so no jax is involved.
+Real keeper actors (three slots each, as parity needs) on one local Ray
+cluster; snapshots are built from numpy shards, so no jax is involved.
 """
-import os
-import signal
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 from mecefo_jax.snapshot import blob, erasure, parity
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter
-from mecefo_jax.snapshot.keeper import start_keeper
+from mecefo_jax.snapshot.keeper import start_keeper, stop_keeper
 
 pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
 
@@ -27,31 +24,44 @@ def _shards(member, step, nbytes, generation=0):
             blob.HostShard('w', (4,), ((0, 4),), rng.standard_normal(4).astype(ml_dtypes.bfloat16))]
 
 
+@pytest.fixture(scope='module')
+def cluster():
+    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
+    with SimulatedCluster(1) as c:
+        yield c
+
+
+def _keeper(name):
+    return start_keeper(name, namespace='parity_test', slots=3, detached=False)
+
+
 def _start_group(n, prefix):
     keepers = []
     try:
         for m in range(n):
-            keepers.append(start_keeper(f'{prefix}{m}', slots=3))
+            keepers.append(_keeper(f'{prefix}{m}'))
     except BaseException:
-        for k in keepers:
-            k.stop()
+        _stop(keepers)
         raise
     return keepers
 
 
+def _stop(keepers):
+    for k in keepers:
+        stop_keeper(k)
+
+
 @pytest.fixture(scope='module')
-def group():
+def group(cluster):
     keepers = _start_group(len(SIZES), 'p')
     yield keepers
-    for k in keepers:
-        k.stop()
+    _stop(keepers)
 
 
 def _write(keepers, member, step, nbytes, *, push=True, generation=0):
     """Publish member's snapshot of `step` (and push its parity); return the blob bytes."""
-    addresses = [k.address for k in keepers]
-    client = KeeperClient(addresses[member])
-    pusher = (parity.ParityPusher(GROUP, member, addresses, generation=generation)
+    client = KeeperClient(keepers[member])
+    pusher = (parity.ParityPusher(GROUP, member, keepers, generation=generation)
               if push else None)
     try:
         info = SnapshotWriter(client, parity=pusher).write(
@@ -96,9 +106,8 @@ def test_chunk_plan_covers_each_blob_once_and_skips_own_stripe():
 def test_rebuild_is_bitwise_for_each_lost_member(group):
     _write_all(group, 1, [n + 11 for n in SIZES])
     blobs = _write_all(group, 2, SIZES)
-    addresses = [k.address for k in group]
     for lost in range(len(group)):
-        holed = [None if m == lost else a for m, a in enumerate(addresses)]
+        holed = [None if m == lost else k for m, k in enumerate(group)]
         rebuilt = parity.rebuild_member(GROUP, holed)
         assert (rebuilt.member, rebuilt.step) == (lost, 2)
         assert bytes(rebuilt.raw) == blobs[lost]
@@ -114,41 +123,44 @@ def test_rebuild_falls_back_to_the_newest_step_with_complete_parity(group):
     for m in range(3):
         _write(group, m, 6, SIZES[m])
     _write(group, 3, 6, SIZES[3], push=False)
-    with KeeperClient(group[0].address) as c:
+    with KeeperClient(group[0]) as c:
         c.begin(100)
-    holed = [k.address for k in group[:3]] + [None]
+    holed = list(group[:3]) + [None]
     rebuilt = parity.rebuild_member(GROUP, holed)
     assert rebuilt.step == 5
     assert bytes(rebuilt.raw) == blobs[3]
 
 
 def test_two_lost_members_name_the_disk_checkpoint_fallback(group):
-    holed = [None, None] + [k.address for k in group[2:]]
+    holed = [None, None] + list(group[2:])
     with pytest.raises(parity.ParityLossError, match=r'lost members \[0, 1\].*train\.checkpoint_every'):
         parity.rebuild_member(GROUP, holed)
 
 
-def test_rebuild_after_the_lost_members_keeper_is_killed():
+def test_rebuild_after_the_lost_members_keeper_is_killed(cluster):
+    import ray
     keepers = _start_group(3, 'k')
     try:
         blobs = _write_all(keepers, 4, [999, 5_000, 12])
-        os.kill(keepers[1].pid, signal.SIGKILL)
-        keepers[1].proc.wait()
+        ray.kill(keepers[1].actor)
         # The dead keeper is still listed; it counts as lost because it does not answer.
-        rebuilt = parity.rebuild_member(GROUP, [k.address for k in keepers])
+        rebuilt = parity.rebuild_member(GROUP, keepers)
         assert (rebuilt.member, rebuilt.step) == (1, 4)
         assert bytes(rebuilt.raw) == blobs[1]
         # A fresh keeper for member 1 can take the rebuilt snapshot back.
-        with start_keeper('k1b', slots=3) as fresh, KeeperClient(fresh.address) as c:
-            record = SnapshotWriter(c).write_blob(rebuilt.raw)
-            assert (record.step, record.checksum) == (4, rebuilt.checksum)
-            assert bytes(c.read(4, [(0, record.nbytes)])) == blobs[1]
+        fresh = _keeper('k1b')
+        try:
+            with KeeperClient(fresh) as c:
+                record = SnapshotWriter(c).write_blob(rebuilt.raw)
+                assert (record.step, record.checksum) == (4, rebuilt.checksum)
+                assert bytes(c.read(4, [(0, record.nbytes)])) == blobs[1]
+        finally:
+            stop_keeper(fresh)
     finally:
-        for k in keepers:
-            k.stop()
+        _stop(keepers)
 
 
-def test_a_relaunch_snapshots_a_step_again_and_its_parity_replaces_the_rolled_back_one():
+def test_a_relaunch_snapshots_a_step_again_and_its_parity_replaces_the_rolled_back_one(cluster):
     """Generation 0 snapshotted step 9 on members 0-2 and died (member 3 never pushed);
     the relaunch resumed from an older step and snapshots 9 again on a new timeline, every
     member contributing a second time. Before, the keepers refused the second contribution
@@ -159,11 +171,10 @@ def test_a_relaunch_snapshots_a_step_again_and_its_parity_replaces_the_rolled_ba
         for m in range(3):
             _write(keepers, m, 9, SIZES[m], generation=0)
         blobs = [_write(keepers, m, 9, SIZES[m], generation=1) for m in range(4)]
-        rebuilt = parity.rebuild_member(GROUP, [k.address for k in keepers[:3]] + [None])
+        rebuilt = parity.rebuild_member(GROUP, list(keepers[:3]) + [None])
         assert rebuilt.step == 9 and bytes(rebuilt.raw) == blobs[3]
         # A straggler of the dead generation cannot mix into the new stripes.
         with pytest.raises(KeeperError, match='generation 0 arrived after generation 1'):
             _write(keepers, 0, 9, SIZES[0], generation=0)
     finally:
-        for k in keepers:
-            k.stop()
+        _stop(keepers)

@@ -1,15 +1,12 @@
-"""Tests for the snapshot keeper's lifecycle: it never outlives its job or leaks /dev/shm.
+"""The keeper as a Ray actor: its shared memory, its sessions, and input it must refuse.
 
-Each test starts a real keeper, makes it allocate segments, ends it one way
-(request, SIGTERM, its parent's SIGKILL, its own SIGKILL) and checks that
-the process and every segment it created are gone.
+One local Ray cluster for the module (`SimulatedCluster(1)`); each test
+starts its own keeper actors and ends them. Keepers are reached only as Ray
+actors (token authentication on), never through a listener of their own.
 """
-import json
 import os
-import signal
 import subprocess
 import sys
-import textwrap
 import time
 from multiprocessing import resource_tracker, shared_memory
 
@@ -18,99 +15,65 @@ import pytest
 
 from mecefo_jax.snapshot import blob, shm
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, ShmSnapshot, SnapshotWriter
-from mecefo_jax.snapshot.keeper import start_keeper
+from mecefo_jax.snapshot.keeper import LocalKeeper, check_request, start_keeper, stop_keeper
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-pytestmark = [pytest.mark.subprocess,  # spawns keepers
+pytestmark = [pytest.mark.subprocess,  # Ray's processes
               pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason='needs /dev/shm (Linux)')]
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMESPACE = 'snapshot_keeper_test'
 
-def _fill(address, steps=(1, 2)):
+
+@pytest.fixture(scope='module', autouse=True)
+def cluster():
+    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
+    with SimulatedCluster(1) as c:
+        yield c
+
+
+def keeper(name, **kw):
+    return start_keeper(name, namespace=NAMESPACE, detached=False, **kw)
+
+
+def _fill(handle, steps=(1, 2)):
     """Publish a few snapshots so that both slots hold a segment."""
     shard = blob.HostShard('x', (1000,), ((0, 1000),), np.arange(1000, dtype=np.float32))
-    with KeeperClient(address) as c:
+    with KeeperClient(handle) as c:
         for step in steps:
             SnapshotWriter(c).write(step, [shard], {'step': step})
 
 
-def _wait_gone(pid, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not shm.alive(pid) and not shm.listed(pid):
-            return True
+def test_stopping_a_keeper_unlinks_its_segments():
+    k = keeper('t-stop')
+    _fill(k)
+    names = shm.listed(k.pid)
+    assert len(names) == 2
+    assert sorted(stop_keeper(k)) == names
+    assert shm.listed(k.pid) == []
+
+
+def test_a_killed_keepers_segments_are_removed_as_stale():
+    """A keeper lost with its node (or SIGKILLed) cleans up nothing itself; on a real
+    host the memory dies with it, here `shm.remove_stale` unlinks what it left."""
+    import ray
+    k = keeper('t-kill')
+    _fill(k)
+    names = shm.listed(k.pid)
+    ray.kill(k.actor)
+    deadline = time.monotonic() + 30
+    while shm.alive(k.pid):
+        assert time.monotonic() < deadline, 'a killed keeper is still running'
         time.sleep(0.05)
-    return False
-
-
-def _assert_cleaned_up_itself(k, stderr_path):
-    assert _wait_gone(k.pid)
-    # Python's resource tracker would also unlink leftovers, but it warns when
-    # it has to: the keeper must have unlinked its segments itself.
-    with open(stderr_path) as f:
-        assert 'leaked' not in f.read()
-
-
-def test_shutdown_request_unlinks_segments(tmp_path):
-    with open(tmp_path / 'stderr', 'w') as err:
-        k = start_keeper('t-req', stderr=err)
-    _fill(k.address)
-    assert len(shm.listed(k.pid)) == 2
-    with KeeperClient(k.address) as c:
-        c.shutdown()
-    assert k.proc.wait(10) == 0
-    _assert_cleaned_up_itself(k, tmp_path / 'stderr')
-
-
-@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
-def test_signal_unlinks_segments(sig, tmp_path):
-    with open(tmp_path / 'stderr', 'w') as err:
-        k = start_keeper('t-sig', stderr=err)
-    _fill(k.address)
-    os.kill(k.pid, sig)
-    assert k.proc.wait(10) == 0
-    _assert_cleaned_up_itself(k, tmp_path / 'stderr')
-
-
-_LAUNCHER = textwrap.dedent("""
-    import time
-    from mecefo_jax.snapshot.keeper import start_keeper
-    k = start_keeper("orphan")
-    print(k.pid, k.port, flush=True)
-    time.sleep(120)
-""")
-
-
-def test_keeper_exits_when_its_launcher_is_killed():
-    launcher = subprocess.Popen([sys.executable, '-c', _LAUNCHER], stdout=subprocess.PIPE, text=True,
-                                cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
-    try:
-        pid, port = map(int, launcher.stdout.readline().split())
-        _fill(('127.0.0.1', port))
-        assert len(shm.listed(pid)) == 2
-    finally:
-        launcher.kill()
-        launcher.wait()
-        launcher.stdout.close()
-    gone = _wait_gone(pid)
-    if not gone and shm.alive(pid):
-        os.kill(pid, signal.SIGTERM)  # never leave an orphan keeper behind a failed test
-    assert gone, f'keeper {pid} outlived its launcher'
-
-
-def test_a_killed_keepers_segments_are_unlinked_by_its_tracker():
-    k = start_keeper('t-kill')
-    _fill(k.address)
-    os.kill(k.pid, signal.SIGKILL)
-    k.proc.wait(10)
-    assert _wait_gone(k.pid)
+    assert sorted(set(names) & set(shm.remove_stale())) == names
+    assert shm.listed(k.pid) == []
 
 
 def test_worker_exit_does_not_unlink_the_keepers_segments():
     # A worker attaches to its keeper's segment and then exits (or is
     # killed); Python's resource tracker must not take the segment with it.
-    with start_keeper('t-attach') as k:
-        _fill(k.address)
+    k = keeper('t-attach')
+    try:
+        _fill(k)
         names = shm.listed(k.pid)
         code = f'from mecefo_jax.snapshot import shm; s = shm.attach({names[0]!r}); print(bytes(s.buf[:8]))'
         out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
@@ -118,6 +81,8 @@ def test_worker_exit_does_not_unlink_the_keepers_segments():
         assert blob.MAGIC.decode() in out.stdout
         assert 'leaked' not in out.stderr
         assert shm.listed(k.pid) == names
+    finally:
+        stop_keeper(k)
 
 
 def test_remove_stale_unlinks_segments_of_dead_keepers():
@@ -130,57 +95,115 @@ def test_remove_stale_unlinks_segments_of_dead_keepers():
     assert shm.listed(dead.pid) == []
 
 
-def test_a_pinned_snapshot_is_never_overwritten():
-    with start_keeper('t-pin', pin_timeout=0.3) as k, KeeperClient(k.address) as c:
-        _fill(k.address, steps=(1, 2))
-        reader = ShmSnapshot(k.address, 1, timeout=10)  # pins step 1, the slot the next write wants
-        with pytest.raises(KeeperError, match='pinned by a reader'):
-            c.begin(100)
-        (entry,) = reader.entries
-        np.testing.assert_array_equal(reader.read([entry])[0], np.arange(1000, dtype=np.float32))
-        reader.close()  # closing the connection drops the pin
-        _fill(k.address, steps=(3,))
-        assert [r.step for r in c.snapshots()] == [3, 2]
-
-
-def test_cli_ready_file_names_the_port(tmp_path):
-    ready = tmp_path / 'ready.json'
-    proc = subprocess.Popen([sys.executable, '-m', 'mecefo_jax.snapshot.keeper', '--name', 'cli',
-                             '--ready-file', str(ready)], stdout=subprocess.DEVNULL, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=ROOT))
+def test_a_pinned_snapshot_is_never_overwritten_and_a_session_end_drops_its_pins():
+    import ray
+    k = keeper('t-pin', pin_timeout=0.3)
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        info = json.loads(ready.read_text())
-        assert info['pid'] == proc.pid
-        with KeeperClient((info['host'], info['port'])) as c:
-            assert c.hello()['name'] == 'cli'
+        _fill(k, steps=(1, 2))
+        with KeeperClient(k) as c:
+            reader = ShmSnapshot(k, 1, timeout=10)  # pins step 1, the slot the next write wants
+            with pytest.raises(KeeperError, match='pinned by a reader'):
+                c.begin(100)
+            (entry,) = reader.entries
+            np.testing.assert_array_equal(reader.read([entry])[0], np.arange(1000, dtype=np.float32))
+            reader.close()  # closing the session drops the pin
+            _fill(k, steps=(3,))
+            assert [r.step for r in c.snapshots()] == [3, 2]
+            # A reader killed with its pin never closes its session: the launcher ends it.
+            abandoned = KeeperClient(k)
+            abandoned.pin(2)
+            with pytest.raises(KeeperError, match='pinned by a reader'):
+                c.begin(100)
+            assert ray.get(k.actor.end_sessions.remote()) == 1
+            _fill(k, steps=(4,))
+            assert [r.step for r in c.snapshots()] == [4, 3]
     finally:
-        proc.terminate()
-        assert proc.wait(10) == 0
+        stop_keeper(k)
 
 
-def test_a_message_claiming_too_many_bytes_is_refused_and_the_keeper_serves_others():
-    """Lengths come from the peer: a header or payload over the keeper's bound is
-    refused before anything is allocated, that connection closed, the keeper kept."""
-    import socket
-    import struct
+@pytest.mark.parametrize('msg, payload, what', [
+    ('not a dict', None, 'Not a keeper request'),
+    ({'op': 'shutdown'}, None, 'Not a keeper request'),  # no longer an op anyone may send
+    ({'op': 'begin', 'nbytes': -5}, None, "'nbytes'"),
+    ({'op': 'begin', 'nbytes': True}, None, "'nbytes'"),
+    ({'op': 'pin', 'step': '3'}, None, "'step'"),
+    ({'op': 'read', 'step': 1, 'ranges': [[0, 1, 2]]}, None, "'ranges'"),
+    ({'op': 'parity_list', 'group': 'g' * 1000}, None, "'group'"),
+    ({'op': 'hello'}, object(), 'bytes-like'),
+])
+def test_malformed_requests_are_refused_by_rule(msg, payload, what):
+    with pytest.raises(Exception, match=what):
+        check_request(msg, payload)
 
-    from mecefo_jax.snapshot import wire
-    bound = 1 << 20
-    with start_keeper('bounded', max_payload_bytes=bound) as k:
-        _fill(k.address)
-        for json_len, payload_len in ((16, bound + 1), (wire.MAX_JSON_BYTES + 1, 0),
-                                      (16, 1 << 62)):
-            with socket.create_connection(k.address, timeout=10) as sock:
-                sock.sendall(struct.pack('!IQ', json_len, payload_len) + b'{"op":"hello"}  ')
-                reply, _ = wire.recv(sock)
-                assert not reply['ok'] and 'bytes' in reply['error'], reply
-                assert sock.recv(1) == b''  # closed: its unread bytes cannot be resynced
-        # Within the bound, a parity chunk's payload is still taken.
-        with socket.create_connection(k.address, timeout=10) as sock:
-            wire.send(sock, {'op': 'hello'}, [b'x' * bound])
-            assert wire.recv(sock)[0]['ok']
-        with KeeperClient(k.address) as c:
+
+def test_malformed_and_oversized_input_is_refused_counted_and_never_fatal():
+    """Anyone who passes Ray's authentication can call a keeper: what is not a request
+    of its protocol is refused and counted, and the keeper keeps serving."""
+    import ray
+    bound = 1 << 16
+    k = keeper('bounded', max_payload=bound)
+    try:
+        _fill(k)
+        junk = [('s', 'not a dict', None), ('s', {'op': 'begin', 'nbytes': 'lots'}, None),
+                (12345, {'op': 'hello'}, None), ('s', {'op': 'hello'}, np.zeros(bound + 1, np.uint8))]
+        for session, msg, payload in junk:
+            reply, data = ray.get(k.actor.request.remote(session, msg, payload))
+            assert not reply['ok'] and data is None, reply
+        info = ray.get(k.actor.info.remote())
+        assert (info['rejected'], info['refused']) == (3, 1)
+        # Within the bound a payload is taken; the keeper still serves its snapshots.
+        reply, _ = ray.get(k.actor.request.remote('s', {'op': 'hello'}, np.zeros(bound, np.uint8)))
+        assert reply['ok']
+        with KeeperClient(k) as c:
             assert [r.step for r in c.snapshots()] == [2, 1]
+    finally:
+        stop_keeper(k)
+
+
+def _listening_inodes(pid: int) -> set:
+    """Inodes of the TCP/UDP sockets `pid` listens on (Linux /proc)."""
+    sockets = set()
+    for fd in os.listdir(f'/proc/{pid}/fd'):
+        try:
+            target = os.readlink(f'/proc/{pid}/fd/{fd}')
+        except OSError:
+            continue
+        if target.startswith('socket:['):
+            sockets.add(target[8:-1])
+    listening = set()
+    for table, state in (('tcp', '0A'), ('tcp6', '0A'), ('udp', '07'), ('udp6', '07')):
+        with open(f'/proc/net/{table}') as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == state and fields[9] in sockets:
+                    listening.add(fields[9])
+    return listening
+
+
+def test_a_keeper_opens_no_listener_beyond_a_plain_ray_actors():
+    """Keepers are reached through Ray (token-authenticated) only: the keeper's process
+    listens on exactly as many sockets as an actor that does nothing."""
+    import ray
+
+    class Plain:
+        def pid(self):
+            return os.getpid()
+
+    plain = ray.remote(Plain).options(num_cpus=0).remote()
+    k = keeper('t-listen')
+    try:
+        _fill(k)
+        baseline = len(_listening_inodes(ray.get(plain.pid.remote())))
+        assert len(_listening_inodes(k.pid)) == baseline
+    finally:
+        stop_keeper(k)
+        ray.kill(plain)
+
+
+def test_an_in_process_keeper_speaks_the_same_protocol():
+    with LocalKeeper('local') as k:
+        _fill(k)
+        with KeeperClient(k) as c:
+            assert [r.step for r in c.snapshots()] == [2, 1]
+            with pytest.raises(KeeperError, match='Not a keeper request'):
+                c.request('no_such_op')

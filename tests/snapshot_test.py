@@ -1,12 +1,11 @@
-"""Tests for mecefo_jax.snapshot: pytree snapshots in keeper processes and back.
+"""Tests for mecefo_jax.snapshot: pytree snapshots in keeper actors and back.
 
 Round trips are bitwise, on the 8 fake CPU devices from conftest.py; keepers
-are real processes (two per module: the worker's own and a peer's).
+are real Ray actors (two per module: the worker's own and a peer's) on one
+local Ray cluster.
 """
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,9 +20,10 @@ from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.snapshot import async_writer, jax_io
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, SnapshotWriter, open_snapshots, open_sources
-from mecefo_jax.snapshot.keeper import start_keeper
+from mecefo_jax.snapshot.keeper import start_keeper, stop_keeper
 
 pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
+NAMESPACE = 'snapshot_test'
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,25 +77,36 @@ def _assert_bitwise(tree, values, mesh):
 
 
 @pytest.fixture(scope='module')
-def own():
-    with start_keeper('own') as k:
-        yield k
+def cluster():
+    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
+    with SimulatedCluster(1) as c:
+        yield c
+
+
+def _keeper(name):
+    k = start_keeper(name, namespace=NAMESPACE)  # detached: other drivers find it by name
+    yield k
+    stop_keeper(k)
 
 
 @pytest.fixture(scope='module')
-def peer():
-    with start_keeper('peer') as k:
-        yield k
+def own(cluster):
+    yield from _keeper('own')
+
+
+@pytest.fixture(scope='module')
+def peer(cluster):
+    yield from _keeper('peer')
 
 
 def _write(keeper, step, tree, data_state=None, *, keep=lambda shard: True):
-    with KeeperClient(keeper.address) as c:
+    with KeeperClient(keeper) as c:
         shards = [s for s in jax_io.host_shards(tree) if keep(s)]
         return SnapshotWriter(c).write(step, shards, data_state or {'pos': step})
 
 
 def _restore(abstract, sources, **kw):
-    snaps = [s for address, via in sources for s in open_snapshots(address, via=via)]
+    snaps = [s for keeper, via in sources for s in open_snapshots(keeper, via=via)]
     try:
         return jax_io.restore(abstract, snaps, **kw)
     finally:
@@ -114,13 +125,13 @@ def test_host_shards_are_unique_per_index():
     assert all(len(set(v)) == len(v) for v in per_leaf.values())
 
 
-@pytest.mark.parametrize('via', ['shm', 'tcp'])
-def test_round_trip_is_bitwise(own, via):
+@pytest.mark.parametrize('via, tag', [('shm', 'shm'), ('remote', 'peer')])
+def test_round_trip_is_bitwise(own, via, tag):
     mesh, values = _mesh(4), _values(1)
     _write(own, 1, _put(values, mesh), {'pos': 123, 'epoch': 0})
-    tree, data_state, report = _restore(_abstract(values, mesh), [(own.address, via)])
+    tree, data_state, report = _restore(_abstract(values, mesh), [(own, via)])
     assert report.step == 1 and data_state == {'pos': 123, 'epoch': 0}
-    assert list(report.bytes_by_source) == [f'{via}:{own.address[0]}:{own.address[1]}']
+    assert list(report.bytes_by_source) == [f'{tag}:own']
     _assert_bitwise(tree, values, mesh)
 
 
@@ -128,7 +139,7 @@ def test_restore_onto_a_smaller_mesh(own):
     values = _values(2)
     _write(own, 2, _put(values, _mesh(4)))
     small = _mesh(3)
-    tree, _, report = _restore(_abstract(values, small), [(own.address, 'shm')])
+    tree, _, report = _restore(_abstract(values, small), [(own, 'shm')])
     assert report.step == 2
     _assert_bitwise(tree, values, small)
 
@@ -141,15 +152,16 @@ def test_missing_shards_heal_from_a_peer_or_are_listed(own, peer):
     _write(own, 3, tree, keep=lambda s: not (s.path == 'w' and s.index[1][0] == 3))
     _write(peer, 3, tree)
     abstract = _abstract(values, mesh)
-    restored, _, report = _restore(abstract, [(own.address, 'shm'), (peer.address, 'tcp')], step=3)
+    restored, _, report = _restore(abstract, [(own, 'shm'), (peer, 'remote')], step=3)
     _assert_bitwise(restored, values, mesh)
     assert report.healed_shards == 1
-    assert report.bytes_by_source[f'tcp:{peer.address[0]}:{peer.address[1]}'] == 8 * 3 * 4
+    assert report.bytes_by_source['peer:peer'] == 8 * 3 * 4
     with pytest.raises(jax_io.SnapshotMissingError, match=r'step 3 lacks 1 shard\(s\): w\[\[0, 8\], \[3, 6\]\]'):
-        _restore(abstract, [(own.address, 'shm')], step=3)
+        _restore(abstract, [(own, 'shm')], step=3)
     # A dead peer is skipped; the live one still heals.
-    with _free_address() as dead:
-        snaps = open_sources(own.address, [dead, peer.address])
+    dead = start_keeper('dead', namespace=NAMESPACE, detached=False)
+    stop_keeper(dead)
+    snaps = open_sources(own, [dead, peer])
     try:
         restored, _, report = jax_io.restore(abstract, snaps, step=3)
         _assert_bitwise(restored, values, mesh)
@@ -173,21 +185,12 @@ def test_a_worker_restores_the_launchers_step_healing_from_a_peer_or_names_the_f
                                                 for k, v in values.items()})
     topology = types.SimpleNamespace(state_shardings=_shardings(mesh))
     info = {}
-    state, data_state, source = keeper_restore([own.address, peer.address], 0, info,
-                                               step=41)(run, topology)
+    state, data_state, source = keeper_restore([own, peer], 0, info, step=41)(run, topology)
     _assert_bitwise(state, values, mesh)
     assert data_state == {'pos': 41} and source == 'memory'
     assert info['restore'].step == 41 and info['restore'].healed_bytes == 12 * 4 * 2  # bf16 'b'
     with pytest.raises(jax_io.SnapshotMissingError, match=r'step 42 .*newest Orbax checkpoint'):
-        keeper_restore([own.address, peer.address], 0, {}, step=42)(run, topology)
-
-
-@contextlib.contextmanager
-def _free_address():
-    """An address nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        yield sock.getsockname()
+        keeper_restore([own, peer], 0, {}, step=42)(run, topology)
 
 
 def test_restore_rejects_a_changed_leaf(own):
@@ -195,13 +198,23 @@ def test_restore_rejects_a_changed_leaf(own):
     _write(own, 4, _put(values, mesh))
     changed = dict(values, w=values['w'].astype(ml_dtypes.bfloat16))
     with pytest.raises(jax_io.SnapshotMismatchError, match=r'w was saved as float32\[8, 6\]'):
-        _restore(_abstract(changed, mesh), [(own.address, 'tcp')])
+        _restore(_abstract(changed, mesh), [(own, 'remote')])
 
 
-_CRASHING_WRITER = textwrap.dedent("""
+# A writer in a process of its own, reaching the keeper as any driver of the cluster does.
+_CONNECT = """
     import sys, time
+    from mecefo_jax.launch.ray_cluster import use_token_auth
+    use_token_auth()
+    import ray
+    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+    from mecefo_jax.snapshot.keeper import find_keeper
+    own = find_keeper("own", sys.argv[2])
+"""
+
+_CRASHING_WRITER = textwrap.dedent(_CONNECT + """
     from mecefo_jax.snapshot.client import KeeperClient
-    c = KeeperClient(("127.0.0.1", int(sys.argv[1])))
+    c = KeeperClient(own)
     slot = c.begin(1 << 16)
     buf = c.segment(slot["shm"]).buf
     buf[:4096] = b"\\xab" * 4096  # half a snapshot: preamble and first shards clobbered
@@ -210,23 +223,27 @@ _CRASHING_WRITER = textwrap.dedent("""
 """)
 
 
-def test_writer_killed_mid_copy_leaves_previous_snapshot(own):
+def _writer(code, cluster):
+    return subprocess.Popen([sys.executable, '-c', code, cluster.address, NAMESPACE],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS='', JAX_PLATFORMS='cpu'))
+
+
+def test_writer_killed_mid_copy_leaves_previous_snapshot(own, cluster):
     mesh = _mesh(4)
     for step in (20, 21):
         _write(own, step, _put(_values(step), mesh))
     # Two slots: the crashing writer overwrites the one holding step 20.
-    proc = subprocess.Popen([sys.executable, '-c', _CRASHING_WRITER, str(own.port)],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=ROOT))
+    proc = _writer(_CRASHING_WRITER, cluster)
     try:
         assert proc.stdout.readline().strip() == 'HALF'
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
-    with KeeperClient(own.address) as c:
+    with KeeperClient(own) as c:
         assert [r.step for r in c.snapshots()] == [21]
-    tree, data_state, report = _restore(_abstract(_values(21), mesh), [(own.address, 'shm')])
+    tree, data_state, report = _restore(_abstract(_values(21), mesh), [(own, 'shm')])
     assert report.step == 21 and data_state == {'pos': 21}
     _assert_bitwise(tree, _values(21), mesh)
 
@@ -234,7 +251,7 @@ def test_writer_killed_mid_copy_leaves_previous_snapshot(own):
 def test_publish_of_an_unwritten_slot_is_refused(own):
     mesh = _mesh(4)
     _write(own, 30, _put(_values(30), mesh))
-    with KeeperClient(own.address) as c:
+    with KeeperClient(own) as c:
         slot = c.begin(1000)
         with pytest.raises(KeeperError, match='refusing to publish step 31'):
             c.publish(slot['slot'], slot['token'], step=31, nbytes=500, checksum=1,
@@ -247,7 +264,7 @@ def test_async_snapshot_keeps_values_of_a_donated_step(own):
     shardings = _shardings(mesh)
     state = _put(values, mesh)
     step_fn = jax.jit(lambda t: jax.tree.map(lambda x: x + 1, t), donate_argnums=0)
-    with KeeperClient(own.address) as c, async_writer.AsyncSnapshotter(SnapshotWriter(c)) as snap:
+    with KeeperClient(own) as c, async_writer.AsyncSnapshotter(SnapshotWriter(c)) as snap:
         host = jax.device_put(state, jax_io.pinned_host_shardings(shardings))
         snap.submit(5, host, {'pos': 5})
         del host
@@ -258,7 +275,7 @@ def test_async_snapshot_keeps_values_of_a_donated_step(own):
         assert snap.stats.published == 2 and snap.stats.last_published_step == 6
         assert snap.stats.bytes > 0 and snap.stats.write_sec > 0
     for step, want in ((5, values), (6, jax.tree.map(lambda x: x + 1, values))):
-        tree, data_state, _ = _restore(_abstract(values, mesh), [(own.address, 'shm')], step=step)
+        tree, data_state, _ = _restore(_abstract(values, mesh), [(own, 'shm')], step=step)
         assert data_state == {'pos': step}
         _assert_bitwise(tree, want, mesh)
 
@@ -271,7 +288,7 @@ def test_async_error_surfaces_on_next_call_and_keeps_last_snapshot(own):
         if step == 41:
             raise OSError('worker lost its keeper mid-snapshot')
 
-    with KeeperClient(own.address) as c:
+    with KeeperClient(own) as c:
         snap = async_writer.AsyncSnapshotter(SnapshotWriter(c, before_publish=die))
         snap.submit(40, host, {'pos': 40})
         snap.submit(41, host, {'pos': 41})
@@ -283,8 +300,7 @@ def test_async_error_surfaces_on_next_call_and_keeps_last_snapshot(own):
             async_writer.AsyncSnapshotter(SnapshotWriter(c)).submit(42, host, {'pos': np.int64(1)})
 
 
-_TRAINING_WORKER = textwrap.dedent("""
-    import sys
+_TRAINING_WORKER = textwrap.dedent(_CONNECT + """
     import jax, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from mecefo_jax.snapshot import AsyncSnapshotter, KeeperClient, SnapshotWriter, pinned_host_shardings
@@ -292,7 +308,7 @@ _TRAINING_WORKER = textwrap.dedent("""
     sh = {"w": NamedSharding(mesh, P())}
     state = jax.device_put({"w": np.arange(50_000, dtype=np.float32)}, sh)
     step_fn = jax.jit(lambda t: {"w": t["w"] + 1}, donate_argnums=0)
-    snap = AsyncSnapshotter(SnapshotWriter(KeeperClient(("127.0.0.1", int(sys.argv[1])))))
+    snap = AsyncSnapshotter(SnapshotWriter(KeeperClient(own)))
     host_sh = pinned_host_shardings(sh)
     for step in range(10**9):
         state = step_fn(state)
@@ -302,12 +318,10 @@ _TRAINING_WORKER = textwrap.dedent("""
 """)
 
 
-def test_sigkilled_training_worker_restores_its_last_published_step(own):
+def test_sigkilled_training_worker_restores_its_last_published_step(own, cluster):
     # The worker snapshots every step until it is SIGKILLed at a random
     # point; whatever step was last published must come back exactly.
-    proc = subprocess.Popen([sys.executable, '-c', _TRAINING_WORKER, str(own.port)],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS='', JAX_PLATFORMS='cpu'))
+    proc = _writer(_TRAINING_WORKER, cluster)
     try:
         assert proc.stdout.readline().strip() == 'RUNNING'
         time.sleep(0.2)
@@ -317,7 +331,7 @@ def test_sigkilled_training_worker_restores_its_last_published_step(own):
         proc.stdout.close()
     mesh = _mesh(1, 1)
     abstract = {'w': jax.ShapeDtypeStruct((50_000,), np.float32, sharding=NamedSharding(mesh, P()))}
-    tree, data_state, report = _restore(abstract, [(own.address, 'shm')])
+    tree, data_state, report = _restore(abstract, [(own, 'shm')])
     step = report.step
     assert step >= 20 and data_state == {'pos': step}
     np.testing.assert_array_equal(np.asarray(tree['w']), np.arange(50_000, dtype=np.float32) + step + 1)
@@ -330,13 +344,13 @@ def test_a_planned_stop_is_snapshotted_whatever_the_interval(own):
     from mecefo_jax.launch.worker_state import SnapshotHook
     mesh, values = _mesh(4), _values(5)
     state = _put(values, mesh)
-    hook = SnapshotHook(own.address, 5, stop_at=7)
+    hook = SnapshotHook(own, 5, stop_at=7)
     try:
         for step in range(7):  # the state after step s enters step s + 1
             hook.on_step(types.SimpleNamespace(step=step, state=state, data_position={'pos': step}))
     finally:
         hook.close()
-    with KeeperClient(own.address) as c:
+    with KeeperClient(own) as c:
         assert {r.step for r in c.snapshots()} >= {5, 7}
         assert 6 not in {r.step for r in c.snapshots()}
 
@@ -351,7 +365,7 @@ def test_auto_ends_each_measured_window_with_nothing_in_flight(own):
     from mecefo_jax.snapshot.cadence import PAIRS, PROBE_STEPS, SETTLE_STEPS
     mesh, values = _mesh(4), _values(5)
     state = _put(values, mesh)
-    hook = SnapshotHook(own.address, 'auto', budget_pct=2.0)
+    hook = SnapshotHook(own, 'auto', budget_pct=2.0)
     window_ends = 0
     try:
         for step in range(SETTLE_STEPS + PROBE_STEPS):

@@ -9,8 +9,9 @@
 | `observers` | a run's measuring observers: modelled time, program usage, coverage, gradient error |
 | `compare` | every fault strategy side by side on one failure schedule, over seeds |
 | `quality` | validation perplexity under failures (the paper's Table 3 analogue) |
-| `crash_drill` | real crashes on one machine, recovered from memory and from disk |
-| `snapshot_bench` | the keepers' write, publish and restore paths |
+| `crash_drill`, `crash_drill_nodes` | real crashes, a lost node and a killed launcher, recovered from memory and disk |
+| `snapshot_bench` | the keepers' write, publish and restore paths, and a peer's read from another node |
+| `sim_cluster` | several Ray nodes on one machine, one of which can be lost at once (tests and drills) |
 | `gpu/` | every GPU figure in one command, each section in its own process (`scripts/gpu_report.py`) |
 | `cluster/` | the strategies projected to 8 to 1,024 replicas (numpy Monte Carlo) |
 | `report` | number formatting, spreads over seeds and plots shared by the reports |

@@ -1,6 +1,7 @@
-"""The crash drill: real failures on one machine, recovered three ways, and what it cost.
+"""The crash drill: real failures on one machine, recovered several ways, and what it cost.
 
-`run_drill` runs, with the launcher, on `workers` worker processes of
+`run_drill` runs, with the launcher on a simulated Ray cluster of `nodes`
+nodes on this machine (`sim_cluster`), on `workers` worker actors of
 `launch.local_devices` CPU devices each:
 
 1. `memory`: one worker SIGKILLed mid-run; the survivors carry on from the
@@ -12,6 +13,12 @@
 4. `parity`: a `mesh.data=1` job (the model spread over the workers) whose
    worker AND keeper are killed; the lost snapshot is rebuilt from the XOR
    parity of the others, checked bit for bit against what the keeper held;
+5. `launcher_restart`: the launcher (a process of its own) killed right
+   after a snapshot every keeper holds; the same command again finds the
+   keepers and resumes from their memory;
+6. `node_loss` (2 nodes or more): the node of the memory job's worker lost
+   whole (worker, keeper and shared memory), the survivors going on from
+   their keepers and the worker rejoining on another node;
 
 and measures the snapshot overhead per step in one process: steps with and
 without snapshots, interleaved block by block. It writes `crash_drill.json`
@@ -25,20 +32,23 @@ import os
 import statistics
 import time
 
+from mecefo_jax.experiments import crash_drill_nodes
 from mecefo_jax.experiments.report import fmt
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.snapshot.cadence import PROBE_STEPS, SETTLE_STEPS
 
+VICTIM = 1  # the worker the memory, disk and launcher-restart jobs lose
 # Recovery components, in the order a recovery goes through them.
 COMPONENTS = ('detect_sec', 'teardown_sec', 'relaunch_sec', 'distributed_init_sec',
               'restore_sec', 'compile_sec', 'refresh_sec', 'start_to_first_step_sec')
 
 
-def _job(cfg, values, workdir, workers, log):
+def _job(cfg, values, workdir, workers, log, node_killer=None):
     log(f'[drill] {os.path.basename(workdir)}: {workers} workers, ' +
         ', '.join(f'{k}={v}' for k, v in values.items() if k.startswith(('launch', 'snapshot'))))
     start = time.perf_counter()
-    summary = Launcher(cfg.updated(values), workdir, workers, log=log).run()
+    summary = Launcher(cfg.updated(values), workdir, workers, log=log,
+                       node_killer=node_killer).run()
     if summary['preempted_at'] is not None:  # SIGTERM or Ctrl-C: the user stopped the drill
         raise DrillStopped(f'the drill was stopped during its {os.path.basename(workdir)} job '
                            f"(every worker saved step {summary['preempted_at']}); its figures "
@@ -59,13 +69,13 @@ def _check_fresh(out_dir: str) -> None:
                          'directory or remove this one.')
 
 
-def _recovery(summary: dict) -> dict:
+def _recovery(summary: dict, kind: str = 'failure') -> dict:
     """The failure's recovery row, reduced to the drill's fields.
 
     A drill injects one failure; any other (a relaunch that itself failed)
     is counted in `failures` and shown, not hidden.
     """
-    failures = [r for r in summary['recoveries'] if r['kind'] == 'failure']
+    failures = [r for r in summary['recoveries'] if r['kind'] == kind]
     recovered = [r for r in failures if r.get('resume_step') is not None]
     if not recovered:
         raise RuntimeError(f'the job never recovered from its failures: {failures}')
@@ -77,28 +87,23 @@ def _recovery(summary: dict) -> dict:
                parity_rebuild_sec=row.get('parity_rebuild_sec'),
                compile_sec_by_worker=row.get('compile_sec_by_worker'),
                programs_compiled_by_worker=row.get('programs_compiled_by_worker'),
+               resume=row.get('resume'), members=row.get('members'),
+               healed_bytes=row.get('healed_bytes'),
                failures=len(failures), causes=[r.get('cause') for r in failures])
     return out
 
 
 def compile_ahead(cfg, values, workdir, workers, log) -> dict:
-    """The compile-ahead driver over every single-worker loss, run to its end into
-    `workdir`'s (empty) cache: its CPU seconds, and the survivors' cold compile."""
-    import subprocess
-    import sys
-
-    from mecefo_jax.launch.compile_ahead import REPORT, worker_env
+    """The compile-ahead jobs of every single-worker loss, run to their end into
+    `workdir`'s (empty) cache: their CPU seconds, and the survivors' cold compile."""
+    from mecefo_jax.launch.compile_ahead import drive
+    from mecefo_jax.launch.placement import Placement
     os.makedirs(os.path.join(workdir, 'launch'), exist_ok=True)
-    config_json = os.path.join(workdir, 'launch', 'ahead_config.json')
-    with open(config_json, 'w') as f:
-        f.write(cfg.updated(values).to_json())
+    job_cfg = cfg.updated(values)
     log(f'[drill] compile ahead for every single loss of {workers} workers')
-    subprocess.run([sys.executable, '-m', 'mecefo_jax.launch.compile_ahead_job',
-                    f'--config_json={config_json}', f'--workdir={workdir}', f'--workers={workers}',
-                    '--nice=0'],  # alone on the machine: its compiles are the cold figure
-                   check=True, env=worker_env())
-    with open(os.path.join(workdir, 'launch', REPORT)) as f:
-        report = json.load(f)
+    placement = Placement(workers, job_cfg.launch.local_devices, job_cfg.mesh.model)
+    # Alone on the machine (nice 0): its compiles are the cold figure.
+    report = drive(job_cfg, job_cfg.to_json(), workdir, placement, nice=0, log=log)
     report['cold_compile_sec_by_process'] = cold_compiles(workdir, report['sets'])
     return report
 
@@ -228,20 +233,20 @@ def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
     from mecefo_jax import train as train_lib
     from mecefo_jax.launch.worker_state import SnapshotHook
     from mecefo_jax.layout import assemble, full_layout
-    from mecefo_jax.snapshot import start_keeper
+    from mecefo_jax.snapshot import start_keeper, stop_keeper
 
     run = train_lib.build_run(cfg, workdir, checkpoint_every=0)
     topology = run.topologies.get(run.full_rows)
     layout = full_layout(run.num_shards, run.shard_batch)
     plan = train_lib.Plan(topology, layout, run.present)
     state = resume.init_or_restore(run)
-    keeper = start_keeper(f'mecefodrill{os.getpid()}', slots=cfg.snapshot.slots)
+    keeper = start_keeper(f'drill{os.getpid()}', slots=cfg.snapshot.slots, detached=False)
     host = dict(assemble(layout, next(run.train_data)), step=np.int32(0))
     step_fn, _ = topology.compiled_step(state, topology.put_batch(host), layout)
     choice, hook = None, None
     try:
         if every == 'auto':
-            auto = SnapshotHook(keeper.address, 'auto',
+            auto = SnapshotHook(keeper, 'auto',
                                 budget_pct=cfg.snapshot.overhead_budget_pct)
             every, state, choice = _auto_interval_here(auto, step_fn, state, host, topology,
                                                        plan, run)
@@ -250,7 +255,7 @@ def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
         if steps_per_block % every:
             steps_per_block = every * -(-steps_per_block // every)
             blocks = max(20, min(blocks, 2 * -(-100 // steps_per_block)))
-        hook = SnapshotHook(keeper.address, every)
+        hook = SnapshotHook(keeper, every)
         times = {True: [], False: []}
         for block in range(blocks + 2):  # two warm-up blocks
             with_snapshots = bool(block % 2)
@@ -279,7 +284,7 @@ def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
     finally:
         if hook is not None:
             hook.close()
-        keeper.stop()
+        stop_keeper(keeper)
 
 
 def restore_comparison(cfg, workdir: str, *, repeats: int = 10, log=print) -> dict:
@@ -302,23 +307,24 @@ def restore_comparison(cfg, workdir: str, *, repeats: int = 10, log=print) -> di
         open_sources,
         restore,
         start_keeper,
+        stop_keeper,
     )
 
     run = train_lib.build_run(cfg, workdir, checkpoint_every=0)
     topology = run.topologies.get(run.full_rows)
     state = resume.init_or_restore(run)
     abstract = ckpt_lib.abstract_like(run.abstract_state, topology.state_shardings)
-    keeper = start_keeper(f'mecefodrillrestore{os.getpid()}', slots=2)
+    keeper = start_keeper(f'drillrestore{os.getpid()}', slots=2, detached=False)
     checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'orbax'), save_every=1)
     try:
-        with KeeperClient(keeper.address) as client:
+        with KeeperClient(keeper) as client:
             SnapshotWriter(client).write(1, host_shards(state), {'step': 1})
         checkpointer.maybe_save(1, state, {'step': 1}, force=True)
         checkpointer.wait()
         times = {'memory': [], 'disk': []}
         for _ in range(repeats):
             start = time.perf_counter()
-            snaps = open_sources(keeper.address)
+            snaps = open_sources(keeper)
             try:
                 jax.block_until_ready(restore(abstract, snaps, step=1)[0])
             finally:
@@ -330,7 +336,7 @@ def restore_comparison(cfg, workdir: str, *, repeats: int = 10, log=print) -> di
             times['disk'].append(time.perf_counter() - start)
     finally:
         checkpointer.close()
-        keeper.stop()
+        stop_keeper(keeper)
     memory, disk = statistics.median(times['memory']), statistics.median(times['disk'])
     result = {'memory_restore_sec': memory, 'disk_restore_sec': disk, 'speedup': disk / memory,
               'repeats': repeats, 'bytes': sum(x.nbytes for x in jax.tree.leaves(state)),
@@ -363,14 +369,15 @@ def _add_step_and_cold_compile(mem, dsk, memory, disk, ahead, out_dir, workers) 
                                                  range(workers))
 
 
-def _versus_simulated(cfg, memory: dict, mem: dict, replicas, out_dir: str, log) -> dict:
-    """The memory job's final parameters against its failure simulated in one process."""
+def _versus_simulated(cfg, summary: dict, row: dict, replicas, out_dir: str, job: str,
+                      log) -> dict:
+    """A job's final parameters against its failure simulated in one process."""
     import numpy as np
-    start, rejoin = mem['resume_step'], next(r['resume_step'] for r in memory['recoveries']
+    start, rejoin = row['resume_step'], next(r['resume_step'] for r in summary['recoveries']
                                              if r['kind'] == 'rejoin')
     events = ','.join(f'{start}:{r}:{rejoin - start}' for r in replicas)
-    simulated = simulated_params(cfg, events, os.path.join(out_dir, 'simulated'), log)
-    real = np.load(os.path.join(out_dir, 'memory', 'launch', 'final_params.npz'))
+    simulated = simulated_params(cfg, events, os.path.join(out_dir, f'simulated_{job}'), log)
+    real = np.load(os.path.join(out_dir, job, 'launch', 'final_params.npz'))
     diffs = {k: float(np.max(np.abs(real[k] - v))) for k, v in simulated.items()}
     return {'max_abs_param_diff_vs_simulated': max(diffs.values()),
             'max_rel_param_diff_vs_simulated': max(
@@ -390,51 +397,92 @@ def _parity_summary(parity: dict) -> dict:
             'parity': _recovery(parity)}
 
 
-def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_step: int,
-              return_after: int, checkpoint_every: int, log=print) -> dict:
-    from mecefo_jax.launch.placement import Placement
+def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, nodes: int = 1,
+              kill_step: int, return_after: int, checkpoint_every: int, log=print) -> dict:
+    """Every job on a simulated cluster of `nodes` Ray nodes, the measurements alone; the report."""
+    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
     _check_fresh(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    local = cfg.launch.local_devices
-    placement = Placement(workers, local, cfg.mesh.model)
-    victim = 1
-    base = {'train.steps': cfg.train.steps, 'train.eval_every': 0,
-            'mesh.data': placement.replicas, 'data.cache_dir': cfg.data.cache_dir,
+    with SimulatedCluster(nodes) as cluster:
+        log(f'[drill] a simulated Ray cluster of {nodes} node(s) on this machine, up in '
+            f'{cluster.start_sec:.1f} s (not part of any recovery)')
+        jobs = _run_jobs(cfg, out_dir, workers, cluster, nodes, kill_step=kill_step,
+                         return_after=return_after, checkpoint_every=checkpoint_every, log=log)
+        report = _report(cfg, config_path, out_dir, workers, nodes, jobs, kill_step=kill_step,
+                         return_after=return_after, checkpoint_every=checkpoint_every, log=log)
+        report['ray_start_sec'] = cluster.start_sec
+    with open(os.path.join(out_dir, 'crash_drill.json'), 'w') as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out_dir, 'crash_drill.md'), 'w') as f:
+        f.write(markdown(report))
+    return report
+
+
+def _base_values(cfg, out_dir: str, replicas: int) -> dict:
+    return {'train.steps': cfg.train.steps, 'train.eval_every': 0, 'mesh.data': replicas,
+            'data.cache_dir': cfg.data.cache_dir,
             'launch.compilation_cache': os.path.join(out_dir, 'xla_cache')}
+
+
+def _run_jobs(cfg, out_dir: str, workers: int, cluster, nodes: int, *, kill_step: int,
+              return_after: int, checkpoint_every: int, log) -> dict:
+    """The launcher jobs: {name: summary}, and the compile-ahead report as 'ahead'."""
+    from mecefo_jax.launch.placement import Placement
+    placement = Placement(workers, cfg.launch.local_devices, cfg.mesh.model)
+    base = _base_values(cfg, out_dir, placement.replicas)
     # The survivors' programs, compiled ahead into the jobs' cache before the
     # memory job (in a long run this happens, niced, during its first steps).
     # Killed right after a snapshot every keeper holds, whatever interval auto chose.
-    memory_values = dict(base, **{'launch.kill': f'{kill_step}:{victim}:KILL:snapshot',
+    memory_values = dict(base, **{'launch.kill': f'{kill_step}:{VICTIM}:KILL:snapshot',
                                   'launch.return_after_steps': return_after,
                                   'launch.compile_ahead': False})
-    ahead = compile_ahead(cfg, memory_values, os.path.join(out_dir, 'memory'), workers, log)
-    memory = _job(cfg, memory_values, os.path.join(out_dir, 'memory'), workers, log)
-    disk = _job(cfg, dict(base, **{
-        'launch.kill': f'{kill_step}:{victim}', 'launch.recovery': 'disk',
+    jobs = {'ahead': compile_ahead(cfg, memory_values, os.path.join(out_dir, 'memory'), workers,
+                                   log)}
+    jobs['memory'] = _job(cfg, memory_values, os.path.join(out_dir, 'memory'), workers, log)
+    jobs['disk'] = _job(cfg, dict(base, **{
+        'launch.kill': f'{kill_step}:{VICTIM}', 'launch.recovery': 'disk',
         'snapshot.every': 0, 'train.checkpoint_every': checkpoint_every}),
         os.path.join(out_dir, 'disk'), workers, log)
     parity_workers = 4
-    parity = _job(cfg, dict(base, **{
+    jobs['parity'] = _job(cfg, dict(base, **{
         'mesh.data': 1, 'mesh.model': parity_workers, 'launch.local_devices': 1,
         'snapshot.parity': 'xor', 'snapshot.parity_group': parity_workers,
         'launch.kill': f'{kill_step}:2:KILL:keeper'}),
         os.path.join(out_dir, 'parity'), parity_workers, log)
+    jobs['launcher_restart'] = crash_drill_nodes.launcher_restart_job(
+        cfg, base, out_dir, workers, address=cluster.address, kill_step=kill_step, log=log)
+    victim = crash_drill_nodes.node_loss_victim(nodes)
+    if victim is not None:
+        jobs['node_loss'] = crash_drill_nodes.node_loss_job(
+            _job, cfg, base, out_dir, workers, cluster=cluster, victim=victim,
+            kill_step=kill_step, return_after=return_after, log=log)
+        jobs['node_loss']['victim'] = victim
+    return jobs
 
-    mem = _recovery(memory)
-    versus_simulated = _versus_simulated(cfg.updated(base), memory, mem,
-                                         placement.replicas_of(victim), out_dir, log)
+
+def _report(cfg, config_path: str, out_dir: str, workers: int, nodes: int, jobs: dict, *,
+            kill_step: int, return_after: int, checkpoint_every: int, log) -> dict:
+    """The drill's figures from its jobs, with the measurements only one process can make."""
+    from mecefo_jax.launch.placement import Placement
+    placement = Placement(workers, cfg.launch.local_devices, cfg.mesh.model)
+    sim_cfg = cfg.updated(_base_values(cfg, out_dir, placement.replicas))
+    memory, disk = jobs['memory'], jobs['disk']
+    mem, dsk = _recovery(memory), _recovery(disk)
+    versus_simulated = _versus_simulated(sim_cfg, memory, mem, placement.replicas_of(VICTIM),
+                                         out_dir, 'memory', log)
     job_every = chosen_interval(memory, os.path.join(out_dir, 'memory'), cfg.snapshot.every)
     overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'),
                                  every=cfg.snapshot.every, log=log)
     every = overhead['snapshot_every']
     alone = restore_comparison(cfg, os.path.join(out_dir, 'restore_alone'), log=log)
-    dsk = _recovery(disk)
-    _add_step_and_cold_compile(mem, dsk, memory, disk, ahead, out_dir, workers)
+    _add_step_and_cold_compile(mem, dsk, memory, disk, jobs['ahead'], out_dir, workers)
     report = {
-        'config': config_path, 'workers': workers, 'local_devices': local,
+        'config': config_path, 'workers': workers, 'nodes': nodes,
+        'local_devices': cfg.launch.local_devices,
         'replicas': placement.replicas, 'steps': cfg.train.steps, 'kill_step': kill_step,
         'return_after_steps': return_after, 'checkpoint_every': checkpoint_every,
         'memory': mem, 'disk': dsk,
+        'launcher_restart': _restart_recovery(jobs['launcher_restart']),
         'restore_speedup_memory_vs_disk': (dsk['restore_sec'] / mem['restore_sec']
                                            if mem['restore_sec'] else None),
         'restore_alone': alone,
@@ -445,44 +493,83 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, kill_ste
         # memory job's kill lands right after a snapshot (scripts/crash_drill.py).
         'expected_lost_steps_per_failure': every / 2,
         'expected_lost_steps_per_failure_disk': checkpoint_every / 2,
-        **versus_simulated, **_parity_summary(parity),
-        'compile_ahead': {'cpu_sec': ahead['cpu_sec'], 'wall_sec': ahead['wall_sec'],
-                          'sets': ahead['sets']},
-        'job_wall_sec': {'memory': memory['wall_sec'], 'disk': disk['wall_sec'],
-                         'parity': parity['wall_sec']},
+        **versus_simulated, **_parity_summary(jobs['parity']),
+        'compile_ahead': {'cpu_sec': jobs['ahead']['cpu_sec'],
+                          'wall_sec': jobs['ahead']['wall_sec'], 'sets': jobs['ahead']['sets']},
+        'job_wall_sec': {name: job['wall_sec'] for name, job in jobs.items() if 'wall_sec' in job
+                         and name != 'ahead'},
     }
-    with open(os.path.join(out_dir, 'crash_drill.json'), 'w') as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(out_dir, 'crash_drill.md'), 'w') as f:
-        f.write(markdown(report))
+    if 'node_loss' in jobs:
+        report['node_loss'] = _node_loss_recovery(sim_cfg, jobs['node_loss'], placement,
+                                                  out_dir, log)
     return report
+
+
+def _restart_recovery(summary: dict) -> dict:
+    row = next(r for r in summary['recoveries'] if r['kind'] == 'launcher_restart')
+    out = _recovery(summary, 'launcher_restart')
+    out.update({k: row.get(k) for k in ('since_launcher_died_sec', 'adopted_keepers',
+                                        'ray_connect_sec', 'ray_start_sec')})
+    return out
+
+
+def _node_loss_recovery(sim_cfg, summary: dict, placement, out_dir: str, log) -> dict:
+    """The node-loss job's recovery, the lost node, and its parameters against its simulation."""
+    out = _recovery(summary)
+    failure = next(r for r in summary['recoveries'] if r['kind'] == 'failure')
+    rejoin = next(r for r in summary['recoveries'] if r['kind'] == 'rejoin')
+    out.update(lost_nodes=failure.get('lost_nodes'), victim=summary['victim'],
+               rejoined_on=rejoin['nodes'][str(summary['victim'])],
+               rejoin_healed_bytes=rejoin.get('healed_bytes'))
+    out.update(_versus_simulated(sim_cfg, summary, out, placement.replicas_of(summary['victim']),
+                                 out_dir, 'node_loss', log))
+    return out
 
 
 def _rounded(by_worker: dict | None) -> dict | None:
     return None if by_worker is None else {w: round(v, 2) for w, v in by_worker.items()}
 
 
-def markdown(r: dict) -> str:
-    mem, dsk = r['memory'], r['disk']
-    lines = [f"Crash drill: `{r['config']}`, {r['workers']} workers x {r['local_devices']} CPU "
-             f"devices ({r['replicas']} replicas), {r['steps']} steps; worker 1 SIGKILLed right "
-             f"after its first snapshot at or after step {r['kill_step']} (memory) or at step "
-             f"{r['kill_step']} (disk), back {r['return_after_steps']} steps later (memory); "
-             f"Orbax every {r['checkpoint_every']} steps (disk).", '',
-             '| component (s) | memory (keepers) | disk (Orbax) |', '|---|---|---|']
+def _table(r: dict) -> list[str]:
+    """The recovery table: one column per job that recovered (node loss only on 2+ nodes)."""
+    columns = [('memory (keepers)', r['memory']), ('disk (Orbax)', r['disk']),
+               ('launcher restart (keepers)', r['launcher_restart'])]
+    if r.get('node_loss'):
+        columns.append(('node loss (keepers)', r['node_loss']))
+
+    def row(label, cells) -> str:
+        return f"| {label} | {' | '.join(cells)} |"
+
+    lines = [row('component (s)', [name for name, _ in columns]),
+             row('---', ['---'] * len(columns))]
     for key in COMPONENTS + ('recovery_sec',):
-        lines.append(f'| {key} | {fmt(mem.get(key))} | {fmt(dsk.get(key))} |')
-    lines.append(f"| cold compile of the same program | {fmt(mem.get('cold_compile_sec'))} | "
-                 f"{fmt(dsk.get('cold_compile_sec'))} |")
-    lines.append(f"| lost (redone) steps | {mem['lost_steps']} | {dsk['lost_steps']} |")
-    lines.append(f"| failures (causes) | {mem.get('failures')} ({', '.join(mem.get('causes') or [])}) "
-                 f"| {dsk.get('failures')} ({', '.join(dsk.get('causes') or [])}) |")
-    lines.append(f"| normal step (median, s) | {fmt(mem.get('step_sec'))} | "
-                 f"{fmt(dsk.get('step_sec'))} |")
-    lines.append(f"| restored bytes | {mem['restore_bytes']} | {dsk['restore_bytes']} |")
+        lines.append(row(key, [fmt(c.get(key)) for _, c in columns]))
+    lines.append(row('cold compile of the same program',
+                     [fmt(c.get('cold_compile_sec')) for _, c in columns]))
+    lines.append(row('lost (redone) steps', [str(c.get('lost_steps')) for _, c in columns]))
+    lines.append(row('failures (causes)', [f"{c.get('failures')} ({', '.join(c.get('causes') or [])})"
+                                           for _, c in columns]))
+    lines.append(row('normal step (median, s)', [fmt(c.get('step_sec')) for _, c in columns]))
+    lines.append(row('restored bytes (healed from peers)',
+                     [f"{c.get('restore_bytes')} ({c.get('healed_bytes') or 0})" for _, c in columns]))
+    return lines
+
+
+def markdown(r: dict) -> str:
+    lines = [f"Crash drill: `{r['config']}`, {r['workers']} workers x {r['local_devices']} CPU "
+             f"devices ({r['replicas']} replicas) on {r.get('nodes', 1)} simulated Ray node(s), "
+             f"{r['steps']} steps; worker 1 SIGKILLed right after its first snapshot at or after "
+             f"step {r['kill_step']} (memory) or at step {r['kill_step']} (disk), back "
+             f"{r['return_after_steps']} steps later (memory); Orbax every "
+             f"{r['checkpoint_every']} steps (disk); the launcher killed the same way (launcher "
+             'restart)' + (f", and worker {r['node_loss']['victim']}'s node lost (node loss)"
+                           if r.get('node_loss') else '') +
+             f". Ray's start-up, {fmt(r.get('ray_start_sec'))} s, is in no recovery.", '']
+    lines += _table(r)
     o = r['snapshot_overhead']
     speedup = r['restore_speedup_memory_vs_disk']
     a = r['restore_alone']
+    mem = r['memory']
     lines += ['', f"Restore from keepers is {fmt(speedup, '.1f')}x faster than from disk in "
               "the jobs (slowest worker each).",
               f"The restores alone (one process, the same {a['bytes'] / 2**20:.1f} MiB state, "
@@ -525,4 +612,24 @@ def markdown(r: dict) -> str:
               f"{fmt(r['parity']['parity_rebuild_sec'], '.3f')} s, bitwise: "
               f"{r['parity_rebuild_bitwise']}; resumed at step {r['parity']['resume_step']}, "
               f"{r['parity']['lost_steps']} step(s) redone."]
+    lines += _restart_and_node_loss_lines(r)
     return '\n'.join(lines) + '\n'
+
+
+def _restart_and_node_loss_lines(r: dict) -> list[str]:
+    rs = r['launcher_restart']
+    lines = [f"Launcher restart: the rerun found the keepers of workers {rs['adopted_keepers']} "
+             f"and resumed at step {rs['resume_step']}, {rs['lost_steps']} step(s) redone; "
+             f"{fmt(rs.get('since_launcher_died_sec'))} s from the launcher's death to the rerun's "
+             f"first step, of which {fmt(rs.get('recovery_sec'))} s from the rerun's start "
+             f"(joining Ray took {fmt(rs.get('ray_connect_sec'), '.3f')} s more)."]
+    nl = r.get('node_loss')
+    if nl:
+        lines.append(
+            f"Node loss: worker {nl['victim']}'s node lost, detected in {fmt(nl['detect_sec'])} s; "
+            f"resumed at step {nl['resume_step']}, {nl['lost_steps']} step(s) redone; the worker "
+            f"rejoined on node {str(nl['rejoined_on'])[:12]} and healed {nl['rejoin_healed_bytes']} bytes from "
+            f"its peers; final "
+            f"parameters vs the same failure simulated in one process: "
+            f"{nl['max_rel_param_diff_vs_simulated']:.3g} of the leaf's scale.")
+    return lines

@@ -1,15 +1,20 @@
-"""Surviving real crashes: a launcher that relaunches on the survivors and carries on under MeCeFO.
+"""Surviving real crashes: a launcher on Ray that relaunches on the survivors and carries on under MeCeFO.
 
 | module | owns |
 |---|---|
-| `__main__` | the command line: `python -m mecefo_jax.launch --nprocs N --config CFG --workdir DIR` |
-| `supervisor` | generations of workers, failure detection and injection, teardown, recovery reports |
-| `worker` | one training process: join, restore, train with absent replicas down, snapshot |
+| `__main__` | the command line: `python -m mecefo_jax.launch --nprocs N --config CFG --workdir DIR [--address A]` |
+| `ray_cluster`, `ray_host` | the Ray cluster the launcher joins, or the local one it starts and that outlives it |
+| `supervisor` | the launcher: generations, failure detection, stops, the run's summary |
+| `generation` | one generation's worker actors: spawn, progress, how each ended, teardown |
+| `recovery_plan`, `recovery_report` | the next generation after a failure; each recovery's row |
+| `outcome`, `exits`, `kills` | how a generation ended; crash or program error; injected failures |
+| `keepers` | the job's keeper actors, one per worker, found again by name after a launcher's death |
+| `placement` | which worker holds which data-parallel replica, and which node each worker runs on |
+| `actors` | the environment and placement options of the launcher's actors |
+| `worker`, `progress` | one training process (a Ray actor); how far it got |
 | `worker_state` | the worker's train state: snapshot after each step, restore from keepers (heal from peers) or disk |
 | `compile_ahead` | the survivors' programs of every single-worker loss, compiled before any failure |
-| `compile_ahead_job` | its processes' command line (the driver, or one member) |
-| `placement` | which worker holds which data-parallel replica |
-| `heartbeat` | UDP heartbeats: liveness and progress |
+| `coordinator` | joining the generation's `jax.distributed` job, its coordinator bound to one address |
 
 The keepers that hold the in-memory snapshots are `mecefo_jax.snapshot`.
 """

@@ -1,10 +1,17 @@
-"""`python -m mecefo_jax.launch --nprocs N --config CFG --workdir DIR [--config.x=y ...]`.
+"""`python -m mecefo_jax.launch --nprocs N --config CFG --workdir DIR [--address ADDR] [--config.x=y ...]`.
 
-Starts N training workers (one `jax.distributed` process each) and one
-snapshot keeper per worker, and carries the job through worker failures:
-see `mecefo_jax/launch/supervisor.py`. The config and its
+Runs N training workers (one `jax.distributed` process each, a Ray actor
+per host) and one snapshot keeper per worker, and carries the job through
+worker and node failures: see `mecefo_jax/launch/supervisor.py`. It joins
+the Ray cluster at `--address` (or `RAY_ADDRESS`), or starts a local one
+that outlives it (`ray_cluster`). The config and its
 `--config.section.field=value` overrides are resolved here, once; every
-worker of every generation loads that resolved config (`launch/config.json`).
+worker of every generation runs that resolved config.
+
+Rerunning the same command after the launcher itself died finds the job's
+keepers and resumes from their memory. `--cleanup` instead removes what a
+job that will not be rerun left: its keepers (and their shared memory) and
+its local cluster.
 """
 import json
 import sys
@@ -15,23 +22,42 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The job directory (metrics, launch/ reports).')
 _NPROCS = flags.DEFINE_integer('nprocs', None, 'Worker processes (one per host).', lower_bound=1)
-flags.mark_flags_as_required(['config', 'workdir', 'nprocs'])
+_ADDRESS = flags.DEFINE_string(
+    'address', None, "An existing Ray cluster to run on (host:port of its head, or 'auto'); "
+    'default: RAY_ADDRESS, else a local cluster started for this workdir.')
+_CLEANUP = flags.DEFINE_bool('cleanup', False, "Remove this workdir's keepers and local Ray "
+                             'cluster left by a launcher that was killed, instead of running.')
+flags.mark_flags_as_required(['workdir'])
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    from mecefo_jax.launch.supervisor import Launcher
+    if _CLEANUP.value:
+        from mecefo_jax.launch.cleanup import cleanup
+        print(json.dumps(cleanup(_WORKDIR.value, _ADDRESS.value), indent=2))
+        return
+    if _CONFIG.value is None or _NPROCS.value is None:
+        sys.exit('launch: --config and --nprocs are required (or --cleanup).')
     from mecefo_jax.settings import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
+    from mecefo_jax.launch import ray_cluster
     from mecefo_jax.launch.exits import WorkerProgramError
+    from mecefo_jax.launch.supervisor import Launcher
     from mecefo_jax.preemption import EXIT_PREEMPTED
     from mecefo_jax.workdir_lock import WorkdirLock
     with WorkdirLock(_WORKDIR.value):  # one job per workdir
+        joined = ray_cluster.join(_ADDRESS.value, _WORKDIR.value,
+                                  object_store_mb=cfg.launch.object_store_mb)
         try:
-            summary = Launcher(cfg, _WORKDIR.value, _NPROCS.value).run()
+            summary = Launcher(cfg, _WORKDIR.value, _NPROCS.value, joined=joined).run()
         except WorkerProgramError:  # the launcher has shown the worker's traceback
             sys.exit(1)
+        finally:  # only a killed launcher leaves its keepers and local cluster to a rerun
+            import ray
+            ray.shutdown()
+            if joined.local_pid is not None:
+                ray_cluster.stop_local(_WORKDIR.value)
     print(json.dumps(summary, indent=2, default=str))
     if summary['preempted_at'] is not None:
         if summary['unsaved_workers']:

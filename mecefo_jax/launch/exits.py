@@ -1,19 +1,16 @@
 """Why a worker left: a crash (relaunch without it) or a program error (stop the job).
 
-A crash is what a lost host looks like: a signal (a negative return code:
-SIGKILL, a segfault, an abort), a silent heartbeat, or the preemption code.
-A program error is a Python exception (any other positive exit code): the
-relaunched program would fail the same way, so the launcher stops at once
-and shows the end of the worker's log instead of relaunching it
-`launch.max_relaunches` times.
+A crash is what a lost host looks like: Ray reports the worker's actor or
+its node dead (a signal, a segfault, the node gone), or the worker falls
+silent. A program error is a Python exception in the worker's own code
+(`run` raised): the relaunched program would fail the same way, so the
+launcher stops at once and shows the end of the worker's log instead of
+relaunching it `launch.max_relaunches` times.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-
-from mecefo_jax.launch.heartbeat import EXIT_ORPHANED
-from mecefo_jax.preemption import EXIT_PREEMPTED
 
 CRASH, PROGRAM_ERROR = 'crash', 'program_error'
 _TAIL_LINES = 20
@@ -23,16 +20,9 @@ _TAIL_LINES = 20
 class Death:
     """One dead worker of a generation."""
     worker: int
-    cause: str  # 'exit code -9', 'no heartbeat for 3.1 s', ...
+    cause: str  # 'killed by SIGKILL', 'its node died', 'no heartbeat for 3.1 s', ...
     kind: str  # CRASH | PROGRAM_ERROR
     failed_at: float  # time.time()
-
-
-def exit_kind(code: int) -> str:
-    """CRASH or PROGRAM_ERROR for a non-zero return code (see the module docstring)."""
-    if code < 0 or code in (EXIT_PREEMPTED, EXIT_ORPHANED):
-        return CRASH
-    return PROGRAM_ERROR
 
 
 def log_tail(path: str, lines: int = _TAIL_LINES) -> str:

@@ -1,8 +1,10 @@
-"""Injected failures (`launch.kill`): which signal goes into which worker, and when.
+"""Injected failures (`launch.kill`): what fails, when, and where it is caught.
 
-Crash drills and tests inject real failures at known points: a signal once
-a worker has completed a step, inside its snapshot publish of a step, or
-right after its first snapshot at or after a step, once every keeper holds it.
+Crash drills and tests inject real failures at known points: a signal into
+a worker once it has completed a step, inside its snapshot publish of a
+step, or right after its first snapshot at or after a step once every
+keeper holds it; the loss of a worker's whole node (its worker, keeper and
+shared memory together); or the launcher's own death.
 """
 from __future__ import annotations
 
@@ -10,20 +12,26 @@ import dataclasses
 import os
 import signal
 
+LAUNCHER = -1  # Kill.worker of a launcher kill
+
 
 @dataclasses.dataclass(frozen=True)
 class Kill:
-    """One injected failure: `signal` into `worker` at `step`.
+    """One injected failure at `step`.
 
-    `keeper`: its keeper is killed with it (its memory is lost).
+    `worker`: the worker it hits, or LAUNCHER (the launcher signals itself).
+    `keeper`: the worker's keeper is killed with it (its memory is lost).
+    `node`: the worker's node is lost (a node-loss hook the caller owns, as a
+    simulated cluster's owner does, removes it; no signal).
     `in_publish`: the worker is held inside its snapshot publish of step
-    `step` (bytes copied, not yet published) and the signal lands there, at a
-    known point rather than wherever a heartbeat happens to find it.
+    `step` (bytes copied, not yet published) and the failure lands there, at
+    a known point rather than wherever a progress report happens to find it.
     `after_snapshot`: the worker holds its training loop once its first
-    snapshot at or after `step` is published; the signal lands when every
+    snapshot at or after `step` is published; the failure lands when every
     keeper of the job holds that step. Whatever interval `snapshot.every=auto`
-    chose, the failure then costs no redone step by construction: a drill
-    measures the way back, and the expected loss (interval / 2) separately.
+    chose, it then costs no redone step by construction: a drill measures
+    the way back, and the expected loss (interval / 2) separately. A launcher
+    kill holds worker 0 so (the others wait for it in their next collective).
     """
     step: int
     worker: int
@@ -31,10 +39,32 @@ class Kill:
     keeper: bool = False
     in_publish: bool = False
     after_snapshot: bool = False
+    node: bool = False
+
+    @property
+    def launcher(self) -> bool:
+        return self.worker == LAUNCHER
+
+    @property
+    def held_worker(self) -> int:
+        """The worker a drill holds for this kill."""
+        return 0 if self.launcher else self.worker
+
+    def describe(self) -> str:
+        what = ('the launcher' if self.launcher else f'the node of worker {self.worker}'
+                if self.node else f'worker {self.worker}')
+        how = 'lost' if self.node else signal.Signals(self.signal).name
+        return f'{how}: {what}'
 
 
-_KILL_FORMAT = ("'STEP:WORKER[:SIGNAL[:keeper|publish|snapshot]]', e.g. '12:1', '8:0:STOP', "
-                "'9:2:KILL:keeper'")
+_KILL_FORMAT = ("'STEP:WORKER[:SIGNAL[:keeper|publish|snapshot]]', 'STEP:WORKER:node[:snapshot]' "
+                "or 'STEP:launcher[:SIGNAL[:snapshot]]', e.g. '12:1', '8:0:STOP', "
+                "'9:2:KILL:keeper', '15:1:node:snapshot', '15:launcher:KILL:snapshot'")
+
+
+def _signal(name: str) -> int:
+    name = name.upper()
+    return getattr(signal, name if name.startswith('SIG') else f'SIG{name}')
 
 
 def parse_kills(text: str, workers: int) -> list[Kill]:
@@ -43,29 +73,110 @@ def parse_kills(text: str, workers: int) -> list[Kill]:
     for item in filter(None, (t.strip() for t in str(text).split(','))):
         parts = item.split(':')
         try:
-            step, worker = int(parts[0]), int(parts[1])
-            sig = signal.SIGKILL
-            if len(parts) > 2 and parts[2]:
-                name = parts[2].upper()
-                sig = getattr(signal, name if name.startswith('SIG') else f'SIG{name}')
+            step = int(parts[0])
+            worker = LAUNCHER if parts[1] == 'launcher' else int(parts[1])
+            node = len(parts) > 2 and parts[2] == 'node'
+            sig = _signal(parts[2]) if len(parts) > 2 and parts[2] and not node else signal.SIGKILL
             where = parts[3] if len(parts) > 3 else ''
-            if len(parts) > 4 or where not in ('', 'keeper', 'publish', 'snapshot'):
+            allowed = (('', 'snapshot') if worker == LAUNCHER or node
+                       else ('', 'keeper', 'publish', 'snapshot'))
+            if len(parts) > 4 or where not in allowed or (node and worker == LAUNCHER):
                 raise ValueError
         except (ValueError, IndexError, AttributeError):
             raise ValueError(f'launch.kill: cannot read {item!r}; use {_KILL_FORMAT}.') from None
-        if not 0 <= worker < workers or step < 0:
+        if not (worker == LAUNCHER or 0 <= worker < workers) or step < 0:
             raise ValueError(f'launch.kill: {item!r} names worker {worker} of {workers} workers '
-                             f'(0..{workers - 1}) at step {step} (>= 0).')
+                             f'(0..{workers - 1}, or launcher) at step {step} (>= 0).')
         kills.append(Kill(step, worker, sig, where == 'keeper', where == 'publish',
-                          where == 'snapshot'))
+                          where == 'snapshot', node))
     return kills
 
 
-def held_in_publish_marker(out_dir: str, generation: int, worker: int) -> str:
-    """The file a worker held inside a publish writes (`Kill.in_publish`)."""
-    return os.path.join(out_dir, f'g{generation}_w{worker}_held_in_publish.json')
+class Injector:
+    """Fires the kills of `launch.kill` into a running generation, each at its known point.
 
+    `node_killer(node_id)` removes a node (a simulated cluster's owner passes
+    it); `keepers` is the job's `JobKeepers`; `nodes[w]` is worker w's node.
+    """
 
-def held_after_snapshot_marker(out_dir: str, generation: int, worker: int) -> str:
-    """The file a worker held after a published snapshot writes (`Kill.after_snapshot`)."""
-    return os.path.join(out_dir, f'g{generation}_w{worker}_held_after_snapshot.json')
+    def __init__(self, kills: list[Kill], *, keepers, nodes: dict, out_dir: str, log,
+                 node_killer=None):
+        if any(k.node for k in kills) and node_killer is None:
+            raise ValueError("launch.kill: a node loss ('STEP:WORKER:node') needs the cluster's "
+                             'owner to remove the node: run it from a test or '
+                             '`scripts/crash_drill.py --nodes K`, which simulate the nodes.')
+        self.kills, self.keepers, self.nodes = kills, keepers, nodes
+        self.out_dir, self.log, self.node_killer = out_dir, log, node_killer
+        self.fired: set = set()
+        self.kill_time: float | None = None  # time.time() of the last failure fired
+        self.where: str | None = None  # where the last one landed
+        self.injected: dict = {}  # worker -> what was injected into it (for the death's cause)
+        self.lost_snapshots: dict = {}  # worker -> {step: bytes} of a keeper killed on purpose
+
+    def holds(self, worker: int) -> dict:
+        """The hold arguments of `worker`'s next generation (`WorkerArgs`)."""
+        out = {'hold_in_publish': 0, 'hold_after_snapshot': 0}
+        for k in self.kills:
+            if k not in self.fired and k.held_worker == worker:
+                if k.in_publish:
+                    out['hold_in_publish'] = k.step
+                if k.after_snapshot:
+                    out['hold_after_snapshot'] = k.step
+        return out
+
+    def inject(self, gen) -> None:
+        """Fire the kills that are due; kills at one step fire together, once all are due."""
+        from mecefo_jax.launch import generation
+        pending = [k for k in self.kills if k not in self.fired
+                   and (k.launcher or k.worker in gen.actors)]
+        due = {k: self._due(gen, k) for k in pending}
+        for kill in pending:
+            if due[kill] is None or any(due[k] is None for k in pending if k.step == kill.step):
+                continue
+            self._fire(gen, kill, due[kill])
+        for kill in pending:  # a killed worker is dead before the next look at exits
+            if kill in self.fired and kill.signal == signal.SIGKILL and not kill.node:
+                generation.wait_dead(gen, kill.worker)
+
+    def _due(self, gen, kill: Kill) -> str | None:
+        """Where the held worker of `kill` is if the kill is due now, else None."""
+        held = gen.held(kill.held_worker)
+        if kill.after_snapshot:
+            if (held is None or held['kind'] != 'snapshot'
+                    or not all(held['step'] in self.keepers.steps(w) for w in gen.members)):
+                return None
+            return f"held after its snapshot of step {held['step']}, which every keeper holds"
+        if kill.in_publish:
+            if held is None or held['kind'] != 'publish':
+                return None
+            return f'inside its publish of step {kill.step}'
+        completed = (gen.completed() if kill.launcher
+                     else (gen.progress.get(kill.worker) or {}).get('completed', 0))
+        return None if completed < kill.step else f'at step {completed}'
+
+    def _fire(self, gen, kill: Kill, where: str) -> None:
+        import json
+        import time
+
+        from mecefo_jax.launch import generation
+        self.fired.add(kill)
+        self.kill_time, self.where = time.time(), where
+        self.log(f'[launch] injecting {kill.describe()} {where}'
+                 f'{" and killing its keeper" if kill.keeper else ""}')
+        if kill.launcher:
+            with open(os.path.join(self.out_dir, 'launcher_killed.json'), 'w') as f:
+                json.dump({'time': self.kill_time, 'where': where, 'completed': gen.completed(),
+                           'signal': signal.Signals(kill.signal).name}, f)
+            os.kill(os.getpid(), kill.signal)
+            return
+        if kill.node:
+            self.injected[kill.worker] = 'the loss of its node'
+            self.node_killer(self.nodes[kill.worker])
+            return
+        if kill.keeper:
+            # Keep what the keeper held, only to check a parity rebuild bit for bit.
+            self.lost_snapshots[kill.worker] = self.keepers.held_bytes(kill.worker)
+        self.injected[kill.worker] = signal.Signals(kill.signal).name
+        generation.signal(gen, kill.worker, kill.signal)
+        if kill.keeper:
+            self.keepers.kill(kill.worker)

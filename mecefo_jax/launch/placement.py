@@ -82,3 +82,48 @@ def replica_rows(placement: Placement, members, devices) -> list:
     present = placement.present(members)
     return [tuple(local[i] for i in placement.devices_of(r)) if up else None
             for r, up in enumerate(present)]
+
+
+def assign_nodes(workers, nodes, keep: dict | None = None) -> dict:
+    """Each worker's node: `keep[w]` where given and live (its keeper is there), the rest in
+    worker order onto the node that hosts the fewest workers so far (ties: `nodes` order).
+
+    Consecutive workers, and so the members of a parity group and the
+    holders of neighbouring replicas, land on different nodes whenever there
+    are enough of them.
+    """
+    nodes = list(nodes)
+    if not nodes:
+        raise ValueError('The Ray cluster has no live node to place workers on.')
+    assignment = {w: n for w, n in (keep or {}).items() if n in nodes}
+    load = {n: sum(1 for a in assignment.values() if a == n) for n in nodes}
+    for w in sorted(set(workers) - set(assignment)):
+        node = min(nodes, key=lambda n: (load[n], nodes.index(n)))
+        assignment[w] = node
+        load[node] += 1
+    return assignment
+
+
+def node_loss_problems(placement: Placement, assignment: dict, parity_group: int = 0) -> list[str]:
+    """Why losing a node (its workers and keepers together) would lose state; [] if none would.
+
+    A loss is survived when the other nodes' workers still hold a whole
+    replica (every data-parallel copy holds the whole state), or when XOR
+    parity (`parity_group` > 0) loses at most one member of each group.
+    """
+    problems = []
+    for node in sorted(set(assignment.values())):
+        lost = sorted(w for w, n in assignment.items() if n == node)
+        rest = [w for w in range(placement.workers) if w not in lost]
+        if placement.survives(rest):
+            continue
+        if parity_group:
+            groups = {w // parity_group for w in lost}
+            if len(groups) == len(lost):  # one member per group: parity rebuilds each
+                continue
+            problems.append(f'node {node[:12]} holds workers {lost}, two or more of one parity '
+                            f'group of {parity_group}, and no other node holds a whole replica')
+        else:
+            problems.append(f'node {node[:12]} holds workers {lost}; without them no whole '
+                            'replica of the state is left, and no parity covers them')
+    return problems

@@ -1,18 +1,20 @@
-"""The launcher: start workers and keepers, detect failures, relaunch, report each recovery.
+"""The launcher: workers and keepers on Ray, failures detected, relaunches, each recovery reported.
 
-A job runs in *generations*. Each generation is a set of worker processes
-(one `jax.distributed` job) over the workers that are up. The launcher watches
-every worker: its process exit, and its heartbeat (silence beyond
-`launch.heartbeat_timeout_sec` is a failure, so a hung or SIGSTOPped worker
-counts). On a failure it tears the generation down (a JAX collective cannot
-finish without the dead process) and starts the next one:
+A job runs in *generations*. Each generation is a set of `Worker` actors
+(one `jax.distributed` job) over the workers that are up, each on its
+keeper's node. The launcher learns of a worker's end from Ray (a crash: the
+actor or its node died; a program error: its code raised) and of a stopped
+or hung one from its silence (`launch.heartbeat_timeout_sec`, see
+`generation`). On a failure it tears the generation down (a JAX collective
+cannot finish without the dead process) and starts the next one:
 
 * `launch.recovery=memory` (default): the survivors are relaunched with the
   failed workers' replicas marked down, so the fault controller pins their
   shards on live ring neighbours (`fault.strategy`, MeCeFO by default), and
   the state comes from the keepers' in-memory snapshots (REFT, arXiv
   2310.12670), not from disk. With `launch.return_after_steps` the failed
-  workers rejoin that many steps later: the survivors stop at that step and
+  workers rejoin that many steps later, on their node or, if it was lost,
+  on another (a replacement node first): the survivors stop at that step and
   all workers are relaunched, the returning one healing its state from its
   peers' keepers. When the survivors no longer hold a whole replica
   (`mesh.data=1` with `mesh.model` spanning workers) the failed worker is
@@ -21,209 +23,364 @@ finish without the dead process) and starts the next one:
 * `launch.recovery=disk`: the old way, every worker restarts from the latest
   Orbax checkpoint (`train.checkpoint_every`).
 
-A worker that exits with a Python exception (a program error, not a crash:
-`exits.py`) stops the job at once with its log's end. A generation that
-completes no step within `launch.start_timeout_sec` of its start has failed.
-A job whose workers all keep beating but complete no step for
+A program error stops the job at once with the worker's log's end. A
+generation that completes no step within `launch.start_timeout_sec` of its
+start has failed; one whose workers all answer but complete no step for
 `launch.stall_timeout_sec` (a collective that never finishes) is torn down
 and relaunched on the same workers.
 
-Each recovery is one row of `<workdir>/launch/recoveries.jsonl`, split into
-the badput kinds of ml-goodput-measurement (detection and teardown:
-infrastructure recovery; relaunch: program startup; `jax.distributed` init:
-accelerator initialisation; restore; compile: training preparation; the
-first step; redone steps: wasted progress).
-
-Keepers are started by the launcher, not by workers, so they outlive a
-worker's crash; they and the workers exit when the launcher does, also on
-Ctrl-C or when the launcher is killed.
+Keepers are detached, named actors (`keepers`): they outlive a worker's
+crash and the launcher's own. A launcher started again on the same workdir
+finds them and resumes from their memory; a job that ends (finished,
+stopped, failed for good) ends its keepers. Each recovery is one row of
+`<workdir>/launch/recoveries.jsonl` (`recovery_report`).
 """
 from __future__ import annotations
 
-import dataclasses
+import glob
 import json
 import os
+import re
 import signal
-import socket
-import subprocess
-import sys
+import threading
 import time
 
-from mecefo_jax.launch.compile_ahead import CompileAhead, worker_env
-from mecefo_jax.launch.exits import CRASH, Death, WorkerProgramError, exit_kind
-from mecefo_jax.launch.heartbeat import HeartbeatMonitor
-from mecefo_jax.launch.kills import Kill, held_after_snapshot_marker, held_in_publish_marker, parse_kills
-from mecefo_jax.launch.placement import Placement
+from mecefo_jax.launch import actors, generation, recovery_report
+from mecefo_jax.launch.compile_ahead import CompileAhead
+from mecefo_jax.launch.exits import CRASH, WorkerProgramError
+from mecefo_jax.launch.generation import Generation
+from mecefo_jax.launch.keepers import JobKeepers
+from mecefo_jax.launch.kills import Injector, parse_kills
+from mecefo_jax.launch.outcome import Outcome
+from mecefo_jax.launch.placement import Placement, assign_nodes, node_loss_problems
+from mecefo_jax.launch.ray_cluster import alive_nodes, namespace_of
 from mecefo_jax.settings import Config
 
 _POLL_SEC = 0.05
 
 
-@dataclasses.dataclass
-class _Proc:
-    worker: int
-    popen: subprocess.Popen
-    spawned: float  # time.time()
+class GaveUp(RuntimeError):
+    """The job failed more than `launch.max_relaunches` times in a row of relaunches."""
 
-
-@dataclasses.dataclass
-class Generation:
-    number: int
-    members: list
-    resume: str
-    stop_at: int
-    resume_step: int = 0  # memory resumes: the snapshot step to restore (0: workers agree)
-    procs: dict = dataclasses.field(default_factory=dict)  # worker -> _Proc
-    started: float = 0.0
-
-
-@dataclasses.dataclass
-class Outcome:
-    kind: str  # 'finished' | 'stopped' | 'preempted' | 'failed' (a crash) | 'error' (a program error)
-    failed: list = dataclasses.field(default_factory=list)
-    cause: str = ''
-    failed_at: float = 0.0  # time.time() the failure happened (kill sent / last beat)
-    detected_at: float = 0.0
-    completed_steps: int = 0  # the most steps any worker had completed
-    unsaved: list = dataclasses.field(default_factory=list)  # a stop: workers that never saved
-    deaths: list = dataclasses.field(default_factory=list)  # exits.Death of every dead worker
-
-
-def _signal_live(gen: Generation, send, sig) -> None:
-    """`send(pid, sig)` (os.kill, or os.killpg for a whole session) to every live process of `gen`."""
-    for proc in gen.procs.values():
-        if proc.popen.poll() is None:
-            try:
-                send(proc.popen.pid, sig)
-            except ProcessLookupError:
-                pass
-
-
-def _first_difference(rebuilt: bytes, original: bytes) -> dict:
-    """Where a parity rebuild and the killed keeper's copy part: sizes, crc32s, first offset."""
-    import zlib
-
-    import numpy as np
-    n = min(len(rebuilt), len(original))
-    differs = np.flatnonzero(np.frombuffer(rebuilt, np.uint8, n) != np.frombuffer(original, np.uint8, n))
-    diff = int(differs[0]) if differs.size else n
-    return {'nbytes': [len(rebuilt), len(original)],
-            'crc32': [zlib.crc32(rebuilt), zlib.crc32(original)], 'first_diff_offset': diff}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+# A worker's exception may only be its peer's death seen first (a collective
+# that fails when a node goes): wait this long for a crash before calling it
+# a program error. Node losses are reported within a few seconds (ray_host).
+_ERROR_GRACE_SEC = 5.0
+_SETTLE_SEC = 0.5  # after a first crash, for the others of the same event
 
 
 class Launcher:
-    """Runs one job to completion through failures (see the module docstring)."""
+    """Runs one job to completion through failures (see the module docstring).
 
-    def __init__(self, cfg: Config, workdir: str, nprocs: int, *, log=print):
-        self.cfg, self.log = cfg, log
+    Call it with this process connected to the job's Ray cluster
+    (`ray_cluster.join`; `joined`, what that returned, is reported: Ray's
+    start-up is not part of any recovery). `node_killer(node_id)`, from
+    whoever owns a simulated cluster, makes node losses injectable (`launch.kill`).
+    """
+
+    def __init__(self, cfg: Config, workdir: str, nprocs: int, *, log=print, node_killer=None,
+                 joined=None):
+        self.cfg, self.log, self.joined = cfg, log, joined
         self.workdir = os.path.abspath(workdir)
         self.dir = os.path.join(self.workdir, 'launch')
-        # The resolved config every worker of every generation loads: one
-        # resolution, so command-line overrides reach all of them unchanged.
-        self.config_file = os.path.join(self.dir, 'config.json')
         self.placement = Placement(nprocs, cfg.launch.local_devices, cfg.mesh.model)
         self.placement.check_mesh(cfg.mesh)
         self.recovery = cfg.launch.recovery
         if self.recovery == 'disk' and cfg.train.checkpoint_every < 1:
             raise ValueError('launch.recovery=disk needs train.checkpoint_every >= 1; '
                              'set --config.train.checkpoint_every=10.')
-        self.kills = parse_kills(cfg.launch.kill, self.placement.workers)
-        if cfg.snapshot.every == 0 and any(k.after_snapshot for k in self.kills):
+        kills = parse_kills(cfg.launch.kill, self.placement.workers)
+        if cfg.snapshot.every == 0 and any(k.after_snapshot for k in kills):
             raise ValueError(f'launch.kill={cfg.launch.kill!r}: a kill after a snapshot needs '
                              "snapshots; set --config.snapshot.every=auto or drop ':snapshot'.")
-        self.fired: set = set()
+        self.uses_keepers = self.recovery == 'memory' and cfg.snapshot.every != 0
+        self.keepers = JobKeepers(namespace_of(self.workdir), self.placement.workers,
+                                  slots=cfg.snapshot.slots)
+        self.nodes: dict[int, str] = {}  # worker -> Ray node id
+        self.injector = Injector(kills, keepers=self.keepers, nodes=self.nodes, out_dir=self.dir,
+                                 log=log, node_killer=node_killer)
         self.timeout = cfg.launch.heartbeat_timeout_sec
-        self.stall_timeout = cfg.launch.stall_timeout_sec
-        self.start_timeout = cfg.launch.start_timeout_sec
-        self.stop_timeout = cfg.launch.stop_timeout_sec
-        self.keepers: dict = {}  # worker -> KeeperProcess
         self.recoveries: list[dict] = []
-        self.monitor: HeartbeatMonitor | None = None
+        self.lost_nodes: list[str] = []
         self._generation: Generation | None = None
-        self._lost_snapshots: dict = {}  # worker -> {step: bytes} of a keeper killed on purpose
-        self.ahead = CompileAhead(cfg, [f'--config_json={self.config_file}'], self.workdir,
-                                 self.placement)
+        self._progress_rejected = 0
+        self.ahead = CompileAhead(cfg, self.workdir, self.placement, log=log)
 
     # ------------------------------------------------------------------ run
 
     def run(self) -> dict:
-        self.write_config()
-        self.monitor = HeartbeatMonitor(workers=self.placement.workers)
-        workers = list(range(self.placement.workers))
-        uses_keepers = self.recovery == 'memory' and self.cfg.snapshot.every != 0
+        """Run the job to its end; the summary (also `launch/summary.json`)."""
+        import ray
+        if not ray.is_initialized():
+            raise RuntimeError('The launcher needs a Ray cluster: connect first '
+                               '(mecefo_jax.launch.ray_cluster.join).')
+        os.makedirs(self.dir, exist_ok=True)
+        with open(os.path.join(self.dir, 'config.json'), 'w') as f:
+            f.write(self.cfg.to_json())  # what every worker runs, overrides included
+        started = time.time()
         handlers = self._catch_stop_signals()
-        error = None
+        error, outcome, gen, rejected = None, None, None, 0
         try:
-            if uses_keepers:
-                for w in workers:
-                    self._start_keeper(w)
-            gen = Generation(0, workers, 'fresh', 0)
-            pending = None
+            gen, pending = self._first_generation(started)
+            first = gen.number
             while True:
-                self._spawn(gen)
+                unborn = self._spawn(gen)
                 if pending is not None:
                     pending.update(relaunched_at=gen.started, next_generation=gen.number)
-                outcome = self._watch(gen)
+                outcome = (self._watch(gen) if not unborn else
+                           Outcome('failed', unborn, 'its actor died before it started',
+                                   gen.started, time.time(), gen.resume_step))
+                self._progress_rejected += gen.rejected
                 if pending is not None:
                     self._finish(pending)
                     pending = None
                 if outcome.kind in ('finished', 'preempted'):
-                    self._stop_generation(gen)
                     break
                 if outcome.kind == 'error':
                     error = self._program_error(gen, outcome)
                     break
                 pending, gen = self._next(gen, outcome)
-                if gen.number > self.cfg.launch.max_relaunches:
-                    raise RuntimeError(f'Gave up after {gen.number - 1} relaunches '
-                                       '(launch.max_relaunches).')
+                if gen.number - first > self.cfg.launch.max_relaunches:
+                    error = self._gave_up(gen, pending)
+                    break
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
             self.ahead.close()
-            self._stop_generation(self._generation)
-            for keeper in self.keepers.values():  # only once every worker has saved
-                keeper.stop()
-            self.monitor.close()
-        summary = {'generations': gen.number + 1, 'recoveries': self.recoveries,
-                   'final_members': gen.members, 'compile_ahead': self.ahead.report(),
-                   'preempted_at': (outcome.completed_steps if outcome.kind == 'preempted'
-                                    else None),
-                   'unsaved_workers': outcome.unsaved,
-                   'program_error': None if error is None else {
-                       'workers': error.workers, 'message': str(error)},
-                   'heartbeats_rejected': self.monitor.rejected}
+            generation.stop(self._generation)
+            if gen is not None:  # a job that never started leaves an earlier one's keepers be
+                rejected = self.keepers.rejected() if self.uses_keepers else 0
+                self.keepers.stop_all()  # only once every worker has saved
+        summary = self._summary(gen, outcome, error, rejected)
         with open(os.path.join(self.dir, 'summary.json'), 'w') as f:
             json.dump(summary, f, indent=2)
         if error is not None:
             raise error
         return summary
 
+    def _summary(self, gen: Generation, outcome, error, rejected: int) -> dict:
+        return {'generations': gen.number - self._first_number + 1,
+                'last_generation': gen.number, 'recoveries': self.recoveries,
+                'final_members': gen.members, 'compile_ahead': self.ahead.report(),
+                'preempted_at': (outcome.completed_steps if outcome.kind == 'preempted'
+                                 else None),
+                'unsaved_workers': outcome.unsaved,
+                'program_error': {'workers': error.workers, 'message': str(error)}
+                if isinstance(error, WorkerProgramError) else None,
+                'gave_up': str(error) if isinstance(error, GaveUp) else None,
+                'nodes': {str(w): n for w, n in sorted(self.nodes.items())},
+                'lost_nodes': self.lost_nodes,
+                'keeper_requests_rejected': rejected,
+                'progress_reports_rejected': self._progress_rejected,
+                'ray': self._ray_info()}
+
+    def _ray_info(self) -> dict:
+        """The cluster, and what joining it cost (never part of a recovery)."""
+        j = self.joined
+        return {'nodes': len(alive_nodes()), 'address': j and j.address,
+                'started_local_cluster': bool(j and j.started),
+                'ray_start_sec': j.start_sec if j else None,
+                'ray_connect_sec': j.connect_sec if j else None}
+
+    def _gave_up(self, gen: Generation, row: dict) -> GaveUp:
+        """Too many relaunches: the row records the last failure, and the job stops."""
+        row.update(kind='gave_up', next_generation=None)
+        self.recoveries.append(row)
+        recovery_report.append(self.dir, row)
+        error = GaveUp(f'Gave up after {gen.number - 1 - self._first_number} relaunches '
+                       '(launch.max_relaunches).')
+        self.log(f'[launch] {error}')
+        return error
+
     def _program_error(self, gen: Generation, outcome: Outcome) -> WorkerProgramError:
         """Stop the job on a program error: record it, never relaunch it."""
-        self._stop_generation(gen)
+        generation.stop(gen)
         error = WorkerProgramError(outcome.deaths, self.dir, gen.number)
         row = {'kind': 'program_error', 'ended_generation': gen.number,
                'failed_workers': outcome.failed, 'cause': outcome.cause,
                'failed_at': outcome.failed_at, 'completed_steps': outcome.completed_steps,
                'error': str(error)}
         self.recoveries.append(row)
-        with open(os.path.join(self.dir, 'recoveries.jsonl'), 'a') as f:
-            f.write(json.dumps(row) + '\n')
+        recovery_report.append(self.dir, row)
         self.log(f'[launch] {error}')
         return error
 
-    # ------------------------------------------------------------- preemption
+    # -------------------------------------------------------------- placement
+
+    def _first_generation(self, started: float) -> tuple[Generation, dict | None]:
+        """Generation 0 of this launcher: fresh, or from the keepers an earlier one left."""
+        workers = list(range(self.placement.workers))
+        self._first_number = _next_generation_number(self.dir)
+        adopted = self.keepers.find() if self.uses_keepers else {}
+        strays = self.keepers.strays() if adopted else []
+        if strays:
+            raise ValueError(f"This workdir's job left keepers for workers {strays}, beyond "
+                             f'--nprocs={self.placement.workers}: rerun with the --nprocs it ran '
+                             'with, or remove them with --cleanup (the rerun then resumes from '
+                             'the newest disk checkpoint).')
+        self._place(workers, keep={w: h.node_id for w, h in adopted.items()})
+        self._check_node_loss()
+        resume_step = self.keepers.common_step(adopted) if adopted else 0
+        for w in workers:
+            if self.uses_keepers and w not in adopted:
+                self.keepers.start(w, self.nodes[w])
+        gen = Generation(self._first_number, workers, 'memory' if resume_step else 'fresh', 0,
+                         resume_step)
+        if not resume_step:
+            return gen, None
+        killed = recovery_report.read_json(os.path.join(self.dir, 'launcher_killed.json')) or {}
+        self.log(f'[launch] found the keepers of workers {sorted(adopted)} alive: resuming from '
+                 f'their step {resume_step}')
+        return gen, {'kind': 'launcher_restart', 'ended_generation': self._first_number - 1,
+                     'failed_workers': [], 'cause': 'the launcher was gone; its keepers were not',
+                     'failed_at': started, 'launcher_died_at': killed.get('time'),
+                     'detect_sec': 0.0, 'teardown_sec': 0.0, 'deaths': {},
+                     'completed_steps': recovery_report.completed_steps_recorded(self.dir),
+                     'adopted_keepers': sorted(adopted), 'members': workers, 'resume': 'memory',
+                     **{k: v for k, v in self._ray_info().items() if k.startswith('ray_')}}
+
+    def _place(self, members, keep: dict) -> None:
+        """Put `members` on live nodes (`keep`ing those whose keeper lives there)."""
+        live = [n.node_id for n in alive_nodes()]
+        self.nodes.update(assign_nodes(members, live, keep))
+
+    def _check_node_loss(self) -> None:
+        """Refuse a placement that losing one node would end, unless the user accepts it."""
+        if len(set(self.nodes.values())) < 2:
+            self.log('[launch] every worker runs on one node: losing it loses the keepers too '
+                     '(the disk checkpoint remains)')
+            return
+        parity = self.cfg.snapshot.parity_group if self.cfg.snapshot.parity else 0
+        problems = node_loss_problems(self.placement, self.nodes, parity)
+        if problems and not self.cfg.launch.accept_node_loss:
+            raise ValueError('launch: losing one node would lose the only copy of part of the '
+                             'state: ' + '; '.join(problems) + '. Fix: run on more nodes, use '
+                             '--config.snapshot.parity=xor with groups spread over nodes, or set '
+                             '--config.launch.accept_node_loss=True (a lost node then means a '
+                             'restart from the disk checkpoint).')
+        for problem in problems:
+            self.log(f'[launch] accepted (launch.accept_node_loss): {problem}')
+
+    # ------------------------------------------------------------- generations
+
+    def worker_args(self, gen: Generation, keepers: tuple = ()) -> dict:
+        """Each member's `WorkerArgs` fields but its place in the job: one resolved config
+        (overrides included) for every worker of every generation."""
+        base = dict(config_json=self.cfg.to_json(), workdir=self.workdir,
+                    workers=self.placement.workers, generation=gen.number, resume=gen.resume,
+                    resume_step=gen.resume_step, stop_at=gen.stop_at, keepers=keepers)
+        return {w: dict(base, **self.injector.holds(w)) for w in gen.members}
+
+    def _spawn(self, gen: Generation) -> list:
+        """Start `gen`; the workers whose actor died before it started ([] normally)."""
+        self._generation = gen
+        keepers = tuple(self.keepers.as_list()) if self.uses_keepers else ()
+        gpus = {w: self.cfg.launch.local_devices if actors.node_has_gpus(self.nodes[w]) else 0
+                for w in gen.members}
+        env = actors.actor_env(self.cfg.launch.local_devices, gpus=any(gpus.values()))
+        unborn = generation.spawn(gen, args=self.worker_args(gen, keepers), nodes=self.nodes,
+                                  env=env, gpus=gpus, log_dir=self.dir,
+                                  timeout=self.cfg.launch.start_timeout_sec)
+        self.log(f'[launch] generation {gen.number}: workers {gen.members} '
+                 f'({gen.resume}{f", stop at step {gen.stop_at}" if gen.stop_at else ""})')
+        return unborn
+
+    def _watch(self, gen: Generation) -> Outcome:
+        deaths: list = []
+        first_seen = None  # time.time() the first death was seen
+        progress, progressed_at = -1, time.monotonic()
+        while True:
+            time.sleep(_POLL_SEC)
+            generation.poll_progress(gen)
+            if self._stop_requested and not self._stop_forwarded:
+                self._forward_stop(gen)
+            if self._stop_forwarded:  # stopping on purpose: wait for every worker's save
+                outcome = self._stopped(gen, time.monotonic() - self._stop_forwarded_at)
+                if outcome is not None:
+                    return outcome
+                continue
+            self.injector.inject(gen)
+            now_mono, now = time.monotonic(), time.time()
+            # Reports come from a thread: a hang that blocks every worker's
+            # training loop (a collective that never completes) keeps them
+            # answering. Steps completing is the other sign of life; the
+            # stall clock starts at the generation's first completed step.
+            completed = gen.completed()
+            self.ahead.maybe_start(gen.number, completed)
+            if completed > progress:
+                progress, progressed_at = completed, now_mono
+            hung = self._hung(gen, progress, now_mono - progressed_at, now)
+            if hung is not None:
+                return hung
+            deaths += generation.exits(gen, now, self.injector.injected)
+            if not deaths and len(gen.ends) == len(gen.members):
+                finished = all(e.get('finished') for e in gen.ends.values())
+                return Outcome('finished' if finished else 'stopped', failed_at=now,
+                               detected_at=now,
+                               completed_steps=max(e.get('final_step', 0) for e in gen.ends.values()))
+            deaths += generation.silent(gen, deaths, self.timeout, now, now_mono)
+            if deaths and first_seen is None:
+                first_seen = now
+            if self._decided(gen, deaths, now):
+                return self._failed(gen, deaths, first_seen)
+
+    def _hung(self, gen: Generation, progress: int, stalled: float, now: float) -> Outcome | None:
+        """A generation that completes no step: within the start timeout, or for the stall timeout."""
+        running = len(gen.ends) < len(gen.members)
+        if progress <= 0 and now - gen.started > self.cfg.launch.start_timeout_sec and running:
+            self.log(f'[launch] no step completed {now - gen.started:.0f} s after the start '
+                     '(launch.start_timeout_sec): the generation hangs')
+            return Outcome('failed', [], f'no step completed within '
+                           f'{self.cfg.launch.start_timeout_sec:.1f} s of the start',
+                           gen.started, now, 0)
+        if progress > 0 and stalled > self.cfg.launch.stall_timeout_sec and running:
+            self.log(f'[launch] no step completed for {stalled:.0f} s: the job is stuck')
+            return Outcome('failed', [], f'no step completed for {stalled:.1f} s',
+                           now - stalled, now, progress)
+        return None
+
+    def _decided(self, gen: Generation, deaths: list, now: float) -> bool:
+        """Whether the deaths so far settle how the generation ended.
+
+        A crash settles it (after a moment for others of the same event). A
+        program error alone waits `_ERROR_GRACE_SEC` for a crash it may only
+        be the echo of, unless every worker has already ended.
+        """
+        if not deaths:
+            return False
+        if any(d.kind == CRASH for d in deaths):
+            if not gen.settled:
+                gen.settled = True
+                time.sleep(_SETTLE_SEC)
+                deaths += generation.exits(gen, now, self.injector.injected)
+            return True
+        ended = {d.worker for d in deaths} | set(gen.ends)
+        return len(ended) == len(gen.members) or now - min(d.failed_at for d in deaths) > _ERROR_GRACE_SEC
+
+    def _failed(self, gen: Generation, deaths: list, now: float) -> Outcome:
+        """Every death at once, detected at `now`. With a crash, the workers that raised are
+        its echo, not failed."""
+        crashed = [d for d in deaths if d.kind == CRASH]
+        injected = self.injector.kill_time
+        self.injector.kill_time = None
+        failed_at = injected if injected is not None and crashed else min(
+            d.failed_at for d in (crashed or deaths))
+        lost = crashed or deaths
+        cause = (lost[0].cause if len(lost) == 1 else
+                 '; '.join(f'worker {d.worker}: {d.cause}' for d in lost))
+        workers = sorted({d.worker for d in lost})
+        kind = 'failed' if crashed else 'error'
+        self.log(f'[launch] worker(s) {workers} '
+                 f"{'failed' if crashed else 'stopped with a program error'} ({cause}); "
+                 f'generation {gen.number} at step {gen.completed()}')
+        echoes = {str(d.worker): d.cause for d in deaths if crashed and d.kind != CRASH}
+        return Outcome(kind, workers, cause, failed_at, now, gen.completed(), deaths=lost,
+                       echoes=echoes)
+
+    # ------------------------------------------------------------- stopping
 
     def _catch_stop_signals(self) -> dict:
         """SIGTERM or a first Ctrl-C: workers save a step and stop; a second Ctrl-C aborts."""
-        import threading
         self._stop_requested = self._stop_forwarded = False
         if threading.current_thread() is not threading.main_thread():
             return {}
@@ -240,162 +397,27 @@ class Launcher:
     def _forward_stop(self, gen: Generation) -> None:
         """Pass the stop to every worker: JAX's preemption sync point picks one step for all."""
         self._stop_forwarded, self._stop_forwarded_at = True, time.monotonic()
-        _signal_live(gen, os.kill, signal.SIGTERM)
-
-    # ------------------------------------------------------------- processes
-
-    def write_config(self) -> str:
-        """Write the resolved config every worker loads (`--config_json`), overrides included."""
-        os.makedirs(self.dir, exist_ok=True)
-        with open(self.config_file, 'w') as f:
-            f.write(self.cfg.to_json())
-        return self.config_file
-
-    def _start_keeper(self, worker: int):
-        from mecefo_jax.snapshot import start_keeper
-        name = f'mecefo{os.getpid()}w{worker}'
-        self.keepers[worker] = start_keeper(name, slots=self.cfg.snapshot.slots)
-        return self.keepers[worker]
-
-    def _keeper_addresses(self) -> list:
-        return [list(self.keepers[w].address) if w in self.keepers and self._keeper_alive(w)
-                else None for w in range(self.placement.workers)]
-
-    def _keeper_alive(self, worker: int) -> bool:
-        keeper = self.keepers.get(worker)
-        return keeper is not None and keeper.proc.poll() is None
-
-    def _spawn(self, gen: Generation) -> None:
-        self._generation = gen
-        port = _free_port()
-        gen.started = time.time()
-        keepers = json.dumps(self._keeper_addresses())
-        env = worker_env()
-        host, hb_port = self.monitor.address
-        for process_id, worker in enumerate(gen.members):
-            cmd = [sys.executable, '-m', 'mecefo_jax.launch.worker',
-                   f'--config_json={self.config_file}', f'--workdir={self.workdir}', f'--coordinator=127.0.0.1:{port}',
-                   f'--num_processes={len(gen.members)}', f'--process_id={process_id}',
-                   f'--worker={worker}', f"--members={','.join(map(str, gen.members))}",
-                   f'--workers={self.placement.workers}', f'--generation={gen.number}',
-                   f'--resume={gen.resume}', f'--resume_step={gen.resume_step}',
-                   f'--stop_at={gen.stop_at}',
-                   f'--heartbeat={host}:{hb_port}', f'--launcher_pid={os.getpid()}',
-                   f'--keepers={keepers}']
-            cmd += [f'--hold_in_publish={kill.step}' for kill in self.kills
-                    if kill.in_publish and kill.worker == worker and kill not in self.fired]
-            cmd += [f'--hold_after_snapshot={kill.step}' for kill in self.kills
-                    if kill.after_snapshot and kill.worker == worker and kill not in self.fired]
-            log = open(os.path.join(self.dir, f'g{gen.number}_w{worker}.log'), 'w')
-            popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            gen.procs[worker] = _Proc(worker, popen, time.time())
-        self.log(f'[launch] generation {gen.number}: workers {gen.members} '
-                 f'({gen.resume}{f", stop at step {gen.stop_at}" if gen.stop_at else ""})')
-
-    def _stop_generation(self, gen: Generation | None) -> None:
-        """Kill every process of the generation (stopped ones too) and reap them."""
-        if gen is None:
-            return
-        _signal_live(gen, os.killpg, signal.SIGKILL)
-        for proc in gen.procs.values():
-            proc.popen.wait()
-
-    # ------------------------------------------------------------- watching
-
-    def _watch(self, gen: Generation) -> Outcome:
-        done: set = set()
-        progress, progressed_at = -1, time.monotonic()
-        while True:
-            time.sleep(_POLL_SEC)
-            self.monitor.poll()
-            now_mono, now = time.monotonic(), time.time()
-            if self._stop_requested and not self._stop_forwarded:
-                self._forward_stop(gen)
-            if self._stop_forwarded:  # stopping on purpose: wait for every worker's save
-                outcome = self._stopped(gen, now_mono - self._stop_forwarded_at)
-                if outcome is not None:
-                    return outcome
-                continue
-            self._inject(gen)
-            # Heartbeats come from a thread: a hang that blocks every worker's
-            # training loop (a collective that never completes) keeps them
-            # beating. Steps completing is the other sign of life.
-            # The stall clock starts at the generation's first completed step;
-            # joining, restoring and compiling before it are bounded together
-            # by launch.start_timeout_sec.
-            completed = max((self.monitor.beat(gen.number, w) or {}).get('completed', 0)
-                            for w in gen.members)
-            self.ahead.maybe_start(gen.number, completed)
-            if completed > progress:
-                progress, progressed_at = completed, now_mono
-            elif (progress <= 0 and now - gen.started > self.start_timeout
-                  and len(done) < len(gen.procs)):
-                self.log(f'[launch] no step completed {now - gen.started:.0f} s after the start '
-                         '(launch.start_timeout_sec): the generation hangs')
-                return Outcome('failed', [], f'no step completed within {self.start_timeout:.1f} s '
-                               'of the start', gen.started, now, 0)
-            elif (progress > 0 and now_mono - progressed_at > self.stall_timeout
-                  and len(done) < len(gen.procs)):
-                stalled = now_mono - progressed_at
-                self.log(f'[launch] no step completed for {stalled:.0f} s: the job is stuck')
-                return Outcome('failed', [], f'no step completed for {stalled:.1f} s',
-                               now - stalled, now, progress)
-            deaths = self._exits(gen, done, now)
-            if not deaths and len(done) == len(gen.procs):
-                ends = [self._read(f'g{gen.number}_w{w}_end.json') or {} for w in gen.members]
-                finished = all(e.get('finished') for e in ends)
-                return Outcome('finished' if finished else 'stopped', failed_at=now,
-                               detected_at=now,
-                               completed_steps=max(e.get('final_step', 0) for e in ends))
-            deaths += self._silent(gen, done, deaths, now, now_mono)
-            if deaths:
-                return self._failed(gen, deaths, now)
-
-    def _exits(self, gen: Generation, done: set, now: float) -> list:
-        """Every worker that has exited non-zero (those exiting 0 join `done`)."""
-        deaths = []
-        for worker, proc in gen.procs.items():
-            code = proc.popen.poll()
-            if code is None or worker in done:
-                continue
-            if code == 0:
-                done.add(worker)
-                continue
-            deaths.append(Death(worker, f'exit code {code}', exit_kind(code), now))
-        return deaths
-
-    def _silent(self, gen: Generation, done: set, deaths: list, now, now_mono) -> list:
-        """Every running worker silent beyond `launch.heartbeat_timeout_sec` (a crash)."""
-        dead = {d.worker for d in deaths}
-        silent_ones = []
-        for worker, proc in gen.procs.items():
-            if worker in done or worker in dead:
-                continue
-            beat = self.monitor.beat(gen.number, worker)
-            silent = now_mono - (beat['received'] if beat else now_mono - (now - proc.spawned))
-            if silent > self.timeout:
-                silent_ones.append(Death(worker, f'no heartbeat for {silent:.1f} s', CRASH,
-                                         now - silent))
-        return silent_ones
+        for actor in gen.actors.values():
+            actor.request_stop.remote()
 
     def _stopped(self, gen: Generation, waited: float) -> Outcome | None:
-        """Once every worker has exited after a forwarded stop: the step they saved.
+        """Once every worker has ended after a forwarded stop: the step they saved.
 
         A worker that cannot reach the save (stopped, or stuck starting up)
         would keep the launcher waiting forever: after `launch.stop_timeout_sec`
         the generation is killed, and the rerun resumes from the newest checkpoint.
         """
-        running = [w for w, proc in gen.procs.items() if proc.popen.poll() is None]
-        if running and waited <= self.stop_timeout:
+        deaths = generation.exits(gen, time.time(), {})
+        running = [w for w in gen.members
+                   if w not in gen.ends and w not in {d.worker for d in deaths}]
+        if running and waited <= self.cfg.launch.stop_timeout_sec:
             return None
         if running:
-            self.log(f'[launch] workers {running} did not stop within '
-                     f'launch.stop_timeout_sec={self.stop_timeout:g} s of the stop: killing them')
-            self._stop_generation(gen)
-        ends = {w: self._read(f'g{gen.number}_w{w}_end.json') or {} for w in gen.members}
-        unsaved = sorted(w for w, e in ends.items() if not e.get('preempted'))
-        saved = min((e.get('final_step', 0) for e in ends.values()), default=0)
+            self.log(f'[launch] workers {running} did not stop within launch.stop_timeout_sec='
+                     f'{self.cfg.launch.stop_timeout_sec:g} s of the stop: killing them')
+            generation.stop(gen)
+        unsaved = sorted(w for w in gen.members if not gen.ends.get(w, {}).get('preempted'))
+        saved = min((e.get('final_step', 0) for e in gen.ends.values()), default=0)
         self.log(f'[launch] preempted: workers {unsaved} saved nothing; the rerun resumes from '
                  'the newest checkpoint' if unsaved else
                  f'[launch] preempted: every worker stopped; resume step {saved}')
@@ -403,243 +425,28 @@ class Launcher:
         return Outcome('preempted', failed_at=now, detected_at=now, completed_steps=saved,
                        unsaved=unsaved)
 
-    def _inject(self, gen: Generation) -> None:
-        """Fire the kills that are due; kills at one step fire together, once all are due."""
-        pending = [k for k in self.kills if k not in self.fired and k.worker in gen.procs]
-        due = {k: self._kill_point(gen, k) for k in pending}
-        for kill in pending:
-            if due[kill] is None or any(due[k] is None for k in pending if k.step == kill.step):
-                continue
-            self._fire(gen, kill, due[kill])
-        for kill in pending:  # a SIGKILLed worker is dead before the next look at exits
-            if kill in self.fired and kill.signal == signal.SIGKILL:
-                gen.procs[kill.worker].popen.wait()
-
-    def _kill_point(self, gen: Generation, kill: Kill) -> str | None:
-        """Where the worker of `kill` is if the kill is due now, else None."""
-        if kill.after_snapshot:
-            held = self._read(os.path.basename(
-                held_after_snapshot_marker(self.dir, gen.number, kill.worker)))
-            if held is None or not all(held['step'] in self._held_steps(w) for w in gen.members):
-                return None
-            return f"held after its snapshot of step {held['step']}, which every keeper holds"
-        if kill.in_publish:
-            if not os.path.exists(held_in_publish_marker(self.dir, gen.number, kill.worker)):
-                return None
-            return f'inside its publish of step {kill.step}'
-        beat = self.monitor.beat(gen.number, kill.worker)
-        if beat is None or beat['completed'] < kill.step:
-            return None
-        return f'at step {beat["completed"]}'
-
-    def _fire(self, gen: Generation, kill: Kill, where: str) -> None:
-        self.fired.add(kill)
-        self._kill_time = time.time()
-        self.log(f'[launch] injecting {signal.Signals(kill.signal).name} into worker '
-                 f'{kill.worker} {where}{" and killing its keeper" if kill.keeper else ""}')
-        if kill.keeper and kill.worker in self.keepers:
-            # Keep what the keeper held, only to check a parity rebuild bit for bit.
-            self._lost_snapshots[kill.worker] = self._held_bytes(kill.worker)
-        os.kill(gen.procs[kill.worker].popen.pid, kill.signal)
-        if kill.keeper and kill.worker in self.keepers:
-            self.keepers[kill.worker].proc.kill()
-            self.keepers[kill.worker].proc.wait()
-
-    def _failed(self, gen: Generation, deaths: list, now: float) -> Outcome:
-        """Every death at once; a program error only when no worker crashed (exits.py)."""
-        injected = getattr(self, '_kill_time', None)
-        self._kill_time = None
-        crashed = [d for d in deaths if d.kind == CRASH]
-        failed_at = injected if injected is not None and crashed else min(
-            d.failed_at for d in deaths)
-        completed = [(self.monitor.beat(gen.number, w) or {}).get('completed', 0)
-                     for w in gen.members]
-        cause = (deaths[0].cause if len(deaths) == 1 else
-                 '; '.join(f'worker {d.worker}: {d.cause}' for d in deaths))
-        workers = sorted(d.worker for d in deaths)
-        kind = 'failed' if crashed else 'error'
-        self.log(f'[launch] worker(s) {workers} '
-                 f"{'failed' if crashed else 'stopped with a program error'} ({cause}); "
-                 f'generation {gen.number} at step {max(completed, default=0)}')
-        return Outcome(kind, workers, cause, failed_at, now, max(completed, default=0),
-                       deaths=deaths)
-
     # ------------------------------------------------------------- recovery
 
     def _next(self, gen: Generation, outcome: Outcome):
         """Tear `gen` down and plan the next generation; (pending recovery row, generation)."""
-        start = time.time()
-        self.ahead.stop()  # it competes with the way back; its sets are moot after a loss
-        workers = list(range(self.placement.workers))
-        row = {'kind': 'rejoin' if outcome.kind == 'stopped' else 'failure',
-               'ended_generation': gen.number, 'failed_workers': outcome.failed,
-               'cause': outcome.cause or 'planned rejoin', 'failed_at': outcome.failed_at,
-               'deaths': {str(d.worker): d.cause for d in outcome.deaths},
-               'completed_steps': outcome.completed_steps}
-        if outcome.kind == 'failed':
-            row['detect_sec'] = outcome.detected_at - outcome.failed_at
-            if self.recovery == 'memory':
-                survivors = [w for w in gen.members if w not in outcome.failed]
-                row['completed_steps'] = self._await_snapshots(survivors, outcome.completed_steps)
-                row['newest_held_by_worker'] = {str(w): self._newest_held(w) for w in workers}
-        self._stop_generation(gen)
-        row['teardown_sec'] = time.time() - start
-        survivors = [w for w in gen.members if w not in outcome.failed]
-        returns = 0
-        if self.recovery == 'disk':
-            members, resume = workers, 'disk'
-        elif outcome.kind == 'stopped' or not self.placement.survives(survivors):
-            members, resume = workers, 'memory'  # everyone back (rejoin or replacement)
-            row['parity_rebuild_sec'] = self._replace_lost_keepers(members, row)
-        else:
-            members, resume = survivors, 'memory'
-            returns = self.cfg.launch.return_after_steps
-        row.update(members=members, resume=resume)
-        resume_step = 0
-        if resume == 'memory':
-            # Every worker restores the same step, chosen here from the keepers
-            # that were written to until the end (and any rebuilt from parity):
-            # no collective on the way back. A rejoining worker's own keeper
-            # may be empty or stale; it heals that step from its peers.
-            # With no survivor (every worker died at once), every live keeper.
-            rebuilt = row.get('parity_rebuilt_workers', [])
-            resume_step = self._snapshot_step(
-                [w for w in (survivors + rebuilt or members) if self._keeper_alive(w)])
-        stop_at = resume_step + returns if returns > 0 else 0
-        return row, Generation(gen.number + 1, members, resume, stop_at, resume_step)
-
-    def _snapshot_step(self, workers) -> int:
-        """The newest snapshot step every worker's keeper holds (what they will resume from)."""
-        from mecefo_jax.snapshot import KeeperClient
-        steps = []
-        for w in workers:
-            with KeeperClient(self.keepers[w].address) as client:
-                steps.append({r.step for r in client.snapshots()})
-        common = set.intersection(*steps) if steps else set()
-        return max(common, default=0)
-
-    def _newest_held(self, worker: int) -> int:
-        """The newest snapshot step `worker`'s keeper has published (0: none, or no keeper)."""
-        from mecefo_jax.snapshot import KeeperClient
-        if not self._keeper_alive(worker):
-            return 0
-        with KeeperClient(self.keepers[worker].address) as client:
-            record = client.latest()
-            return record.step if record else 0
-
-    def _await_snapshots(self, survivors, completed: int, *, limit_sec: float = 60.0) -> int:
-        """Wait until every survivor's keeper holds the newest step the job completed.
-
-        The job's progress is the newest step any keeper published (the dead
-        worker's too) or any heartbeat reported complete, whichever is newer
-        (a heartbeat can lag the keepers, or lead them by a write in flight).
-        Data-parallel steps complete in lockstep, so every survivor finished
-        that step too, and its snapshot writer will publish it: wait for that,
-        rather than for a quiet moment, so the teardown never kills a write
-        that would have saved the step. Returns the progress, in steps.
-        """
-        every = self.cfg.snapshot.every
-        held = max((self._newest_held(w) for w in range(self.placement.workers)), default=0)
-        progress = max(held, completed)
-        # A fixed cadence names the step a survivor is still writing; with
-        # 'auto' only the steps some keeper already published are known.
-        target = progress - progress % every if isinstance(every, int) and every > 0 else held
-        deadline = time.monotonic() + limit_sec
-        while time.monotonic() < deadline:
-            behind = [w for w in survivors if self._newest_held(w) < target]
-            if not behind:
-                break
-            time.sleep(_POLL_SEC)
-        else:
-            self.log(f'[launch] keepers of workers {behind} still lack step {target} after '
-                     f'{limit_sec:.0f} s: resuming from an older snapshot')
-        return progress
-
-    def _held_steps(self, worker: int) -> set:
-        """The steps a worker's keeper has published."""
-        from mecefo_jax.snapshot import KeeperClient
-        with KeeperClient(self.keepers[worker].address) as client:
-            return {r.step for r in client.snapshots()}
-
-    def _held_bytes(self, worker: int) -> dict:
-        """Every snapshot a keeper holds, as bytes: {step: raw}."""
-        from mecefo_jax.snapshot import KeeperClient
-        with KeeperClient(self.keepers[worker].address) as client:
-            return {r.step: bytes(client.read(r.step, [(0, r.nbytes)]))
-                    for r in client.snapshots()}
-
-    def _replace_lost_keepers(self, members, row: dict) -> float | None:
-        """Start fresh keepers for members whose keeper died; rebuild them from parity."""
-        lost = [w for w in members if w not in self.keepers or not self._keeper_alive(w)]
-        if not lost or self.cfg.snapshot.every == 0:
-            return None
-        start = time.time()
-        old = self._keeper_addresses()
-        for w in lost:
-            self._start_keeper(w)
-        if not self.cfg.snapshot.parity:
-            return None  # the fresh keeper is empty: the worker heals from its peers
-        from mecefo_jax.snapshot import KeeperClient, SnapshotWriter, rebuild_member
-        size = self.cfg.snapshot.parity_group
-        for w in lost:
-            first = w - w % size
-            group = range(first, min(first + size, self.placement.workers))
-            addresses = [None if old[m] is None else tuple(old[m]) for m in group]
-            rebuilt = rebuild_member(f'workers{first}-{group[-1]}', addresses, lost=w - first)
-            with KeeperClient(self.keepers[w].address) as client:
-                SnapshotWriter(client).write_blob(rebuilt.raw)
-            self.log(f"[launch] rebuilt worker {w}'s snapshot of step {rebuilt.step} from parity")
-            row.setdefault('parity_rebuilt_workers', []).append(w)
-            original = self._lost_snapshots.get(w, {}).get(rebuilt.step)
-            if original is not None:
-                same = bytes(rebuilt.raw) == original
-                row.setdefault('parity_rebuild_bitwise', {})[str(w)] = same
-                if not same:
-                    row.setdefault('parity_rebuild_mismatch', {})[str(w)] = _first_difference(
-                        bytes(rebuilt.raw), original)
-        return time.time() - start
+        from mecefo_jax.launch.recovery_plan import plan_next
+        return plan_next(self, gen, outcome)
 
     def _finish(self, row: dict) -> None:
-        """Complete a recovery row from the next generation's start reports."""
-        starts = [self._read(f"g{row['next_generation']}_w{w}_start.json") for w in row['members']]
-        starts = [s for s in starts if s]
-        if starts:
-            first_step_done = max(s['first_step_done'] for s in starts)
-            row.update(
-                relaunch_sec=max(s['process_start'] for s in starts) - row['relaunched_at'],
-                distributed_init_sec=max(s['distributed_init_sec'] for s in starts),
-                restore_sec=max((s['restore_sec'] or 0.0) for s in starts),
-                restore_bytes=max((sum((s['restore_bytes'] or {}).values())) for s in starts),
-                healed_bytes=sum((s['healed_bytes'] or 0) for s in starts),
-                compile_sec=max(s['compile_sec'] for s in starts),
-                compile_sec_by_worker={str(s['worker']): s['compile_sec'] for s in starts},
-                programs_compiled_by_worker={str(s['worker']): s.get('programs_compiled')
-                                             for s in starts},
-                refresh_sec=max(s['refresh_sec'] for s in starts),
-                start_to_first_step_sec=max(s['train_start_to_first_step_sec'] for s in starts),
-                resume_step=min(s['resume_step'] for s in starts),
-                recovery_sec=first_step_done - row['failed_at'])
-            row['redone_steps'] = max(0, row['completed_steps'] - row['resume_step'])
-            row['badput_sec'] = {
-                'infrastructure_recovery_from_disruption': row.get('detect_sec', 0.0)
-                + row['teardown_sec'],
-                'program_startup': row['relaunch_sec'],
-                'accelerator_initialization': row['distributed_init_sec'],
-                'unproductive_checkpoint_restore': row['restore_sec']
-                + (row.get('parity_rebuild_sec') or 0.0),
-                'training_prep': row['compile_sec'] + row['refresh_sec'],
-                'first_step': row['start_to_first_step_sec'] - row['compile_sec']
-                - row['refresh_sec'],
-            }
+        """Complete a recovery row from the next generation's start records."""
+        recovery_report.complete(row, self.dir)
         self.recoveries.append(row)
-        with open(os.path.join(self.dir, 'recoveries.jsonl'), 'a') as f:
-            f.write(json.dumps(row) + '\n')
+        recovery_report.append(self.dir, row)
         self.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
                  f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")
 
-    def _read(self, name: str) -> dict | None:
-        try:
-            with open(os.path.join(self.dir, name)) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return None
+
+def _next_generation_number(out_dir: str) -> int:
+    """The number after every generation an earlier launcher of this workdir ran (0 if none).
+
+    A rerun goes on counting: parity stripes and records carry the generation,
+    and a newer one must replace what an older timeline left.
+    """
+    numbers = [int(m.group(1)) for p in glob.glob(os.path.join(out_dir, 'g*_w*.log'))
+               if (m := re.match(r'g(\d+)_w\d+\.log$', os.path.basename(p)))]
+    return max(numbers, default=-1) + 1

@@ -1,57 +1,71 @@
-"""One training worker of a launcher job (`python -m mecefo_jax.launch.worker`, started by launch.py).
+"""One training worker of a launcher job: a Ray actor on one host, one `jax.distributed` process.
 
-A worker is one `jax.distributed` process holding `launch.local_devices`
-devices. It heartbeats to the launcher from its first line, joins the job,
-restores the state (from the keepers' in-memory snapshots, the Orbax
-checkpoint, or a fresh init), and trains through `main.run` under the fault
-controller, with the replicas of absent workers marked down, so the strategy
-(MeCeFO by default) places their shards on live neighbours. It snapshots the
-state after every `snapshot.every` steps and stops at `--stop_at` when the
-launcher plans a rejoin.
+The launcher creates a `Worker` actor per worker and generation, on the
+node of that worker's keeper, and calls `run(WorkerArgs)`: the worker joins
+the generation's `jax.distributed` job, restores the state (from the
+keepers' in-memory snapshots, the Orbax checkpoint, or a fresh init), and
+trains through `main.run` under the fault controller, with the replicas of
+absent workers marked down, so the strategy (MeCeFO by default) places
+their shards on live neighbours. It snapshots the state into its keeper
+after every `snapshot.every` steps and stops at `stop_at` when the
+launcher plans a rejoin. `run` returns the end record; an exception in it
+is a program error, which the launcher shows and does not relaunch.
 
-It writes, under `<workdir>/launch/`: `g<G>_w<W>_start.json` once its first
-step has run (how long joining, restoring, compiling and the first step
-took), `g<G>_w<W>_end.json` when it finishes, and (process 0)
-`provenance.jsonl` (per step: the global batch's hash and which examples of
-which shard were computed) and, when the run is complete, `final_params.npz`.
+While `run` trains, other threads of the actor answer `progress()` (the
+launcher's watchdog), `request_stop()` (a stop: the workers save the step
+JAX's preemption sync picks) and `signal()` (injected failures).
+
+It writes, under `<workdir>/launch/`: its log `g<G>_w<W>.log`,
+`g<G>_w<W>_start.json` once its first step has run (how long joining,
+restoring, compiling and the first step took), `g<G>_w<W>_end.json` when it
+finishes, and (process 0) `provenance.jsonl` (per step: the global batch's
+hash and which examples of which shard were computed) and, when the run is
+complete, `final_params.npz`.
 """
+from __future__ import annotations
+
+import dataclasses
 import hashlib
 import json
 import os
+import socket
 import statistics
 import sys
 import threading
 import time
 
-from absl import app, flags
+from mecefo_jax.launch.progress import Progress
+from mecefo_jax.observers import Observer  # pure Python: no jax before the actor is up
 
-from mecefo_jax.observers import Observer  # pure Python: no jax before heartbeats
 
-_CONFIG_JSON = flags.DEFINE_string('config_json', None,
-                                   "The job's resolved config (the launcher's launch/config.json).")
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The job directory.')
-_COORDINATOR = flags.DEFINE_string('coordinator', None, 'host:port of the jax.distributed coordinator.')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in this generation.')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process in this generation.')
-_WORKER = flags.DEFINE_integer('worker', None, 'This worker id (stable across relaunches).')
-_MEMBERS = flags.DEFINE_string('members', None, 'Worker ids of this generation, in process order.')
-_WORKERS = flags.DEFINE_integer('workers', None, 'Workers of the full job.')
-_GENERATION = flags.DEFINE_integer('generation', 0, 'Relaunch count.')
-_RESUME = flags.DEFINE_enum('resume', 'fresh', ['fresh', 'memory', 'disk'], 'Where the state comes from.')
-_RESUME_STEP = flags.DEFINE_integer(
-    'resume_step', 0, 'With --resume=memory: the snapshot step to restore (0: the processes agree).')
-_STOP_AT = flags.DEFINE_integer('stop_at', 0, 'Stop after this step (0: train.steps).')
-_HEARTBEAT = flags.DEFINE_string('heartbeat', None, 'host:port of the launcher heartbeat socket.')
-_LAUNCHER_PID = flags.DEFINE_integer('launcher_pid', None, 'The launcher: exit when it is gone.')
-_KEEPERS = flags.DEFINE_string('keepers', '[]', 'JSON list: each worker keeper [host, port] or null.')
-_HOLD_AFTER_SNAPSHOT = flags.DEFINE_integer(
-    'hold_after_snapshot', 0, "Crash drills (launch.kill 'STEP:WORKER:SIGNAL:snapshot'): hold "
-    'the training loop once the first snapshot at or after this step is published (0: never).')
-_HOLD_IN_PUBLISH = flags.DEFINE_integer(
-    'hold_in_publish', 0, "Crash drills (launch.kill 'STEP:WORKER:SIGNAL:publish'): stop inside "
-    "the publish of this snapshot step, say so in a file, and wait there for the launcher's signal.")
-flags.mark_flags_as_required(['config_json', 'workdir', 'coordinator', 'num_processes', 'process_id',
-                              'worker', 'members', 'workers', 'heartbeat'])
+@dataclasses.dataclass(frozen=True)
+class WorkerArgs:
+    """What one worker of one generation runs (sent by the launcher to its actor)."""
+    config_json: str  # the job's resolved config (Config.to_json): one resolution for every worker
+    workdir: str
+    coordinator: str  # host:port of the jax.distributed coordinator (process 0)
+    members: tuple  # worker ids of this generation, in process order
+    worker: int  # this worker (stable across relaunches)
+    workers: int  # workers of the full job
+    generation: int = 0
+    resume: str = 'fresh'  # 'fresh' | 'memory' | 'disk'
+    resume_step: int = 0  # memory: the snapshot step to restore (0: the processes agree)
+    stop_at: int = 0  # stop after this step (0: train.steps)
+    keepers: tuple = ()  # each worker's KeeperHandle, None where it has none
+    hold_in_publish: int = 0  # drills: hold inside the publish of this snapshot step (0: never)
+    hold_after_snapshot: int = 0  # drills: hold after the first snapshot at or after this step
+
+    @property
+    def process_id(self) -> int:
+        return self.members.index(self.worker)
+
+    @property
+    def out_dir(self) -> str:
+        return os.path.join(self.workdir, 'launch')
+
+    @property
+    def tag(self) -> str:
+        return f'g{self.generation}_w{self.worker}'
 
 
 def _write_json(path: str, value: dict) -> None:
@@ -61,141 +75,164 @@ def _write_json(path: str, value: dict) -> None:
     os.replace(tmp, path)
 
 
-def main(argv):
-    """Runs the worker; an exception ends the process at once, with exit code 1.
+class Worker:
+    """The actor (`ray.remote(Worker)`): one process of one generation."""
 
-    A normal interpreter exit runs `jax.distributed`'s shutdown, which waits
-    in a barrier for peers that may never reach it (they wait for this
-    process in a collective): minutes in which the launcher sees a live,
-    beating worker. Ending at once makes the error visible by its exit code.
-    """
-    try:
-        _run(argv)
-    except Exception:  # SystemExit (EXIT_PREEMPTED) leaves normally
-        import traceback
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+    def __init__(self, log_path: str):
+        # Everything the process prints, Python's and XLA's, goes to the worker's log.
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        self.started = time.time()
+        self.progress_ = Progress()
+        self.guard = None  # the PreemptionGuard while training
+        self._stop_pending = False
+        self._lock = threading.Lock()
+
+    def info(self) -> dict:
+        import ray
+        context = ray.get_runtime_context()
+        return {'pid': os.getpid(), 'node_id': context.get_node_id(),
+                'ip': ray.util.get_node_ip_address()}
+
+    def free_port(self) -> int:
+        """A free port on this node for the coordinator (process 0 binds it next)."""
+        import ray
+        with socket.socket() as s:
+            s.bind((ray.util.get_node_ip_address(), 0))
+            return s.getsockname()[1]
+
+    def progress(self) -> dict:
+        return self.progress_.report()
+
+    def signal(self, signum: int) -> None:
+        """An injected failure: the signal into this process."""
+        os.kill(os.getpid(), int(signum))
+
+    def request_stop(self) -> None:
+        """The launcher's stop (SIGTERM, Ctrl-C): save the step JAX's preemption sync picks."""
+        with self._lock:
+            if self.guard is None:
+                self._stop_pending = True  # still starting: stop at the first step
+                return
+        self.guard.request('a stop from the launcher')
+
+    def run(self, args: WorkerArgs) -> dict:
+        try:
+            return _run(args, self)
+        except BaseException:
+            import traceback
+            traceback.print_exc()  # the launcher shows the end of the log
+            sys.stdout.flush()
+            sys.stderr.flush()
+            raise
+
+    def _guarding(self, guard) -> None:
+        """The training loop's guard is active: a stop asked for before it goes through now."""
+        with self._lock:
+            self.guard, pending = guard, self._stop_pending
+        if pending:
+            guard.request('a stop from the launcher')
 
 
-def _run(argv):
-    del argv
-    started = time.time()
-    # Heartbeats first: the launcher must hear from us while jax imports.
-    from mecefo_jax.launch.heartbeat import HeartbeatSender
-    host, port = _HEARTBEAT.value.rsplit(':', 1)
-    heartbeat = HeartbeatSender((host, int(port)), _WORKER.value, _GENERATION.value,
-                                launcher_pid=_LAUNCHER_PID.value)
-    from mecefo_jax.settings import load_json
-    cfg = load_json(_CONFIG_JSON.value)
-    from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(cfg.launch.local_devices)
+def _run(args: WorkerArgs, actor: Worker) -> dict:
+    from mecefo_jax.settings import loads_json
+    cfg = loads_json(args.config_json)
     import jax
     from absl import logging
     logging.set_verbosity(logging.WARNING)
     # Shared by every worker, generation and compile-ahead job: a program
     # compiled once loads on every process after a relaunch.
     from mecefo_jax import program_cache
-    program_cache.configure(cfg.launch.compilation_cache, _WORKDIR.value,
+    program_cache.configure(cfg.launch.compilation_cache, args.workdir,
                             program_cache.program_context(cfg))
-
-    members = [int(w) for w in _MEMBERS.value.split(',')]
-    keepers = json.loads(_KEEPERS.value)
-    out_dir = os.path.join(_WORKDIR.value, 'launch')
-    tag = f'g{_GENERATION.value}_w{_WORKER.value}'
     t0 = time.perf_counter()
     from mecefo_jax.launch.coordinator import join
-    join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    join(args.coordinator, len(args.members), args.process_id)
     distributed_init_sec = time.perf_counter() - t0
 
     from mecefo_jax import train as train_lib
     from mecefo_jax.launch import placement as placement_lib
-    from mecefo_jax.launch import worker_state as worker_state
-
-    placement = placement_lib.Placement(_WORKERS.value, cfg.launch.local_devices, cfg.mesh.model)
+    placement = placement_lib.Placement(args.workers, cfg.launch.local_devices, cfg.mesh.model)
     placement.check_mesh(cfg.mesh)
-    rows = placement_lib.replica_rows(placement, members, jax.devices())
+    rows = placement_lib.replica_rows(placement, list(args.members), jax.devices())
     # Orbax checkpoints every train.checkpoint_every steps in either mode: the
     # disk tier under the keepers' memory tier (REFT and Orbax's emergency
-    # checkpointing keep both), so losing the launcher or a host loses at most
+    # checkpointing keep both), so losing the launcher or a node loses at most
     # the steps since the last save.
-    run = train_lib.build_run(cfg, _WORKDIR.value, replica_rows=rows)
+    run = train_lib.build_run(cfg, args.workdir, replica_rows=rows)
 
     info: dict = {}
-    restore = _restore_fn(keepers, info)
-    snapshot_hook = _snapshot_hook(cfg, keepers, _WORKER.value,
-                                   before_publish=_hold_in_publish(out_dir, tag),
-                                   on_hold=_hold_after_snapshot(out_dir, tag))
-
-    provenance = (os.path.join(out_dir, 'provenance.jsonl')
+    restore = _restore_fn(args, info)
+    snapshot_hook = _snapshot_hook(cfg, args, actor.progress_)
+    provenance = (os.path.join(args.out_dir, 'provenance.jsonl')
                   if jax.process_index() == 0 else None)
-    start_record = dict(worker=_WORKER.value, generation=_GENERATION.value, pid=os.getpid(),
-                        process_start=started, distributed_init_sec=distributed_init_sec,
-                        resume=_RESUME.value)
-    step_log = _StepLog(heartbeat, provenance, os.path.join(out_dir, f'{tag}_start.json'),
-                        start_record, info)
+    start_record = dict(worker=args.worker, generation=args.generation, pid=os.getpid(),
+                        process_start=actor.started, distributed_init_sec=distributed_init_sec,
+                        resume=args.resume)
+    step_log = _StepLog(actor.progress_, provenance,
+                        os.path.join(args.out_dir, f'{args.tag}_start.json'), start_record, info)
     observers = [step_log] + ([snapshot_hook] if snapshot_hook is not None else [])
-    summary, preempted = _train(cfg, run, restore, observers)
+    summary, preempted = _train(cfg, args, run, restore, observers, actor)
     if snapshot_hook is not None:
-        snapshot_hook.close()  # the keeper holds the last snapshot before the launcher stops it
+        snapshot_hook.close()  # the keeper holds the last snapshot before the launcher goes on
     if preempted is None:
-        _write_end(cfg, summary, snapshot_hook, out_dir, tag,
-                   median_step_sec=step_log.median_step_sec())
+        end = _end_record(cfg, args, summary, snapshot_hook,
+                          median_step_sec=step_log.median_step_sec())
     else:
-        _write_json(os.path.join(out_dir, f'{tag}_end.json'),
-                    {'worker': _WORKER.value, 'generation': _GENERATION.value,
-                     'final_step': preempted, 'finished': False, 'preempted': True})
+        end = {'worker': args.worker, 'generation': args.generation, 'final_step': preempted,
+               'finished': False, 'preempted': True}
+    _write_json(os.path.join(args.out_dir, f'{args.tag}_end.json'), end)
     if step_log.provenance is not None:
         step_log.provenance.close()
     # Every process reaches the end before any leaves: a process that shuts
     # down while a peer still talks to the coordination service can make that
     # peer abort (SIGABRT) at a planned stop.
     from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices(f'end of generation {_GENERATION.value}')
+    multihost_utils.sync_global_devices(f'end of generation {args.generation}')
     jax.distributed.shutdown()
-    if preempted is not None:
-        from mecefo_jax.preemption import EXIT_PREEMPTED
-        sys.exit(EXIT_PREEMPTED)
+    return end
 
 
-def _restore_fn(keepers, info: dict):
-    """`--resume`'s restore callback; None for 'fresh'.
+def _restore_fn(args: WorkerArgs, info: dict):
+    """`resume`'s restore callback; None for 'fresh'.
 
     'fresh' restores the newest intact disk checkpoint if the workdir has one
-    (a rerun after the launcher itself was lost), else starts a new run.
+    (a rerun after the launcher and its keepers were lost), else starts a new run.
     """
     from mecefo_jax.launch import worker_state
-    if _RESUME.value == 'memory':
-        return worker_state.keeper_restore(keepers, _WORKER.value, info,
-                                           step=_RESUME_STEP.value or None)
-    if _RESUME.value == 'disk':
+    if args.resume == 'memory':
+        return worker_state.keeper_restore(list(args.keepers), args.worker, info,
+                                           step=args.resume_step or None)
+    if args.resume == 'disk':
         return worker_state.disk_restore(info)
     return None
 
 
-def _train(cfg, run, restore, observers):
+def _train(cfg, args: WorkerArgs, run, restore, observers, actor: Worker):
     """(summary, None), or (None, the saved step) when the launcher asked the job to stop."""
     from mecefo_jax.main import run as train_run
     from mecefo_jax.preemption import Preempted, PreemptionGuard
-    with PreemptionGuard() as preemption:  # the launcher forwards SIGTERM; JAX syncs the step
+    with PreemptionGuard() as preemption:  # JAX's preemption sync picks one step for all
+        actor._guarding(preemption)  # noqa: SLF001 (its own actor)
         try:
-            return train_run(cfg, _WORKDIR.value, run=run, restore=restore, observers=observers,
-                             stop_at=_STOP_AT.value or None, elastic=True,
+            return train_run(cfg, args.workdir, run=run, restore=restore, observers=observers,
+                             stop_at=args.stop_at or None, elastic=True,
                              preemption=preemption), None
         except Preempted as stopped:
             return None, stopped.step
 
 
-def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str, *,
-               median_step_sec: float | None) -> None:
+def _end_record(cfg, args: WorkerArgs, summary: dict, snapshot_hook, *,
+                median_step_sec: float | None) -> dict:
     """The end record (and, for a complete run, the final parameters from process 0)."""
     import jax
     import numpy as np
 
     from mecefo_jax import program_cache
     state = summary.pop('state')
-    end = {'worker': _WORKER.value, 'generation': _GENERATION.value,
+    end = {'worker': args.worker, 'generation': args.generation,
            'params_sha256': _local_params_sha256(state.params),
            'final_step': summary['final_step'], 'finished': summary['final_step'] >= cfg.train.steps,
            'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
@@ -212,20 +249,21 @@ def _write_end(cfg, summary: dict, snapshot_hook, out_dir: str, tag: str, *,
         if jax.process_index() == 0:
             flat = {jax.tree_util.keystr(p): np.asarray(v)
                     for p, v in jax.tree_util.tree_leaves_with_path(params)}
-            np.savez(os.path.join(out_dir, 'final_params.npz'), **flat)
-    _write_json(os.path.join(out_dir, f'{tag}_end.json'), end)
+            np.savez(os.path.join(args.out_dir, 'final_params.npz'), **flat)
+    return end
 
 
 class _StepLog(Observer):
-    """The worker's observer: heartbeat and provenance per step, the start record once.
+    """The worker's observer: progress and provenance per step, the start record once.
 
     The start record times the way back: everything up to the end of the
     first step, with the compile and refresh seconds of the events (a
     relaunch's failure) reported before it.
     """
 
-    def __init__(self, heartbeat, provenance_path, start_path: str, record: dict, info: dict):
-        self.heartbeat, self.provenance_path = heartbeat, provenance_path
+    def __init__(self, progress: Progress, provenance_path, start_path: str, record: dict,
+                 info: dict):
+        self.progress, self.provenance_path = progress, provenance_path
         self.provenance = None  # opened at the first step, once the resumed step is known
         self.start_path, self.record, self.info = start_path, record, info
         self.events = []
@@ -250,9 +288,8 @@ class _StepLog(Observer):
         import jax
         import numpy as np
 
-        from mecefo_jax import program_cache
         from mecefo_jax.metrics import truncate_rows_after
-        self.heartbeat.dispatched_step(done.step + 1, done.loss)
+        self.progress.dispatched_step(done.step + 1, done.loss)
         self.dispatched.append(done.dispatched)
         if self.provenance is None and self.provenance_path is not None:
             # Steps past the resumed one were recorded by a run that did not
@@ -267,10 +304,13 @@ class _StepLog(Observer):
                 'covered': {str(k): v for k, v in sorted(done.layout.shards_covered().items())},
                 'replicas': list(done.layout.replicas)}) + '\n')
             self.provenance.flush()
-        if self.first_done:
-            return
-        self.first_done = True
-        jax.block_until_ready(done.loss)
+        if not self.first_done:
+            self.first_done = True
+            jax.block_until_ready(done.loss)
+            self._write_start(done)
+
+    def _write_start(self, done) -> None:
+        from mecefo_jax import program_cache
         events = [e for e in self.events if e.step == done.step]
         restored = self.info.get('restore')
         _write_json(self.start_path, dict(
@@ -310,61 +350,47 @@ def _local_params_sha256(params) -> str:
     return digest.hexdigest()
 
 
-def _hold_in_publish(out_dir: str, tag: str):
-    """The writer's `before_publish` for `--hold_in_publish`: None unless a drill asks for it.
+def _held_forever(progress: Progress, kind: str, step: int, tag: str) -> None:
+    """Report the hold and wait there for the launcher's signal (it never returns)."""
+    progress.hold(kind, step)
+    print(f'[{tag}] held ({kind}) at step {step}', flush=True)
+    threading.Event().wait()
 
-    The snapshot writer thread stops after copying the step's bytes and
-    before publishing them, writes a marker file, and never goes on: the
-    launcher, which polls for that file, kills the process there.
+
+def _snapshot_hook(cfg, args: WorkerArgs, progress: Progress):
+    """This worker's snapshot observer, or None when snapshots are off or it has no keeper.
+
+    Drills hold the worker at a known point (`launch.kill ...:publish` or
+    `...:snapshot`): the writer thread inside the publish of a step (bytes
+    copied, not published), or the training loop after the first published
+    snapshot at or after a step. The launcher sees the hold in the progress
+    report and signals the process there.
     """
-    hold = _HOLD_IN_PUBLISH.value
-    if not hold:
-        return None
-
-    def before_publish(step: int) -> None:
-        if step == hold:
-            from mecefo_jax.launch.kills import held_in_publish_marker
-            marker = held_in_publish_marker(out_dir, _GENERATION.value, _WORKER.value)
-            _write_json(marker, {'worker': _WORKER.value, 'step': step, 'pid': os.getpid()})
-            print(f'[{tag}] holding inside the publish of step {step}', flush=True)
-            threading.Event().wait()  # until the launcher's signal
-    return before_publish
-
-
-def _hold_after_snapshot(out_dir: str, tag: str):
-    """SnapshotHook's `on_hold` for `--hold_after_snapshot`: write the marker, wait for the signal."""
-    def on_hold(step: int) -> None:
-        from mecefo_jax.launch.kills import held_after_snapshot_marker
-        marker = held_after_snapshot_marker(out_dir, _GENERATION.value, _WORKER.value)
-        _write_json(marker, {'worker': _WORKER.value, 'step': step, 'pid': os.getpid()})
-        print(f'[{tag}] holding after the published snapshot of step {step}', flush=True)
-        threading.Event().wait()  # until the launcher's signal
-    return on_hold
-
-
-def _snapshot_hook(cfg, keepers, worker, *, before_publish=None, on_hold=None):
-    """This worker's snapshot observer, or None when snapshots are off or it has no keeper."""
     from mecefo_jax.launch import worker_state
-    if cfg.snapshot.every == 0 or not keepers or keepers[worker] is None:
+    keepers = args.keepers
+    if cfg.snapshot.every == 0 or not keepers or keepers[args.worker] is None:
         return None
-    parity = _parity_pusher(cfg, keepers, worker) if cfg.snapshot.parity else None
+    before_publish = on_hold = None
+    if args.hold_in_publish:
+        def before_publish(step: int) -> None:
+            if step == args.hold_in_publish:
+                _held_forever(progress, 'publish', step, args.tag)
+    if args.hold_after_snapshot:
+        def on_hold(step: int) -> None:
+            _held_forever(progress, 'snapshot', step, args.tag)
+    parity = _parity_pusher(cfg, args) if cfg.snapshot.parity else None
     return worker_state.SnapshotHook(
-        keepers[worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
-        stop_at=_STOP_AT.value or None,
-        hold_after=_HOLD_AFTER_SNAPSHOT.value or None, on_hold=on_hold,
-        budget_pct=cfg.snapshot.overhead_budget_pct,
-        log=lambda msg: print(f'[worker {worker}] {msg}', flush=True))
+        keepers[args.worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
+        stop_at=args.stop_at or None, hold_after=args.hold_after_snapshot or None,
+        on_hold=on_hold, budget_pct=cfg.snapshot.overhead_budget_pct,
+        log=lambda msg: print(f'[worker {args.worker}] {msg}', flush=True))
 
 
-def _parity_pusher(cfg, keepers, worker):
+def _parity_pusher(cfg, args: WorkerArgs):
     """The pusher of this worker's parity group (groups of snapshot.parity_group workers)."""
     from mecefo_jax.snapshot import ParityPusher
     size = cfg.snapshot.parity_group  # snapshot.parity is 'xor': checked at resolve
-    first = worker - worker % size
-    group = list(range(first, min(first + size, len(keepers))))
-    return ParityPusher(f'workers{first}-{group[-1]}', worker - first,
-                        [tuple(keepers[w]) for w in group], generation=_GENERATION.value)
-
-
-if __name__ == '__main__':
-    sys.exit(app.run(main))
+    first = args.worker - args.worker % size
+    group = list(range(first, min(first + size, len(args.keepers))))
+    return ParityPusher(f'workers{first}-{group[-1]}', args.worker - first,
+                        [args.keepers[w] for w in group], generation=args.generation)

@@ -14,8 +14,9 @@ batch k. At most one snapshot is in flight; a second waits for the first
 
 `keeper_restore` is a `train(restore=...)` callback: it opens this worker's
 keeper (shared memory) and rebuilds the state on the current mesh at the
-step the launcher chose (`--resume_step`), opening peer keepers (TCP) only to
-heal what the own keeper lacks (REFT, arXiv 2310.12670). Without a chosen
+step the launcher chose (`WorkerArgs.resume_step`), reading peer keepers
+(through Ray, whichever node they are on) only to heal what the own keeper
+lacks (REFT, arXiv 2310.12670). Without a chosen
 step the processes agree on the newest step every one of them can assemble,
 and all open the peers when some process cannot assemble the newest.
 """
@@ -55,7 +56,7 @@ class SnapshotHook(Observer):
     def __init__(self, keeper, every, *, parity: ParityPusher | None = None,
                  before_publish=None, stop_at: int | None = None, budget_pct: float = 2.0,
                  log=None, hold_after: int | None = None, on_hold=None):
-        self._client = KeeperClient(tuple(keeper))
+        self._client = KeeperClient(keeper)
         self._snapshotter = AsyncSnapshotter(
             SnapshotWriter(self._client, parity=parity, before_publish=before_publish))
         self.cadence = None
@@ -74,8 +75,10 @@ class SnapshotHook(Observer):
         # whatever the cadence, so the way back redoes nothing.
         self.stop_at = stop_at
         # Crash drills: after the first snapshot at or after `hold_after` is
-        # published, `on_hold(step)` is called from the training loop (it never returns).
+        # published, `on_hold(step)` is called from the training loop (it never
+        # returns), at the next step's plan: that step's metrics row is written by then.
         self.hold_after, self._on_hold = hold_after, on_hold
+        self._hold_at: int | None = None
         self.blocked_sec = 0.0  # time the training loop waited for the previous snapshot
         self.submitted = 0
         self._window_start: float | None = None  # auto: when the previous window ended
@@ -117,9 +120,13 @@ class SnapshotHook(Observer):
         self.submitted += 1
         if self.cadence is not None:
             self.cadence.record_blocked(blocked)
-        if self.hold_after is not None and step >= self.hold_after:
+        if self.hold_after is not None and step >= self.hold_after and self._hold_at is None:
             self._snapshotter.wait()  # published, so its keeper holds it
-            self._on_hold(step)
+            self._hold_at = step
+
+    def on_plan(self, planned) -> None:
+        if self._hold_at is not None:
+            self._on_hold(self._hold_at)
 
     @property
     def stats(self):
@@ -135,26 +142,26 @@ class SnapshotHook(Observer):
 class RestoreInfo:
     step: int
     seconds: float
-    bytes_by_source: dict  # e.g. {'shm:127.0.0.1:4123': n, 'tcp:127.0.0.1:4177': m, 'disk': k}
+    bytes_by_source: dict  # e.g. {'shm:keeper0': n, 'peer:keeper1': m, 'disk': k}
     phases: dict = dataclasses.field(default_factory=dict)  # seconds per part of `seconds`
 
     @property
     def healed_bytes(self) -> int:
-        """Bytes read from peer keepers (over TCP) rather than the own keeper or disk."""
-        return sum(n for source, n in self.bytes_by_source.items() if source.startswith('tcp:'))
+        """Bytes read from peer keepers rather than the own keeper or disk."""
+        return sum(n for source, n in self.bytes_by_source.items() if source.startswith('peer:'))
 
 
 def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None = None):
     """A `train(restore=...)` callback restoring from the keepers' snapshots.
 
-    `keepers[w]` is worker w's keeper address (None if it is gone). `step`,
+    `keepers[w]` is worker w's keeper (None if it is gone). `step`,
     the launcher's choice, is restored by every process with no collective
     (an error names the fallback if this process cannot assemble it); without
     it the processes agree on the newest common step. Fills `info['restore']`
     with a RestoreInfo. Returns None when no keeper holds anything yet (a
     fresh start).
     """
-    peers = [tuple(a) for w, a in enumerate(keepers) if w != worker and a is not None]
+    peers = [k for w, k in enumerate(keepers) if w != worker and k is not None]
 
     def restore_fn(run, topology):
         # The state's shapes: traced before the clock starts, as for a disk
@@ -162,8 +169,7 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
         abstract = ckpt_lib.abstract_like(run.abstract_state, topology.state_shardings)
         start = time.perf_counter()
         marks = [start]
-        own = keepers[worker]
-        snaps = open_sources(None if own is None else tuple(own))
+        snaps = open_sources(keepers[worker])
         try:
             marks.append(time.perf_counter())
             if step is not None:
@@ -182,7 +188,7 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
                     # Some process cannot assemble the newest step from its own
                     # keeper (a rejoined or replaced worker's is empty or stale):
                     # every process got the same pair, so all open the peers'
-                    # keepers (TCP) and agree again.
+                    # keepers and agree again.
                     snaps += open_sources(None, peers)
                     chosen, _ = multihost.agreed_step(set(feasible_steps(abstract, snaps)))
             marks.append(time.perf_counter())

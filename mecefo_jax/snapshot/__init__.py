@@ -7,17 +7,17 @@ held by *keeper* processes that outlive the workers (REFT, arXiv
 
 | module | owns |
 |---|---|
-| `keeper` | the keeper process (shared-memory slots, TCP protocol, lifecycle) and `start_keeper` |
+| `keeper` | the keeper's state and protocol; as a Ray actor (`start_keeper`) or in-process (`LocalKeeper`) |
 | `blob` | the byte format of one snapshot: shard bytes, JSON header, crc32s |
-| `client` | `KeeperClient`, `SnapshotWriter`, the `Snapshot` readers (shm, TCP, in-memory) |
+| `client` | `KeeperClient`, `SnapshotWriter`, the `Snapshot` readers (shm, remote, in-memory) |
 | `jax_io` | `host_shards`, `pinned_local_copies`, `pinned_host_shardings`, `restore`, `feasible_steps` |
 | `async_writer` | `AsyncSnapshotter`: materialise, copy, publish in a background thread |
 | `erasure`, `parity` | the erasure-code interface (`XorCode`) and RAID-5 parity across a group |
-| `shm`, `wire` | shared-memory ownership rules and message framing |
+| `shm` | shared-memory ownership rules |
 
-A worker, given its keeper's address (and its peers'):
+A worker, given its keeper (a `KeeperHandle`) and its peers':
 
-    client = KeeperClient(own_address)
+    client = KeeperClient(own)
     snapshotter = AsyncSnapshotter(SnapshotWriter(client))
     host_sh = pinned_host_shardings(state_shardings)
     for step ...:
@@ -26,7 +26,7 @@ A worker, given its keeper's address (and its peers'):
 
 and after a relaunch:
 
-    snaps = open_sources(own_address, peer_addresses)   # shm, then TCP
+    snaps = open_sources(own, peers)   # own keeper's shared memory, then peers through Ray
     state, data_state, report = restore(abstract_state, snaps)
 
 Only the modules that need jax import it (`jax_io`, `async_writer`); the
@@ -35,7 +35,8 @@ keeper process stays light. Names below load their module on first use.
 import importlib
 
 _EXPORTS = {
-    'start_keeper': 'keeper', 'KeeperProcess': 'keeper',
+    'start_keeper': 'keeper', 'find_keeper': 'keeper', 'stop_keeper': 'keeper',
+    'KeeperHandle': 'keeper', 'LocalKeeper': 'keeper',
     'KeeperClient': 'client', 'KeeperError': 'client', 'SnapshotWriter': 'client',
     'open_snapshots': 'client', 'open_sources': 'client', 'BlobSnapshot': 'client',
     'host_shards': 'jax_io', 'pinned_host_shardings': 'jax_io', 'restore': 'jax_io',

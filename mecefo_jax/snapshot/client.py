@@ -1,20 +1,22 @@
 """The worker's side of a keeper: requests, writing snapshots, reading them.
 
-`KeeperClient` speaks the keeper protocol. `SnapshotWriter` turns host
-shards into a published snapshot: begin a slot, copy and checksum into
-shared memory, publish, then (optionally) push parity to the group.
-`Snapshot`s read one published step back, verified shard by shard:
+`KeeperClient` speaks the keeper protocol (`keeper.REQUESTS`) to one
+keeper, a Ray actor (`KeeperHandle`) or one in this process
+(`LocalKeeper`), as one session. `SnapshotWriter` turns host shards into a
+published snapshot: begin a slot, copy and checksum into shared memory,
+publish, then (optionally) push parity to the group. `Snapshot`s read one
+published step back, verified shard by shard:
 
-* `ShmSnapshot`: the own keeper's, mapped from shared memory (no socket
-  transfer, no intermediate bytes object);
-* `TcpSnapshot`: any keeper's, over TCP, fetching only the shards asked
-  for (a peer healing a few missing shards);
+* `ShmSnapshot`: the own keeper's, mapped from shared memory on its node
+  (no transfer, no intermediate bytes object);
+* `RemoteSnapshot`: any keeper's, through its actor, fetching only the
+  shards asked for (a peer healing a few missing shards);
 * `BlobSnapshot`: bytes already in this process (e.g. rebuilt by parity).
 
-A `Snapshot` from a keeper pins its step on its own connection, so the
-keeper cannot reuse that slot while it is open; close it when done.
-`read` returns private copies: restored device arrays must never alias
-memory a keeper may overwrite or unmap.
+A `Snapshot` from a keeper pins its step in its own session, so the keeper
+cannot reuse that slot while it is open; close it when done. `read`
+returns private copies: restored device arrays must never alias memory a
+keeper may overwrite or unmap.
 
 No jax here (see `jax_io` for pytrees).
 """
@@ -23,22 +25,22 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from mecefo_jax.snapshot import blob, shm, wire
+from mecefo_jax.snapshot import blob, shm
+from mecefo_jax.snapshot.keeper import KeeperError, KeeperHandle, LocalKeeper, new_session
 
-Address = tuple[str, int]
+Keeper = KeeperHandle | LocalKeeper  # whatever a client can reach a keeper through
 
 log = logging.getLogger(__name__)
 
-
-class KeeperError(RuntimeError):
-    """The keeper refused a request, or could not be reached."""
+__all__ = ['BlobSnapshot', 'Keeper', 'KeeperClient', 'KeeperError', 'RemoteSnapshot',
+           'ShmSnapshot', 'Snapshot', 'SnapshotRecord', 'SnapshotWriter', 'WriteInfo',
+           'open_snapshots', 'open_sources']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,28 +60,19 @@ class SnapshotRecord:
 
 
 class KeeperClient:
-    """One connection to one keeper; requests are serialised by a lock."""
+    """One session with one keeper; requests are serialised by a lock."""
 
-    def __init__(self, address: Address, *, timeout: float = 120.0):
-        self.address = (address[0], int(address[1]))
+    def __init__(self, keeper: Keeper, *, timeout: float = 120.0):
+        self.keeper = keeper
         self.timeout = timeout
-        self._sock: socket.socket | None = None
+        self.session = new_session()
         self._lock = threading.Lock()
         self._segments: dict[int, object] = {}  # slot -> SharedMemory
 
-    def request(self, op: str, payload: Sequence | None = None, **fields) -> tuple[dict, bytearray | None]:
+    def request(self, op: str, payload=None, **fields) -> tuple[dict, np.ndarray | None]:
         with self._lock:
-            try:
-                if self._sock is None:
-                    self._sock = socket.create_connection(self.address, timeout=self.timeout)
-                    wire.configure(self._sock)
-                wire.send(self._sock, {'op': op, **fields}, payload)
-                reply, data = wire.recv(self._sock)
-            except (OSError, EOFError) as e:
-                self._drop()
-                raise KeeperError(f'Keeper at {self.address[0]}:{self.address[1]} is unreachable '
-                                  f'({type(e).__name__}: {e}); it or its host is gone. Fix: restore from '
-                                  'another keeper or parity, or from the disk checkpoint.') from e
+            reply, data = self.keeper.call(self.session, {'op': op, **fields}, payload,
+                                           timeout=self.timeout)
         if not reply.get('ok'):
             raise KeeperError(reply.get('error', f'keeper refused {op!r}'))
         return reply, data
@@ -112,23 +105,20 @@ class KeeperClient:
     def unpin(self, record: SnapshotRecord) -> None:
         self.request('unpin', slot=record.slot)
 
-    def read(self, step: int, ranges: Sequence[tuple[int, int]]) -> bytearray:
+    def read(self, step: int, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """The concatenated byte ranges [offset, offset + n) of a published step."""
         _, data = self.request('read', step=int(step), ranges=[[int(o), int(n)] for o, n in ranges])
-        return data if data is not None else bytearray()
+        return data if data is not None else np.zeros(0, np.uint8)
 
     def parity_put(self, chunk, **fields) -> bool:
-        return self.request('parity_put', [chunk], **fields)[0]['complete']
+        return self.request('parity_put', np.frombuffer(chunk, np.uint8), **fields)[0]['complete']
 
     def parity_list(self, group: str) -> list[dict]:
         return self.request('parity_list', group=group)[0]['stripes']
 
-    def parity_get(self, group: str, step: int) -> tuple[dict, bytearray]:
+    def parity_get(self, group: str, step: int) -> tuple[dict, np.ndarray]:
         reply, data = self.request('parity_get', group=group, step=int(step))
-        return reply['info'], data if data is not None else bytearray()
-
-    def shutdown(self) -> None:
-        self.request('shutdown')
+        return reply['info'], data if data is not None else np.zeros(0, np.uint8)
 
     # ------------------------------------------------------------ shared memory
 
@@ -146,19 +136,12 @@ class KeeperClient:
         seg = self._segments[slot] = shm.attach(name)
         return seg
 
-    def close(self) -> None:  # noqa: B027  (optional: most sources hold nothing)
-        with self._lock:
-            self._drop()
+    def close(self) -> None:
+        """End the session (its pins go) and unmap the segments."""
+        self.keeper.close_session(self.session)
         for seg in self._segments.values():
             shm.close(seg)
         self._segments.clear()
-
-    def _drop(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
 
     def __enter__(self) -> KeeperClient:
         return self
@@ -299,11 +282,11 @@ class BlobSnapshot(Snapshot):
 
 
 class _KeeperSnapshot(Snapshot):
-    def __init__(self, address: Address, step: int, timeout: float):
-        self._client = KeeperClient(address, timeout=timeout)
+    def __init__(self, keeper: Keeper, step: int, timeout: float):
+        self._client = KeeperClient(keeper, timeout=timeout)
         try:
             self.record = self._client.pin(step)
-            self.source = f'{address[0]}:{address[1]}'
+            self.source = str(keeper)
             self._open()
         except BaseException:
             self._client.close()
@@ -321,12 +304,12 @@ class _KeeperSnapshot(Snapshot):
             try:
                 client.unpin(record)  # released before close() returns...
             except KeeperError:
-                pass  # ...or, with the keeper gone, with the connection
+                pass  # ...or, with the keeper gone, with the session
         client.close()
 
 
 class ShmSnapshot(_KeeperSnapshot):
-    """A snapshot of a keeper on this host, mapped from its shared memory."""
+    """A snapshot of a keeper on this node, mapped from its shared memory."""
 
     def _open(self):
         self.source = f'shm:{self.source}'
@@ -355,12 +338,12 @@ class ShmSnapshot(_KeeperSnapshot):
             pass
 
 
-class TcpSnapshot(_KeeperSnapshot):
-    """A snapshot of any keeper, fetched over TCP range by range."""
+class RemoteSnapshot(_KeeperSnapshot):
+    """A snapshot of any keeper (another node's too), fetched range by range through it."""
     _shared = False  # each read lands in a fresh private buffer
 
     def _open(self):
-        self.source = f'tcp:{self.source}'
+        self.source = f'peer:{self.source}'
         r = self.record
         raw = self._client.read(r.step, [(r.header_offset, r.header_len)])
         self.header = blob.parse_header(raw, r.checksum, r.nbytes)
@@ -374,39 +357,39 @@ class TcpSnapshot(_KeeperSnapshot):
         return out
 
 
-def open_snapshots(address: Address, *, via: str = 'tcp', timeout: float = 120.0) -> list[Snapshot]:
-    """Every snapshot a keeper holds, newest first; `via` is 'shm' or 'tcp'.
+def open_snapshots(keeper: Keeper, *, via: str = 'remote', timeout: float = 120.0) -> list[Snapshot]:
+    """Every snapshot a keeper holds, newest first; `via` is 'shm' or 'remote'.
 
-    'shm' works only on the keeper's host. A step overwritten between
+    'shm' works only on the keeper's node. A step overwritten between
     listing and pinning is skipped.
     """
-    kinds = {'shm': ShmSnapshot, 'tcp': TcpSnapshot}
+    kinds = {'shm': ShmSnapshot, 'remote': RemoteSnapshot}
     if via not in kinds:
-        raise ValueError(f"via must be 'shm' or 'tcp', got {via!r}.")
-    with KeeperClient(address, timeout=timeout) as client:
+        raise ValueError(f"via must be 'shm' or 'remote', got {via!r}.")
+    with KeeperClient(keeper, timeout=timeout) as client:
         steps = [r.step for r in client.snapshots()]
     out = []
     for step in steps:
         try:
-            out.append(kinds[via](address, step, timeout))
+            out.append(kinds[via](keeper, step, timeout))
         except KeeperError as e:
             if 'holds no snapshot' not in str(e):
                 raise
     return out
 
 
-def open_sources(own: Address | None, peers: Sequence[Address] = (), *, own_via: str = 'shm',
+def open_sources(own: Keeper | None, peers: Sequence[Keeper] = (), *, own_via: str = 'shm',
                  timeout: float = 120.0) -> list[Snapshot]:
-    """The own keeper's snapshots (shared memory) then every reachable peer's (TCP).
+    """The own keeper's snapshots (shared memory) then every reachable peer's (remote).
 
     The order is the preference `jax_io.restore` follows. Unreachable
     keepers are skipped with a warning: after a failure some are expected
     to be gone, and `restore` names whatever that leaves missing.
     """
     out = []
-    for address, via in ([(own, own_via)] if own is not None else []) + [(p, 'tcp') for p in peers]:
+    for keeper, via in ([(own, own_via)] if own is not None else []) + [(p, 'remote') for p in peers]:
         try:
-            out.extend(open_snapshots(address, via=via, timeout=timeout))
+            out.extend(open_snapshots(keeper, via=via, timeout=timeout))
         except KeeperError as e:
-            log.warning('Skipping keeper %s:%s: %s', address[0], address[1], e)
+            log.warning('Skipping keeper %s: %s', keeper, e)
     return out

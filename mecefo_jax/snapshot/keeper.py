@@ -1,22 +1,22 @@
-"""The keeper: a process that holds one worker's snapshots in shared memory.
+"""The keeper: holds one worker's snapshots in shared memory and outlives the worker.
 
-    python -m mecefo_jax.snapshot.keeper --name w3 [--host 127.0.0.1] [--port 0]
-        [--slots 2] [--parent-pid PID] [--ready-file PATH]
+One keeper runs beside each worker, on the worker's node, started by the
+launcher (not by the worker) as a detached, named Ray actor, so that it
+outlives the worker's crash and the launcher's own; the relaunched worker,
+or a peer, then restores from it instead of from disk (REFT, DLRover flash
+checkpoint, Gemini). This module owns the keeper's state (`Keeper`), its
+request protocol, and the two ways to reach one: `KeeperHandle` (the Ray
+actor, `start_keeper`) and `LocalKeeper` (in this process, for benchmarks
+and tests of the protocol alone).
 
-One keeper runs beside each worker, started by the launcher (not by the
-worker) so that it outlives the worker's SIGKILL; the relaunched worker,
-or a peer, then restores from it instead of from disk (REFT, DLRover
-flash checkpoint, Gemini). This module owns the keeper's state and its
-request protocol, and `start_keeper` for launchers and tests.
-
-State: `--slots` snapshot slots (POSIX shared memory, grown on demand)
-and, per parity group, the XOR parity that peers' writers push to it. A
-writer `begin`s a slot that holds neither the newest snapshot nor one a
-reader has pinned, fills it, then `publish`es it; only publish makes it
-visible, and publish first checks the slot's preamble and header crc, so
-a step is never listed before its bytes and checksum are complete (the
-Orbax emergency-checkpoint pitfall, maxtext issue 5260). A writer that
-dies mid-copy leaves only an unpublished slot behind.
+State: `slots` snapshot slots (POSIX shared memory, grown on demand) and,
+per parity group, the XOR parity that peers' writers push to it. A writer
+`begin`s a slot that holds neither the newest snapshot nor one a reader has
+pinned, fills it, then `publish`es it; only publish makes it visible, and
+publish first checks the slot's preamble and header crc, so a step is never
+listed before its bytes and checksum are complete (the Orbax
+emergency-checkpoint pitfall, maxtext issue 5260). A writer that dies
+mid-copy leaves only an unpublished slot behind.
 
 How many slots: with one snapshot in flight per worker, a worker writing
 step s+1 may hold only step s complete while a slower peer holds s-1 and
@@ -24,52 +24,117 @@ s-2. Two slots are enough to restore one process; a multi-process job
 that must agree on one step for everyone (or uses parity) needs three, so
 that s-1 survives the write of s+1 everywhere.
 
-Requests arrive over TCP (see `wire`), so a peer on another host reads a
-snapshot the same way as a local one; the owner's worker maps the shared
-memory directly. Pins taken on a connection are dropped when it closes.
+Requests are `{'op': ..., fields}` dicts with an optional payload (a
+parity chunk), sent as actor calls: Ray's token authentication admits
+the caller, and the keeper opens no listener of its own. Snapshot bytes
+never cross a socket on the keeper's node: its worker maps the shared
+memory directly. A peer on another node reads byte ranges through Ray.
+Pins belong to a *session* (one `KeeperClient`); a session's pins go when
+it closes, and the launcher ends every session of a generation it tore
+down (`end_sessions`), since a killed worker never closes its own.
 
-The keeper exits and unlinks its segments on a `shutdown` request, on
-SIGTERM/SIGINT/SIGHUP, and when the process it watches (its parent by
-default) dies. If it is SIGKILLed itself, its resource-tracker process
-unlinks the segments (see `shm`); `shm.remove_stale` covers the rest.
+The keeper unlinks its segments when its owner shuts it down. A keeper
+that is killed (its node lost, or SIGKILL) leaves them behind on that
+host; `shm.remove_stale` unlinks segments whose keeper process is gone.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
-import json
 import logging
 import os
-import select
-import signal
-import socket
-import socketserver
-import subprocess
-import sys
 import threading
 import time
+import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
 
-from mecefo_jax.snapshot import blob, erasure, shm, wire
+from mecefo_jax.snapshot import blob, erasure, shm
 
 log = logging.getLogger('mecefo_jax.snapshot.keeper')
 
-READY_TAG = 'MECEFO_KEEPER_READY'
-_PARENT_POLL_SEC = 0.2
 # Complete parity steps kept per group: the newest one may be for a step
 # some survivor no longer holds (see the module docstring on slots).
 _KEEP_PARITY = 2
 _MAX_PARITY_STEPS = 6
 # The only request with a payload is a parity chunk: 1/(g-1) of one worker's
-# snapshot (snapshots themselves go through shared memory). A claimed length
-# above this is refused before anything is allocated; a job whose
-# per-worker snapshot exceeds it times (g-1) raises it with --max-payload-bytes.
+# snapshot (snapshots themselves go through shared memory). A larger payload
+# is refused; a job whose per-worker snapshot exceeds it times (g-1) raises it
+# with `max_payload`.
 MAX_PAYLOAD_BYTES = 16 << 30
+# A `read` asks for one range per shard; more than this is not a request of ours.
+MAX_READ_RANGES = 1 << 16
+_MAX_TEXT = 256  # group names, codes, session ids
+
+
+class RequestError(Exception):
+    """A request the keeper refuses; the message goes back to the client."""
+
+
+class PayloadTooLarge(RequestError):
+    """A payload over the keeper's `max_payload`."""
+
+
+# Every request: its op and the type of each field it must carry.
+_INT, _TEXT = 'int', 'text'
+REQUESTS = {
+    'hello': {},
+    'list': {},
+    'begin': {'nbytes': _INT},
+    'publish': {'slot': _INT, 'token': _INT, 'step': _INT, 'nbytes': _INT, 'checksum': _INT,
+                'header_offset': _INT, 'header_len': _INT},
+    'pin': {'step': _INT},
+    'unpin': {'slot': _INT},
+    'read': {'step': _INT, 'ranges': 'ranges'},
+    'parity_put': {'group': _TEXT, 'step': _INT, 'stripe': _INT, 'members': _INT,
+                   'member': _INT, 'chunk_index': _INT, 'offset': _INT, 'length': _INT,
+                   'chunk_crc': _INT, 'blob_nbytes': _INT, 'blob_checksum': _INT,
+                   'code': _TEXT, 'generation': _INT},
+    'parity_list': {'group': _TEXT},
+    'parity_get': {'group': _TEXT, 'step': _INT},
+}
+
+
+def _well_typed(kind: str, value) -> bool:
+    if kind == _INT:  # bool is an int subclass: refused too
+        return type(value) is int and value >= 0
+    if kind == _TEXT:
+        return type(value) is str and len(value) <= _MAX_TEXT
+    return (isinstance(value, list) and len(value) <= MAX_READ_RANGES  # ranges
+            and all(isinstance(r, list | tuple) and len(r) == 2
+                    and all(_well_typed(_INT, x) for x in r) for r in value))
+
+
+def _payload_size(payload) -> int:
+    """Bytes in a payload (None, bytes-like or a list of them); -1 if it is none of those."""
+    if payload is None:
+        return 0
+    parts = payload if isinstance(payload, list | tuple) else [payload]
+    try:
+        return sum(memoryview(p).nbytes for p in parts)
+    except TypeError:
+        return -1
+
+
+def check_request(msg, payload, max_payload: int = MAX_PAYLOAD_BYTES) -> None:
+    """Raise a RequestError unless `msg` is a request of this protocol with fields of the
+    right types, and `payload` is bytes-like within `max_payload`."""
+    if not isinstance(msg, dict) or msg.get('op') not in REQUESTS:
+        op = msg.get('op') if isinstance(msg, dict) else None
+        raise RequestError(f'Not a keeper request (op {op!r}; expected one of {sorted(REQUESTS)}).')
+    for name, kind in REQUESTS[msg['op']].items():
+        if not _well_typed(kind, msg.get(name)):
+            raise RequestError(f"Keeper request {msg['op']!r}: field {name!r} is "
+                               f'{msg.get(name)!r:.80}, not a valid {kind}.')
+    size = _payload_size(payload)
+    if size < 0:
+        raise RequestError(f'A keeper payload must be bytes-like, not {type(payload).__name__}.')
+    if size > max_payload:
+        raise PayloadTooLarge(f"A payload of {size} bytes is over the keeper's limit of "
+                              f'{max_payload} bytes; raise max_payload if the job needs it.')
 
 
 class RequestError(Exception):
@@ -128,9 +193,9 @@ class Keeper:
             raise ValueError(f'A keeper needs at least 2 slots (double buffering), got {slots}.')
         self.name = name
         self.max_payload = max_payload
-        self.refused = 0  # messages refused as too large (wire.MessageTooLarge)
+        self.refused = 0  # requests refused for a payload over max_payload
+        self.rejected = 0  # requests refused as malformed (check_request)
         self.pin_timeout = pin_timeout
-        self.stop = threading.Event()
         self._cond = threading.Condition()
         self._slots = [_Slot(i) for i in range(slots)]
         self._tokens = itertools.count(1)
@@ -140,13 +205,22 @@ class Keeper:
 
     # ------------------------------------------------------------ dispatch
 
-    def dispatch(self, msg: dict, payload, pins: Counter) -> tuple[dict, list, Callable | None]:
-        """(reply, reply payload buffers, release callback after sending)."""
-        op = msg.get('op')
-        handler = getattr(self, f'_op_{op}', None)
-        if handler is None:
-            raise RequestError(f'Unknown keeper request {op!r}.')
-        out = handler(msg, payload, pins)
+    def dispatch(self, msg, payload, pins: Counter) -> tuple[dict, list, Callable | None]:
+        """(reply, reply payload buffers, release callback once they are copied out).
+
+        Anything that is not a well-formed request of this protocol is
+        refused with a RequestError and counted (`rejected`, or `refused`
+        for an oversized payload): input from other processes is never fatal.
+        """
+        try:
+            check_request(msg, payload, self.max_payload)
+        except PayloadTooLarge:
+            self.refused += 1
+            raise
+        except RequestError:
+            self.rejected += 1
+            raise
+        out = getattr(self, f'_op_{msg["op"]}')(msg, payload, pins)
         if isinstance(out, tuple):
             return out
         return out, [], None
@@ -171,10 +245,6 @@ class Keeper:
 
     def _op_hello(self, msg, payload, pins):
         return {'name': self.name, 'pid': os.getpid(), 'slots': len(self._slots)}
-
-    def _op_shutdown(self, msg, payload, pins):
-        self.stop.set()
-        return {}
 
     def _op_list(self, msg, payload, pins):
         with self._cond:
@@ -311,7 +381,7 @@ class Keeper:
     def _op_parity_put(self, msg, payload, pins):
         group, step, member = str(msg['group']), int(msg['step']), int(msg['member'])
         stripe, members, code = int(msg['stripe']), int(msg['members']), str(msg['code'])
-        chunk = np.frombuffer(payload or b'', np.uint8)
+        chunk = np.frombuffer(b'' if payload is None else payload, np.uint8)
         if len(chunk) != int(msg['length']) or zlib.crc32(chunk) != int(msg['chunk_crc']):
             raise RequestError(f"Parity chunk from member {member} for step {step} arrived damaged "
                                f"({len(chunk)} bytes, expected {msg['length']}).")
@@ -374,205 +444,200 @@ class Keeper:
             return {'info': acc.info(step)}, [acc.buf], None
 
 
-# --------------------------------------------------------------------- server
-
-class _Handler(socketserver.BaseRequestHandler):
-    def handle(self):
-        keeper: Keeper = self.server.keeper
-        sock = self.request
-        wire.configure(sock)
-        pins: Counter = Counter()
-        try:
-            while True:
-                try:
-                    msg, payload = wire.recv(sock, max_payload=keeper.max_payload)
-                except wire.MessageTooLarge as e:  # its bytes are unread: the stream is lost
-                    keeper.refused += 1
-                    log.warning('Keeper %s: %s Closing the connection.', keeper.name, e)
-                    try:
-                        wire.send(sock, {'ok': False, 'error': str(e)})
-                    except OSError:
-                        pass
-                    return
-                except (EOFError, OSError, ValueError):  # closed, reset, or not our protocol
-                    return
-                release = None
-                try:
-                    reply, out, release = keeper.dispatch(msg, payload, pins)
-                    reply = {'ok': True, **reply}
-                except RequestError as e:
-                    reply, out = {'ok': False, 'error': str(e)}, []
-                except Exception as e:  # a bug here must not kill the keeper
-                    log.exception('Request %r failed', msg.get('op'))
-                    reply, out = {'ok': False, 'error': f'{type(e).__name__}: {e}'}, []
-                try:
-                    wire.send(sock, reply, out)
-                except OSError:
-                    return
-                finally:
-                    if release is not None:
-                        release()
-        finally:
-            keeper.release_pins(pins)
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+# ------------------------------------------------------------------ sessions
 
-    def __init__(self, address, keeper: Keeper):
+class _Sessions:
+    """Pins per session: a session's pins are released when it closes or is ended."""
+
+    def __init__(self, keeper: Keeper):
         self.keeper = keeper
-        super().__init__(address, _Handler)
+        self._lock = threading.Lock()
+        self._pins: dict[str, Counter] = {}
+
+    def request(self, session, msg, payload) -> tuple[dict, np.ndarray | None]:
+        """The reply ({'ok': ...}) and its payload copied out of shared memory, if any."""
+        if type(session) is not str or len(session) > _MAX_TEXT:
+            self.keeper.rejected += 1
+            return {'ok': False, 'error': 'A keeper session id must be a short string.'}, None
+        with self._lock:
+            pins = self._pins.setdefault(session, Counter())
+        try:
+            reply, out, release = self.keeper.dispatch(msg, payload, pins)
+        except RequestError as e:
+            return {'ok': False, 'error': str(e)}, None
+        except Exception as e:  # a bug here must not kill the keeper
+            log.exception('Request %r failed', msg.get('op'))
+            return {'ok': False, 'error': f'{type(e).__name__}: {e}'}, None
+        try:
+            data = (np.concatenate([np.frombuffer(v, np.uint8) for v in out]) if out else None)
+        finally:
+            if release is not None:
+                release()
+        return {'ok': True, **reply}, data
+
+    def close(self, session: str) -> None:
+        with self._lock:
+            pins = self._pins.pop(session, None)
+        if pins:
+            self.keeper.release_pins(pins)
+
+    def end_all(self) -> int:
+        """Release every session's pins (their clients are gone); how many sessions held pins."""
+        with self._lock:
+            sessions, self._pins = self._pins, {}
+        held = [p for p in sessions.values() if p]
+        for pins in held:
+            self.keeper.release_pins(pins)
+        return len(held)
 
 
-def serve(keeper: Keeper, host: str, port: int, *, parent_pid: int | None,
-          on_ready: Callable[[int], None]) -> None:
-    """Serve until `keeper.stop` is set or `parent_pid` dies; always clean up."""
-    server = _Server((host, port), keeper)
-    thread = threading.Thread(target=server.serve_forever, kwargs={'poll_interval': 0.2},
-                              name='keeper-server', daemon=True)
-    try:
-        thread.start()
-        on_ready(server.server_address[1])
-        initial_ppid = os.getppid()
-        while not keeper.stop.wait(_PARENT_POLL_SEC):
-            if parent_pid is not None and (os.getppid() != initial_ppid if parent_pid == initial_ppid
-                                           else not shm.alive(parent_pid)):
-                log.warning('Keeper %s: parent %d is gone; shutting down.', keeper.name, parent_pid)
-                break
-    finally:
-        server.shutdown()
-        server.server_close()
-        keeper.cleanup()
+class LocalKeeper:
+    """A keeper in this process: the protocol without a process boundary.
 
+    For benchmarks of the write path and for tests of the protocol; a
+    worker's snapshots must live in a keeper that outlives it (`start_keeper`).
+    """
 
-def _parse(argv):
-    p = argparse.ArgumentParser(prog='python -m mecefo_jax.snapshot.keeper', description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--name', required=True, help='the worker this keeper serves (for messages)')
-    p.add_argument('--host', default='127.0.0.1', help='address to listen on; 0.0.0.0 for peers on other hosts')
-    p.add_argument('--port', type=int, default=0, help='0 picks a free port (reported when ready)')
-    p.add_argument('--slots', type=int, default=2,
-                   help='2: double buffering; 3 for multi-process jobs and parity (see above)')
-    p.add_argument('--parent-pid', type=int, default=None,
-                   help='exit when this process dies (default: the parent); -1 disables')
-    p.add_argument('--ready-file', default=None, help='also write the ready JSON here (atomically)')
-    p.add_argument('--pin-timeout', type=float, default=60.0,
-                   help='seconds a writer waits for readers to release the slot it needs')
-    p.add_argument('--max-payload-bytes', type=int, default=MAX_PAYLOAD_BYTES,
-                   help='largest request payload (a parity chunk) accepted')
-    p.add_argument('--log-level', default='WARNING')
-    return p.parse_args(argv)
+    def __init__(self, name: str, *, slots: int = 2, pin_timeout: float = 60.0,
+                 max_payload: int = MAX_PAYLOAD_BYTES):
+        self.name = name
+        self.keeper = Keeper(name, slots=slots, pin_timeout=pin_timeout, max_payload=max_payload)
+        self._sessions = _Sessions(self.keeper)
 
+    def call(self, session: str, msg: dict, payload=None, timeout: float | None = None):
+        return self._sessions.request(session, msg, payload)
 
-def main(argv=None) -> int:
-    args = _parse(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format='%(asctime)s keeper[%(process)d] %(levelname)s %(message)s')
-    keeper = Keeper(args.name, slots=args.slots, pin_timeout=args.pin_timeout,
-                    max_payload=args.max_payload_bytes)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: keeper.stop.set())
-    parent = os.getppid() if args.parent_pid is None else (None if args.parent_pid < 0 else args.parent_pid)
+    def close_session(self, session: str) -> None:
+        self._sessions.close(session)
 
-    def ready(port: int) -> None:
-        info = {'name': args.name, 'host': args.host, 'port': port, 'pid': os.getpid()}
-        if args.ready_file:
-            tmp = f'{args.ready_file}.{os.getpid()}.tmp'
-            with open(tmp, 'w') as f:
-                json.dump(info, f)
-            os.replace(tmp, args.ready_file)
-        print(f'{READY_TAG} {json.dumps(info)}', flush=True)
-        # Nobody reads stdout after this line; never block on a full pipe.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+    def stop(self) -> None:
+        self._sessions.end_all()
+        self.keeper.cleanup()
 
-    serve(keeper, args.host, args.port, parent_pid=parent, on_ready=ready)
-    return 0
-
-
-# -------------------------------------------------------------------- launcher
-
-@dataclasses.dataclass
-class KeeperProcess:
-    """A keeper started by `start_keeper`; `stop()` ends it and waits."""
-    name: str
-    proc: subprocess.Popen
-    host: str
-    port: int
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return (self.host, self.port)
-
-    def stop(self, timeout: float = 10.0) -> int:
-        """Ask it to shut down; SIGTERM, then SIGKILL, if it does not. Returns its exit code."""
-        if self.proc.poll() is None:
-            try:
-                with socket.create_connection(self.address, timeout=timeout) as sock:
-                    wire.send(sock, {'op': 'shutdown'})
-                    wire.recv(sock)
-            except (OSError, EOFError):
-                self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning('Keeper %s (pid %d) ignored shutdown; killing it.', self.name, self.pid)
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def __enter__(self) -> KeeperProcess:
+    def __enter__(self) -> LocalKeeper:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-def start_keeper(name: str, *, host: str = '127.0.0.1', port: int = 0, slots: int = 2,
-                 parent_pid: int | None = None, pin_timeout: float = 60.0, ready_timeout: float = 60.0,
-                 new_session: bool = True, stderr=None,
-                 max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> KeeperProcess:
-    """Start a keeper process and wait until it listens.
+class KeeperActor:
+    """The keeper as a Ray actor: `start_keeper` creates it (detached, named, on a node)."""
 
-    It watches `parent_pid` (default: this process) and exits when that
-    dies. `new_session` keeps signals aimed at the worker's process group
-    away from it.
+    def __init__(self, name: str, slots: int, pin_timeout: float, max_payload: int):
+        self.name = name
+        self.keeper = Keeper(name, slots=slots, pin_timeout=pin_timeout, max_payload=max_payload)
+        self._sessions = _Sessions(self.keeper)
+
+    def request(self, session, msg, payload=None):
+        return self._sessions.request(session, msg, payload)
+
+    def close_session(self, session) -> None:
+        if type(session) is str:
+            self._sessions.close(session)
+
+    def end_sessions(self) -> int:
+        return self._sessions.end_all()
+
+    def info(self) -> dict:
+        import ray
+        with self.keeper._cond:  # noqa: SLF001 (its own state)
+            held = [s.step for s in self.keeper._published()]  # noqa: SLF001
+        return {'name': self.name, 'pid': os.getpid(), 'node_id': ray.get_runtime_context().get_node_id(),
+                'held': held, 'rejected': self.keeper.rejected, 'refused': self.keeper.refused,
+                'segments': shm.listed(os.getpid())}
+
+    def shutdown(self) -> list[str]:
+        """Unlink every segment (the caller then kills the actor); the names unlinked."""
+        names = shm.listed(os.getpid())
+        self._sessions.end_all()
+        self.keeper.cleanup()
+        return names
+
+
+class KeeperError(RuntimeError):
+    """The keeper refused a request, or could not be reached."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KeeperHandle:
+    """A keeper actor, as workers and the launcher address it (picklable, sent to workers)."""
+    actor: object  # ray.actor.ActorHandle
+    name: str
+    node_id: str
+    pid: int
+
+    def call(self, session: str, msg: dict, payload=None, timeout: float | None = None):
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+        try:
+            return ray.get(self.actor.request.remote(session, msg, payload), timeout=timeout)
+        except (RayActorError, GetTimeoutError) as e:
+            raise KeeperError(f'Keeper {self.name} is unreachable ({type(e).__name__}); it or its '
+                              'node is gone. Fix: restore from another keeper or parity, or from '
+                              'the disk checkpoint.') from None
+
+    def close_session(self, session: str) -> None:
+        try:
+            self.actor.close_session.remote(session)  # answered or not: a dead keeper holds nothing
+        except Exception:  # noqa: BLE001 (Ray shutting down: nothing left to release)
+            pass
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def new_session() -> str:
+    return f'{os.getpid()}-{uuid.uuid4().hex[:12]}'
+
+
+def start_keeper(name: str, *, namespace: str | None = None, node_id: str | None = None,
+                 slots: int = 2, pin_timeout: float = 60.0, max_payload: int = MAX_PAYLOAD_BYTES,
+                 detached: bool = True, ready_timeout: float = 120.0) -> KeeperHandle:
+    """Start a keeper actor named `name` (in `namespace`) on node `node_id`, and wait for it.
+
+    Detached, it outlives its worker and the launcher (which finds it again
+    by name, `find_keeper`); `stop_keeper` ends it. With a node, it is placed
+    there and nowhere else: its worker maps its shared memory.
     """
-    watch = os.getpid() if parent_pid is None else parent_pid
-    cmd = [sys.executable, '-m', 'mecefo_jax.snapshot.keeper', '--name', name, '--host', host,
-           '--port', str(port), '--slots', str(slots), '--parent-pid', str(watch),
-           '--pin-timeout', str(pin_timeout), '--max-payload-bytes', str(max_payload_bytes)]
-    # The keeper must import this package however the caller found it.
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
-                            env=env, start_new_session=new_session, text=True)
-    deadline = time.monotonic() + ready_timeout
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    options = {'name': name, 'num_cpus': 0, 'max_concurrency': 16, 'max_restarts': 0}
+    if namespace is not None:
+        options['namespace'] = namespace
+    if detached:
+        options['lifetime'] = 'detached'
+    if node_id is not None:
+        options['scheduling_strategy'] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    actor = ray.remote(KeeperActor).options(**options).remote(name, slots, pin_timeout, max_payload)
+    info = ray.get(actor.info.remote(), timeout=ready_timeout)
+    return KeeperHandle(actor, name, info['node_id'], info['pid'])
+
+
+def find_keeper(name: str, namespace: str, timeout: float = 30.0) -> KeeperHandle | None:
+    """The live keeper actor `name` in `namespace`, or None."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or proc.poll() is not None:
-                raise RuntimeError(f'Keeper {name} did not become ready within {ready_timeout:.0f} s '
-                                   f'(exit code {proc.poll()}); see its stderr.')
-            if select.select([proc.stdout], [], [], left)[0]:
-                line = proc.stdout.readline()
-                if line.startswith(READY_TAG):
-                    info = json.loads(line[len(READY_TAG):])
-                    break
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    proc.stdout.close()
-    return KeeperProcess(name=name, proc=proc, host=host, port=int(info['port']))
+        actor = ray.get_actor(name, namespace=namespace)
+        info = ray.get(actor.info.remote(), timeout=timeout)
+    except (ValueError, RayActorError, GetTimeoutError):
+        return None
+    return KeeperHandle(actor, name, info['node_id'], info['pid'])
 
 
-if __name__ == '__main__':
-    sys.exit(main())
+def stop_keeper(handle: KeeperHandle, timeout: float = 30.0) -> list[str]:
+    """Unlink its segments and end the actor; the segment names it unlinked ([] if unreachable)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+    try:
+        names = ray.get(handle.actor.shutdown.remote(), timeout=timeout)
+    except (RayActorError, GetTimeoutError):
+        names = []
+    try:
+        ray.kill(handle.actor)
+    except Exception:  # noqa: BLE001 (already gone)
+        pass
+    return names

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mecefo_jax.snapshot import blob, erasure
-from mecefo_jax.snapshot.client import Address, BlobSnapshot, KeeperClient, KeeperError
+from mecefo_jax.snapshot.client import BlobSnapshot, Keeper, KeeperClient, KeeperError
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,13 @@ def chunk_plan(member: int, nbytes: int, members: int) -> list[Chunk]:
 class ParityPusher:
     """Sends one member's chunks to the keepers of its group after each publish.
 
-    `addresses[p]` is member p's keeper; the own entry is never contacted.
+    `keepers[p]` is member p's keeper; the own entry is never contacted.
     """
 
-    def __init__(self, group: str, member: int, addresses: Sequence[Address], *,
+    def __init__(self, group: str, member: int, keepers: Sequence[Keeper], *,
                  code: erasure.ErasureCode | None = None, timeout: float = 120.0,
                  generation: int = 0):
-        self.group, self.member, self.members = str(group), int(member), len(addresses)
+        self.group, self.member, self.members = str(group), int(member), len(keepers)
         # A relaunched job's stripes replace those its rolled-back predecessor left.
         self.generation = int(generation)
         self.code = code or erasure.XorCode()
@@ -96,8 +96,8 @@ class ParityPusher:
             raise ValueError(f'The RAID-5 placement holds one parity block per stripe; '
                              f'code {self.code.name!r} has {self.code.parity_blocks}.')
         chunk_plan(self.member, 0, self.members)  # validates member and group size
-        self._clients = {p: KeeperClient(a, timeout=timeout)
-                         for p, a in enumerate(addresses) if p != self.member}
+        self._clients = {p: KeeperClient(k, timeout=timeout)
+                         for p, k in enumerate(keepers) if p != self.member}
 
     def push(self, step: int, raw, checksum: int) -> int:
         """Send step's chunks of `raw` (the published blob); returns bytes sent."""
@@ -130,21 +130,21 @@ class Rebuilt:
         return BlobSnapshot(self.raw, source=f'parity:member{self.member}', expect_checksum=self.checksum)
 
 
-def rebuild_member(group: str, addresses: Sequence[Address | None], lost: int | Sequence[int] = (), *,
+def rebuild_member(group: str, keepers: Sequence[Keeper | None], lost: int | Sequence[int] = (), *,
                    code: erasure.ErasureCode | None = None, timeout: float = 120.0) -> Rebuilt:
     """Rebuild the one lost member's newest recoverable snapshot.
 
-    `addresses[m]` is member m's keeper, None where it is known to be gone;
+    `keepers[m]` is member m's keeper, None where it is known to be gone;
     `lost` names members lost even if their keeper answers (e.g. a keeper
     that restarted empty). A keeper that does not answer counts as lost.
     """
     code = code or erasure.XorCode()
-    members = len(addresses)
+    members = len(keepers)
     if members < 2:
         raise ValueError(f'A parity group needs at least 2 members, got {members}.')
     lost = {lost} if isinstance(lost, int) else set(lost)
-    lost |= {m for m, a in enumerate(addresses) if a is None}
-    clients = {m: KeeperClient(a, timeout=timeout) for m, a in enumerate(addresses) if m not in lost}
+    lost |= {m for m, k in enumerate(keepers) if k is None}
+    clients = {m: KeeperClient(k, timeout=timeout) for m, k in enumerate(keepers) if m not in lost}
     try:
         for m, c in list(clients.items()):
             try:

@@ -1,0 +1,183 @@
+"""One generation of a job: its worker actors, how far they got, and how they ended.
+
+A generation is one `jax.distributed` job over the workers that are up, each
+a `Worker` actor on its keeper's node. The launcher learns of a worker's end
+from its `run` call: a result (it finished or stopped as planned), a Python
+exception (a program error: `RayTaskError`), or Ray's report that the actor
+or its node died (a crash). A stopped or hung worker is caught by its
+progress reports: the launcher asks every `PROGRESS_SEC` and a worker that
+has not answered for `launch.heartbeat_timeout_sec` is silent (Ray itself
+does not notice a stopped process).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from mecefo_jax.launch import actors
+from mecefo_jax.launch.exits import CRASH, PROGRAM_ERROR, Death
+from mecefo_jax.launch.progress import parse_report
+from mecefo_jax.launch.worker import Worker, WorkerArgs
+
+PROGRESS_SEC = 0.2  # how often each worker is asked how far it got
+_TEARDOWN_SEC = 30.0  # Ray kills a worker within this (SIGKILL from its raylet)
+
+
+@dataclasses.dataclass
+class Generation:
+    number: int
+    members: list
+    resume: str
+    stop_at: int
+    resume_step: int = 0  # memory resumes: the snapshot step to restore (0: workers agree)
+    started: float = 0.0  # time.time() of the spawn
+    actors: dict = dataclasses.field(default_factory=dict)  # worker -> actor handle
+    runs: dict = dataclasses.field(default_factory=dict)  # worker -> ObjectRef of run()
+    info: dict = dataclasses.field(default_factory=dict)  # worker -> {'pid', 'node_id', 'ip'}
+    progress: dict = dataclasses.field(default_factory=dict)  # worker -> latest report
+    heard: dict = dataclasses.field(default_factory=dict)  # worker -> monotonic of the last report
+    asked: dict = dataclasses.field(default_factory=dict)  # worker -> ObjectRef of progress() unanswered
+    asked_at: dict = dataclasses.field(default_factory=dict)  # worker -> monotonic of the last ask
+    ends: dict = dataclasses.field(default_factory=dict)  # worker -> end record of a finished run
+    dead: set = dataclasses.field(default_factory=set)  # workers whose death was reported
+    rejected: int = 0  # progress reports that were not reports
+    settled: bool = False  # a crash was seen and its echoes collected
+
+    def completed(self) -> int:
+        """The most steps any worker has completed."""
+        return max((p['completed'] for p in self.progress.values()), default=0)
+
+    def held(self, worker: int) -> dict | None:
+        return (self.progress.get(worker) or {}).get('held')
+
+
+def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, log_dir: str,
+          timeout: float) -> list:
+    """Start `gen`'s workers on their nodes and their `run`s (`args[w]` are WorkerArgs fields).
+
+    Process 0 chooses the coordinator's port on its node first: the
+    coordinator binds only that address (`coordinator.join`). Returns the
+    workers whose actor died before it could start (its node went meanwhile);
+    then no `run` is started.
+    """
+    import ray
+    from ray.exceptions import GetTimeoutError, RayError
+    cls = ray.remote(Worker)
+    gen.started = time.time()
+    for w in gen.members:
+        opts = actors.options(env=env, node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
+        gen.actors[w] = cls.options(**opts).remote(os.path.join(log_dir, f'g{gen.number}_w{w}.log'))
+    dead = []
+    for w in gen.members:
+        try:
+            gen.info[w] = ray.get(gen.actors[w].info.remote(), timeout=timeout)
+        except (RayError, GetTimeoutError):
+            dead.append(w)
+    if dead:
+        return dead
+    first = gen.actors[gen.members[0]]
+    coordinator = f"{gen.info[gen.members[0]]['ip']}:{ray.get(first.free_port.remote(), timeout=timeout)}"
+    now = time.monotonic()
+    for w in gen.members:
+        gen.heard[w] = now
+        gen.runs[w] = gen.actors[w].run.remote(WorkerArgs(coordinator=coordinator, worker=w,
+                                                          members=tuple(gen.members), **args[w]))
+    return []
+
+
+def poll_progress(gen: Generation) -> None:
+    """Collect the progress reports that arrived; ask the workers that are due again."""
+    import ray
+    from ray.exceptions import RayError
+    now = time.monotonic()
+    refs = {ref: w for w, ref in gen.asked.items()}
+    if refs:
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        for ref in ready:
+            w = refs[ref]
+            del gen.asked[w]
+            try:
+                report = parse_report(ray.get(ref))
+            except RayError:  # dead: its run() says how
+                continue
+            if report is None:
+                gen.rejected += 1
+                continue
+            gen.progress[w], gen.heard[w] = report, now
+    for w in gen.members:  # one request in flight per worker: a stopped one piles up nothing
+        if w not in gen.asked and w not in gen.ends and now - gen.asked_at.get(w, 0.0) >= PROGRESS_SEC:
+            gen.asked[w], gen.asked_at[w] = gen.actors[w].progress.remote(), now
+
+
+def exits(gen: Generation, now: float, injected: dict) -> list[Death]:
+    """Every worker whose run ended in an error or a crash (finished runs join `gen.ends`).
+
+    `injected[w]` names a signal the launcher sent worker w, for its cause.
+    """
+    import ray
+    from ray.exceptions import RayActorError, RayError, RayTaskError
+    pending = {ref: w for w, ref in gen.runs.items() if w not in gen.ends and w not in gen.dead}
+    if not pending:
+        return []
+    ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+    deaths = []
+    for ref in ready:
+        w = pending[ref]
+        try:
+            gen.ends[w] = ray.get(ref)
+        except RayTaskError as e:  # its own code raised (RayActorError is a crash)
+            if isinstance(e, RayActorError):
+                deaths.append(Death(w, crash_cause(e, injected.get(w)), CRASH, now))
+            else:
+                deaths.append(Death(w, f'{type(e.cause).__name__}: {e.cause}', PROGRAM_ERROR, now))
+        except RayError as e:
+            deaths.append(Death(w, crash_cause(e, injected.get(w)), CRASH, now))
+    gen.dead.update(d.worker for d in deaths)
+    return deaths
+
+
+def crash_cause(error, injected: str | None) -> str:
+    """What Ray says killed the worker, named plainly."""
+    text = str(error)
+    if 'node has died' in text or 'node died' in text or 'NODE_DIED' in text:
+        return 'its node died'
+    return f'killed by {injected}' if injected else 'its process died'
+
+
+def silent(gen: Generation, deaths: list, timeout: float, now: float, now_mono: float) -> list:
+    """Every running worker that has not answered a progress request for `timeout` (a crash)."""
+    dead = {d.worker for d in deaths} | gen.dead
+    out = []
+    for w in gen.members:
+        if w in gen.ends or w in dead:
+            continue
+        quiet = now_mono - gen.heard[w]
+        if quiet > timeout:
+            out.append(Death(w, f'no heartbeat for {quiet:.1f} s', CRASH, now - quiet))
+    gen.dead.update(d.worker for d in out)
+    return out
+
+
+def signal(gen: Generation, worker: int, signum: int) -> None:
+    """Send `signum` into a worker (its own thread delivers it: any node, any state but stopped)."""
+    gen.actors[worker].signal.remote(int(signum))
+
+
+def wait_dead(gen: Generation, worker: int, timeout: float = _TEARDOWN_SEC) -> None:
+    import ray
+    ray.wait([gen.runs[worker]], timeout=timeout)
+
+
+def stop(gen: Generation | None) -> None:
+    """Kill every worker of the generation (stopped ones too) and wait until they are gone."""
+    if gen is None or not gen.actors:
+        return
+    import ray
+    for actor in gen.actors.values():
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 (already dead)
+            pass
+    ray.wait(list(gen.runs.values()), num_returns=len(gen.runs), timeout=_TEARDOWN_SEC)
+    gen.actors.clear()

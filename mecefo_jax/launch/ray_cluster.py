@@ -1,0 +1,185 @@
+"""The launcher's Ray cluster: one it joins (`--address`), or a local one that outlives it.
+
+* `--address` (or `RAY_ADDRESS`): an existing cluster (on SLURM, `ray start`
+  on every node of the allocation; on Kubernetes, a KubeRay `RayCluster`).
+  The launcher joins it and leaves it running.
+* Otherwise a local one-node cluster, started in a process of its own
+  (`ray_host`) so that it outlives the launcher: its address is recorded in
+  `<workdir>/launch/ray_local.json`. A rerun of the same command joins it
+  again and finds the job's keepers there; the launcher stops it when the
+  job ends, and `--cleanup` stops it for a job that will not be rerun.
+
+Every actor of a job lives in the namespace `namespace_of(workdir)`, so a
+rerun finds its keepers by name, and two jobs on one cluster never meet.
+Token authentication is used unless `RAY_AUTH_MODE` says otherwise (the
+token is `~/.ray/auth_token`, or `RAY_AUTH_TOKEN`/`RAY_AUTH_TOKEN_PATH`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from mecefo_jax.snapshot import shm
+
+STATE_FILE = 'ray_local.json'
+
+
+@dataclasses.dataclass(frozen=True)
+class Joined:
+    """The cluster the launcher joined, and what it cost."""
+    address: str
+    local_pid: int | None  # the ray_host process, when this job's local cluster
+    started: bool  # this call started that local cluster
+    start_sec: float  # starting it (0 when joined as it was)
+    connect_sec: float  # ray.init(address=...)
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    node_id: str
+    ip: str
+    is_head: bool
+
+
+def namespace_of(workdir: str) -> str:
+    """The Ray namespace of the job in `workdir` (its keepers and workers are named in it)."""
+    digest = hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:16]
+    return f'mecefo-{digest}'
+
+
+def use_token_auth() -> None:
+    """Token authentication for this process's Ray client, unless RAY_AUTH_MODE is set.
+
+    Ray reads the mode when it is imported; like Ray itself when it enables
+    the mode for a new local cluster, refresh its config after setting it.
+    """
+    if os.environ.get('RAY_AUTH_MODE'):
+        return
+    os.environ['RAY_AUTH_MODE'] = 'token'
+    from ray._raylet import Config
+    Config.initialize('')
+
+
+def _state_path(workdir: str) -> str:
+    return os.path.join(os.path.abspath(workdir), 'launch', STATE_FILE)
+
+
+def _read_state(workdir: str) -> dict | None:
+    try:
+        with open(_state_path(workdir)) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _is_our_host(pid: int, workdir: str) -> bool:
+    """Whether `pid` is a running ray_host holding `workdir`'s cluster (not a reused pid)."""
+    if not shm.alive(pid):
+        return False
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            cmdline = f.read().decode(errors='replace')
+    except OSError:
+        return True  # no /proc: trust the pid
+    return 'mecefo_jax.launch.ray_host' in cmdline and _state_path(workdir) in cmdline
+
+
+def local_cluster(workdir: str) -> dict | None:
+    """The live local cluster recorded for `workdir` ({'address', 'pid', ...}), or None."""
+    state = _read_state(workdir)
+    if state is None or not _is_our_host(int(state['pid']), workdir):
+        return None
+    return state
+
+
+def start_local(workdir: str, *, object_store_mb: int, timeout: float = 180.0) -> dict:
+    """Start `workdir`'s local cluster in its own session (a launcher's death leaves it up)."""
+    path = _state_path(workdir)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.unlink(path)  # a dead host's record
+    except FileNotFoundError:
+        pass
+    log_path = os.path.join(os.path.dirname(path), 'ray_host.log')
+    env = dict(os.environ)
+    env.setdefault('RAY_AUTH_MODE', 'token')
+    with open(log_path, 'w') as log:
+        proc = subprocess.Popen([sys.executable, '-m', 'mecefo_jax.launch.ray_host',
+                                 f'--state_file={path}', f'--object_store_mb={object_store_mb}'],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while (state := _read_state(workdir)) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+            with open(log_path, errors='replace') as f:
+                tail = ''.join(f.readlines()[-15:])
+            why = (f'its process exited with code {proc.poll()}' if proc.poll() is not None
+                   else f'it was not up within {timeout:.0f} s')
+            raise RuntimeError(f'The local Ray cluster did not start: {why}. The end of '
+                               f'{log_path}:\n{tail}')
+        time.sleep(0.1)
+    return state
+
+
+def stop_local(workdir: str, timeout: float = 60.0) -> bool:
+    """Stop `workdir`'s local cluster if one runs; whether there was one."""
+    state = local_cluster(workdir)
+    if state is None:
+        return False
+    pid = int(state['pid'])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while shm.alive(pid):
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)  # its own session: the cluster's processes with it
+            break
+        time.sleep(0.1)
+    return True
+
+
+def join(address: str | None, workdir: str, *, object_store_mb: int = 256,
+         start: bool = True, log=print) -> Joined | None:
+    """Connect this process to the job's cluster (see the module docstring).
+
+    With no address and no live local cluster: start one if `start`, else None.
+    """
+    import ray
+    address = address or os.environ.get('RAY_ADDRESS') or None
+    local_pid, started, start_sec = None, False, 0.0
+    if address is None:
+        state = local_cluster(workdir)
+        if state is None:
+            if not start:
+                return None
+            t0 = time.perf_counter()
+            state = start_local(workdir, object_store_mb=object_store_mb)
+            started, start_sec = True, time.perf_counter() - t0
+            log(f"[launch] started a local Ray cluster at {state['address']} ({start_sec:.1f} s)")
+        address, local_pid = state['address'], int(state['pid'])
+    use_token_auth()
+    t0 = time.perf_counter()
+    ray.init(address=address, namespace=namespace_of(workdir), log_to_driver=False,
+             logging_level='WARNING')
+    return Joined(address, local_pid, started, start_sec, time.perf_counter() - t0)
+
+
+def alive_nodes() -> list[Node]:
+    """The cluster's live nodes, the head last (losing it loses the cluster: workers go elsewhere first)."""
+    import ray
+    nodes = [Node(n['NodeID'], n['NodeManagerAddress'],
+                  bool(n.get('Resources', {}).get('node:__internal_head__')))
+             for n in ray.nodes() if n['Alive']]
+    return sorted(nodes, key=lambda n: (n.is_head, n.node_id))
+
+
+def node_alive(node_id: str) -> bool:
+    import ray
+    return any(n['NodeID'] == node_id and n['Alive'] for n in ray.nodes())

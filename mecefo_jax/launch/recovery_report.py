@@ -1,0 +1,85 @@
+"""The recovery report: one row per recovery in `<workdir>/launch/recoveries.jsonl`.
+
+A row is opened when a generation ends (what failed, when, how long the
+teardown took) and completed from the next generation's start records (how
+long relaunching, joining, restoring, compiling and the first step took),
+split into the badput kinds of ml-goodput-measurement.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def append(out_dir: str, row: dict) -> None:
+    with open(os.path.join(out_dir, 'recoveries.jsonl'), 'a') as f:
+        f.write(json.dumps(row) + '\n')
+
+
+def complete(row: dict, out_dir: str) -> dict:
+    """Fill `row` from the start records of its `next_generation`'s `members`."""
+    starts = [read_json(os.path.join(out_dir, f"g{row['next_generation']}_w{w}_start.json"))
+              for w in row['members']]
+    starts = [s for s in starts if s]
+    if not starts:
+        return row
+    first_step_done = max(s['first_step_done'] for s in starts)
+    row.update(
+        relaunch_sec=max(s['process_start'] for s in starts) - row['relaunched_at'],
+        distributed_init_sec=max(s['distributed_init_sec'] for s in starts),
+        restore_sec=max((s['restore_sec'] or 0.0) for s in starts),
+        restore_bytes=max((sum((s['restore_bytes'] or {}).values())) for s in starts),
+        healed_bytes=sum((s['healed_bytes'] or 0) for s in starts),
+        compile_sec=max(s['compile_sec'] for s in starts),
+        compile_sec_by_worker={str(s['worker']): s['compile_sec'] for s in starts},
+        programs_compiled_by_worker={str(s['worker']): s.get('programs_compiled') for s in starts},
+        refresh_sec=max(s['refresh_sec'] for s in starts),
+        start_to_first_step_sec=max(s['train_start_to_first_step_sec'] for s in starts),
+        resume_step=min(s['resume_step'] for s in starts),
+        recovery_sec=first_step_done - row['failed_at'])
+    row['redone_steps'] = max(0, row['completed_steps'] - row['resume_step'])
+    if row.get('launcher_died_at'):  # a launcher restart: the whole way back, rerun included
+        row['since_launcher_died_sec'] = first_step_done - row['launcher_died_at']
+    row['badput_sec'] = {
+        'infrastructure_recovery_from_disruption': row.get('detect_sec', 0.0) + row['teardown_sec'],
+        'program_startup': row['relaunch_sec'],
+        'accelerator_initialization': row['distributed_init_sec'],
+        'unproductive_checkpoint_restore': row['restore_sec'] + (row.get('parity_rebuild_sec') or 0.0),
+        'training_prep': row['compile_sec'] + row['refresh_sec'],
+        'first_step': row['start_to_first_step_sec'] - row['compile_sec'] - row['refresh_sec'],
+    }
+    return row
+
+
+def completed_steps_recorded(out_dir: str) -> int:
+    """Steps the job recorded in `provenance.jsonl` (process 0 writes one row per step)."""
+    try:
+        with open(os.path.join(out_dir, 'provenance.jsonl'), 'rb') as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)['step']) + 1
+        except (ValueError, KeyError):
+            continue  # a row cut short by the crash
+    return 0
+
+
+def first_difference(rebuilt: bytes, original: bytes) -> dict:
+    """Where a parity rebuild and the killed keeper's copy part: sizes, crc32s, first offset."""
+    import numpy as np
+    n = min(len(rebuilt), len(original))
+    differs = np.flatnonzero(np.frombuffer(rebuilt, np.uint8, n) != np.frombuffer(original, np.uint8, n))
+    diff = int(differs[0]) if differs.size else n
+    return {'nbytes': [len(rebuilt), len(original)],
+            'crc32': [zlib.crc32(rebuilt), zlib.crc32(original)], 'first_diff_offset': diff}
