@@ -6,7 +6,8 @@ object store, so the launcher places workers and keepers on distinct nodes
 as it would on K hosts. `lose(node_id)` kills a node abruptly, its raylet and
 every process on it (the worker and keeper there included), as a host that
 dies would; `add()` brings a new node, and `lose(node_id, replace=True)` has
-one join in the background, as a scheduler replaces a lost host. Nodes report dead within about
+one join in the background (`ray start --address=...` in a process of its
+own, as a scheduler replacing a lost host would run it). Nodes report dead within about
 1.5 s (a 500 ms health check, 3 misses), so the launcher sees a lost node in
 well under the 5 s the project aims for.
 
@@ -18,7 +19,8 @@ and unlinks the segments of dead keepers (`shm.remove_stale`).
 from __future__ import annotations
 
 import os
-import threading
+import subprocess
+import sys
 import time
 
 from mecefo_jax.launch.ray_host import HEALTH_CHECK
@@ -33,7 +35,7 @@ class SimulatedCluster:
         start = time.perf_counter()
         node_args = {'num_cpus': 1, 'object_store_memory': object_store_mb << 20}
         self._node_args = node_args
-        self._joining: list[threading.Thread] = []
+        self._joining: list[subprocess.Popen] = []  # replacement nodes (`ray start --block`)
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
             node_args, include_dashboard=False, _system_config=HEALTH_CHECK))
         self.nodes = {self.cluster.head_node.node_id: self.cluster.head_node}
@@ -68,13 +70,16 @@ class SimulatedCluster:
                              'place what should die on another node.')
         self.cluster.remove_node(self.nodes.pop(node_id), allow_graceful=False)
         if replace:
-            joining = threading.Thread(target=self.add, name='replacement-node', daemon=True)
-            joining.start()
-            self._joining.append(joining)
+            self._joining.append(subprocess.Popen(
+                [sys.executable, '-m', 'ray.scripts.scripts', 'start', f'--address={self.address}',
+                 '--num-cpus=1', f"--object-store-memory={self._node_args['object_store_memory']}",
+                 '--block'], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True))
 
     def shutdown(self) -> None:
-        for joining in self._joining:
-            joining.join()
+        for joining in self._joining:  # `ray start --block` stops its node's processes on SIGTERM
+            joining.terminate()
+            joining.wait()
         import ray
         ray.shutdown()
         self.cluster.shutdown()

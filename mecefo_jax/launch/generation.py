@@ -12,7 +12,6 @@ does not notice a stopped process).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 from mecefo_jax.launch import actors
@@ -52,11 +51,12 @@ class Generation:
         return (self.progress.get(worker) or {}).get('held')
 
 
-def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, log_dir: str,
+def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, standbys,
           timeout: float) -> list:
     """Start `gen`'s workers on their nodes and their `run`s (`args[w]` are WorkerArgs fields).
 
-    Process 0 chooses the coordinator's port on its node first: the
+    A worker takes its warm standby when one waits on its node, else a new
+    actor. Process 0 chooses the coordinator's port on its node first: the
     coordinator binds only that address (`coordinator.join`). Returns the
     workers whose actor died before it could start (its node went meanwhile);
     then no `run` is started.
@@ -66,8 +66,11 @@ def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, lo
     cls = ray.remote(Worker)
     gen.started = time.time()
     for w in gen.members:
-        opts = actors.options(env=env, node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
-        gen.actors[w] = cls.options(**opts).remote(os.path.join(log_dir, f'g{gen.number}_w{w}.log'))
+        actor = standbys.take(w, nodes[w])
+        if actor is None:
+            opts = actors.options(env=env, node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
+            actor = cls.options(**opts).remote()
+        gen.actors[w] = actor
     dead = []
     for w in gen.members:
         try:

@@ -54,6 +54,7 @@ from mecefo_jax.launch.kills import Injector, parse_kills
 from mecefo_jax.launch.outcome import Outcome
 from mecefo_jax.launch.placement import Placement, assign_nodes, node_loss_problems
 from mecefo_jax.launch.ray_cluster import alive_nodes, namespace_of
+from mecefo_jax.launch.standby import Standbys
 from mecefo_jax.settings import Config
 
 _POLL_SEC = 0.05
@@ -105,6 +106,7 @@ class Launcher:
         self._generation: Generation | None = None
         self._progress_rejected = 0
         self.ahead = CompileAhead(cfg, self.workdir, self.placement, log=log)
+        self.standbys = Standbys()
 
     # ------------------------------------------------------------------ run
 
@@ -147,6 +149,7 @@ class Launcher:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
             self.ahead.close()
+            self.standbys.close()
             generation.stop(self._generation)
             if gen is not None:  # a job that never started leaves an earlier one's keepers be
                 rejected = self.keepers.rejected() if self.uses_keepers else 0
@@ -275,15 +278,26 @@ class Launcher:
         """Start `gen`; the workers whose actor died before it started ([] normally)."""
         self._generation = gen
         keepers = tuple(self.keepers.as_list()) if self.uses_keepers else ()
-        gpus = {w: self.cfg.launch.local_devices if actors.node_has_gpus(self.nodes[w]) else 0
-                for w in gen.members}
-        env = actors.actor_env(self.cfg.launch.local_devices, gpus=any(gpus.values()))
+        gpus, env = self._actor_resources(gen.members)
         unborn = generation.spawn(gen, args=self.worker_args(gen, keepers), nodes=self.nodes,
-                                  env=env, gpus=gpus, log_dir=self.dir,
+                                  env=env, gpus=gpus, standbys=self.standbys,
                                   timeout=self.cfg.launch.start_timeout_sec)
         self.log(f'[launch] generation {gen.number}: workers {gen.members} '
                  f'({gen.resume}{f", stop at step {gen.stop_at}" if gen.stop_at else ""})')
         return unborn
+
+    def _actor_resources(self, workers) -> tuple[dict, dict]:
+        """(GPUs per worker, the workers' environment): a node's GPUs where it has them."""
+        gpus = {w: self.cfg.launch.local_devices if actors.node_has_gpus(self.nodes[w]) else 0
+                for w in workers}
+        return gpus, actors.actor_env(self.cfg.launch.local_devices, gpus=any(gpus.values()))
+
+    def _warm_standbys(self) -> None:
+        """After a generation's first step: a warm process for every worker slot on a live node."""
+        live = {n.node_id for n in alive_nodes()}
+        nodes = {w: n for w, n in self.nodes.items() if n in live}
+        gpus, env = self._actor_resources(nodes)
+        self.standbys.fill(nodes, env, gpus)
 
     def _watch(self, gen: Generation) -> Outcome:
         deaths: list = []
@@ -307,6 +321,8 @@ class Launcher:
             # stall clock starts at the generation's first completed step.
             completed = gen.completed()
             self.ahead.maybe_start(gen.number, completed)
+            if completed >= 1 > progress:
+                self._warm_standbys()
             if completed > progress:
                 progress, progressed_at = completed, now_mono
             hung = self._hung(gen, progress, now_mono - progressed_at, now)

@@ -15,7 +15,8 @@ While `run` trains, other threads of the actor answer `progress()` (the
 launcher's watchdog), `request_stop()` (a stop: the workers save the step
 JAX's preemption sync picks) and `signal()` (injected failures).
 
-It writes, under `<workdir>/launch/`: its log `g<G>_w<W>.log`,
+It writes, under `<workdir>/launch/`: its log `g<G>_w<W>.log` (from `run`
+on),
 `g<G>_w<W>_start.json` once its first step has run (how long joining,
 restoring, compiling and the first step took), `g<G>_w<W>_end.json` when it
 finishes, and (process 0) `provenance.jsonl` (per step: the global batch's
@@ -76,15 +77,21 @@ def _write_json(path: str, value: dict) -> None:
 
 
 class Worker:
-    """The actor (`ray.remote(Worker)`): one process of one generation."""
+    """The actor (`ray.remote(Worker)`): one process of one generation.
 
-    def __init__(self, log_path: str):
-        # Everything the process prints, Python's and XLA's, goes to the worker's log.
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        self.started = time.time()
+    Created ahead as a *standby* (`launch/standby.py`) it imports jax and the
+    training stack at once, so that a relaunch finds a warm process: the
+    start-up left to it is `run`'s, from `jax.distributed` on.
+    """
+
+    def __init__(self, warm: bool = True):
+        self.created = time.time()
+        if warm:  # what every run imports first; no backend starts here (XLA_FLAGS still apply)
+            import jax  # noqa: F401
+
+            from mecefo_jax import main, train  # noqa: F401
+            from mecefo_jax.launch import worker_state  # noqa: F401
+        self.warmed = time.time()
         self.progress_ = Progress()
         self.guard = None  # the PreemptionGuard while training
         self._stop_pending = False
@@ -119,6 +126,14 @@ class Worker:
         self.guard.request('a stop from the launcher')
 
     def run(self, args: WorkerArgs) -> dict:
+        # Everything the process prints from here, Python's and XLA's, goes to this
+        # generation's log of the worker.
+        fd = os.open(os.path.join(args.out_dir, f'{args.tag}.log'), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                     0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        self.started = time.time()
         try:
             return _run(args, self)
         except BaseException:
@@ -169,8 +184,9 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     provenance = (os.path.join(args.out_dir, 'provenance.jsonl')
                   if jax.process_index() == 0 else None)
     start_record = dict(worker=args.worker, generation=args.generation, pid=os.getpid(),
-                        process_start=actor.started, distributed_init_sec=distributed_init_sec,
-                        resume=args.resume)
+                        process_start=actor.started, actor_created=actor.created,
+                        actor_warm_sec=actor.warmed - actor.created,
+                        distributed_init_sec=distributed_init_sec, resume=args.resume)
     step_log = _StepLog(actor.progress_, provenance,
                         os.path.join(args.out_dir, f'{args.tag}_start.json'), start_record, info)
     observers = [step_log] + ([snapshot_hook] if snapshot_hook is not None else [])
