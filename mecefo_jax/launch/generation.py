@@ -69,7 +69,7 @@ def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, st
         actor = standbys.take(w, nodes[w])
         if actor is None:
             opts = actors.options(env=env, node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
-            actor = cls.options(**opts).remote()
+            actor = cls.options(**opts).remote(False)  # needed now: it imports at full priority
         gen.actors[w] = actor
     dead = []
     for w in gen.members:

@@ -80,22 +80,29 @@ class Worker:
     """The actor (`ray.remote(Worker)`): one process of one generation.
 
     Created ahead as a *standby* (`launch/standby.py`) it imports jax and the
-    training stack at once, so that a relaunch finds a warm process: the
-    start-up left to it is `run`'s, from `jax.distributed` on.
+    training stack in a thread at the lowest OS priority (Linux niceness is
+    per thread), so that a relaunch finds a warm process without the warm-up
+    slowing the generation that trains meanwhile. `run` waits for what is
+    still importing.
     """
 
     def __init__(self, warm: bool = True):
         self.created = time.time()
-        if warm:  # what every run imports first; no backend starts here (XLA_FLAGS still apply)
-            import jax  # noqa: F401
-
-            from mecefo_jax import main, train  # noqa: F401
-            from mecefo_jax.launch import worker_state  # noqa: F401
-        self.warmed = time.time()
+        self.warmed = None  # time.time() the imports were done
         self.progress_ = Progress()
         self.guard = None  # the PreemptionGuard while training
         self._stop_pending = False
         self._lock = threading.Lock()
+        if warm:
+            threading.Thread(target=self._warm, name='warm-up', daemon=True).start()
+
+    def _warm(self) -> None:
+        os.nice(19)  # this thread only
+        import jax  # noqa: F401  (no backend starts here: XLA_FLAGS still apply)
+
+        from mecefo_jax import main, train  # noqa: F401
+        from mecefo_jax.launch import worker_state  # noqa: F401
+        self.warmed = time.time()
 
     def info(self) -> dict:
         import ray
@@ -185,7 +192,7 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
                   if jax.process_index() == 0 else None)
     start_record = dict(worker=args.worker, generation=args.generation, pid=os.getpid(),
                         process_start=actor.started, actor_created=actor.created,
-                        actor_warm_sec=actor.warmed - actor.created,
+                        actor_warm_sec=(actor.warmed or time.time()) - actor.created,
                         distributed_init_sec=distributed_init_sec, resume=args.resume)
     step_log = _StepLog(actor.progress_, provenance,
                         os.path.join(args.out_dir, f'{args.tag}_start.json'), start_record, info)
