@@ -44,11 +44,7 @@ def _config(tmp_path, **extra):
               'launch.compile_ahead': False, 'data.cache_dir': str(tmp_path / 'tokenizer'),
               'snapshot.every': 1}
     values.update(extra)
-    cfg = get_config()
-    for key, value in values.items():
-        section, field = key.split('.')
-        cfg[section][field] = value
-    return resolve(cfg)
+    return resolve(get_config()).updated(values)
 
 
 @pytest.mark.subprocess

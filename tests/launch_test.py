@@ -64,11 +64,7 @@ def overrides(caches, **extra):
 
 
 def config(values):
-    cfg = get_config()
-    for key, value in values.items():
-        section, field = key.split('.')
-        cfg[section][field] = value
-    return resolve(cfg)
+    return resolve(get_config()).updated(values)
 
 
 def launch(values, workdir):

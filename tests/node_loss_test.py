@@ -39,11 +39,7 @@ def config(tmp, **extra):
               'launch.compilation_cache': str(tmp / 'xla'), 'data.cache_dir': str(tmp / 'tok'),
               'snapshot.every': 2, 'launch.compile_ahead': False}
     values.update(extra)
-    cfg = get_config()
-    for key, value in values.items():
-        section, field = key.split('.')
-        cfg[section][field] = value
-    return resolve(cfg)
+    return resolve(get_config()).updated(values)
 
 
 @pytest.fixture(scope='module')
