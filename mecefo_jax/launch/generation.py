@@ -109,7 +109,8 @@ def poll_progress(gen: Generation) -> None:
                 continue
             gen.progress[w], gen.heard[w] = report, now
     for w in gen.members:  # one request in flight per worker: a stopped one piles up nothing
-        if w not in gen.asked and w not in gen.ends and now - gen.asked_at.get(w, 0.0) >= PROGRESS_SEC:
+        if (w not in gen.asked and w not in gen.ends and w not in gen.dead
+                and now - gen.asked_at.get(w, 0.0) >= PROGRESS_SEC):
             gen.asked[w], gen.asked_at[w] = gen.actors[w].progress.remote(), now
 
 
