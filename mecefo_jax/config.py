@@ -163,6 +163,11 @@ def _launch_section() -> ConfigDict:
     # After the first step, compile (niced, off the training path) the programs
     # the survivors of every single-worker loss will need, into that cache.
     section.compile_ahead = True
+    # After each generation's first step, start one warm worker process per worker slot
+    # (jax and the training stack imported) that the next relaunch takes: no process
+    # start-up or imports on the way back. Each costs about 3 CPU-seconds as it starts;
+    # False where spare CPU is scarce (docs/launch.md, "Standby workers").
+    section.standby_workers = True
     # Ray's object store per node of a local cluster the launcher starts: small, since
     # the keepers' snapshots live in /dev/shm beside it.
     section.object_store_mb = 256

@@ -130,6 +130,7 @@ class LaunchSection:
     max_relaunches: int
     compilation_cache: str
     compile_ahead: bool
+    standby_workers: bool
     object_store_mb: int
     accept_node_loss: bool
 

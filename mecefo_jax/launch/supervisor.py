@@ -294,6 +294,8 @@ class Launcher:
 
     def _warm_standbys(self) -> None:
         """After a generation's first step: a warm process for every worker slot on a live node."""
+        if not self.cfg.launch.standby_workers:
+            return
         live = {n.node_id for n in alive_nodes()}
         nodes = {w: n for w, n in self.nodes.items() if n in live}
         gpus, env = self._actor_resources(nodes)
