@@ -48,6 +48,7 @@ def _config(tmp_path, **extra):
 
 
 @pytest.mark.subprocess
+@pytest.mark.ray
 def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(cluster, tmp_path):
     workdir = str(tmp_path / 'job')
     cfg = _config(tmp_path, **{'launch.kill': '2:1'})
@@ -76,6 +77,7 @@ def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(cluste
 
 
 @pytest.mark.subprocess
+@pytest.mark.ray
 def test_a_stopped_compile_ahead_kills_its_members_and_still_counts_their_cpu_seconds(
         cluster, tmp_path):
     workdir = str(tmp_path / 'job')

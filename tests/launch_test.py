@@ -30,7 +30,7 @@ from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.settings import resolve
 from mecefo_jax.snapshot import shm
 
-pytestmark = pytest.mark.subprocess  # Ray's processes, workers and launchers
+pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes, workers, launchers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS, LOCAL = 2, 2  # 4 replicas: worker 1 holds replicas 2 and 3

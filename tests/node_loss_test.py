@@ -19,7 +19,7 @@ from mecefo_jax import main
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.settings import resolve
 
-pytestmark = pytest.mark.subprocess  # Ray's processes and workers
+pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
 
 WORKERS = 4
 STEPS = 12

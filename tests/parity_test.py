@@ -11,7 +11,7 @@ from mecefo_jax.snapshot import blob, erasure, parity
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter
 from mecefo_jax.snapshot.keeper import start_keeper, stop_keeper
 
-pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
+pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # keepers are Ray actors
 
 GROUP = 'g0'
 # Unequal snapshot sizes, one smaller than the number of chunks.

@@ -17,7 +17,7 @@ from mecefo_jax.snapshot import blob, shm
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, ShmSnapshot, SnapshotWriter
 from mecefo_jax.snapshot.keeper import LocalKeeper, check_request, start_keeper, stop_keeper
 
-pytestmark = [pytest.mark.subprocess,  # Ray's processes
+pytestmark = [pytest.mark.subprocess, pytest.mark.ray,  # Ray's processes
               pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason='needs /dev/shm (Linux)')]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,7 +22,7 @@ from mecefo_jax.snapshot import async_writer, jax_io
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, SnapshotWriter, open_snapshots, open_sources
 from mecefo_jax.snapshot.keeper import start_keeper, stop_keeper
 
-pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
+pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # keepers are Ray actors
 NAMESPACE = 'snapshot_test'
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
