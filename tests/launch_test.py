@@ -173,22 +173,49 @@ def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed)
     assert_nothing_left(workdir)
 
 
-def test_every_sample_of_every_step_is_computed_exactly_once(crashed, caches):
-    _, workdir = crashed
+def final_provenance(workdir, values) -> dict:
+    """Each step's final record (a later generation's supersedes redone work), checked
+    against the reference pipeline: every step once, every sample of it computed."""
     rows = [json.loads(line) for line in open(os.path.join(workdir, 'launch', 'provenance.jsonl'))]
     final = {}
-    for row in rows:  # a later generation's record of a step supersedes (redone work)
+    for row in rows:
         final[row['step']] = row
-    assert sorted(final) == list(range(STEPS))
+    steps = int(values['train.steps'])
+    assert sorted(final) == list(range(steps))
     from mecefo_jax.data import pipeline as data_lib
-    cfg = config(overrides(caches))
+    cfg = config(values)
     reference = data_lib.make_pipeline(cfg.data, vocab_size=int(cfg.model.vocab_size),
                                        num_shards=4, split='train')
     shard = int(cfg.data.global_batch_size) // 4
-    for step in range(STEPS):
+    for step in range(steps):
         batch = next(reference)
         assert final[step]['batch_sha256'] == hashlib.sha256(batch).hexdigest(), step
         assert final[step]['covered'] == {str(s): shard for s in range(4)}, step
+    return final
+
+
+def assert_params_equal_simulated(workdir, cfg, tmp_path):
+    """The job's final parameters against the same run in this process.
+
+    The job's 4 replicas on 4 of this process's 8 devices, chosen explicitly:
+    a config's mesh alone must use every device. Same samples, same roles, same
+    arithmetic; only the order in which the cross-process (gloo) all-reduce sums
+    the replicas differs from the in-process one. Measured ~3e-7 of each leaf's
+    scale after 14 steps; 1e-5 leaves room for 8 steps of AdamW amplifying that.
+    """
+    from mecefo_jax.train import build_run
+    run = build_run(cfg, str(tmp_path), replica_rows=[(d,) for d in jax.devices()[:4]])
+    simulated = main.run(cfg, str(tmp_path), run=run)['state'].params
+    real = np.load(os.path.join(workdir, 'launch', 'final_params.npz'))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(simulated)):
+        name = jax.tree_util.keystr(path)
+        np.testing.assert_allclose(real[name], leaf, rtol=0,
+                                   atol=1e-5 * float(np.max(np.abs(leaf))), err_msg=name)
+
+
+def test_every_sample_of_every_step_is_computed_exactly_once(crashed, caches):
+    _, workdir = crashed
+    final = final_provenance(workdir, overrides(caches))
     failure = json.load(open(os.path.join(workdir, 'launch', 'summary.json')))['recoveries'][0]
     down = range(failure['resume_step'], failure['resume_step'] + 2)
     for step in down:  # worker 1's replicas were absent and their shards were adopted
@@ -199,23 +226,9 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
                                                                           tmp_path):
     summary, workdir = crashed
     start = summary['recoveries'][0]['resume_step']
-    values = overrides(caches)
     # Worker 1's replicas, down for 2 steps.
-    cfg = config(values).updated({'fault.events': f'{start}:2:2,{start}:3:2'})
-    # The job's 4 replicas on 4 of this process's 8 devices, chosen explicitly:
-    # a config's mesh alone must use every device.
-    from mecefo_jax.train import build_run
-    run = build_run(cfg, str(tmp_path), replica_rows=[(d,) for d in jax.devices()[:4]])
-    simulated = main.run(cfg, str(tmp_path), run=run)['state'].params
-    real = np.load(os.path.join(workdir, 'launch', 'final_params.npz'))
-    for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(simulated)):
-        name = jax.tree_util.keystr(path)
-        # Same samples, same roles, same arithmetic; only the order in which
-        # the cross-process (gloo) all-reduce sums the replicas differs from
-        # the in-process one. Measured ~3e-7 of each leaf's scale after 14
-        # steps; 1e-5 leaves room for 8 steps of AdamW amplifying that.
-        np.testing.assert_allclose(real[name], leaf, rtol=0,
-                                   atol=1e-5 * float(np.max(np.abs(leaf))), err_msg=name)
+    cfg = config(overrides(caches)).updated({'fault.events': f'{start}:2:2,{start}:3:2'})
+    assert_params_equal_simulated(workdir, cfg, tmp_path)
 
 
 def test_a_hung_worker_is_detected_by_its_silence(cluster, caches, tmp_path):
@@ -348,7 +361,8 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(cac
     """On the default local cluster: the launcher kills itself once every keeper holds
     the snapshot worker 0 was held after (step 6). Its workers go with it; its keepers
     and the local cluster stay. The same command again finds them and resumes there,
-    redoing nothing, then removes them all at the end."""
+    redoing nothing (each step's samples computed once, the final parameters those of
+    the run uninterrupted in one process), then removes them all at the end."""
     from mecefo_jax.launch import ray_cluster
     workdir = str(tmp_path)
     launcher, args = start_launcher(caches, workdir, **{
@@ -376,6 +390,11 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(cac
     assert {'event': 'resumed', 'step': 6, 'source': 'memory'} in rows
     assert steps == list(range(1, 11))  # one loss row per step
     assert ray_cluster.local_cluster(workdir) is None and not shm.alive(host['pid'])
+    values = overrides(caches, **{'train.steps': 10, 'snapshot.every': 3})
+    final = final_provenance(workdir, values)
+    assert all(row['replicas'] == [0, 1, 2, 3] for row in final.values())  # none was down
+    (tmp_path / 'simulated').mkdir()
+    assert_params_equal_simulated(workdir, config(values), tmp_path / 'simulated')
 
 
 def test_cleanup_removes_what_a_killed_launcher_left_and_the_rerun_resumes_from_disk(
