@@ -149,7 +149,8 @@ def _launch_section() -> ConfigDict:
     section.start_timeout_sec = 1800.0
     section.stall_timeout_sec = 600.0  # no step completed anywhere this long (after a generation's first): restart it
     # After SIGTERM or Ctrl-C, how long the workers get to save a step before the
-    # launcher kills them (a worker that cannot reach the save would hold it forever).
+    # launcher kills them (a worker that cannot reach the save would hold it forever);
+    # also how long a generation gets to save and end after its last step.
     section.stop_timeout_sec = 300.0
     # Injected failures 'STEP:WORKER[:SIGNAL[:keeper|publish|snapshot]]', 'STEP:WORKER:node[:snapshot]'
     # (tests and drills on simulated nodes) or 'STEP:launcher[:SIGNAL[:snapshot]]', comma-separated

@@ -257,12 +257,16 @@ def start_launcher(caches, workdir, *, address=None, **extra):
     return launcher, args
 
 
-def wait_for(path_glob, launcher, limit=300):
+def wait_until(condition, launcher, what, limit=300):
+    """Hold the test until `condition()` holds (a state of the job, not a time)."""
     deadline = time.monotonic() + limit
-    while not glob.glob(path_glob):
-        assert time.monotonic() < deadline and launcher.poll() is None, \
-            f'{path_glob} never appeared'
+    while not condition():
+        assert time.monotonic() < deadline and launcher.poll() is None, f'{what} never happened'
         time.sleep(0.1)
+
+
+def wait_for(path_glob, launcher, limit=300):
+    wait_until(lambda: glob.glob(path_glob), launcher, f'{path_glob} appearing', limit)
 
 
 def loss_steps(workdir):
@@ -284,7 +288,9 @@ def test_ctrl_c_saves_a_step_and_leaves_no_worker_keeper_or_shared_memory(cluste
     launcher, _ = start_launcher(caches, workdir, address=cluster.address, **{'train.steps': 2000})
     wait_for(os.path.join(workdir, 'launch', 'g0_w*_start.json'), launcher)
     keepers = live_keeper_pids(workdir)
-    assert len(keepers) == WORKERS and all(shm.listed(p) for p in keepers)
+    assert len(keepers) == WORKERS
+    # Every keeper's first snapshot (after step 1) gives it shared memory to leave behind.
+    wait_until(lambda: all(shm.listed(p) for p in keepers), launcher, 'a snapshot in every keeper')
     launcher.send_signal(signal.SIGINT)
     from mecefo_jax.preemption import EXIT_PREEMPTED
     assert launcher.wait(timeout=120) == EXIT_PREEMPTED

@@ -343,8 +343,21 @@ class Launcher:
                 return self._failed(gen, deaths, first_seen)
 
     def _hung(self, gen: Generation, progress: int, stalled: float, now: float) -> Outcome | None:
-        """A generation that completes no step: within the start timeout, or for the stall timeout."""
+        """A generation that completes no step: within the start timeout, or for the stall timeout.
+
+        After its last step a generation saves and ends, which no step marks:
+        `launch.stop_timeout_sec` bounds that phase instead of the stall timeout
+        (a slow final save is not a stuck collective).
+        """
         running = len(gen.ends) < len(gen.members)
+        if progress >= (gen.stop_at or int(self.cfg.train.steps)):
+            limit = self.cfg.launch.stop_timeout_sec
+            if stalled > limit and running:
+                self.log(f'[launch] no end {stalled:.0f} s after the last step '
+                         '(launch.stop_timeout_sec): the generation hangs')
+                return Outcome('failed', [], f'no end within {limit:.1f} s of the last step',
+                               now - stalled, now, progress)
+            return None
         if progress <= 0 and now - gen.started > self.cfg.launch.start_timeout_sec and running:
             self.log(f'[launch] no step completed {now - gen.started:.0f} s after the start '
                      '(launch.start_timeout_sec): the generation hangs')

@@ -1,0 +1,58 @@
+"""The launcher's watchdog: which silence of a generation is a hang (no processes started).
+
+Start, steps and the end are bounded separately: the start by
+`launch.start_timeout_sec`, a step by `launch.stall_timeout_sec`, and the save
+and exit after a generation's last step by `launch.stop_timeout_sec`. A slow
+final save under load was once taken for a stuck collective, and a finished
+job was torn down and run again.
+"""
+import pytest
+
+from configs.tiny import get_config
+from mecefo_jax.launch.generation import Generation
+from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.settings import resolve
+
+STEPS, START, STALL, STOP = 16, 30.0, 8.0, 20.0
+NOW = 1000.0
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    cfg = resolve(get_config()).updated({
+        'train.steps': STEPS, 'mesh.data': 4, 'launch.local_devices': 2,
+        'launch.start_timeout_sec': START, 'launch.stall_timeout_sec': STALL,
+        'launch.stop_timeout_sec': STOP})
+    return Launcher(cfg, str(tmp_path), 2, log=lambda _: None)
+
+
+def generation(stop_at=0, ended=()):
+    gen = Generation(1, [0, 1], 'memory', stop_at, started=NOW - 100.0)
+    gen.ends = {w: {'finished': True} for w in ended}
+    return gen
+
+
+def test_a_generation_without_a_step_hangs_after_the_start_timeout(launcher):
+    gen = generation()
+    gen.started = NOW - START + 1.0
+    assert launcher._hung(gen, 0, 0.0, NOW) is None
+    gen.started = NOW - START - 1.0
+    assert 'of the start' in launcher._hung(gen, 0, 0.0, NOW).cause
+
+
+def test_a_step_that_never_completes_is_a_stall(launcher):
+    assert launcher._hung(generation(), 5, STALL - 1.0, NOW) is None
+    hung = launcher._hung(generation(), 5, STALL + 1.0, NOW)
+    assert hung.cause.startswith('no step completed for') and hung.completed_steps == 5
+
+
+@pytest.mark.parametrize('stop_at,last', [(0, STEPS), (10, 10)])  # the run's end, a planned stop
+def test_after_the_last_step_the_end_gets_the_stop_timeout_not_the_stall_timeout(
+        launcher, stop_at, last):
+    assert launcher._hung(generation(stop_at), last, (STALL + STOP) / 2, NOW) is None
+    hung = launcher._hung(generation(stop_at), last, STOP + 1.0, NOW)
+    assert hung.cause == f'no end within {STOP:.1f} s of the last step'
+
+
+def test_a_generation_whose_workers_all_ended_is_not_hung(launcher):
+    assert launcher._hung(generation(ended=(0, 1)), 5, STOP + STALL, NOW) is None
