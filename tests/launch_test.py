@@ -231,6 +231,34 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
     assert_params_equal_simulated(workdir, cfg, tmp_path)
 
 
+def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
+    """A standby still importing (here one that never warms: `Worker(False)`) is killed,
+    not taken: its lowest-priority warm-up thread can hold the GIL for seconds on a
+    loaded machine. A warm one on the asked-for node is taken."""
+    import ray
+
+    from mecefo_jax.launch import actors
+    from mecefo_jax.launch.standby import Standbys
+    from mecefo_jax.launch.worker import Worker
+    standbys, node = Standbys(), cluster.head
+    standbys.fill({0: node, 1: node}, env={}, gpus={})
+    cold = ray.remote(Worker).options(**actors.options(env={}, node_id=node, concurrency=4)).remote(False)
+    cold_pid = ray.get(cold.info.remote())['pid']
+    standbys._ready[1] = (node, cold)
+    warm = standbys._ready[0][1]
+    deadline = time.monotonic() + 120
+    while not ray.get(warm.is_warm.remote()):  # hold until the warm-up is done
+        assert time.monotonic() < deadline, 'the standby never warmed'
+        time.sleep(0.2)
+    assert standbys.take(0, node) is warm
+    assert standbys.take(1, node) is None
+    deadline = time.monotonic() + 30
+    while shm.alive(cold_pid):  # killed
+        assert time.monotonic() < deadline, 'the cold standby was left running'
+        time.sleep(0.2)
+    ray.kill(warm)
+
+
 def test_a_hung_worker_is_detected_by_its_silence(cluster, caches, tmp_path):
     timeout = 3.0
     summary = launch(overrides(caches, **{'launch.kill': '2:1:STOP', 'train.steps': 4,

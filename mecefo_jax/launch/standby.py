@@ -15,6 +15,8 @@ from __future__ import annotations
 from mecefo_jax.launch import actors
 from mecefo_jax.launch.worker import Worker
 
+_ASK_SEC = 1.0  # a standby that cannot say it is warm within this is not
+
 
 class Standbys:
     """worker -> (node, actor) of a warm `Worker` waiting to be taken."""
@@ -31,23 +33,42 @@ class Standbys:
             if held is not None and held[0] == node:
                 continue
             if held is not None:
-                ray.kill(held[1])
+                _kill(held[1])
             opts = actors.options(env=env, node_id=node, gpus=gpus.get(w, 0), concurrency=4)
             self._ready[w] = (node, cls.options(**opts).remote())
 
     def take(self, worker: int, node: str):
-        """The standby of `worker` if it waits on `node` (and is taken from the pool), else None."""
-        held = self._ready.get(worker)
-        if held is None or held[0] != node:
+        """The standby of `worker` if it waits warm on `node` (taken from the pool), else None.
+
+        One still importing is killed instead: its warm-up thread runs at the
+        lowest OS priority and, on a loaded machine, holds the GIL and the
+        import lock for seconds while it waits for a CPU, so the worker would
+        answer neither `run` nor the launcher's progress requests (a healthy
+        worker taken for a silent one). A new actor imports at full priority.
+        """
+        import ray
+        from ray.exceptions import GetTimeoutError, RayError
+        held = self._ready.pop(worker, None)
+        if held is None:
             return None
-        del self._ready[worker]
-        return held[1]
+        if held[0] == node:
+            try:
+                if ray.get(held[1].is_warm.remote(), timeout=_ASK_SEC):
+                    return held[1]
+            except (RayError, GetTimeoutError):
+                pass
+        _kill(held[1])
+        return None
 
     def close(self) -> None:
-        import ray
         for _, actor in self._ready.values():
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 (its node is gone already)
-                pass
+            _kill(actor)
         self._ready.clear()
+
+
+def _kill(actor) -> None:
+    import ray
+    try:
+        ray.kill(actor)
+    except Exception:  # noqa: BLE001 (its node is gone already)
+        pass

@@ -82,8 +82,9 @@ class Worker:
     Created ahead as a *standby* (`launch/standby.py`) it imports jax and the
     training stack in a thread at the lowest OS priority (Linux niceness is
     per thread), so that a relaunch finds a warm process without the warm-up
-    slowing the generation that trains meanwhile. `run` waits for what is
-    still importing.
+    slowing the generation that trains meanwhile. Only a warm one is taken:
+    on a loaded machine a thread at that priority holds the GIL and the import
+    lock for seconds at a time, and the actor would not answer.
     """
 
     def __init__(self, warm: bool = True):
@@ -103,6 +104,10 @@ class Worker:
         from mecefo_jax import main, train  # noqa: F401
         from mecefo_jax.launch import worker_state  # noqa: F401
         self.warmed = time.time()
+
+    def is_warm(self) -> bool:
+        """Whether the warm-up imports are done (a standby still in them is not taken)."""
+        return self.warmed is not None
 
     def info(self) -> dict:
         import ray
