@@ -18,12 +18,10 @@ import subprocess
 import sys
 import time
 
-import jax
-import numpy as np
 import pytest
+from simulated_params import assert_params_equal_simulated
 
 from configs.tiny import get_config
-from mecefo_jax import main
 from mecefo_jax.launch import generation
 from mecefo_jax.launch.ray_cluster import namespace_of
 from mecefo_jax.launch.supervisor import Launcher
@@ -194,25 +192,6 @@ def final_provenance(workdir, values) -> dict:
     return final
 
 
-def assert_params_equal_simulated(workdir, cfg, tmp_path):
-    """The job's final parameters against the same run in this process.
-
-    The job's 4 replicas on 4 of this process's 8 devices, chosen explicitly:
-    a config's mesh alone must use every device. Same samples, same roles, same
-    arithmetic; only the order in which the cross-process (gloo) all-reduce sums
-    the replicas differs from the in-process one. Measured ~3e-7 of each leaf's
-    scale after 14 steps; 1e-5 leaves room for 8 steps of AdamW amplifying that.
-    """
-    from mecefo_jax.train import build_run
-    run = build_run(cfg, str(tmp_path), replica_rows=[(d,) for d in jax.devices()[:4]])
-    simulated = main.run(cfg, str(tmp_path), run=run)['state'].params
-    real = np.load(os.path.join(workdir, 'launch', 'final_params.npz'))
-    for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(simulated)):
-        name = jax.tree_util.keystr(path)
-        np.testing.assert_allclose(real[name], leaf, rtol=0,
-                                   atol=1e-5 * float(np.max(np.abs(leaf))), err_msg=name)
-
-
 def test_every_sample_of_every_step_is_computed_exactly_once(crashed, caches):
     _, workdir = crashed
     final = final_provenance(workdir, overrides(caches))
@@ -228,7 +207,7 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
     start = summary['recoveries'][0]['resume_step']
     # Worker 1's replicas, down for 2 steps.
     cfg = config(overrides(caches)).updated({'fault.events': f'{start}:2:2,{start}:3:2'})
-    assert_params_equal_simulated(workdir, cfg, tmp_path)
+    assert_params_equal_simulated(workdir, cfg, tmp_path, replicas=4)
 
 
 def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
@@ -428,7 +407,7 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(cac
     final = final_provenance(workdir, values)
     assert all(row['replicas'] == [0, 1, 2, 3] for row in final.values())  # none was down
     (tmp_path / 'simulated').mkdir()
-    assert_params_equal_simulated(workdir, config(values), tmp_path / 'simulated')
+    assert_params_equal_simulated(workdir, config(values), tmp_path / 'simulated', replicas=4)
 
 
 def test_cleanup_removes_what_a_killed_launcher_left_and_the_rerun_resumes_from_disk(

@@ -10,12 +10,10 @@ its state from its peers. Placement refusals need no job at all.
 import json
 import os
 
-import jax
-import numpy as np
 import pytest
+from simulated_params import assert_params_equal_simulated
 
 from configs.tiny import get_config
-from mecefo_jax import main
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.settings import resolve
 
@@ -84,16 +82,7 @@ def test_every_step_of_a_node_loss_is_computed_exactly_once(lost):
 def test_final_parameters_equal_the_same_failure_simulated_in_one_process(lost):
     _, workdir, tmp = lost
     cfg = config(tmp).updated({'fault.events': f'4:1:{RETURN}'})
-    from mecefo_jax.train import build_run
-    sim = str(tmp / 'simulated')
-    run = build_run(cfg, sim, replica_rows=[(d,) for d in jax.devices()[:WORKERS]])
-    simulated = main.run(cfg, sim, run=run)['state'].params
-    real = np.load(os.path.join(workdir, 'launch', 'final_params.npz'))
-    for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(simulated)):
-        name = jax.tree_util.keystr(path)
-        # As in tests/launch_test.py: only the cross-process summation order differs.
-        np.testing.assert_allclose(real[name], leaf, rtol=0,
-                                   atol=1e-5 * float(np.max(np.abs(leaf))), err_msg=name)
+    assert_params_equal_simulated(workdir, cfg, tmp / 'simulated', replicas=WORKERS)
 
 
 def test_a_placement_that_one_lost_node_would_end_is_refused(cluster, tmp_path):
