@@ -55,3 +55,38 @@ def test_the_coordinator_binds_only_the_launchers_address():
     assert listening_addresses(bind=True) == {'127.0.0.1'}
     # JAX's default listens on every interface ([::]): what join() avoids.
     assert '::' in listening_addresses(bind=False)
+
+
+# Joins a 2-process job, says so, and waits on stdin; then leaves Python
+# without jax.distributed.shutdown, as a worker does when its run failed.
+HELD = """
+import sys
+from mecefo_jax.launch.coordinator import join
+join(f'127.0.0.1:{sys.argv[1]}', 2, int(sys.argv[2]))
+print('joined', flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_process_leaving_after_its_peer_died_exits_at_once():
+    # Without the exit hook, JAX's shutdown barrier waits for the dead peer
+    # until the heartbeat timeout (100 s) aborts the process: SIGABRT, rc -6.
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    env = {'JAX_PLATFORMS': 'cpu', 'PATH': '/usr/bin:/bin'}
+    procs = [subprocess.Popen([sys.executable, '-c', HELD, str(port), str(i)], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == 'joined'
+        procs[1].kill()
+        procs[1].wait()
+        procs[0].stdin.write('\n')
+        procs[0].stdin.flush()
+        assert procs[0].wait(timeout=60) == 0  # well inside the 100 s heartbeat timeout
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -87,13 +87,20 @@ def keeper_names(workdir) -> list[str]:
                   if a['namespace'] == namespace)
 
 
-def assert_nothing_left(workdir, keeper_pids=()):
-    """No worker process, keeper actor or keeper segment of the job remains."""
-    deadline = time.monotonic() + 30  # Ray reaps a dead driver's actors within seconds
-    while [p for p in worker_pids(workdir) if shm.alive(p)] or keeper_names(workdir):
-        assert time.monotonic() < deadline, (
-            f'left behind: workers {[p for p in worker_pids(workdir) if shm.alive(p)]}, '
-            f'keepers {keeper_names(workdir)}')
+def assert_nothing_left(workdir, keeper_pids=(), *, launcher_killed=False):
+    """No worker process, keeper actor or keeper segment of the job remains.
+
+    A launcher returns only after every worker process it ran has exited. A
+    SIGKILLed launcher's workers are ended by Ray (their driver died), and
+    Ray reaps killed keeper actors: both within seconds.
+    """
+    deadline = time.monotonic() + 30
+    while launcher_killed and [p for p in worker_pids(workdir) if shm.alive(p)]:
+        assert time.monotonic() < deadline, 'workers outlived their killed launcher'
+        time.sleep(0.2)
+    assert not [p for p in worker_pids(workdir) if shm.alive(p)], 'workers outlived the launcher'
+    while keeper_names(workdir):
+        assert time.monotonic() < deadline, f'left behind: keepers {keeper_names(workdir)}'
         time.sleep(0.2)
     assert not [p for p in keeper_pids if shm.alive(p) or shm.listed(p)]
 
@@ -427,7 +434,7 @@ def test_cleanup_removes_what_a_killed_launcher_left_and_the_rerun_resumes_from_
                              timeout=120)
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
     assert json.loads(cleaned.stdout)['keepers'] == ['keeper0', 'keeper1']
-    assert_nothing_left(workdir, keepers)
+    assert_nothing_left(workdir, keepers, launcher_killed=True)
     newest = max(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
     rerun(args, newest + 2)
     steps, rows = loss_steps(workdir)

@@ -229,9 +229,8 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     _write(os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.json'),
            {'lost_worker': lost, 'worker': worker, 'process_id': process_id,
             'train_step_sec': step_sec, 'programs': stats.programs})
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices('compile ahead done')
-    jax.distributed.shutdown()
+    from mecefo_jax.launch.coordinator import leave
+    leave('compile ahead done')
     return {'compiled': stats.misses, 'cached': stats.hits, 'train_step_sec': step_sec}
 
 

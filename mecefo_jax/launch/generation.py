@@ -12,15 +12,19 @@ does not notice a stopped process).
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal as signal_lib
 import time
 
 from mecefo_jax.launch import actors
 from mecefo_jax.launch.exits import CRASH, PROGRAM_ERROR, Death
 from mecefo_jax.launch.progress import parse_report
-from mecefo_jax.launch.worker import Worker, WorkerArgs
+from mecefo_jax.launch.worker import Worker, WorkerArgs, this_host
+from mecefo_jax.snapshot import shm
 
 PROGRESS_SEC = 0.2  # how often each worker is asked how far it got
 _TEARDOWN_SEC = 30.0  # Ray kills a worker within this (SIGKILL from its raylet)
+_EXIT_POLL_SEC = 0.02
 
 
 @dataclasses.dataclass
@@ -174,7 +178,12 @@ def wait_dead(gen: Generation, worker: int, timeout: float = _TEARDOWN_SEC) -> N
 
 
 def stop(gen: Generation | None) -> None:
-    """Kill every worker of the generation (stopped ones too) and wait until they are gone."""
+    """Kill every worker of the generation (stopped ones too) and wait until they are gone.
+
+    Gone means the process has exited, on this machine: Ray marks a killed
+    actor dead before its process ends, and can end it by a graceful exit
+    (Python's, atexit included) instead of the kill.
+    """
     if gen is None or not gen.actors:
         return
     import ray
@@ -184,4 +193,31 @@ def stop(gen: Generation | None) -> None:
         except Exception:  # noqa: BLE001 (already dead)
             pass
     ray.wait(list(gen.runs.values()), num_returns=len(gen.runs), timeout=_TEARDOWN_SEC)
+    here = this_host()
+    wait_exited([gen.info[w]['pid'] for w in gen.actors
+                 if gen.info.get(w, {}).get('host') == here], _TEARDOWN_SEC)
     gen.actors.clear()
+
+
+def wait_exited(pids: list, timeout: float) -> None:
+    """Wait until every process in `pids` (Ray workers on this machine) has exited.
+
+    One still there after `timeout` is SIGKILLed, if it is still a Ray worker
+    (a pid can be reused).
+    """
+    deadline = time.monotonic() + timeout
+    while any(shm.alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            for p in pids:
+                if shm.alive(p) and _is_ray_worker(p):
+                    os.kill(p, signal_lib.SIGKILL)
+            deadline = float('inf')
+        time.sleep(_EXIT_POLL_SEC)
+
+
+def _is_ray_worker(pid: int) -> bool:
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return f.read().startswith(b'ray::')
+    except OSError:
+        return False

@@ -39,6 +39,16 @@ from mecefo_jax.launch.progress import Progress
 from mecefo_jax.observers import Observer  # pure Python: no jax before the actor is up
 
 
+def this_host() -> str:
+    """This machine, by name and boot: a pid names a process only on its own machine."""
+    try:
+        with open('/proc/sys/kernel/random/boot_id') as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ''
+    return f'{socket.gethostname()}/{boot}'
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerArgs:
     """What one worker of one generation runs (sent by the launcher to its actor)."""
@@ -113,7 +123,7 @@ class Worker:
         import ray
         context = ray.get_runtime_context()
         return {'pid': os.getpid(), 'node_id': context.get_node_id(),
-                'ip': ray.util.get_node_ip_address()}
+                'ip': ray.util.get_node_ip_address(), 'host': this_host()}
 
     def free_port(self) -> int:
         """A free port on this node for the coordinator (process 0 binds it next)."""
@@ -214,12 +224,8 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     _write_json(os.path.join(args.out_dir, f'{args.tag}_end.json'), end)
     if step_log.provenance is not None:
         step_log.provenance.close()
-    # Every process reaches the end before any leaves: a process that shuts
-    # down while a peer still talks to the coordination service can make that
-    # peer abort (SIGABRT) at a planned stop.
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices(f'end of generation {args.generation}')
-    jax.distributed.shutdown()
+    from mecefo_jax.launch.coordinator import leave
+    leave(f'end of generation {args.generation}')
     return end
 
 
