@@ -202,22 +202,17 @@ def stop(gen: Generation | None) -> None:
 def wait_exited(pids: list, timeout: float) -> None:
     """Wait until every process in `pids` (Ray workers on this machine) has exited.
 
-    One still there after `timeout` is SIGKILLed, if it is still a Ray worker
-    (a pid can be reused).
+    Past `timeout`, the ones still Ray workers are SIGKILLed and waited for;
+    one that is not has exited and its pid was reused.
     """
     deadline = time.monotonic() + timeout
-    while any(shm.alive(p) for p in pids):
+    while pids := [p for p in pids if shm.alive(p)]:
         if time.monotonic() > deadline:
+            pids = [p for p in pids if (shm.cmdline(p) or '').startswith('ray::')]
             for p in pids:
-                if shm.alive(p) and _is_ray_worker(p):
+                try:
                     os.kill(p, signal_lib.SIGKILL)
+                except ProcessLookupError:
+                    pass
             deadline = float('inf')
         time.sleep(_EXIT_POLL_SEC)
-
-
-def _is_ray_worker(pid: int) -> bool:
-    try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-            return f.read().startswith(b'ray::')
-    except OSError:
-        return False

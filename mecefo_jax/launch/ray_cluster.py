@@ -82,10 +82,8 @@ def _is_our_host(pid: int, workdir: str) -> bool:
     """Whether `pid` is a running ray_host holding `workdir`'s cluster (not a reused pid)."""
     if not shm.alive(pid):
         return False
-    try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-            cmdline = f.read().decode(errors='replace')
-    except OSError:
+    cmdline = shm.cmdline(pid)
+    if cmdline is None:
         return True  # no /proc: trust the pid
     return 'mecefo_jax.launch.ray_host' in cmdline and _state_path(workdir) in cmdline
 

@@ -134,6 +134,15 @@ def alive(pid: int) -> bool:
         return True
 
 
+def cmdline(pid: int) -> str | None:
+    """`pid`'s command line (a process title, when it set one), or None where it cannot be read."""
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return f.read().decode(errors='replace')
+    except OSError:
+        return None
+
+
 def remove_stale() -> list[str]:
     """Unlink segments whose keeper process is gone; returns their names."""
     try:

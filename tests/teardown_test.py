@@ -1,0 +1,47 @@
+"""The launcher's teardown waits for its killed workers' processes to exit (no Ray here)."""
+import subprocess
+import threading
+
+from mecefo_jax.launch.generation import wait_exited
+from mecefo_jax.snapshot import shm
+
+
+def spawn(title: str) -> subprocess.Popen:
+    """A process whose command line starts with `title`, as a Ray worker's process title does."""
+    return subprocess.Popen(['bash', '-c', f"exec -a '{title}' sleep 600"])
+
+
+def wait_exited_within(pids, timeout, limit=30.0) -> bool:
+    """Whether wait_exited(pids, timeout) returned within `limit` seconds."""
+    waiter = threading.Thread(target=wait_exited, args=(pids, timeout), daemon=True)
+    waiter.start()
+    waiter.join(limit)
+    return not waiter.is_alive()
+
+
+def test_a_worker_still_there_after_the_timeout_is_killed():
+    worker = spawn('ray::Worker.run')
+    try:
+        assert wait_exited_within([worker.pid], 0.2)
+        assert not shm.alive(worker.pid)
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_a_reused_pid_is_neither_killed_nor_waited_for():
+    # The worker's pid now names another process: the worker has exited.
+    other = spawn('not-a-ray-worker')
+    try:
+        assert wait_exited_within([other.pid], 0.2)
+        assert shm.alive(other.pid)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_exited_processes_need_no_wait():
+    gone = spawn('ray::Worker.run')
+    gone.kill()
+    gone.wait()
+    assert wait_exited_within([gone.pid], 60.0, limit=5.0)
