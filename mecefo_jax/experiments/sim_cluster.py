@@ -30,7 +30,9 @@ class SimulatedCluster:
     """A head node plus `nodes - 1` worker nodes on this machine; this process is their owner."""
 
     def __init__(self, nodes: int, *, object_store_mb: int = 96, connect: bool = True):
-        os.environ.setdefault('RAY_AUTH_MODE', 'token')
+        if os.environ.setdefault('RAY_AUTH_MODE', 'token') == 'token':
+            from mecefo_jax.launch.ray_cluster import ensure_token
+            ensure_token()  # a fresh machine has none, and Cluster's head would not start
         from ray.cluster_utils import Cluster
         start = time.perf_counter()
         node_args = {'num_cpus': 1, 'object_store_memory': object_store_mb << 20}

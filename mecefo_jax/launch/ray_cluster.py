@@ -66,6 +66,25 @@ def use_token_auth() -> None:
     Config.initialize('')
 
 
+def ensure_token() -> bool:
+    """Make this machine's token (`~/.ray/auth_token`) if token authentication finds none;
+    whether one was made.
+
+    `ray.init()` makes it when it starts a local cluster, but a cluster started
+    otherwise (`ray.cluster_utils.Cluster`, `ray start --head`) does not: on a
+    fresh machine its GCS server then aborts and the start times out after
+    30 s. This is what `ray get-auth-token --generate` does, in this process.
+    """
+    from ray._private.authentication.authentication_token_setup import generate_and_save_token
+    from ray._raylet import AuthenticationTokenLoader
+    loader = AuthenticationTokenLoader.instance()
+    if loader.has_token(ignore_auth_mode=True):
+        return False
+    generate_and_save_token()
+    loader.reset_cache()
+    return True
+
+
 def _state_path(workdir: str) -> str:
     return os.path.join(os.path.abspath(workdir), 'launch', STATE_FILE)
 

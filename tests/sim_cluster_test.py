@@ -1,0 +1,28 @@
+"""The simulated Ray cluster starts on a fresh machine, as CI's is."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.subprocess]
+
+_START = """
+from mecefo_jax.experiments.sim_cluster import SimulatedCluster
+with SimulatedCluster(1, connect=False) as cluster:
+    print('up at', cluster.address)
+"""
+
+
+def test_a_simulated_cluster_starts_where_no_ray_token_exists_yet(tmp_path):
+    # A home with no ~/.ray/auth_token: ray.cluster_utils.Cluster makes none,
+    # and its head's GCS server aborted under token authentication (a 30 s
+    # start timeout, then every Ray test module's fixture failed).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('RAY_AUTH_MODE', 'RAY_AUTH_TOKEN', 'RAY_AUTH_TOKEN_PATH', 'RAY_ADDRESS')}
+    env['HOME'] = str(tmp_path)
+    done = subprocess.run([sys.executable, '-c', _START], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert 'up at' in done.stdout
+    assert (tmp_path / '.ray' / 'auth_token').stat().st_size > 0
