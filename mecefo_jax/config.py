@@ -115,9 +115,10 @@ def _fault_section() -> ConfigDict:
     section.step_time_sec = 60.0  # cluster seconds per step, converts hours to steps
     section.seed = 0  # seed of the random failure process (identical on every host)
     section.max_concurrent = 0  # cap on replicas down at once; 0 = all but one
-    # mecefo_planned: at most this many rows per step in neighbour mode (the helpers' own
-    # shards and the failed shards' rows), so fewer helpers take more rows each: closer to
-    # exact gradients, at the price of steps that may exceed one normal step. 0: no cap.
+    # mecefo_planned: at most this many rows per step in neighbour mode, closer to exact
+    # gradients at the price of steps over one normal step: fewer neighbour helpers with
+    # more rows each, or (no memory bound) mixed helpers that keep their own shard exact
+    # and approximate only the adopted rows. 0: no cap.
     section.max_neighbour_rows = 0
     section.checkpoint_every = 10  # checkpoint_restart: save period in steps
     section.relaunch_delay_sec = 120.0  # checkpoint_restart: modelled job relaunch, reported apart

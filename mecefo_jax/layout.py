@@ -7,7 +7,11 @@ the step consumes. Failures change the layout, never the samples.
 
 Every replica runs one *program*: a role and a number of example rows, all of
 its pieces joined into one batch (so a neighbour's two shards take one
-backward pass, with no gradient accumulator). Replicas of the same role share
+backward pass, with no gradient accumulator). Three roles: *normal* computes
+every row exactly; *neighbour* computes every row in MeCeFO's neighbour mode
+(the paper's rule, for its own shard and the adopted ones alike); *mixed*
+computes its first piece (its own shard) exactly and only the adopted rows
+in neighbour mode, in the same single backward pass. Replicas of the same role share
 the program of the busiest of them, padding masked by zero weights: a
 synchronous step lasts as long as its slowest device anyway, and fewer
 distinct programs mean fewer branches and compilations. A layout whose only
@@ -22,7 +26,8 @@ import numpy as np
 
 ROLE_NORMAL = 0  # exact gradients
 ROLE_NEIGHBOUR = 1  # MeCeFO approximate backward on every example it computes
-ROLE_NAMES = {ROLE_NORMAL: 'normal', ROLE_NEIGHBOUR: 'neighbour'}
+ROLE_MIXED = 2  # own shard exact, adopted rows in MeCeFO's approximate backward
+ROLE_NAMES = {ROLE_NORMAL: 'normal', ROLE_NEIGHBOUR: 'neighbour', ROLE_MIXED: 'mixed'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +44,25 @@ class Piece:
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Program:
-    """What one device runs: `rows` examples (padding included) in `role`."""
+    """What one device runs: `rows` examples (padding included) in `role`; a mixed
+    program computes its first `exact` rows exactly and the rest in neighbour mode."""
     role: int
     rows: int
+    exact: int = 0  # mixed only
+
+    def __post_init__(self):
+        if (self.role == ROLE_MIXED) != (0 < self.exact < self.rows):
+            raise ValueError(f'{self}: a mixed program, and only one, has 0 < exact < rows.')
+
+    @property
+    def exact_rows(self) -> int:
+        """Rows computed exactly (the first ones); the rest are in neighbour mode."""
+        return {ROLE_NORMAL: self.rows, ROLE_NEIGHBOUR: 0}.get(self.role, self.exact)
 
     @property
     def name(self) -> str:
+        if self.role == ROLE_MIXED:
+            return f'{ROLE_NAMES[self.role]}x{self.exact}+{self.rows - self.exact}'
         return f'{ROLE_NAMES[self.role]}x{self.rows}'
 
 
@@ -54,7 +72,8 @@ class Layout:
 
     `replicas[i]` is the original data-axis index of the i-th live replica (the
     i-th row of the current mesh); `pieces[i]` lists what it computes, joined
-    into one batch in that order; `roles[i]` is its role for all of them.
+    into one batch in that order; `roles[i]` is its role (a mixed replica's
+    first piece is the one it computes exactly).
     """
     replicas: tuple[int, ...]
     roles: tuple[int, ...]
@@ -69,18 +88,42 @@ class Layout:
             for piece in pieces:
                 if piece.size <= 0:
                     raise ValueError(f'{piece} is empty.')
+            if role == ROLE_MIXED and len(pieces) < 2:
+                raise ValueError('A mixed replica computes its first piece exactly and '
+                                 f'adopts more; it has {pieces}.')
+        if len({p[0].size for p, r in zip(self.pieces, self.roles) if r == ROLE_MIXED}) > 1:
+            raise ValueError('Mixed replicas share one program: their first pieces (computed '
+                             'exactly) must be of one size.')
 
     def rows(self, i: int) -> int:
         """Real examples of live row i."""
         return sum(piece.size for piece in self.pieces[i])
 
+    def neighbour_rows(self, i: int) -> int:
+        """Real examples of live row i computed in neighbour mode."""
+        return {ROLE_NORMAL: 0, ROLE_NEIGHBOUR: self.rows(i)}.get(
+            self.roles[i], self.rows(i) - self.pieces[i][0].size)
+
+    def neighbour_mode_rows(self) -> int:
+        """Examples computed in neighbour mode, over every live replica."""
+        return sum(self.neighbour_rows(i) for i in range(len(self.replicas)))
+
+    @property
+    def uses_neighbour_mode(self) -> bool:
+        """Some replica approximates (the projections V must be fresh)."""
+        return any(role != ROLE_NORMAL for role in self.roles)
+
     @property
     def programs(self) -> tuple[Program, ...]:
         """The distinct device programs, sorted: per role, its busiest replica's rows."""
         busiest: dict[int, int] = {}
+        exact: dict[int, int] = {}
         for i, role in enumerate(self.roles):
             busiest[role] = max(busiest.get(role, 1), self.rows(i))
-        return tuple(sorted(Program(role, rows) for role, rows in busiest.items()))
+            if role == ROLE_MIXED:
+                exact[role] = self.pieces[i][0].size
+        return tuple(sorted(Program(role, rows, exact.get(role, 0))
+                            for role, rows in busiest.items()))
 
     def program_index(self) -> tuple[int, ...]:
         """Per live row, the index of its program in `programs`."""

@@ -11,10 +11,12 @@ A layout's device programs (layout.py) decide the step's form:
   Each device takes its program with `lax.switch` (it runs only that branch)
   and computes ONE forward/backward over its joined rows in its role: exact
   for normal devices, MeCeFO's neighbour mode for a neighbour (Hu et al.,
-  NeurIPS 2025, arXiv 2510.16415). Devices return gradient *sums* and token
-  counts; both are `psum`med and divided afterwards, so attention-branch
-  parameters are averaged over normal devices' tokens and everything else
-  over all tokens (the combination rule, docs/algorithm.md section 4).
+  NeurIPS 2025, arXiv 2510.16415), both for a mixed helper (its own rows
+  exact, the adopted ones in neighbour mode, one loss summed over both).
+  Devices return gradient *sums* and token counts; both are `psum`med and
+  divided afterwards, so attention-branch parameters are averaged over the
+  tokens computed exactly and everything else over all tokens (the
+  combination rule, docs/algorithm.md section 4).
   Joining the neighbour's shards into one batch means no float32 gradient
   accumulator beside the gradients.
 
@@ -35,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from mecefo_jax import optim, sharding
 from mecefo_jax import projections as proj_lib
-from mecefo_jax.layout import ROLE_NEIGHBOUR
+from mecefo_jax.layout import ROLE_NORMAL
 from mecefo_jax.model import PROJECTIONS, Llama, is_attention_branch
 
 DATA = sharding.DATA_AXIS
@@ -67,12 +69,19 @@ def _plain_grads(model: Llama, params, projections, batch):
 
 
 def _program_grads(model: Llama, program, params, projections, tokens_ct, weights_c):
-    """(gradient sum, loss sum) of one device program over its first `rows` rows."""
-    tokens_pt, weights_p = tokens_ct[:program.rows], weights_c[:program.rows]
-    loss, grads = jax.value_and_grad(
-        lambda p: token_loss_sum(model, p, projections, tokens_pt, weights_p,
-                                 neighbour=program.role == ROLE_NEIGHBOUR))(params)
-    return grads, loss
+    """(gradient sum, loss sum, exact tokens) of one device program over its first
+    `rows` rows: the first `exact_rows` exactly, the rest in neighbour mode."""
+    exact = program.exact_rows
+    parts = [(start, stop, neighbour) for start, stop, neighbour in
+             ((0, exact, False), (exact, program.rows, True)) if stop > start]
+
+    def loss_sum(p):
+        return sum(token_loss_sum(model, p, projections, tokens_ct[start:stop],
+                                  weights_c[start:stop], neighbour=neighbour)
+                   for start, stop, neighbour in parts)
+
+    loss, grads = jax.value_and_grad(loss_sum)(params)
+    return grads, loss, _token_count(tokens_ct[:exact], weights_c[:exact])
 
 
 def _device_grads(model: Llama, programs, params, projections, tokens_ct, weights_c,
@@ -84,11 +93,9 @@ def _device_grads(model: Llama, programs, params, projections, tokens_ct, weight
     params, projections = lax.pcast((params, projections), DATA, to='varying')
     branches = [functools.partial(_program_grads, model, p, params, projections, tokens_ct,
                                   weights_c) for p in programs]
-    grads, loss_sum = (branches[0]() if len(branches) == 1
-                       else lax.switch(program_1[0], branches))
+    grads, loss_sum, attn_tokens = (branches[0]() if len(branches) == 1
+                                    else lax.switch(program_1[0], branches))
     tokens = _token_count(tokens_ct, weights_c)  # rows past the program are padding (weight 0)
-    is_neighbour = jnp.asarray([p.role == ROLE_NEIGHBOUR for p in programs])[program_1[0]]
-    attn_tokens = jnp.where(is_neighbour, 0.0, tokens)
     return lax.psum((grads, loss_sum, tokens, attn_tokens), DATA)
 
 
@@ -107,7 +114,7 @@ def attention_mask(params):
 
 
 def is_plain(programs) -> bool:
-    return len(programs) == 1 and programs[0].role != ROLE_NEIGHBOUR
+    return len(programs) == 1 and programs[0].role == ROLE_NORMAL
 
 
 def make_grad_fn(model: Llama, mesh, programs):
@@ -123,10 +130,9 @@ def make_grad_fn(model: Llama, mesh, programs):
         (program,) = programs
 
         def single_replica_grad_fn(params, projections, batch):
-            grad_sums, loss_sum = _program_grads(model, program, params, projections,
-                                                 batch['tokens'], batch['weights'])
+            grad_sums, loss_sum, attn_tokens = _program_grads(
+                model, program, params, projections, batch['tokens'], batch['weights'])
             tokens = _token_count(batch['tokens'], batch['weights'])
-            attn_tokens = 0.0 * tokens if program.role == ROLE_NEIGHBOUR else tokens
             stats = {'loss': loss_sum / jnp.maximum(tokens, 1.0), 'tokens': tokens,
                      'attn_tokens': attn_tokens}
             return combine(grad_sums, tokens, attn_tokens), stats
@@ -157,7 +163,7 @@ def make_train_step(model: Llama, optimizer, mesh, state_shardings, programs):
     """Pure `train_step(state, batch) -> (state, metrics)`, jitted and donating state."""
     programs = tuple(programs)
     grad_fn = make_grad_fn(model, mesh, programs)
-    has_neighbour = any(p.role == ROLE_NEIGHBOUR for p in programs)
+    has_neighbour = any(p.exact_rows < p.rows for p in programs)
 
     def train_step(state, batch):
         grads, stats = grad_fn(state.params, state.projections, batch)

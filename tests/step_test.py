@@ -17,7 +17,16 @@ from tree_asserts import assert_tree_close
 
 from configs import tiny
 from mecefo_jax import sharding, state, step
-from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program, assemble, full_layout
+from mecefo_jax.layout import (
+    ROLE_MIXED,
+    ROLE_NEIGHBOUR,
+    ROLE_NORMAL,
+    Layout,
+    Piece,
+    Program,
+    assemble,
+    full_layout,
+)
 from mecefo_jax.model import Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
 from mecefo_jax.settings import resolve
@@ -216,6 +225,30 @@ def test_failure_layout_combines_neighbour_and_normal_grads(setup, reference):
     assert float(stats['attn_tokens']) == (N_SHARDS - 2) * TOKENS_PER_SHARD
 
 
+def test_mixed_helpers_compute_their_own_shards_exactly_and_adopted_rows_in_neighbour_mode(
+        setup, reference):
+    # Replica 3 failed; replicas 2 and 4 each adopt one of its rows as mixed helpers:
+    # their own shards count as exact (attention included), shard 3 as neighbour mode,
+    # split over two devices (neighbour-mode gradients add up row by row).
+    replicas = tuple(r for r in range(N_SHARDS) if r != FAILED)
+    pieces = [(Piece(r, 0, SHARD_BATCH),) for r in replicas]
+    pieces[2] += (Piece(FAILED, 0, 1),)
+    pieces[3] += (Piece(FAILED, 1, SHARD_BATCH),)
+    roles = tuple(ROLE_MIXED if i in (2, 3) else ROLE_NORMAL for i in range(len(replicas)))
+    layout = Layout(replicas=replicas, roles=roles, pieces=tuple(pieces))
+    assert layout.programs == (Program(ROLE_NORMAL, SHARD_BATCH),
+                               Program(ROLE_MIXED, SHARD_BATCH + 1, SHARD_BATCH))
+    assert layout.neighbour_mode_rows() == SHARD_BATCH
+    _, grads, stats = _run(LIVE_ROWS, layout, setup)
+
+    roles_by_shard = [ROLE_NORMAL] * N_SHARDS
+    roles_by_shard[FAILED] = ROLE_NEIGHBOUR
+    assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL, 'mixed helpers ')
+    np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
+    assert float(stats['tokens']) == N_SHARDS * TOKENS_PER_SHARD
+    assert float(stats['attn_tokens']) == (N_SHARDS - 1) * TOKENS_PER_SHARD
+
+
 def test_padding_rows_change_nothing(setup, reference):
     """Weight-0 rows add nothing, in a layout that runs as plain data parallelism.
 
@@ -374,16 +407,20 @@ def test_a_batch_for_another_step_leaves_the_state_untouched(setup):
     assert bool(metrics['applied']) and int(moved.step) == 5
 
 
-def test_a_single_live_replica_under_tensor_parallelism(setup, reference):
+@pytest.mark.parametrize('role', [ROLE_NEIGHBOUR, ROLE_MIXED])
+def test_a_single_live_replica_under_tensor_parallelism(setup, reference, role):
     """mesh.data=4 x model=2 with three replicas down: one 2-device replica adopts all.
 
     A one-row data axis takes no shard_map (XLA rejects its psum beside the
-    automatic 'model' axis); the gradient must still be the combination rule's.
+    automatic 'model' axis); the gradient must still be the combination rule's
+    (a mixed replica's own shard 0 exact, the rest in neighbour mode).
     """
-    layout = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,),
+    layout = Layout(replicas=(0,), roles=(role,),
                     pieces=(tuple(Piece(s, 0, SHARD_BATCH) for s in range(N_SHARDS)),))
     _, grads, stats = _run(((0, 1),), layout, setup, place_params=True)
-    assert_tree_close(grads, _hand_average(reference, [ROLE_NEIGHBOUR] * N_SHARDS), REL,
+    roles_by_shard = [ROLE_NEIGHBOUR] * N_SHARDS
+    roles_by_shard[0] = ROLE_NORMAL if role == ROLE_MIXED else ROLE_NEIGHBOUR
+    assert_tree_close(grads, _hand_average(reference, roles_by_shard), REL,
                       'single TP replica ')
     np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
-    assert float(stats['attn_tokens']) == 0.0
+    assert float(stats['attn_tokens']) == (TOKENS_PER_SHARD if role == ROLE_MIXED else 0.0)

@@ -21,7 +21,7 @@ import collections
 import jax
 
 from mecefo_jax.experiments import step_cost
-from mecefo_jax.layout import ROLE_NEIGHBOUR, Layout, assemble
+from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, assemble
 from mecefo_jax.observers import Observer
 
 
@@ -79,7 +79,7 @@ class ProgramUsage(Observer):
         self.program_steps.update(p.name for p in programs)
         if self.timer is not None:
             self.slowest_program_steps[max(programs, key=self.timer.seconds).name] += 1
-        self.neighbour_steps += ROLE_NEIGHBOUR in done.layout.roles
+        self.neighbour_steps += done.layout.uses_neighbour_mode
         self.degraded_steps += not all(done.live)
 
     def summary(self, report: dict) -> dict:
@@ -107,8 +107,7 @@ class Coverage(Observer):
         self.live_replica_steps += len(layout.replicas)
         self.skipped_examples += self.global_batch_size - layout.examples()
         self.computed_rows += layout.examples()
-        self.neighbour_rows += sum(layout.rows(i) for i, role in enumerate(layout.roles)
-                                   if role == ROLE_NEIGHBOUR)
+        self.neighbour_rows += layout.neighbour_mode_rows()
 
     def summary(self, report: dict) -> dict:
         return {'live_replica_steps': self.live_replica_steps,
@@ -137,7 +136,7 @@ class GradientError(Observer):
 
     def on_plan(self, planned) -> None:
         layout = planned.plan.layout
-        if ROLE_NEIGHBOUR not in layout.roles:
+        if not layout.uses_neighbour_mode:
             return
         if (self.every > 0 and self._neighbour_steps % self.every == 0
                 and planned.plan.data_state is None):
@@ -150,14 +149,16 @@ class GradientError(Observer):
     def _measure(self, step, state, layout, tokens_nbt) -> None:
         params, projections = jax.device_get((state.params, state.projections))
         for i, role in enumerate(layout.roles):
-            if role != ROLE_NEIGHBOUR:
+            if role == ROLE_NORMAL:
                 continue
-            alone = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,), pieces=(layout.pieces[i],))
+            # The rows it computes in neighbour mode: all (neighbour), or the adopted ones (mixed).
+            rows = layout.pieces[i] if role == ROLE_NEIGHBOUR else layout.pieces[i][1:]
+            alone = Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,), pieces=(rows,))
             batch = assemble(alone, tokens_nbt)
             approx = self._grads(params, projections, batch['tokens'], batch['weights'], True)
             exact = self._grads(params, projections, batch['tokens'], batch['weights'], False)
             self.grad_errors.append({'step': step, 'replica': layout.replicas[i],
-                                     'rows': layout.rows(i),
+                                     'rows': layout.neighbour_rows(i),
                                      **step_cost.grad_rel_error(approx, exact)})
 
     def _grads(self, params, projections, tokens, weights, neighbour: bool):

@@ -23,7 +23,7 @@ import numpy as np
 from mecefo_jax import sharding
 from mecefo_jax import state as state_lib
 from mecefo_jax import step as step_lib
-from mecefo_jax.layout import Layout, Piece, Program, assemble
+from mecefo_jax.layout import ROLE_MIXED, Layout, Piece, Program, assemble
 
 
 def layout_keys(layout: Layout) -> set[Program]:
@@ -73,9 +73,11 @@ class RoleTimer:
         self._cache.update({p: statistics.median(t) for p, t in times.items()})
 
     def _compile(self, program: Program):
-        """One device running `program` alone: its rows in its role."""
-        layout = Layout(replicas=(0,), roles=(program.role,),
-                        pieces=((Piece(0, 0, program.rows),),))
+        """One device running `program` alone: its rows in its role (a mixed one's
+        exact rows as its own piece)."""
+        pieces = ((Piece(0, 0, program.exact), Piece(0, program.exact, program.rows))
+                  if program.role == ROLE_MIXED else (Piece(0, 0, program.rows),))
+        layout = Layout(replicas=(0,), roles=(program.role,), pieces=(pieces,))
         rng = np.random.default_rng(0)
         tokens = rng.integers(0, self._vocab, (1, program.rows, self._seq_len + 1),
                               dtype=np.int32)

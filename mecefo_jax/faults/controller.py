@@ -32,7 +32,6 @@ from mecefo_jax import train as train_lib
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import AllReplicasDownError, layout_for, validate_strategy
-from mecefo_jax.layout import ROLE_NEIGHBOUR
 from mecefo_jax.topology import move_state
 
 
@@ -163,7 +162,7 @@ class FaultController:
         return layout_for(self.strategy, live, self.run.shard_batch, planner=self.planner)
 
     def _neighbour_active(self) -> bool:
-        return ROLE_NEIGHBOUR in self.layout.roles
+        return self.layout.uses_neighbour_mode
 
     def _refresh(self, state, step: int):
         """Recompute V by SVD; (state, seconds), waited for so the cost is charged."""

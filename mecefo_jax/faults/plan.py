@@ -3,10 +3,11 @@
   python -m mecefo_jax.faults.plan --config configs/llama_350m.py --replicas 32 --down 3,4,17
   python -m mecefo_jax.faults.plan --config configs/tiny.py --down 3 --cost roles:compare_faults.json --json
 
-Per live replica: its role, its pieces (shard[start:stop]) and the modelled
-cost of its device program in normal steps (a device runs its role's
-busiest program, padding included), then the step's slowest device and the
-rows computed in neighbour mode (`mecefo_planned` under the config's
+Per live replica: its role (normal, neighbour, or mixed: its own shard exact
+and the adopted rows in neighbour mode), its pieces (shard[start:stop]) and
+the modelled cost of its device program in normal steps (a device runs its
+role's busiest program, padding included), then the step's slowest device
+and the rows computed in neighbour mode (`mecefo_planned` under the config's
 `fault.max_neighbour_rows`, shown when set; `--max_neighbour_rows` overrides it).
 `--json` prints one object keyed by strategy: {slowest_cost, neighbour_rows,
 replicas: [{replica, role, pieces, cost}]}. Costs: `analytic` (the FLOP model of the
@@ -18,9 +19,9 @@ from __future__ import annotations
 import json
 
 from mecefo_jax.faults import costs as costs_lib
-from mecefo_jax.faults.planner import Planner
+from mecefo_jax.faults.planner import Planner, program_cost
 from mecefo_jax.faults.strategies import STRATEGIES, layout_for
-from mecefo_jax.layout import ROLE_NAMES, ROLE_NEIGHBOUR, ROLE_NORMAL, Layout
+from mecefo_jax.layout import ROLE_NAMES, ROLE_NORMAL, Layout
 
 
 def cost_table(cfg, spec: str, shard: int) -> costs_lib.CostTable:
@@ -50,16 +51,14 @@ def _rank(cfg) -> int:
 def strategy_report(layout: Layout, cost) -> dict:
     """{slowest_cost, neighbour_rows, replicas: [{replica, role, pieces, cost}]};
     costs in normal steps, rows as computed (padding not counted)."""
-    rows_of = {p.role: p.rows for p in layout.programs}
+    program_of = {p.role: p for p in layout.programs}
     replicas = []
     for r, role, pieces in zip(layout.replicas, layout.roles, layout.pieces):
         replicas.append({'replica': r, 'role': ROLE_NAMES[role],
                          'pieces': [f'{p.shard}[{p.start}:{p.stop}]' for p in pieces],
-                         'cost': cost(role, rows_of[role])})
-    neighbour_rows = sum(layout.rows(i) for i, role in enumerate(layout.roles)
-                         if role == ROLE_NEIGHBOUR)
+                         'cost': program_cost(cost, program_of[role])})
     return {'slowest_cost': max(x['cost'] for x in replicas),
-            'neighbour_rows': neighbour_rows, 'replicas': replicas}
+            'neighbour_rows': layout.neighbour_mode_rows(), 'replicas': replicas}
 
 
 def plan_all(cfg, *, replicas: int, down, cost_spec: str = 'analytic',

@@ -202,7 +202,6 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     from mecefo_jax import train as train_lib
     from mecefo_jax.faults.controller import FaultController
     from mecefo_jax.launch import placement as placement_lib
-    from mecefo_jax.layout import ROLE_NEIGHBOUR
     placement = placement_lib.Placement(workers, cfg.launch.local_devices,
                                         cfg.mesh.model)
     rows = placement_lib.replica_rows(placement, placement_members, jax.devices())
@@ -215,7 +214,7 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     state = aot.abstract(run.abstract_state, topology.state_shardings)
     _, step_sec = topology.compiled_step(
         state, topology.batch_spec(layout, cfg.data.seq_len + 1), layout)
-    if ROLE_NEIGHBOUR in layout.roles:
+    if layout.uses_neighbour_mode:
         topology.refresh.compile(state)
     tokens = aot.abstract_batch(topology.mesh, _eval_rows(run, topology.num_replicas),
                                 cfg.data.seq_len + 1, topology.num_replicas)
