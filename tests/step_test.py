@@ -249,6 +249,26 @@ def test_mixed_helpers_compute_their_own_shards_exactly_and_adopted_rows_in_neig
     assert float(stats['attn_tokens']) == (N_SHARDS - 1) * TOKENS_PER_SHARD
 
 
+def test_a_mixed_layout_names_what_it_computes_exactly():
+    mixed = Program(ROLE_MIXED, 5, 4)
+    assert (mixed.name, mixed.exact_rows) == ('mixedx4+1', 4)
+    assert Program(ROLE_NEIGHBOUR, 5).exact_rows == 0
+    with pytest.raises(ValueError, match='0 < exact < rows'):
+        Program(ROLE_MIXED, 4, 4)
+    with pytest.raises(ValueError, match='0 < exact < rows'):
+        Program(ROLE_NEIGHBOUR, 4, 2)
+    with pytest.raises(ValueError, match='adopts more'):
+        Layout(replicas=(0,), roles=(ROLE_MIXED,), pieces=((Piece(0, 0, 2),),))
+    with pytest.raises(ValueError, match='first pieces'):
+        Layout(replicas=(0, 1), roles=(ROLE_MIXED,) * 2,
+               pieces=((Piece(0, 0, 2), Piece(2, 0, 1)), (Piece(1, 0, 1), Piece(2, 1, 2))))
+    layout = Layout(replicas=(0, 1), roles=(ROLE_NORMAL, ROLE_MIXED),
+                    pieces=((Piece(0, 0, 2),), (Piece(1, 0, 2), Piece(2, 0, 2))))
+    assert (layout.neighbour_rows(0), layout.neighbour_rows(1)) == (0, 2)
+    assert layout.uses_neighbour_mode and not Layout(
+        replicas=(0,), roles=(ROLE_NORMAL,), pieces=((Piece(0, 0, 2),),)).uses_neighbour_mode
+
+
 def test_padding_rows_change_nothing(setup, reference):
     """Weight-0 rows add nothing, in a layout that runs as plain data parallelism.
 

@@ -274,7 +274,8 @@ def bench_table(bench: dict, shape: ModelShape, *, metric: str, seq_len: int,
                           + ('' if same_shape else ' (another shape: ratios applied as they are)'))
 
 
-# RoleTimer's program names (layout.Program.name): '<role>x<rows>'.
+# RoleTimer's program names (layout.Program.name): '<role>x<rows>'. A mixed program
+# ('mixedx4+1') is one normal and one neighbour piece, so it adds no point of its own.
 _PROGRAM_NAME = re.compile(r'^(normal|neighbour)x(\d+)$')
 _ROLES = {'normal': 0, 'neighbour': 1}
 
