@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from mecefo_jax import atomic_file
 from mecefo_jax.checkpoint import CheckpointMismatchError
 
 CONFIG_FILENAME = 'config.json'
@@ -42,16 +43,7 @@ def write_config_record(workdir: str, cfg: Any) -> str:
     """
     path = os.path.join(os.fspath(workdir), CONFIG_FILENAME)
     text = json.dumps(config_to_dict(cfg), indent=2, sort_keys=True) + '\n'
-    tmp = f'{path}.{os.getpid()}.tmp'
-    try:
-        with open(tmp, 'w', encoding='utf-8') as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_file.write_text(path, text)
     return path
 
 

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mecefo_jax import atomic_file
+
 METRICS_FILENAME = 'metrics.jsonl'
 RESUME_SOURCES = ('memory', 'disk')
 
@@ -61,12 +63,7 @@ def truncate_rows_after(path: str, step: int) -> int:
                 and row['step'] > step):
             kept.append(line if line.endswith('\n') else line + '\n')
     dropped = sum(1 for line in lines if line.strip()) - len(kept)
-    tmp = f'{path}.{os.getpid()}.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-        f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_file.write_text(path, ''.join(kept))
     return dropped
 
 

@@ -53,6 +53,8 @@ import warnings
 import jax
 import jaxlib
 
+from mecefo_jax import atomic_file
+
 
 @dataclasses.dataclass
 class Stats:
@@ -188,7 +190,7 @@ def load_or_compile(jitted, args, devices, name: str, identity: str = ''):
     compiled, payload = _compile_or_load(lowered, devices, name)
     if payload is not None:
         _, in_tree = jax.tree_util.tree_flatten(lowered.args_info)
-        _write(path, pickle.dumps((payload, in_tree, lowered.out_tree)))
+        atomic_file.write_bytes(path, pickle.dumps((payload, in_tree, lowered.out_tree)))
     return compiled
 
 
@@ -260,7 +262,7 @@ def _compile_or_load(lowered, devices, name: str):
     stats.programs.append((name, 'miss', seconds))
     payload = _serialise(compiled, path)
     if payload is not None:
-        _write(path, payload)
+        atomic_file.write_bytes(path, payload)
     return compiled, payload
 
 
@@ -295,9 +297,3 @@ def _serialise(compiled, path: str) -> bytes | None:
                       stacklevel=4)
         return None
 
-
-def _write(path: str, data: bytes) -> None:
-    tmp = f'{path}.{os.getpid()}.tmp'
-    with open(tmp, 'wb') as f:
-        f.write(data)
-    os.replace(tmp, path)

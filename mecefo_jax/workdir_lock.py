@@ -25,6 +25,8 @@ import secrets
 import socket
 import sys
 
+from mecefo_jax import atomic_file
+
 LOCK_FILENAME = 'run.lock'
 log = logging.getLogger(__name__)
 
@@ -108,16 +110,7 @@ class WorkdirLock:
         self.release()
 
     def _create(self, record: dict) -> bool:
-        tmp = f'{self.path}.{record["pid"]}.{record["token"]}.tmp'
-        with open(tmp, 'w', encoding='utf-8') as f:
-            json.dump(record, f)
-        try:
-            os.link(tmp, self.path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.remove(tmp)
+        return atomic_file.create_bytes(self.path, json.dumps(record).encode('utf-8'))
 
     def _read(self) -> dict | None:
         try:

@@ -26,13 +26,12 @@ import io
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import sentencepiece as spm
 
-from mecefo_jax import multihost
+from mecefo_jax import atomic_file, multihost
 from mecefo_jax.data import sources as data_sources
 from mecefo_jax.settings import DataSection
 
@@ -211,20 +210,8 @@ def _replace_if_different(model_bytes: bytes, model_path: str) -> None:
                 return
     except FileNotFoundError:
         pass
-    tmp_path = _write_temp(model_bytes, os.path.dirname(model_path))
-    try:
-        os.replace(tmp_path, model_path)  # readers see the old or the new model, whole
-    finally:
-        if os.path.exists(tmp_path):
-            os.unlink(tmp_path)
-
-
-def _write_temp(model_bytes: bytes, model_dir: str) -> str:
-    os.makedirs(model_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=model_dir, suffix='.tmp', delete=False) as tmp:
-        tmp.write(model_bytes)
-    os.chmod(tmp.name, 0o644)  # NamedTemporaryFile is 0600; the cache may be shared.
-    return tmp.name
+    os.makedirs(os.path.dirname(model_path), exist_ok=True)
+    atomic_file.write_bytes(model_path, model_bytes)  # readers see the old or the new model
 
 
 def _publish_atomically(model_bytes: bytes, model_path: str) -> None:
@@ -235,17 +222,10 @@ def _publish_atomically(model_bytes: bytes, model_path: str) -> None:
     load the winner's, which matters because sentencepiece training is not
     bit-reproducible across thread schedules.
     """
-    tmp_path = _write_temp(model_bytes, os.path.dirname(model_path))
-    try:
-        os.link(tmp_path, model_path)
-    except FileExistsError:
-        pass  # Another process published first; use its model.
-    except OSError:
-        # Filesystems without hard links: last writer wins, still never partial.
-        os.replace(tmp_path, model_path)
-    finally:
-        if os.path.exists(tmp_path):
-            os.unlink(tmp_path)
+    os.makedirs(os.path.dirname(model_path), exist_ok=True)
+    # Another process may have published first: then its model is the one used.
+    # Filesystems without hard links: last writer wins, still never partial.
+    atomic_file.create_bytes(model_path, model_bytes, replace_without_links=True)
 
 
 def _user_model_file(tokenizer_path: str) -> str:

@@ -26,6 +26,7 @@ import resource
 import threading
 import time
 
+from mecefo_jax import atomic_file
 from mecefo_jax.launch import actors
 
 REPORT = 'compile_ahead.json'
@@ -36,12 +37,6 @@ def survivor_sets(placement) -> list[tuple[int, list[int]]]:
     workers = range(placement.workers)
     sets = [(lost, [w for w in workers if w != lost]) for lost in workers]
     return [(lost, members) for lost, members in sets if placement.survives(members)]
-
-
-def _write(path: str, report: dict) -> None:
-    with open(f'{path}.tmp', 'w') as f:
-        json.dump(report, f, indent=2)
-    os.replace(f'{path}.tmp', path)
 
 
 class CompileMember:
@@ -114,14 +109,14 @@ def drive(cfg, config_json: str, workdir: str, placement, *, losses=None, nice: 
         report['sets'].append(row)
         report['cpu_sec'] += row['cpu_sec']
         report['wall_sec'] += row['wall_sec']
-        _write(path, report)
+        atomic_file.write_json(path, report)
         log(f'[compile ahead] loss of worker {lost}: members {members} '
             f"{'compiled' if row['ok'] else 'FAILED or stopped'} in {row['wall_sec']:.1f} s "
             f"({row['cpu_sec']:.1f} CPU s)")
         if report['stopped']:
             return report
     report['done'] = not report['stopped']
-    _write(path, report)
+    atomic_file.write_json(path, report)
     return report
 
 
@@ -225,9 +220,10 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     worker = placement_members[process_id]
     # With an empty cache, train_step_sec is a cold compile (lowering included)
     # of the very program the relaunch's first prepare asks for.
-    _write(os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.json'),
-           {'lost_worker': lost, 'worker': worker, 'process_id': process_id,
-            'train_step_sec': step_sec, 'programs': stats.programs})
+    atomic_file.write_json(
+        os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.json'),
+        {'lost_worker': lost, 'worker': worker, 'process_id': process_id,
+         'train_step_sec': step_sec, 'programs': stats.programs})
     from mecefo_jax.launch.coordinator import leave
     leave('compile ahead done')
     return {'compiled': stats.misses, 'cached': stats.hits, 'train_step_sec': step_sec}

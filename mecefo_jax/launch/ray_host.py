@@ -16,11 +16,12 @@ import os
 os.environ.setdefault('RAY_AUTH_MODE', 'token')  # read when ray is imported
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+
+from mecefo_jax import atomic_file  # noqa: E402
 
 # A node whose raylet stops answering is declared dead after about
 # period x threshold (Ray's defaults take 15 s or more): the launcher must
@@ -39,13 +40,6 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _write(path: str, value: dict) -> None:
-    tmp = f'{path}.{os.getpid()}.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(value, f)
-    os.replace(tmp, path)
-
-
 def main(argv=None) -> int:
     args = _parse(argv)
     stop = threading.Event()
@@ -58,9 +52,10 @@ def main(argv=None) -> int:
                        object_store_memory=args.object_store_mb << 20,
                        include_dashboard=False, log_to_driver=False, logging_level='WARNING',
                        _system_config=HEALTH_CHECK)
-    _write(args.state_file, {'address': context.address_info['gcs_address'], 'pid': os.getpid(),
-                             'start_sec': time.perf_counter() - start,
-                             'session_dir': context.address_info.get('session_dir')})
+    atomic_file.write_json(args.state_file, {
+        'address': context.address_info['gcs_address'], 'pid': os.getpid(),
+        'start_sec': time.perf_counter() - start,
+        'session_dir': context.address_info.get('session_dir')}, indent=None)
     print(f'[ray host] cluster at {context.address_info["gcs_address"]} '
           f'({time.perf_counter() - start:.1f} s)', flush=True)
     try:

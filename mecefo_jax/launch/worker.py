@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 
+from mecefo_jax import atomic_file
 from mecefo_jax.launch.progress import Progress
 from mecefo_jax.observers import Observer  # pure Python: no jax before the actor is up
 
@@ -77,13 +78,6 @@ class WorkerArgs:
     @property
     def tag(self) -> str:
         return f'g{self.generation}_w{self.worker}'
-
-
-def _write_json(path: str, value: dict) -> None:
-    tmp = f'{path}.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(value, f, indent=2, default=str)
-    os.replace(tmp, path)
 
 
 class Worker:
@@ -221,7 +215,7 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     else:
         end = {'worker': args.worker, 'generation': args.generation, 'final_step': preempted,
                'finished': False, 'preempted': True}
-    _write_json(os.path.join(args.out_dir, f'{args.tag}_end.json'), end)
+    atomic_file.write_json(os.path.join(args.out_dir, f'{args.tag}_end.json'), end, default=str)
     if step_log.provenance is not None:
         step_log.provenance.close()
     from mecefo_jax.launch.coordinator import leave
@@ -347,7 +341,7 @@ class _StepLog(Observer):
         from mecefo_jax import program_cache
         events = [e for e in self.events if e.step == done.step]
         restored = self.info.get('restore')
-        _write_json(self.start_path, dict(
+        atomic_file.write_json(self.start_path, dict(
             resume_step=done.step, first_step_done=time.time(),
             compile_sec=done.compile_sec + sum(e.compile_sec for e in events),
             programs_compiled=program_cache.stats.misses,
@@ -359,7 +353,7 @@ class _StepLog(Observer):
             **self.record, restore_sec=restored.seconds if restored else None,
             restore_bytes=restored.bytes_by_source if restored else None,
             restore_phases=restored.phases if restored else None,
-            healed_bytes=restored.healed_bytes if restored else None))
+            healed_bytes=restored.healed_bytes if restored else None), default=str)
 
 
 def _local_params_sha256(params) -> str:

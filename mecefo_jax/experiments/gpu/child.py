@@ -19,6 +19,8 @@ import sys
 import time
 import traceback
 
+from mecefo_jax import atomic_file
+
 
 class Skipped(Exception):
     """This machine cannot measure the section (e.g. cuDNN on a CPU); `figures` are kept."""
@@ -31,10 +33,7 @@ class Skipped(Exception):
 
 def write_json(path: str, obj) -> None:
     """Write atomically (a kill mid-write leaves the previous file whole)."""
-    tmp = f'{path}.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(obj, f, indent=1, default=str)
-    os.replace(tmp, path)
+    atomic_file.write_json(path, obj, indent=1, default=str)
 
 
 class Context:

@@ -1,0 +1,90 @@
+"""Files written so that a reader, or a crash, sees the old bytes or the new ones, whole.
+
+The one way the project writes a file that something else reads back
+(records, caches, reports a later run resumes from): the bytes go to a temp
+file with a name no other writer uses, are flushed to the disk, and then
+take the final name in one step (`os.replace`, or `os.link` where the first
+writer must win); the directory is then synced, so the new name survives a
+power loss too. A failed write leaves no temp file behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from typing import Any
+
+
+def _temp_path(path: str) -> str:
+    """A sibling name no other process or thread writes: pid plus a random token."""
+    return f'{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp'
+
+
+def _write_synced(tmp: str, data: bytes) -> None:
+    # O_EXCL: never write into another writer's file; 0o666 & ~umask as open() would.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(fd, 'wb') as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_directory(path: str) -> None:
+    """Make a rename in `path`'s directory durable (a no-op where directories can't be synced)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename itself is atomic
+    finally:
+        os.close(fd)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably."""
+    tmp = _temp_path(path)
+    try:
+        _write_synced(tmp, data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    _sync_directory(path)
+
+
+def write_text(path: str, text: str) -> None:
+    write_bytes(path, text.encode('utf-8'))
+
+
+def write_json(path: str, value: Any, *, indent: int | None = 2, default=None,
+               sort_keys: bool = False) -> None:
+    write_text(path, json.dumps(value, indent=indent, default=default, sort_keys=sort_keys))
+
+
+def create_bytes(path: str, data: bytes, *, replace_without_links: bool = False) -> bool:
+    """Create `path` holding `data` only if it does not exist yet; whether this call did.
+
+    The first of several concurrent writers wins and every later one sees its
+    file, whole. On a filesystem without hard links, `replace_without_links`
+    lets the last writer win instead (still never partial); otherwise the
+    error is raised (a lock must not be taken twice).
+    """
+    tmp = _temp_path(path)
+    try:
+        _write_synced(tmp, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError:
+            if not replace_without_links:
+                raise
+            os.replace(tmp, path)
+        _sync_directory(path)
+        return True
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
