@@ -2,7 +2,7 @@
 
 Each field is commented here once; configs override values, never add fields,
 so `--config.section.field=value` works the same for all of them. Nothing
-else supplies defaults: `mecefo_jax.settings.resolve` turns the ConfigDict
+else supplies defaults: `mecefo_jax.config_resolve.resolve` turns the ConfigDict
 into typed, validated sections, and the code reads only those.
 """
 from ml_collections import ConfigDict, config_dict

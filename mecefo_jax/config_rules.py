@@ -9,14 +9,9 @@ the LLaMA configs name C4 yet their benchmarks read no data.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # annotations only: settings imports this module to check what it types
-    from mecefo_jax.settings import Config
-
-
-class ConfigError(ValueError):
-    """A config field with a bad value; the message names the field and the fix."""
+from mecefo_jax.settings import Config, ConfigError
 
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
 DTYPES = ('float32', 'bfloat16')

@@ -1,6 +1,6 @@
 """Entry point: `python -m mecefo_jax.main --config configs/tiny.py --workdir DIR`.
 
-Parses flags, resolves the config once (`mecefo_jax.settings`: every field
+Parses flags, resolves the config once (`mecefo_jax.config_resolve`: every field
 typed and checked before anything starts) and calls `run`, the one way to
 train: it picks the controller (fault-free, the fault controller, or
 checkpoint/restart) from the config and hands the loop the caller's observers. Its flags are defined only when this
@@ -29,7 +29,7 @@ def _define_flags():
 
 def main(argv):
     del argv
-    from mecefo_jax.settings import resolve_or_exit
+    from mecefo_jax.config_resolve import resolve_or_exit
     FLAGS = flags.FLAGS
     cfg = resolve_or_exit(FLAGS.config)  # every field checked before anything starts
     # Orbax logs every save step at INFO; keep the console to progress and results.

@@ -19,7 +19,7 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
     del argv
-    from mecefo_jax.settings import resolve_or_exit
+    from mecefo_jax.config_resolve import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
     try:
         depths = [int(d) for d in _DEPTHS.value]

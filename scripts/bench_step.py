@@ -37,7 +37,7 @@ flags.mark_flags_as_required(['config', 'out'])
 
 def main(argv):
     del argv
-    from mecefo_jax.settings import resolve_or_exit
+    from mecefo_jax.config_resolve import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
     # Before jax starts: fake CPU devices for the full-mesh overhead check
     # (ignored by GPU backends).

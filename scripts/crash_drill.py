@@ -32,7 +32,7 @@ flags.mark_flags_as_required(['config', 'out'])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    from mecefo_jax.settings import resolve_or_exit
+    from mecefo_jax.config_resolve import resolve_or_exit
     cfg = _CONFIG.value
     cfg.train.steps = _STEPS.value  # the drill's own flags set these two fields
     cfg.train.eval_every = 0

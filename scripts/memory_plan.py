@@ -32,7 +32,7 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
     del argv
-    from mecefo_jax.settings import resolve_or_exit
+    from mecefo_jax.config_resolve import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
     # Before jax starts: fake CPU devices for the replicas compiled.
     from mecefo_jax.sharding import mesh_shape, simulate_cpu_devices

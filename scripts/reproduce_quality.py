@@ -41,7 +41,7 @@ flags.mark_flags_as_required(['config', 'out'])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    from mecefo_jax.settings import resolve_or_exit
+    from mecefo_jax.config_resolve import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
     from mecefo_jax.sharding import simulate_cpu_devices
     simulate_cpu_devices(cfg.mesh.num_cpu_devices)

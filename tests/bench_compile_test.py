@@ -2,8 +2,8 @@
 import json
 
 from configs.tiny import get_config
+from mecefo_jax.config_resolve import resolve
 from mecefo_jax.experiments import compile_time as bench_compile
-from mecefo_jax.settings import resolve
 
 
 def test_compiles_the_failure_step_scanned_and_looped_and_writes_json(tmp_path):

@@ -19,10 +19,10 @@ import pytest
 
 from configs import tiny
 from mecefo_jax import aot, sharding
+from mecefo_jax.config_resolve import resolve
 from mecefo_jax.experiments import step_cost as bench
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.optim import make_optimizer
-from mecefo_jax.settings import resolve
 from mecefo_jax.state import create_train_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,10 +5,10 @@ import os
 import pytest
 
 from configs.tiny import get_config
+from mecefo_jax.config_resolve import resolve
 from mecefo_jax.experiments import compare
 from mecefo_jax.experiments.role_timer import layout_keys
 from mecefo_jax.faults.strategies import layout_for
-from mecefo_jax.settings import resolve
 
 STEPS = 6
 

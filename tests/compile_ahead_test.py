@@ -14,11 +14,11 @@ import time
 import pytest
 
 from configs.tiny import get_config
+from mecefo_jax.config_resolve import resolve, updated
 from mecefo_jax.launch import compile_ahead
 from mecefo_jax.launch.compile_ahead import survivor_sets
 from mecefo_jax.launch.placement import Placement
 from mecefo_jax.launch.supervisor import Launcher
-from mecefo_jax.settings import resolve
 from mecefo_jax.snapshot import shm
 
 WORKERS = 3
@@ -44,7 +44,7 @@ def _config(tmp_path, **extra):
               'launch.compile_ahead': False, 'data.cache_dir': str(tmp_path / 'tokenizer'),
               'snapshot.every': 1}
     values.update(extra)
-    return resolve(get_config()).updated(values)
+    return updated(resolve(get_config()), values)
 
 
 @pytest.mark.subprocess

@@ -1,4 +1,4 @@
-"""The config: configs/*.py, `--config.a.b=v` overrides, `settings.resolve` and its errors."""
+"""The config: configs/*.py, `--config.a.b=v` overrides, `config_resolve.resolve` and its errors."""
 import dataclasses
 import glob
 import json
@@ -12,7 +12,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs.tiny import get_config
-from mecefo_jax import settings
+from mecefo_jax import config_resolve, settings
+from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch.kills import LAUNCHER, Kill, parse_kills
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.sharding import mesh_shape
@@ -48,13 +49,13 @@ def test_every_config_resolves_and_serialises_as_its_configdict(path):
     flag_values = flags.FlagValues()
     holder = config_flags.DEFINE_config_file('config', None, 'config', flag_values=flag_values)
     flag_values(['prog', f'--config={path}'])
-    cfg = settings.resolve(holder.value)
+    cfg = config_resolve.resolve(holder.value)
     # The workdir's config.json keeps the content ml_collections wrote.
     assert cfg.to_json() == holder.value.to_json_best_effort(indent=2)
 
 
 def test_overrides_round_trip_through_resolve_typed():
-    cfg = settings.resolve(parse(
+    cfg = config_resolve.resolve(parse(
         '--config.model.d_model=48', '--config.mecefo.rank=128', '--config.mecefo.remat_ffn=true',
         '--config.model.dtype', 'bfloat16', '--config.train.learning_rate=1e-3',
         '--config.fault.events=5:1:10'))
@@ -64,7 +65,7 @@ def test_overrides_round_trip_through_resolve_typed():
     assert cfg.mecefo.remat_ffn is True  # the default is False
     assert cfg.model.dtype == 'bfloat16' and cfg.train.learning_rate == 1e-3
     assert cfg.fault.events == '5:1:10'
-    assert settings.resolve(json.loads(cfg.to_json())) == cfg
+    assert config_resolve.resolve(json.loads(cfg.to_json())) == cfg
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.steps = 3
 
@@ -117,7 +118,7 @@ BAD = [
 @pytest.mark.parametrize('fields, named, fix', BAD, ids=[str(b[0]) for b in BAD])
 def test_bad_input_is_an_error_naming_the_field_and_the_fix(fields, named, fix):
     with pytest.raises(settings.ConfigError) as error:
-        settings.resolve(tiny(**fields))
+        config_resolve.resolve(tiny(**fields))
     assert named in str(error.value) and fix in str(error.value)
 
 
@@ -126,53 +127,53 @@ def test_tau_zero_is_an_error_without_failures_too():
     cfg = tiny(mecefo__tau=0)
     assert not cfg.fault.events and not cfg.fault.regime
     with pytest.raises(settings.ConfigError, match='mecefo.tau=0'):
-        settings.resolve(cfg)
+        config_resolve.resolve(cfg)
 
 
 def test_unknown_missing_and_mistyped_fields_are_named():
-    values = settings.resolve(get_config()).to_dict()
+    values = config_resolve.resolve(get_config()).to_dict()
     values['model']['width'] = 3
     with pytest.raises(settings.ConfigError, match='model.width: no such config field'):
-        settings.resolve(values)
+        config_resolve.resolve(values)
     del values['model']['width'], values['train']['steps']
     with pytest.raises(settings.ConfigError, match='train.steps: missing'):
-        settings.resolve(values)
+        config_resolve.resolve(values)
     values['train']['steps'] = '40'
     with pytest.raises(settings.ConfigError, match="train.steps='40': must be an int"):
-        settings.resolve(values)
+        config_resolve.resolve(values)
 
 
 def test_updated_is_validated_and_leaves_the_original():
-    cfg = settings.resolve(get_config())
-    seeded = cfg.updated({'fault.seed': 3, 'train.eval_every': 0})
+    cfg = config_resolve.resolve(get_config())
+    seeded = updated(cfg, {'fault.seed': 3, 'train.eval_every': 0})
     assert (seeded.fault.seed, seeded.train.eval_every) == (3, 0)
     assert cfg.fault.seed == 0 and cfg.train.eval_every == 20
     with pytest.raises(settings.ConfigError, match='mecefo.tau=0'):
-        cfg.updated({'mecefo.tau': 0})
+        updated(cfg, {'mecefo.tau': 0})
     with pytest.raises(settings.ConfigError, match='train.stepz'):
-        cfg.updated({'train.stepz': 1})
+        updated(cfg, {'train.stepz': 1})
 
 
 def test_a_mesh_must_use_every_device():
-    mesh = settings.resolve(tiny(mesh__data=2)).mesh
+    mesh = config_resolve.resolve(tiny(mesh__data=2)).mesh
     with pytest.raises(ValueError, match='mesh.data=2 x mesh.model=1 uses 2 of the 8') as error:
         mesh_shape(mesh, 8)
     assert '--config.mesh.data=-1' in str(error.value)
     assert mesh_shape(mesh, 8, allow_subset=True) == (2, 1)  # the step benchmark's choice
-    assert mesh_shape(settings.resolve(get_config()).mesh, 8) == (8, 1)
+    assert mesh_shape(config_resolve.resolve(get_config()).mesh, 8) == (8, 1)
 
 
 def test_launcher_hands_its_resolved_overrides_to_every_worker(tmp_path):
     from mecefo_jax.launch.generation import Generation
-    cfg = settings.resolve(parse('--config.train.steps=7', '--config.mesh.data=4',
+    cfg = config_resolve.resolve(parse('--config.train.steps=7', '--config.mesh.data=4',
                                  '--config.launch.local_devices=2', '--config.fault.seed=5'))
     launcher = Launcher(cfg, str(tmp_path), 2, log=lambda _: None)
     args = launcher.worker_args(Generation(3, [0, 1], 'memory', 0, resume_step=5))
     # What every worker resolves from the text it is handed is the launcher's config.
     for w in (0, 1):
-        assert settings.loads_json(args[w]['config_json']) == cfg
+        assert config_resolve.loads_json(args[w]['config_json']) == cfg
         assert (args[w]['generation'], args[w]['resume'], args[w]['resume_step']) == (3, 'memory', 5)
-    assert settings.loads_json(args[1]['config_json']).train.steps == 7
+    assert config_resolve.loads_json(args[1]['config_json']).train.steps == 7
 
 
 def test_launch_kill_reads_every_form_and_names_the_format_when_it_cannot():

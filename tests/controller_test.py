@@ -23,6 +23,7 @@ from configs.tiny import get_config
 from mecefo_jax import main, resume
 from mecefo_jax import state as state_lib
 from mecefo_jax import train as train_lib
+from mecefo_jax.config_resolve import resolve, updated
 from mecefo_jax.experiments.observers import GradientError
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.planner import config_planner
@@ -36,7 +37,6 @@ from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, full_layout
 from mecefo_jax.metrics import read_metrics
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.observers import Observer, TokenCount
-from mecefo_jax.settings import resolve
 
 N = 8  # replicas (fake devices, mesh.model = 1)
 STEPS = 10
@@ -211,7 +211,7 @@ MECEFO_MASKS = {2: mask(3), 3: mask(3), 4: mask(3, 4), 5: mask(3, 4), 6: mask(3)
 
 @pytest.fixture(scope='module')
 def mecefo_run(cache_dir, topologies, tmp_path_factory):
-    cfg = config(cache_dir, strategy='mecefo', events=MECEFO_EVENTS).updated(
+    cfg = updated(config(cache_dir, strategy='mecefo', events=MECEFO_EVENTS),
         {'mecefo.tau': MECEFO_TAU})
     watch = [(mask(3), (7, 2, B)), (mask(3, 4), (6, 2, B))]
     # A heavy observer too: it reads the state and computes gradients before

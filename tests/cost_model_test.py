@@ -5,11 +5,11 @@ import jax
 
 from configs import tiny
 from mecefo_jax import optim
+from mecefo_jax.config_resolve import resolve
 from mecefo_jax.experiments.role_timer import RoleTimer, layout_keys
 from mecefo_jax.faults.strategies import layout_for
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program
 from mecefo_jax.model import Llama, ModelConfig
-from mecefo_jax.settings import resolve
 
 N, B = 8, 2
 

@@ -37,7 +37,7 @@ def test_a_drill_refuses_a_directory_a_previous_drill_left_behind(tmp_path):
     """Its jobs would resume from the old checkpoints: the simulated run once did, silently
     finishing at step 40 without training, and the drill compared against that."""
     from configs.tiny import get_config
-    from mecefo_jax.settings import resolve
+    from mecefo_jax.config_resolve import resolve
     os.makedirs(tmp_path / 'simulated' / 'checkpoints' / '40')
     with pytest.raises(ValueError, match='is not empty'):
         crash_drill.run_drill(resolve(get_config()), 'configs/tiny.py', str(tmp_path),

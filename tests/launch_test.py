@@ -22,10 +22,10 @@ import pytest
 from simulated_params import assert_params_equal_simulated
 
 from configs.tiny import get_config
+from mecefo_jax.config_resolve import resolve, updated
 from mecefo_jax.launch import generation
 from mecefo_jax.launch.ray_cluster import namespace_of
 from mecefo_jax.launch.supervisor import Launcher
-from mecefo_jax.settings import resolve
 from mecefo_jax.snapshot import shm
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes, workers, launchers
@@ -62,7 +62,7 @@ def overrides(caches, **extra):
 
 
 def config(values):
-    return resolve(get_config()).updated(values)
+    return updated(resolve(get_config()), values)
 
 
 def launch(values, workdir):
@@ -213,7 +213,7 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
     summary, workdir = crashed
     start = summary['recoveries'][0]['resume_step']
     # Worker 1's replicas, down for 2 steps.
-    cfg = config(overrides(caches)).updated({'fault.events': f'{start}:2:2,{start}:3:2'})
+    cfg = updated(config(overrides(caches)), {'fault.events': f'{start}:2:2,{start}:3:2'})
     assert_params_equal_simulated(workdir, cfg, tmp_path, replicas=4)
 
 

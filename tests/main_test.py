@@ -5,7 +5,8 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax import main
-from mecefo_jax.settings import ConfigError, resolve
+from mecefo_jax.config_resolve import resolve
+from mecefo_jax.settings import ConfigError
 
 
 @pytest.mark.parametrize('field', ['mttr_hours', 'mtbf_hours'])

@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 from configs import tiny
 from mecefo_jax import sharding
+from mecefo_jax.config_resolve import resolve
 from mecefo_jax.experiments import memory_plan
-from mecefo_jax.settings import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ('--config.model.num_layers=1', '--config.model.ffn_hidden=32',

@@ -27,9 +27,9 @@ from tree_asserts import assert_tree_close
 
 from configs import tiny
 from mecefo_jax import sharding
+from mecefo_jax.config_resolve import resolve
 from mecefo_jax.model import Block, Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
-from mecefo_jax.settings import resolve
 
 # tiny config: D=32, 2 layers, H=4, K=2 (G=2), E=8, F=64, V=256. Batch and
 # length are chosen distinct from every model dim so shapes identify tensors.

@@ -61,9 +61,9 @@ def main():
     from configs.tiny import get_config
     from mecefo_jax import main as main_lib
     from mecefo_jax import train as train_lib
+    from mecefo_jax.config_resolve import resolve, updated
     from mecefo_jax.data import tokenizer as tokenizer_lib
     from mecefo_jax.observers import Observer
-    from mecefo_jax.settings import resolve
 
     trainings = []
     real_train = tokenizer_lib.train_sentencepiece
@@ -73,11 +73,11 @@ def main():
         return real_train(texts, vocab_size)
     tokenizer_lib.train_sentencepiece = counting_train
 
-    cfg = resolve(get_config()).updated({'data.cache_dir': args.cache_dir})
+    cfg = updated(resolve(get_config()), {'data.cache_dir': args.cache_dir})
     if args.tokenizer_paths:
         outcomes = []
         for path in args.tokenizer_paths.split(','):
-            cfg = cfg.updated({'data.tokenizer_path': path})
+            cfg = updated(cfg, {'data.tokenizer_path': path})
             try:
                 tokenizer = tokenizer_lib.load_or_train_tokenizer(
                     cfg.data, cfg.model.vocab_size, lambda: [])
@@ -88,7 +88,7 @@ def main():
             json.dump({'tokenizer_paths': outcomes}, f)
         jax.distributed.shutdown()
         return
-    cfg = cfg.updated({'train.steps': args.steps, 'train.eval_every': 0,
+    cfg = updated(cfg, {'train.steps': args.steps, 'train.eval_every': 0,
                        'train.checkpoint_every': 0, 'train.log_every': 1,
                        'fault.strategy': args.strategy, 'fault.events': args.events})
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax.settings import resolve
+from mecefo_jax.config_resolve import resolve, updated
 
 pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
 
@@ -98,7 +98,7 @@ def two_process_run(tmp_path_factory, small_models):
     out_dir = tmp_path_factory.mktemp('multihost')
     # Process 1's cache already holds another model for this corpus: a stale
     # cache, or a training run whose thread schedule differed.
-    cfg = resolve(get_config()).updated({'data.cache_dir': str(out_dir / 'cache1')})
+    cfg = updated(resolve(get_config()), {'data.cache_dir': str(out_dir / 'cache1')})
     stale_path = tokenizer_lib.cached_model_path(cfg.data, cfg.model.vocab_size)
     os.makedirs(os.path.dirname(stale_path))
     with open(stale_path, 'wb') as f:

@@ -14,8 +14,8 @@ import pytest
 from simulated_params import assert_params_equal_simulated
 
 from configs.tiny import get_config
+from mecefo_jax.config_resolve import resolve, updated
 from mecefo_jax.launch.supervisor import Launcher
-from mecefo_jax.settings import resolve
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
 
@@ -37,7 +37,7 @@ def config(tmp, **extra):
               'launch.compilation_cache': str(tmp / 'xla'), 'data.cache_dir': str(tmp / 'tok'),
               'snapshot.every': 2, 'launch.compile_ahead': False}
     values.update(extra)
-    return resolve(get_config()).updated(values)
+    return updated(resolve(get_config()), values)
 
 
 @pytest.fixture(scope='module')
@@ -81,7 +81,7 @@ def test_every_step_of_a_node_loss_is_computed_exactly_once(lost):
 
 def test_final_parameters_equal_the_same_failure_simulated_in_one_process(lost):
     _, workdir, tmp = lost
-    cfg = config(tmp).updated({'fault.events': f'4:1:{RETURN}'})
+    cfg = updated(config(tmp), {'fault.events': f'4:1:{RETURN}'})
     assert_params_equal_simulated(workdir, cfg, tmp / 'simulated', replicas=WORKERS)
 
 

@@ -230,8 +230,8 @@ def test_plan_command_prints_every_strategy_as_json():
 
 def test_plan_command_shows_the_neighbour_row_cap():
     from configs import tiny
+    from mecefo_jax.config_resolve import resolve
     from mecefo_jax.faults import plan
-    from mecefo_jax.settings import resolve
     cfg = resolve(tiny.get_config())
     # tiny: 2 sequences per shard on 8 replicas; one failure, capped at 4 rows: two mixed
     # helpers, each its own shard exact and one adopted row in neighbour mode (2 rows),

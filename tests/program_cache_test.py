@@ -98,13 +98,13 @@ def test_a_damaged_untraced_entry_is_traced_again_with_a_warning(tmp_path):
 
 def test_the_source_fingerprint_is_part_of_the_context():
     from configs.tiny import get_config
-    from mecefo_jax.settings import resolve
+    from mecefo_jax.config_resolve import resolve, updated
     cfg = resolve(get_config())
     context = program_cache.program_context(cfg)
     assert context.endswith(program_cache.source_fingerprint())
     # The launcher's and the snapshots' settings decide no program.
-    assert program_cache.program_context(cfg.updated({'launch.kill': '3:1'})) == context
-    assert program_cache.program_context(cfg.updated({'mecefo.rank': 3})) != context
+    assert program_cache.program_context(updated(cfg, {'launch.kill': '3:1'})) == context
+    assert program_cache.program_context(updated(cfg, {'mecefo.rank': 3})) != context
 
 
 def _lowered_only_here():

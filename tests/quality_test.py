@@ -18,9 +18,9 @@ import sys
 import pytest
 
 from configs.tiny import get_config
+from mecefo_jax.config_resolve import resolve, updated
 from mecefo_jax.experiments import quality
 from mecefo_jax.faults import schedule as schedule_lib
-from mecefo_jax.settings import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, STEP_TIME, SEED, EVERY = 4, 900.0, 8, 2
@@ -47,7 +47,7 @@ def report(tmp_path_factory):
 
 
 def _high_schedule():
-    fault = resolve(get_config()).updated({
+    fault = updated(resolve(get_config()), {
         'fault.regime': 'high', 'fault.step_time_sec': STEP_TIME, 'fault.seed': SEED}).fault
     events = schedule_lib.events_from_config(fault, num_replicas=8, total_steps=STEPS)
     sched = schedule_lib.FailureSchedule(events, 8)
@@ -136,7 +136,7 @@ def _row(run, seed, ppl, **extra):
 
 
 def test_summary_pairs_each_run_with_the_fault_free_run_of_its_seed():
-    cfg = resolve(get_config()).updated({'train.steps': 300, 'fault.step_time_sec': 60.0})
+    cfg = updated(resolve(get_config()), {'train.steps': 300, 'fault.step_time_sec': 60.0})
     err = {'attention': 1.0, 'ffn': 0.5, 'other': 0.1, 'total_non_attention': 0.3}
     rows = [_row('fault_free', 0, 20.0), _row('fault_free', 1, 25.0),
             _row('mecefo_high', 0, 20.2, grad_error_samples=[dict(err, step=3)]),
@@ -159,7 +159,7 @@ def test_summary_pairs_each_run_with_the_fault_free_run_of_its_seed():
 def test_expected_arrivals_follow_the_regime_reading():
     """fault.regime_replicas=32 on 8 replicas: each replica fails as often as on
     32, so the cluster MTBF is 4x the regime's and a quarter of the arrivals."""
-    cfg = resolve(get_config()).updated({'train.steps': 300, 'fault.step_time_sec': 60.0,
+    cfg = updated(resolve(get_config()), {'train.steps': 300, 'fault.step_time_sec': 60.0,
                                          'fault.regime_replicas': 32})
     report = quality.summarise([_row('mecefo_high', 0, 20.0, replicas=8)], cfg=cfg, seeds=[0],
                                grad_error_every=10, config_name='x')
@@ -169,7 +169,7 @@ def test_expected_arrivals_follow_the_regime_reading():
 
 
 def test_summary_without_fault_free_leaves_the_target_unevaluated():
-    cfg = resolve(get_config()).updated({'train.steps': 10, 'fault.step_time_sec': 60.0})
+    cfg = updated(resolve(get_config()), {'train.steps': 10, 'fault.step_time_sec': 60.0})
     report = quality.summarise([_row('mecefo_high', 0, 20.0)], cfg=cfg, seeds=[0],
                                grad_error_every=10, config_name='x')
     assert report['runs']['mecefo_high']['ppl_vs_fault_free_pct'] is None

@@ -226,7 +226,8 @@ def test_collective_check_sees_a_gathered_kernel():
 
 def test_a_bad_refresh_is_refused_when_the_config_is_resolved(tmp_path):
     from configs import tiny
-    from mecefo_jax.settings import ConfigError, resolve
+    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.settings import ConfigError
     cfg = tiny.get_config()
     cfg.mecefo.refresh = 'qr'
     with pytest.raises(ConfigError, match=r"mecefo\.refresh='qr'.*--config\.mecefo\.refresh"):

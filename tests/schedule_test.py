@@ -7,9 +7,9 @@ import math
 import pytest
 
 from mecefo_jax.config import base_config
+from mecefo_jax.config_resolve import resolve
 from mecefo_jax.faults import schedule as S
 from mecefo_jax.faults.schedule import FailureEvent, FailureSchedule
-from mecefo_jax.settings import resolve
 
 
 def make_cfg(**overrides):

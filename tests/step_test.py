@@ -17,6 +17,7 @@ from tree_asserts import assert_tree_close
 
 from configs import tiny
 from mecefo_jax import sharding, state, step
+from mecefo_jax.config_resolve import resolve, updated
 from mecefo_jax.layout import (
     ROLE_MIXED,
     ROLE_NEIGHBOUR,
@@ -29,7 +30,6 @@ from mecefo_jax.layout import (
 )
 from mecefo_jax.model import Llama, ModelConfig, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
-from mecefo_jax.settings import resolve
 
 N_SHARDS, SHARD_BATCH, T = 8, 2, 9  # 8 batch shards of 2 sequences, 8 predicted tokens each
 TOKENS_PER_SHARD = SHARD_BATCH * (T - 1)
@@ -346,7 +346,7 @@ def test_no_attention_gradient_leaves_attention_and_its_adam_state_untouched(set
     from mecefo_jax import optim
     _, params, projections, tokens_nbt = setup
     # A non-zero learning rate from the first step.
-    train_cfg = resolve(tiny_cfg.get_config()).updated({'train.warmup_fraction': 0.0}).train
+    train_cfg = updated(resolve(tiny_cfg.get_config()), {'train.warmup_fraction': 0.0}).train
     optimizer = optim.make_optimizer(train_cfg)
     by_id = {d.id: d for d in jax.devices()}
     both = sharding.mesh_from_rows([[by_id[0]], [by_id[1]]])

@@ -6,9 +6,9 @@ import os
 import pytest
 
 from mecefo_jax.config import base_config
+from mecefo_jax.config_resolve import resolve
 from mecefo_jax.data import sources as data_sources
 from mecefo_jax.data import tokenizer as tokenizer_lib
-from mecefo_jax.settings import resolve
 
 VOCAB_SIZE = 512
 

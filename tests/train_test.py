@@ -9,8 +9,8 @@ from configs.tiny import get_config
 from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import resume
 from mecefo_jax import train as train_lib
+from mecefo_jax.config_resolve import resolve
 from mecefo_jax.metrics import read_metrics
-from mecefo_jax.settings import resolve
 
 STEPS = 12
 

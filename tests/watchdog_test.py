@@ -9,9 +9,9 @@ job was torn down and run again.
 import pytest
 
 from configs.tiny import get_config
+from mecefo_jax.config_resolve import resolve, updated
 from mecefo_jax.launch.generation import Generation
 from mecefo_jax.launch.supervisor import Launcher
-from mecefo_jax.settings import resolve
 
 STEPS, START, STALL, STOP = 16, 30.0, 8.0, 20.0
 NOW = 1000.0
@@ -19,7 +19,7 @@ NOW = 1000.0
 
 @pytest.fixture
 def launcher(tmp_path):
-    cfg = resolve(get_config()).updated({
+    cfg = updated(resolve(get_config()), {
         'train.steps': STEPS, 'mesh.data': 4, 'launch.local_devices': 2,
         'launch.start_timeout_sec': START, 'launch.stall_timeout_sec': STALL,
         'launch.stop_timeout_sec': STOP})

@@ -27,6 +27,7 @@ import json
 import os
 import time
 
+from mecefo_jax.config_resolve import updated
 from mecefo_jax.experiments.report import distinct_seeds, fmt, format_spread, pyplot, significance, stats
 from mecefo_jax.faults.strategies import STRATEGIES
 
@@ -34,7 +35,7 @@ RUNS = ('fault_free',) + STRATEGIES
 
 
 def _run_config(cfg, name: str, regime: str):
-    return cfg.updated({
+    return updated(cfg, {
         'fault.regime': '' if name == 'fault_free' else regime,
         'fault.events': '' if name == 'fault_free' else cfg.fault.events,
         'fault.strategy': 'mecefo' if name == 'fault_free' else name,
@@ -99,7 +100,7 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
 
     os.makedirs(out_dir, exist_ok=True)
     if regime:
-        cfg = cfg.updated({'fault.regime': regime})
+        cfg = updated(cfg, {'fault.regime': regime})
     timer = RoleTimer(Llama(ModelConfig.from_config(cfg)), optim.make_optimizer(cfg.train),
                       seq_len=cfg.data.seq_len, vocab_size=cfg.model.vocab_size,
                       rank=cfg.mecefo.rank)
@@ -338,7 +339,7 @@ def compare_seeds(cfg, regime: str, out_dir: str, *, seeds, runs=RUNS, log=print
     os.makedirs(out_dir, exist_ok=True)
     reports = []
     for seed in seeds:
-        seed_cfg = cfg.updated({'fault.seed': seed})
+        seed_cfg = updated(cfg, {'fault.seed': seed})
         log(f'[compare] fault.seed={seed}')
         start = time.perf_counter()
         report = compare(seed_cfg, regime, os.path.join(out_dir, f'seed{seed}'), runs=runs,

@@ -32,6 +32,7 @@ import os
 import statistics
 import time
 
+from mecefo_jax.config_resolve import updated
 from mecefo_jax.experiments import crash_drill_nodes
 from mecefo_jax.experiments.report import fmt
 from mecefo_jax.launch.supervisor import Launcher
@@ -47,7 +48,7 @@ def _job(cfg, values, workdir, workers, log, node_killer=None):
     log(f'[drill] {os.path.basename(workdir)}: {workers} workers, ' +
         ', '.join(f'{k}={v}' for k, v in values.items() if k.startswith(('launch', 'snapshot'))))
     start = time.perf_counter()
-    summary = Launcher(cfg.updated(values), workdir, workers, log=log,
+    summary = Launcher(updated(cfg, values), workdir, workers, log=log,
                        node_killer=node_killer).run()
     if summary['preempted_at'] is not None:  # SIGTERM or Ctrl-C: the user stopped the drill
         raise DrillStopped(f'the drill was stopped during its {os.path.basename(workdir)} job '
@@ -99,7 +100,7 @@ def compile_ahead(cfg, values, workdir, workers, log) -> dict:
     from mecefo_jax.launch.compile_ahead import drive
     from mecefo_jax.launch.placement import Placement
     os.makedirs(os.path.join(workdir, 'launch'), exist_ok=True)
-    job_cfg = cfg.updated(values)
+    job_cfg = updated(cfg, values)
     log(f'[drill] compile ahead for every single loss of {workers} workers')
     placement = Placement(workers, job_cfg.launch.local_devices, job_cfg.mesh.model)
     # Alone on the machine (nice 0): its compiles are the cold figure.
@@ -352,7 +353,7 @@ def simulated_params(cfg, events: str, workdir: str, log=print) -> dict:
     import numpy as np
 
     from mecefo_jax.main import run as train_run
-    cfg = cfg.updated({'fault.events': events})
+    cfg = updated(cfg, {'fault.events': events})
     log(f'[drill] simulated: fault.events={events}')
     params = train_run(cfg, workdir)['state'].params
     return {jax.tree_util.keystr(p): np.asarray(v)
@@ -465,7 +466,7 @@ def _report(cfg, config_path: str, out_dir: str, workers: int, nodes: int, jobs:
     """The drill's figures from its jobs, with the measurements only one process can make."""
     from mecefo_jax.launch.placement import Placement
     placement = Placement(workers, cfg.launch.local_devices, cfg.mesh.model)
-    sim_cfg = cfg.updated(_base_values(cfg, out_dir, placement.replicas))
+    sim_cfg = updated(cfg, _base_values(cfg, out_dir, placement.replicas))
     memory, disk = jobs['memory'], jobs['disk']
     mem, dsk = _recovery(memory), _recovery(disk)
     versus_simulated = _versus_simulated(sim_cfg, memory, mem, placement.replicas_of(VICTIM),

@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 
+from mecefo_jax.config_resolve import updated
+
 _CONFIG_PY = '''"""The drill's resolved config, as a config file for the launcher's command line."""
 import json
 
@@ -59,7 +61,7 @@ def launcher_restart_job(cfg, base: dict, out_dir: str, workers: int, *, address
     os.makedirs(workdir, exist_ok=True)
     config_py = os.path.join(workdir, 'drill_config.py')
     with open(config_py, 'w') as f:
-        f.write(_CONFIG_PY.format(text=cfg.updated(dict(base, **{
+        f.write(_CONFIG_PY.format(text=updated(cfg, dict(base, **{
             'launch.compile_ahead': False})).to_json()))
     command = [sys.executable, '-m', 'mecefo_jax.launch', f'--nprocs={workers}',
                f'--workdir={workdir}', f'--config={config_py}', f'--address={address}']

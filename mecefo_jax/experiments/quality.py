@@ -34,6 +34,7 @@ import os
 import time
 from typing import NamedTuple
 
+from mecefo_jax.config_resolve import updated
 from mecefo_jax.experiments import step_cost as bench
 from mecefo_jax.experiments.report import distinct_seeds, format_spread, pyplot, stats
 from mecefo_jax.faults.schedule import REGIMES
@@ -112,7 +113,7 @@ def paper_increase_pct() -> dict:
 
 
 def _run_config(cfg, run: Run, seed: int, evals: int):
-    return cfg.updated({
+    return updated(cfg, {
         'train.seed': seed, 'fault.seed': seed, 'fault.events': '', 'fault.regime': run.regime,
         'fault.strategy': 'mecefo' if run.strategy == 'fault_free' else run.strategy,
         'fault.max_neighbour_rows': run.cap,

@@ -105,7 +105,7 @@ def main(argv):
     del argv
     from absl import flags
 
-    from mecefo_jax.settings import resolve_or_exit
+    from mecefo_jax.config_resolve import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
     replicas = flags.FLAGS.replicas or (cfg.mesh.data if cfg.mesh.data > 0
                                         else cfg.mesh.num_cpu_devices // cfg.mesh.model)

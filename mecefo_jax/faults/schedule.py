@@ -57,12 +57,11 @@ import bisect
 import dataclasses
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # annotations only: the config's rules import this module
-    from mecefo_jax.settings import FaultSection
+from mecefo_jax.settings import FaultSection
 
 # name -> (mtbf_hours, mttr_hours), cluster-wide, from the MeCeFO paper.
 REGIMES: dict[str, tuple[float, float]] = {

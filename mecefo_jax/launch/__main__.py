@@ -39,7 +39,7 @@ def main(argv):
         return
     if _CONFIG.value is None or _NPROCS.value is None:
         sys.exit('launch: --config and --nprocs are required (or --cleanup).')
-    from mecefo_jax.settings import resolve_or_exit
+    from mecefo_jax.config_resolve import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
     from mecefo_jax.launch import ray_cluster
     from mecefo_jax.launch.exits import WorkerProgramError

@@ -62,7 +62,7 @@ class CompileMember:
     def compile(self, config_json: str, workdir: str, workers: int, lost: int, coordinator: str,
                 process_id: int, nice: int) -> dict:
         os.nice(nice)  # this thread, and the compile threads it starts: training comes first
-        from mecefo_jax.settings import loads_json
+        from mecefo_jax.config_resolve import loads_json
         out = compile_for_survivors(loads_json(config_json), workdir, workers, lost, coordinator,
                                     process_id)
         return dict(out, cpu_sec=self.cpu_sec())

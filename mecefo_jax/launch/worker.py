@@ -168,7 +168,7 @@ class Worker:
 
 
 def _run(args: WorkerArgs, actor: Worker) -> dict:
-    from mecefo_jax.settings import loads_json
+    from mecefo_jax.config_resolve import loads_json
     cfg = loads_json(args.config_json)
     import jax
     from absl import logging

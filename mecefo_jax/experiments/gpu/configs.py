@@ -26,5 +26,5 @@ def load(name: str, overrides: dict | None = None):
         if field not in node:
             raise ValueError(f'gpu report: config {name} has no field {dotted}.')
         setattr(node, field, value)
-    from mecefo_jax.settings import resolve
+    from mecefo_jax.config_resolve import resolve
     return resolve(cfg)
