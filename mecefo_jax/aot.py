@@ -8,6 +8,8 @@ FLOP count and memory plan of the compiled program.
 import jax
 import jax.numpy as jnp
 
+from mecefo_jax import sharding
+
 
 def abstract(tree, shardings):
     """ShapeDtypeStructs carrying `shardings`: compile without materialising."""
@@ -17,8 +19,7 @@ def abstract(tree, shardings):
 
 def abstract_batch(mesh, rows: int, seq: int, num_replicas: int = 1):
     """The step's batch dict as ShapeDtypeStructs ([R*rows, seq] tokens, ...)."""
-    from mecefo_jax import step as step_lib
-    sh = step_lib.batch_shardings(mesh)
+    sh = sharding.batch_shardings(mesh)
     n = num_replicas * rows
     return {'tokens': jax.ShapeDtypeStruct((n, seq), jnp.int32, sharding=sh['tokens']),
             'weights': jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sh['weights']),

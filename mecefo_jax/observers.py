@@ -30,7 +30,7 @@ class PlannedStep:
     clock: int
     step: int
     state: object
-    plan: object  # a train.Plan: topology, layout, live mask, data_state
+    plan: object  # a topology.Plan: topology, layout, live mask, data_state
     tokens_nbt: np.ndarray
 
 
@@ -48,7 +48,7 @@ class StepDone:
     clock: int
     step: int
     state: object
-    plan: object  # a train.Plan: topology, layout, live mask, data_state
+    plan: object  # a topology.Plan: topology, layout, live mask, data_state
     tokens_nbt: np.ndarray | None
     data_position: dict
     metrics: dict

@@ -117,3 +117,9 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def data_sharded(mesh: Mesh) -> NamedSharding:
     """Leading dimension split over data-parallel replicas."""
     return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
+    """Where a step's host batch goes: rows split over `data`, the step number everywhere."""
+    data = data_sharded(mesh)
+    return {'tokens': data, 'weights': data, 'programs': data, 'step': replicated(mesh)}

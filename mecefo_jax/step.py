@@ -153,12 +153,6 @@ def make_grad_fn(model: Llama, mesh, programs):
     return grad_fn
 
 
-def batch_shardings(mesh):
-    data = sharding.data_sharded(mesh)
-    return {'tokens': data, 'weights': data, 'programs': data,
-            'step': sharding.replicated(mesh)}
-
-
 def make_train_step(model: Llama, optimizer, mesh, state_shardings, programs):
     """Pure `train_step(state, batch) -> (state, metrics)`, jitted and donating state."""
     programs = tuple(programs)
@@ -183,7 +177,7 @@ def make_train_step(model: Llama, optimizer, mesh, state_shardings, programs):
         return new_state, dict(stats, grad_norm=grad_norm, finite=finite, applied=applied)
 
     return jax.jit(train_step,
-                   in_shardings=(state_shardings, batch_shardings(mesh)),
+                   in_shardings=(state_shardings, sharding.batch_shardings(mesh)),
                    out_shardings=(state_shardings, sharding.replicated(mesh)),
                    donate_argnums=0)
 

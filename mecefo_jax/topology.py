@@ -4,7 +4,8 @@ The fault controller moves training between meshes built from the live
 replica rows; a `Topology` owns one such mesh: the state's shardings there,
 the AOT-compiled train step per layout signature (its live replicas and
 device programs), and the eval and
-projection-refresh functions. `TopologyCache` keys them by the live rows.
+projection-refresh functions. `TopologyCache` keys them by the live rows,
+and a `Plan` says which topology and layout the next step runs on.
 
 Every program compiles through `program_cache`, so a process that compiled
 it before (or a compile-ahead job renumbered like it) loads it instead;
@@ -118,12 +119,21 @@ class Topology:
 
     def put_batch(self, host_batch: dict):
         """Host step inputs -> global arrays on this mesh (multi-process safe)."""
-        shardings = step_lib.batch_shardings(self.mesh)
+        shardings = sharding.batch_shardings(self.mesh)
         if jax.process_count() == 1:
             return jax.device_put(host_batch, {k: shardings[k] for k in host_batch})
         return {k: jax.make_array_from_callback(np.shape(v), shardings[k],
                                                 lambda i, v=v: np.asarray(v)[i])
                 for k, v in host_batch.items()}
+
+
+@dataclasses.dataclass
+class Plan:
+    """Where the next step runs, and what the controller did to get there."""
+    topology: Topology
+    layout: Layout
+    live: tuple[bool, ...]  # which replicas are up (absent ones of a relaunch are down)
+    data_state: dict | None = None  # set when the controller rolled training back
 
 
 class TopologyCache:

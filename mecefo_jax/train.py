@@ -24,27 +24,18 @@ from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import optim, resume, sharding
 from mecefo_jax import projections as proj_lib
 from mecefo_jax import state as state_lib
-from mecefo_jax.layout import Layout, assemble, full_layout
+from mecefo_jax.layout import assemble, full_layout
 from mecefo_jax.metrics import MetricsWriter, preempted_row
 from mecefo_jax.model import Llama, ModelConfig
 from mecefo_jax.observers import PlannedStep, StepDone
 from mecefo_jax.preemption import Preempted
-from mecefo_jax.topology import Topology, TopologyCache
+from mecefo_jax.topology import Plan, Topology, TopologyCache
 
 log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(FloatingPointError):
     """Training produced NaN/Inf; the last good state was checkpointed."""
-
-
-@dataclasses.dataclass
-class Plan:
-    """Where the next step runs, and what the controller did to get there."""
-    topology: Topology
-    layout: Layout
-    live: tuple[bool, ...]  # which replicas are up (absent ones of a relaunch are down)
-    data_state: dict | None = None  # set when the controller rolled training back
 
 
 @dataclasses.dataclass

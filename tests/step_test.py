@@ -111,7 +111,7 @@ def _mesh_and_step(rows, programs):
 
 
 def _put(batch, mesh):
-    shardings = step.batch_shardings(mesh)
+    shardings = sharding.batch_shardings(mesh)
     return jax.device_put(batch, {k: shardings[k] for k in batch})
 
 

@@ -235,11 +235,12 @@ def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
     from mecefo_jax.launch.worker_state import SnapshotHook
     from mecefo_jax.layout import assemble, full_layout
     from mecefo_jax.snapshot import start_keeper, stop_keeper
+    from mecefo_jax.topology import Plan
 
     run = train_lib.build_run(cfg, workdir, checkpoint_every=0)
     topology = run.topologies.get(run.full_rows)
     layout = full_layout(run.num_shards, run.shard_batch)
-    plan = train_lib.Plan(topology, layout, run.present)
+    plan = Plan(topology, layout, run.present)
     state = resume.init_or_restore(run)
     keeper = start_keeper(f'drill{os.getpid()}', slots=cfg.snapshot.slots, detached=False)
     host = dict(assemble(layout, next(run.train_data)), step=np.int32(0))

@@ -84,7 +84,7 @@ class RoleTimer:
         # The step number never matches after the first call, so later calls
         # leave the state as it is: the same arithmetic, a constant state.
         host = dict(assemble(layout, tokens), step=np.int32(0))
-        batch = jax.device_put(host, step_lib.batch_shardings(self._mesh))
+        batch = jax.device_put(host, sharding.batch_shardings(self._mesh))
         step = step_lib.make_train_step(self._model, self._optimizer, self._mesh,
                                         self._shardings, layout.programs)
         return step.lower(self._state, batch).compile(), batch

@@ -224,6 +224,7 @@ def two_shard_gradients(model, mesh, state, tokens_nbt) -> dict[str, Any]:
     `step.make_grad_fn` of each mode's program (gradient sums divided by the
     token count, as the train step does): same tokens, same divisor.
     """
+    from mecefo_jax import sharding
     from mecefo_jax import step as step_lib
     from mecefo_jax.layout import assemble
     batch = tokens_nbt.shape[1]
@@ -231,7 +232,7 @@ def two_shard_gradients(model, mesh, state, tokens_nbt) -> dict[str, Any]:
     for mode in ('ndb_naive', 'mecefo'):
         layout = mode_layout(mode, batch)
         host = dict(assemble(layout, tokens_nbt), step=np.int32(0))
-        device_batch = jax.device_put(host, step_lib.batch_shardings(mesh))
+        device_batch = jax.device_put(host, sharding.batch_shardings(mesh))
         grad_fn = jax.jit(step_lib.make_grad_fn(model, mesh, layout.programs))
         grads[mode] = jax.device_get(grad_fn(state.params, state.projections, device_batch)[0])
     return grads
@@ -447,7 +448,6 @@ def _time_modes(bench: _Bench, result: dict, compiled: dict, *, warmup: int, ite
                 seed: int, peak_tflops: float | None) -> None:
     """Gradient error of mecefo vs ndb_naive, then every mode timed interleaved (and MFU)."""
     from mecefo_jax import sharding
-    from mecefo_jax import step as step_lib
     from mecefo_jax.layout import assemble
     from mecefo_jax.state import create_train_state
     log, mesh, modes = bench.log, bench.mesh, result['modes']
@@ -458,7 +458,7 @@ def _time_modes(bench: _Bench, result: dict, compiled: dict, *, warmup: int, ite
     batches = {}
     for mode in MECEFO_MODES:
         host = dict(assemble(mode_layout(mode, bench.batch), tokens_nbt), step=np.int32(0))
-        batches[mode] = jax.device_put(host, step_lib.batch_shardings(mesh))
+        batches[mode] = jax.device_put(host, sharding.batch_shardings(mesh))
     log('bench: gradient error of mecefo vs ndb_naive on the same two shards...')
     grads = two_shard_gradients(bench.model, mesh, state, tokens_nbt)
     result['grad_rel_error'] = grad_rel_error(grads['mecefo'], grads['ndb_naive'])
@@ -606,7 +606,7 @@ def fault_free_overhead(cfg, model, optimizer, *, batch: int, warmup: int, iters
     rng = np.random.default_rng(seed + 1)
     tokens_nbt = rng.integers(0, cfg.model.vocab_size, (data, batch, seq), dtype=np.int32)
     host = dict(assemble(layout, tokens_nbt), step=np.int32(0))
-    step_batch = jax.device_put(host, step_lib.batch_shardings(mesh))
+    step_batch = jax.device_put(host, sharding.batch_shardings(mesh))
     tokens = jax.device_put(tokens_nbt.reshape(data * batch, seq), sharding.data_sharded(mesh))
 
     fault_free = step_lib.make_train_step(model, optimizer, mesh, shardings,

@@ -28,11 +28,10 @@ import jax
 
 from mecefo_jax import multihost
 from mecefo_jax import projections as proj_lib
-from mecefo_jax import train as train_lib
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import AllReplicasDownError, layout_for, validate_strategy
-from mecefo_jax.topology import move_state
+from mecefo_jax.topology import Plan, move_state
 
 
 @dataclasses.dataclass
@@ -126,7 +125,7 @@ class FaultController:
                 step, tau=self.tau, failure_onset=False, neighbour_active=True):
             state, seconds = self._refresh(state, step)
             self._tau_refresh_sec += seconds
-        return state, train_lib.Plan(self.topology, self.layout, self.live,
+        return state, Plan(self.topology, self.layout, self.live,
                                      data_state=data_state)
 
     def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:

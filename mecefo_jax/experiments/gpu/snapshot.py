@@ -126,7 +126,7 @@ def auto(loop: Loop, cfg, measured: dict, runs: dict) -> dict:
 
 
 def run(ctx) -> dict:
-    from mecefo_jax import step as step_lib
+    from mecefo_jax import sharding
     from mecefo_jax.experiments import step_cost
     from mecefo_jax.layout import assemble
     from mecefo_jax.model import Llama, ModelConfig
@@ -147,7 +147,7 @@ def run(ctx) -> dict:
     ctx.partial(out)
     tokens = step_cost.random_tokens(cfg, batch, seed=0)
     host = dict(assemble(step_cost.mode_layout('normal', batch), tokens), step=np.int32(0))
-    device_batch = jax.device_put(host, step_lib.batch_shardings(setup.mesh))
+    device_batch = jax.device_put(host, sharding.batch_shardings(setup.mesh))
     # In this process: the device image has no Ray, and what is measured is the
     # write path (device to pinned host, copy and crc into shared memory), not
     # the keeper's actor call per publish (about a millisecond).

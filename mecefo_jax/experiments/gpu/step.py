@@ -171,7 +171,6 @@ def compile_modes(setup: Setup, batch: int, modes, first: tuple, ctx, start: flo
 def time_modes(setup: Setup, compiled: dict, batch: int, warmup: int, iters: int, ctx):
     """Median step ms per mode (interleaved) and the allocator's running peak per mode."""
     from mecefo_jax import sharding
-    from mecefo_jax import step as step_lib
     from mecefo_jax.layout import assemble
     from mecefo_jax.state import create_train_state
     state, _ = create_train_state(setup.model, setup.optimizer, setup.mesh, seed=0,
@@ -187,7 +186,7 @@ def time_modes(setup: Setup, compiled: dict, batch: int, warmup: int, iters: int
         else:
             host = dict(assemble(mode_layout(mode, batch), tokens_nbt), step=np.int32(0))
             calls[mode] = runner.mecefo(program, jax.device_put(
-                host, step_lib.batch_shardings(setup.mesh)))
+                host, sharding.batch_shardings(setup.mesh)))
     running_peak = first_calls_by_plan(calls, compiled, setup.device)
     ctx.log(f'timing {len(calls)} modes interleaved: {warmup} warm-up + {iters} rounds')
     times = step_cost.time_interleaved(calls, warmup=max(0, warmup - 1), iters=iters)
