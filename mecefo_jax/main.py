@@ -29,15 +29,9 @@ def _define_flags():
 
 def main(argv):
     del argv
-    from mecefo_jax.config_resolve import resolve_or_exit
+    from mecefo_jax.command_line import start
     FLAGS = flags.FLAGS
-    cfg = resolve_or_exit(FLAGS.config)  # every field checked before anything starts
-    # Orbax logs every save step at INFO; keep the console to progress and results.
-    logging.set_verbosity(logging.WARNING)
-    # Backends start lazily, so the fake-device count still applies here. It
-    # only affects the CPU platform; GPUs are used as they are.
-    from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
+    cfg = start(FLAGS.config)  # every field checked before anything starts
     import jax
     if FLAGS.coordinator or FLAGS.num_processes:
         jax.distributed.initialize(coordinator_address=FLAGS.coordinator,

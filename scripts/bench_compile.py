@@ -19,15 +19,13 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
     del argv
-    from mecefo_jax.config_resolve import resolve_or_exit
-    cfg = resolve_or_exit(_CONFIG.value)
+    from mecefo_jax.command_line import start
+    cfg = start(_CONFIG.value)
     try:
         depths = [int(d) for d in _DEPTHS.value]
     except ValueError:
         sys.exit(f'--depths={",".join(_DEPTHS.value)}: use comma-separated layer counts, '
                  'e.g. --depths=2,24.')
-    from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
     from mecefo_jax.experiments import compile_time as bench_compile
     result = bench_compile.run(cfg, depths, _OUT.value)
     for row in result['rows']:

@@ -37,12 +37,8 @@ flags.mark_flags_as_required(['config', 'out'])
 
 def main(argv):
     del argv
-    from mecefo_jax.config_resolve import resolve_or_exit
-    cfg = resolve_or_exit(_CONFIG.value)
-    # Before jax starts: fake CPU devices for the full-mesh overhead check
-    # (ignored by GPU backends).
-    from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
+    from mecefo_jax.command_line import start
+    cfg = start(_CONFIG.value)  # and fake CPU devices for the full-mesh overhead check
     from mecefo_jax.experiments import step_cost as bench
     bench.main(cfg, _OUT.value, batch=_BATCH.value, warmup=_WARMUP.value, iters=_ITERS.value,
                overhead=not _NO_OVERHEAD.value, overhead_iters=_OVERHEAD_ITERS.value,

@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
@@ -29,11 +29,8 @@ flags.mark_flags_as_required(['config', 'out'])
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)
-    from mecefo_jax.config_resolve import resolve_or_exit
-    cfg = resolve_or_exit(_CONFIG.value)
-    from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
+    from mecefo_jax.command_line import start
+    cfg = start(_CONFIG.value)
     from mecefo_jax.experiments.compare import compare_seeds
     base = cfg.fault.seed
     report = compare_seeds(cfg, _REGIME.value, _OUT.value,

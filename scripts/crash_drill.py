@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
@@ -31,16 +31,14 @@ flags.mark_flags_as_required(['config', 'out'])
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)
-    from mecefo_jax.config_resolve import resolve_or_exit
+    from mecefo_jax.command_line import start
     cfg = _CONFIG.value
     cfg.train.steps = _STEPS.value  # the drill's own flags set these two fields
     cfg.train.eval_every = 0
-    cfg = resolve_or_exit(cfg)  # overrides included: the launcher hands them to every worker
-    # The simulated run and the overhead measurement run here, on the devices
-    # all the workers together have.
-    from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(_WORKERS.value * cfg.launch.local_devices)
+    # Overrides included: the launcher hands them to every worker. The
+    # simulated run and the overhead measurement run here, on the devices all
+    # the workers together have.
+    cfg = start(cfg, cpu_devices=lambda c: _WORKERS.value * c.launch.local_devices)
     from mecefo_jax.experiments.crash_drill import run_drill
     path = config_flags.get_config_filename(flags.FLAGS['config'])  # recorded in the report
     run_drill(cfg, os.path.abspath(path), os.path.abspath(_OUT.value), workers=_WORKERS.value,

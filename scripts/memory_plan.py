@@ -32,16 +32,16 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
     del argv
-    from mecefo_jax.config_resolve import resolve_or_exit
-    cfg = resolve_or_exit(_CONFIG.value)
-    # Before jax starts: fake CPU devices for the replicas compiled.
-    from mecefo_jax.sharding import mesh_shape, simulate_cpu_devices
-    try:
-        _, width = mesh_shape(cfg.mesh, _NUM_DEVICES.value)
-    except ValueError as error:
-        sys.exit(f'memory_plan: {error}')
+    from mecefo_jax.command_line import start
     from mecefo_jax.experiments import memory_plan
-    simulate_cpu_devices(memory_plan.REPLICAS * width)
+    from mecefo_jax.sharding import mesh_shape
+
+    def replicas_compiled(cfg) -> int:  # fake CPU devices for the replicas compiled
+        try:
+            return memory_plan.REPLICAS * mesh_shape(cfg.mesh, _NUM_DEVICES.value)[1]
+        except ValueError as error:
+            sys.exit(f'memory_plan: {error}')
+    cfg = start(_CONFIG.value, cpu_devices=replicas_compiled)
     memory_plan.main(cfg, _OUT.value, num_devices=_NUM_DEVICES.value, limit_gb=_LIMIT_GB.value,
                      failure_step=_FAILURE_STEP.value)
 

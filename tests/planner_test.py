@@ -210,10 +210,9 @@ def test_plan_command_prints_every_strategy_as_json():
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(
-        [sys.executable, '-m', 'mecefo_jax.faults.plan', '--config',
+        [sys.executable, os.path.join(root, 'scripts', 'plan_faults.py'), '--config',
          os.path.join(root, 'configs', 'tiny.py'), '--down', '3', '--json'],
-        capture_output=True, text=True, check=True, cwd=root,
-        env=dict(os.environ, PYTHONPATH=root)).stdout
+        capture_output=True, text=True, check=True, cwd=root).stdout
     report = json.loads(out)
     from mecefo_jax.faults.strategies import STRATEGIES
     assert set(report) == set(STRATEGIES)

@@ -1,22 +1,22 @@
 """What if these replicas fail? Every strategy's layout and modelled step, before a long run.
 
-  python -m mecefo_jax.faults.plan --config configs/llama_350m.py --replicas 32 --down 3,4,17
-  python -m mecefo_jax.faults.plan --config configs/tiny.py --down 3 --cost roles:compare_faults.json --json
+The library behind `scripts/plan_faults.py`:
+
+  python scripts/plan_faults.py --config configs/llama_350m.py --replicas 32 --down 3,4,17
+  python scripts/plan_faults.py --config configs/tiny.py --down 3 --cost roles:compare_faults.json --json
 
 Per live replica: its role (normal, neighbour, or mixed: its own shard exact
 and the adopted rows in neighbour mode), its pieces (shard[start:stop]) and
 the modelled cost of its device program in normal steps (a device runs its
 role's busiest program, padding included), then the step's slowest device
 and the rows computed in neighbour mode (`mecefo_planned` under the config's
-`fault.max_neighbour_rows`, shown when set; `--max_neighbour_rows` overrides it).
+`fault.max_neighbour_rows`, shown when set, or the `max_neighbour_rows` given).
 `--json` prints one object keyed by strategy: {slowest_cost, neighbour_rows,
 replicas: [{replica, role, pieces, cost}]}. Costs: `analytic` (the FLOP model of the
 config's own shape, `faults/costs.py`), `bench:PATH` (a bench_step.json) or
 `roles:PATH` (a compare_faults.json). Nothing is compiled or run.
 """
 from __future__ import annotations
-
-import json
 
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults.planner import Planner, program_cost
@@ -99,42 +99,3 @@ def format_text(report: dict) -> str:
         rest = sum(1 for x in entry['replicas'] if x['role'] == 'normal' and len(x['pieces']) == 1)
         lines.append(f'  {rest} other replicas: normal, own shard only, 1.000x')
     return '\n'.join(lines)
-
-
-def main(argv):
-    del argv
-    from absl import flags
-
-    from mecefo_jax.config_resolve import resolve_or_exit
-    cfg = resolve_or_exit(_CONFIG.value)
-    replicas = flags.FLAGS.replicas or (cfg.mesh.data if cfg.mesh.data > 0
-                                        else cfg.mesh.num_cpu_devices // cfg.mesh.model)
-    down = tuple(int(x) for x in flags.FLAGS.down.split(',') if x.strip())
-    try:
-        cap = flags.FLAGS.max_neighbour_rows
-        report = plan_all(cfg, replicas=replicas, down=down, cost_spec=flags.FLAGS.cost,
-                          max_neighbour_rows=None if cap < 0 else cap)
-    except ValueError as err:
-        raise SystemExit(f'plan: {err}') from None
-    print(json.dumps(report, indent=1) if flags.FLAGS.json else format_text(report))
-
-
-def _define_flags():
-    from absl import flags
-    from ml_collections import config_flags
-    config = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.')
-    flags.DEFINE_string('down', '', 'Failed replicas, comma-separated (e.g. 3,4,17).')
-    flags.DEFINE_integer('replicas', 0, 'Data-parallel replicas; 0: mesh.data, or '
-                         'mesh.num_cpu_devices / mesh.model when mesh.data is -1.')
-    flags.DEFINE_string('cost', 'analytic', 'analytic | bench:PATH | roles:PATH')
-    flags.DEFINE_bool('json', False, 'Print one JSON object keyed by strategy.')
-    flags.DEFINE_integer('max_neighbour_rows', -1, 'mecefo_planned row cap; -1: the '
-                         "config's fault.max_neighbour_rows, 0: none.")
-    flags.mark_flags_as_required(['config'])
-    return config
-
-
-if __name__ == '__main__':
-    from absl import app
-    _CONFIG = _define_flags()
-    app.run(main)
