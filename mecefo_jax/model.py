@@ -21,6 +21,8 @@ a cheaper backward:
   * each FFN weight gets the low-rank gradient of `lowrank.lowrank_dense`,
     using projections read from the 'projections' variable collection.
 """
+from __future__ import annotations
+
 import dataclasses
 
 import jax
@@ -30,47 +32,26 @@ from jax.ad_checkpoint import checkpoint_name
 
 from mecefo_jax.loss import chunked_cross_entropy
 from mecefo_jax.lowrank import lowrank_dense
+from mecefo_jax.settings import Config, ModelSection
 
 PROJECTIONS = 'projections'  # variable collection holding the SVD projections V
 ATTENTION_BRANCH_MODULES = ('attn', 'attn_norm')  # averaged over normal devices only
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    d_model: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    ffn_hidden: int
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    dtype: str = 'float32'
+class ModelConfig(ModelSection):
+    """The config's model section (resolved and checked there), plus two switches of its own.
+
+    Every field of `settings.ModelSection` is inherited, never re-declared, so
+    the section stays the one place a model field is defined and checked.
+    """
     remat_ffn: bool = False  # neighbour-mode FFN recomputation (mecefo.remat_ffn)
-    attention: str = 'auto'  # 'auto' | 'xla' | 'cudnn' (jax.nn.dot_product_attention)
-    scan_layers: bool = True  # nn.scan over blocks (compile time independent of depth)
-    remat_policy: str = 'none'  # named block remat policy (REMAT_POLICIES)
-    loss_chunk_tokens: int = 4096  # tokens per cross-entropy chunk; <= 0 is one chunk
     unroll_loops: bool = False  # straight-line layers and loss chunks (FLOP counting)
 
     @classmethod
-    def from_config(cls, cfg) -> 'ModelConfig':
+    def from_config(cls, cfg: Config) -> ModelConfig:
         """From the resolved Config: its model section plus mecefo.remat_ffn."""
-        model_cfg = cls(**dataclasses.asdict(cfg.model), remat_ffn=cfg.mecefo.remat_ffn)
-        model_cfg.validate()
-        return model_cfg
-
-    def validate(self) -> None:
-        if self.d_model % self.num_heads:
-            raise ValueError(f'model.d_model={self.d_model} must be divisible by '
-                             f'model.num_heads={self.num_heads}.')
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f'model.num_heads={self.num_heads} must be a multiple '
-                             f'of model.num_kv_heads={self.num_kv_heads}.')
-        if self.dtype not in ('float32', 'bfloat16'):
-            raise ValueError(f"model.dtype={self.dtype!r}: use 'float32' or 'bfloat16'.")
-        remat_policy(self.remat_policy)
-        attention_implementation(self.attention, self.dtype, self.head_dim)
+        return cls(**dataclasses.asdict(cfg.model), remat_ffn=cfg.mecefo.remat_ffn)
 
     @property
     def head_dim(self) -> int:
@@ -277,6 +258,11 @@ class Llama(nn.Module):
     """
     cfg: ModelConfig
 
+    @nn.nowrap  # a plain method: the new model is no submodule of this one
+    def variant(self, **changes) -> Llama:
+        """The same model with some `ModelConfig` fields changed (benchmarks, tests)."""
+        return Llama(dataclasses.replace(self.cfg, **changes), parent=None)
+
     @nn.compact
     def __call__(self, tokens_bl, neighbour: bool = False, targets_bl=None, weights_b=None):
         c = self.cfg
@@ -305,3 +291,12 @@ def init_params(model: Llama, rng, seq_len: int = 8):
     """Boxed (logically partitioned) float32 parameters (layer axis first when scanned)."""
     tokens_bl = jnp.zeros((1, seq_len), jnp.int32)
     return model.init(rng, tokens_bl)['params']
+
+
+def build_model(cfg: Config, **changes) -> Llama:
+    """The LLaMA of a resolved config: the one way every caller builds it.
+
+    `changes` replace `ModelConfig` fields for a variant of the same model
+    (benchmarks: fewer layers, unrolled loops, no scan).
+    """
+    return Llama(dataclasses.replace(ModelConfig.from_config(cfg), **changes))

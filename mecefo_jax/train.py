@@ -26,7 +26,7 @@ from mecefo_jax import projections as proj_lib
 from mecefo_jax import state as state_lib
 from mecefo_jax.layout import assemble, full_layout
 from mecefo_jax.metrics import MetricsWriter, preempted_row
-from mecefo_jax.model import Llama, ModelConfig
+from mecefo_jax.model import Llama, build_model
 from mecefo_jax.observers import PlannedStep, StepDone
 from mecefo_jax.preemption import Preempted
 from mecefo_jax.topology import Plan, Topology, TopologyCache
@@ -96,7 +96,7 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     from mecefo_jax.data import pipeline as data_lib  # grain/sentencepiece only when training
 
     os.makedirs(workdir, exist_ok=True)
-    model = Llama(ModelConfig.from_config(cfg))
+    model = build_model(cfg)
     optimizer = optim.make_optimizer(cfg.train)
     if replica_rows is None:
         replica_rows = sharding.mesh_rows(sharding.make_mesh(cfg.mesh))

@@ -5,7 +5,6 @@ a subprocess (with the optional packages blocked) and the in-process run use
 the same config, and the subprocess writes into this session's compilation
 cache, so each per-mode step is compiled once.
 """
-import dataclasses
 import json
 import math
 import os
@@ -21,7 +20,7 @@ from configs import tiny
 from mecefo_jax import aot, sharding
 from mecefo_jax.config_resolve import resolve
 from mecefo_jax.experiments import step_cost as bench
-from mecefo_jax.model import Llama, ModelConfig
+from mecefo_jax.model import build_model
 from mecefo_jax.optim import make_optimizer
 from mecefo_jax.state import create_train_state
 
@@ -225,7 +224,7 @@ def _abstract_params():
     import flax
 
     from mecefo_jax.model import init_params
-    model = Llama(ModelConfig.from_config(tiny_config()))
+    model = build_model(tiny_config())
     return flax.linen.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))
 
 
@@ -263,7 +262,7 @@ def test_grad_rel_error_on_one_block_with_square_full_rank_ffn(result):
     # `other` = ||d embedding|| / ||exact (embedding, norms, head)||, with the
     # gradients computed here directly by jax.grad of the model's loss.
     cfg = tiny_config()
-    model = Llama(ModelConfig.from_config(cfg))
+    model = build_model(cfg)
     mesh = sharding.mesh_from_rows([[jax.devices()[0]]])
     state, _ = create_train_state(model, make_optimizer(cfg.train), mesh, seed=0,
                                   rank=cfg.mecefo.rank)
@@ -305,11 +304,9 @@ def test_unrolled_flop_count_sees_every_block_and_chunk():
     chunks = 4
     cfg.model.loss_chunk_tokens = BATCH * cfg.data.seq_len // chunks
     cfg = resolve(cfg)
-    base = ModelConfig.from_config(cfg)
-    scanned = bench.normal_step_flops(
-        Llama(dataclasses.replace(base, unroll_loops=True)), cfg, BATCH)
+    scanned = bench.normal_step_flops(build_model(cfg, unroll_loops=True), cfg, BATCH)
     straight = bench.normal_step_flops(
-        Llama(dataclasses.replace(base, scan_layers=False, loss_chunk_tokens=0)), cfg, BATCH)
+        build_model(cfg, scan_layers=False, loss_chunk_tokens=0), cfg, BATCH)
     dv = cfg.model.d_model * cfg.model.vocab_size
     assert 0 <= scanned - straight <= 8 * dv * (chunks - 1)
 

@@ -35,7 +35,7 @@ from mecefo_jax.faults.strategies import (
 )
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, full_layout
 from mecefo_jax.metrics import read_metrics
-from mecefo_jax.model import Llama, ModelConfig
+from mecefo_jax.model import build_model
 from mecefo_jax.observers import Observer, TokenCount
 
 N = 8  # replicas (fake devices, mesh.model = 1)
@@ -216,7 +216,7 @@ def mecefo_run(cache_dir, topologies, tmp_path_factory):
     watch = [(mask(3), (7, 2, B)), (mask(3, 4), (6, 2, B))]
     # A heavy observer too: it reads the state and computes gradients before
     # steps, which must not change what is trained (test_observers_...).
-    model = Llama(ModelConfig.from_config(cfg))
+    model = build_model(cfg)
     return fault_run(cfg, str(tmp_path_factory.mktemp('mecefo')), topologies, watch=watch,
                      observers=[GradientError(model, GRAD_ERROR_EVERY)])
 

@@ -1,5 +1,4 @@
 """Unit tests of mecefo_jax.experiments.role_timer: which programs a layout runs, and their cost."""
-import dataclasses
 
 import jax
 
@@ -9,7 +8,7 @@ from mecefo_jax.config_resolve import resolve
 from mecefo_jax.experiments.role_timer import RoleTimer, layout_keys
 from mecefo_jax.faults.strategies import layout_for
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program
-from mecefo_jax.model import Llama, ModelConfig
+from mecefo_jax.model import build_model
 
 N, B = 8, 2
 
@@ -51,7 +50,7 @@ def test_a_step_lasts_as_long_as_its_slowest_device():
 
 def test_measure_times_every_program_alone_on_one_device():
     cfg = resolve(tiny.get_config())
-    model = Llama(dataclasses.replace(ModelConfig.from_config(cfg), num_layers=1))
+    model = build_model(cfg, num_layers=1)
     timer = RoleTimer(model, optim.make_optimizer(cfg.train), seq_len=16,
                       vocab_size=int(cfg.model.vocab_size), rank=8, warmup=1, iters=3,
                       device=jax.devices()[0])

@@ -51,10 +51,10 @@ def plan(tmp_path_factory):
 def _num_params() -> int:
     import flax
 
-    from mecefo_jax.model import Llama, ModelConfig, init_params
+    from mecefo_jax.model import build_model, init_params
     cfg = tiny.get_config()
     cfg.model.num_layers, cfg.model.ffn_hidden = 1, 32
-    model = Llama(ModelConfig.from_config(resolve(cfg)))
+    model = build_model(resolve(cfg))
     boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(flax.linen.unbox(boxed)))
 

@@ -9,7 +9,6 @@ hold parameters per layer (`layers_<i>`, the reference's form) and the jitted
 wrappers below stack them for the scanned model, so gradients come back per
 layer too (tests/layer_trees.py).
 """
-import dataclasses
 import functools
 import re
 
@@ -28,7 +27,7 @@ from tree_asserts import assert_tree_close
 from configs import tiny
 from mecefo_jax import sharding
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.model import Block, Llama, ModelConfig, init_params, is_attention_branch
+from mecefo_jax.model import Block, Llama, build_model, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
 
 # tiny config: D=32, 2 layers, H=4, K=2 (G=2), E=8, F=64, V=256. Batch and
@@ -48,15 +47,15 @@ def _jit(fn, **kwargs):
     return jax.jit(fn, compiler_options=FAST, **kwargs)
 
 
-def _model_cfg(**overrides) -> ModelConfig:
-    cfg = dataclasses.replace(ModelConfig.from_config(resolve(tiny.get_config())), **overrides)
-    assert cfg.dtype == 'float32'
-    return cfg
+def _model(**changes) -> Llama:
+    model = build_model(resolve(tiny.get_config()), **changes)
+    assert model.cfg.dtype == 'float32'
+    return model
 
 
-CFG = _model_cfg()
+MODEL = _model()
+CFG = MODEL.cfg
 assert CFG.scan_layers  # the production path
-LOOP_CFG = dataclasses.replace(CFG, scan_layers=False)
 D, F, H, K, E = CFG.d_model, CFG.ffn_hidden, CFG.num_heads, CFG.num_kv_heads, CFG.head_dim
 G = H // K
 
@@ -71,7 +70,7 @@ def _init(model, seed):
     are drawn for the per-layer (looped) tree of the same parameters.
     """
     boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-    looped = Llama(dataclasses.replace(model.cfg, scan_layers=False))
+    looped = model.variant(scan_layers=False)
     per_layer = jax.eval_shape(lambda: init_params(looped, jax.random.key(0)))
     rng = np.random.default_rng(seed)
 
@@ -94,7 +93,7 @@ _projections = _jit(compute_projections, static_argnums=1)
 
 @pytest.fixture(scope='module')
 def setup():
-    model = Llama(CFG)
+    model = MODEL
     boxed, params = _init(model, seed=0)
     tokens = np.random.default_rng(1).integers(0, CFG.vocab_size, (B, L), dtype=np.int32)
     return model, boxed, params, tokens
@@ -247,7 +246,7 @@ def test_param_and_logit_shapes(setup):
 def test_scanned_layers_equal_the_loop(setup):
     """nn.scan over blocks is the same computation as the Python loop of blocks."""
     model, _, params, tokens = setup
-    loop = Llama(LOOP_CFG)
+    loop = MODEL.variant(scan_layers=False)
     v = _projections(params, RANK)
     for neighbour in (False, True):
         # Same ops per block; only how XLA schedules them around the loop differs.
@@ -488,7 +487,7 @@ def test_saved_residuals(capsys, remat, scan):
     # Tracing only (no compile). One block so every residual is attributable;
     # under nn.scan a block's residuals carry a leading layer axis of 1, which
     # is dropped here (B = 3, so a leading 1 is never the batch).
-    model = Llama(_model_cfg(num_layers=1, remat_ffn=remat, scan_layers=scan))
+    model = _model(num_layers=1, remat_ffn=remat, scan_layers=scan)
     _, params = _init(model, seed=5)
     v = jax.eval_shape(lambda p: compute_projections(p, RANK), params)
     v = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), v)
@@ -532,8 +531,8 @@ def test_saved_residuals(capsys, remat, scan):
 def test_remat_changes_no_gradient(setup):
     _, _, params, tokens = setup
     v = _projections(params, RANK)
-    g_remat = _grads(Llama(_model_cfg(remat_ffn=True)), True, params, v, tokens)
-    g_plain = _grads(Llama(_model_cfg(remat_ffn=False)), True, params, v, tokens)
+    g_remat = _grads(_model(remat_ffn=True), True, params, v, tokens)
+    g_plain = _grads(_model(remat_ffn=False), True, params, v, tokens)
     # Recomputation replays the same forward ops; only fusion may differ.
     assert_tree_close(g_remat, g_plain, 1e-5, 'remat vs no remat ')
 

@@ -28,7 +28,7 @@ from mecefo_jax.layout import (
     assemble,
     full_layout,
 )
-from mecefo_jax.model import Llama, ModelConfig, init_params, is_attention_branch
+from mecefo_jax.model import build_model, init_params, is_attention_branch
 from mecefo_jax.projections import compute_projections
 
 N_SHARDS, SHARD_BATCH, T = 8, 2, 9  # 8 batch shards of 2 sequences, 8 predicted tokens each
@@ -49,8 +49,8 @@ def _jit(fn, **kwargs):
 
 # One block is enough here: how the step routes and combines gradients does
 # not depend on depth (model_test.py checks neighbour mode through 2 blocks).
-CFG = dataclasses.replace(ModelConfig.from_config(resolve(tiny.get_config())), num_layers=1)
-MODEL = Llama(CFG)
+MODEL = build_model(resolve(tiny.get_config()), num_layers=1)
+CFG = MODEL.cfg
 
 
 @pytest.fixture(scope='module')

@@ -96,12 +96,12 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
     from mecefo_jax.experiments.role_timer import RoleTimer
     from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.layout import ROLE_NORMAL, Program
-    from mecefo_jax.model import Llama, ModelConfig
+    from mecefo_jax.model import build_model
 
     os.makedirs(out_dir, exist_ok=True)
     if regime:
         cfg = updated(cfg, {'fault.regime': regime})
-    timer = RoleTimer(Llama(ModelConfig.from_config(cfg)), optim.make_optimizer(cfg.train),
+    timer = RoleTimer(build_model(cfg), optim.make_optimizer(cfg.train),
                       seq_len=cfg.data.seq_len, vocab_size=cfg.model.vocab_size,
                       rank=cfg.mecefo.rank)
     timer.measure(_schedule_programs(cfg, runs))

@@ -25,11 +25,10 @@ def compile_seconds(cfg, num_layers: int, scan_layers: bool) -> float:
     from mecefo_jax import optim, sharding
     from mecefo_jax import state as state_lib
     from mecefo_jax.faults.strategies import layout_for
-    from mecefo_jax.model import Llama, ModelConfig
+    from mecefo_jax.model import build_model
     from mecefo_jax.topology import TopologyCache
 
-    model = Llama(dataclasses.replace(ModelConfig.from_config(cfg), num_layers=num_layers,
-                                      scan_layers=scan_layers))
+    model = build_model(cfg, num_layers=num_layers, scan_layers=scan_layers)
     optimizer = optim.make_optimizer(cfg.train)
     rank = cfg.mecefo.rank
     mesh = sharding.make_mesh(cfg.mesh)

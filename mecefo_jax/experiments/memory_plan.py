@@ -108,7 +108,7 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
     from mecefo_jax.aot import abstract, abstract_batch
     from mecefo_jax.experiments.step_cost import config_summary
     from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
-    from mecefo_jax.model import Llama, ModelConfig
+    from mecefo_jax.model import build_model
     from mecefo_jax.optim import make_optimizer
     from mecefo_jax.state import abstract_train_state, state_shardings
 
@@ -123,7 +123,7 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
             f'{REPLICAS} replicas; this process has {len(devices)}. Start it with '
             f'XLA_FLAGS=--xla_force_host_platform_device_count={REPLICAS * width} '
             '(scripts/memory_plan.py does).')
-    model = Llama(ModelConfig.from_config(cfg))
+    model = build_model(cfg)
     optimizer = make_optimizer(cfg.train)
     rank = cfg.mecefo.rank
     seq = cfg.data.seq_len + 1

@@ -161,8 +161,7 @@ def make_plain_dp_step(model, optimizer, mesh, param_shardings, opt_shardings):
 
 def unrolled(model):
     """The same model with straight-line layers and loss chunks (FLOP counting)."""
-    from mecefo_jax.model import Llama
-    return Llama(dataclasses.replace(model.cfg, unroll_loops=True))
+    return model.variant(unroll_loops=True)
 
 
 def normal_step_flops(model, cfg, batch: int, device=None) -> float:
@@ -498,10 +497,10 @@ def _overhead(bench: _Bench, *, warmup: int, iters: int, seed: int) -> dict:
 
 def _new_bench(cfg, batch: int, device, log) -> _Bench:
     from mecefo_jax import sharding
-    from mecefo_jax.model import Llama, ModelConfig
+    from mecefo_jax.model import build_model
     from mecefo_jax.optim import make_optimizer
     from mecefo_jax.state import abstract_train_state, state_shardings
-    model = Llama(ModelConfig.from_config(cfg))
+    model = build_model(cfg)
     mesh = sharding.mesh_from_rows([[device]])
     optimizer = make_optimizer(cfg.train)
     rank = cfg.mecefo.rank

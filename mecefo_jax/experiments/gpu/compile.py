@@ -23,7 +23,6 @@ CPU_DEVICES = 2  # fake CPU devices (smoke): the smallest mesh with a failure an
 
 def one_device_failure_step_sec(cfg, layers: int, batch: int) -> float:
     """The two-program (normal x B, neighbour x 2B) step on one device, compiled cold."""
-    import dataclasses
 
     import jax
 
@@ -31,8 +30,8 @@ def one_device_failure_step_sec(cfg, layers: int, batch: int) -> float:
     from mecefo_jax.aot import abstract_batch
     from mecefo_jax.experiments.gpu.step import Setup
     from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program
-    from mecefo_jax.model import Llama, ModelConfig
-    model = Llama(dataclasses.replace(ModelConfig.from_config(cfg), num_layers=layers))
+    from mecefo_jax.model import build_model
+    model = build_model(cfg, num_layers=layers)
     setup = Setup.build(cfg, model, jax.devices()[0])
     programs = (Program(ROLE_NORMAL, batch), Program(ROLE_NEIGHBOUR, 2 * batch))
     fn = step_lib.make_train_step(setup.model, setup.optimizer, setup.mesh, setup.shardings,

@@ -129,13 +129,13 @@ def run(ctx) -> dict:
     from mecefo_jax import sharding
     from mecefo_jax.experiments import step_cost
     from mecefo_jax.layout import assemble
-    from mecefo_jax.model import Llama, ModelConfig
+    from mecefo_jax.model import build_model
     from mecefo_jax.snapshot import LocalKeeper
     from mecefo_jax.state import create_train_state
     kind = 'smoke' if ctx.smoke else 'full'
     shape, runs = STEP_SHAPES['step'][kind], RUNS[kind]
     cfg = configs.load(shape['config'], shape['overrides'])
-    setup = Setup.build(cfg, Llama(ModelConfig.from_config(cfg)), jax.devices()[0])
+    setup = Setup.build(cfg, build_model(cfg), jax.devices()[0])
     batch = shape['batch']
     compiled = setup.compile('normal', batch)
     state, _ = create_train_state(setup.model, setup.optimizer, setup.mesh, seed=0,

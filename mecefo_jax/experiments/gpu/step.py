@@ -97,9 +97,7 @@ class Setup:
         return cls(cfg, model, optimizer, mesh, shardings, state_abs, device)
 
     def with_layers(self, layers: int, unroll: bool):
-        from mecefo_jax.model import Llama
-        model = Llama(dataclasses.replace(self.model.cfg, num_layers=layers,
-                                          unroll_loops=unroll))
+        model = self.model.variant(num_layers=layers, unroll_loops=unroll)
         return Setup.build(self.cfg, model, self.device)
 
     def compile(self, mode: str, batch: int):
@@ -263,11 +261,11 @@ def bench_json(out: dict) -> dict:
 
 def run_step(ctx, key: str) -> dict:
     from mecefo_jax.aot import flops_of, memory_of
-    from mecefo_jax.model import Llama, ModelConfig
+    from mecefo_jax.model import build_model
     shape = SHAPES[key]['smoke' if ctx.smoke else 'full']
     cfg = configs.load(shape['config'], shape['overrides'])
     device = jax.devices()[0]
-    setup = Setup.build(cfg, Llama(ModelConfig.from_config(cfg)), device)
+    setup = Setup.build(cfg, build_model(cfg), device)
     start = time.monotonic()
     batch, fit, largest = fit_batch(setup, shape['batch'], ctx.log)
     out = {'config_name': shape['config'], 'config': step_cost.config_summary(cfg, batch),
