@@ -182,7 +182,10 @@ def stop(gen: Generation | None) -> None:
 
     Gone means the process has exited, on this machine: Ray marks a killed
     actor dead before its process ends, and can end it by a graceful exit
-    (Python's, atexit included) instead of the kill.
+    (Python's, atexit included) instead of the kill. A worker blocked in a
+    collective, or stopped, never exits gracefully: Ray's raylet SIGKILLs it
+    only after `kill_worker_timeout_milliseconds` (5 s by default). The ones
+    on this machine are SIGKILLed here at once; the others wait for Ray.
     """
     if gen is None or not gen.actors:
         return
@@ -192,11 +195,22 @@ def stop(gen: Generation | None) -> None:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 (already dead)
             pass
-    ray.wait(list(gen.runs.values()), num_returns=len(gen.runs), timeout=_TEARDOWN_SEC)
     here = this_host()
-    wait_exited([gen.info[w]['pid'] for w in gen.actors
-                 if gen.info.get(w, {}).get('host') == here], _TEARDOWN_SEC)
+    local = [gen.info[w]['pid'] for w in gen.actors if gen.info.get(w, {}).get('host') == here]
+    _kill_ray_workers(local)
+    ray.wait(list(gen.runs.values()), num_returns=len(gen.runs), timeout=_TEARDOWN_SEC)
+    wait_exited(local, _TEARDOWN_SEC)
     gen.actors.clear()
+
+
+def _kill_ray_workers(pids: list) -> None:
+    """SIGKILL each pid that is still a Ray worker (one that is not has exited: its pid reused)."""
+    for p in pids:
+        if (shm.cmdline(p) or '').startswith('ray::'):
+            try:
+                os.kill(p, signal_lib.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def wait_exited(pids: list, timeout: float) -> None:
@@ -209,10 +223,6 @@ def wait_exited(pids: list, timeout: float) -> None:
     while pids := [p for p in pids if shm.alive(p)]:
         if time.monotonic() > deadline:
             pids = [p for p in pids if (shm.cmdline(p) or '').startswith('ray::')]
-            for p in pids:
-                try:
-                    os.kill(p, signal_lib.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_ray_workers(pids)
             deadline = float('inf')
         time.sleep(_EXIT_POLL_SEC)
