@@ -48,7 +48,8 @@ def fine(ctx):
 
 
 def _env(*dirs):
-    env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}  # one CPU device
+    env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+    env['XLA_FLAGS'] = '--xla_backend_optimization_level=0'  # one CPU device; see conftest
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [*dirs, ROOT, env.get('PYTHONPATH')]))
     env['JAX_PLATFORMS'] = 'cpu'
     return env
