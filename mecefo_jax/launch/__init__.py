@@ -12,6 +12,9 @@
 | `placement` | which worker holds which data-parallel replica, and which node each worker runs on |
 | `actors` | the environment and placement options of the launcher's actors |
 | `worker`, `progress` | one training process (a Ray actor); how far it got |
+| `worker_args` | what the launcher hands one worker of one generation (`WorkerArgs`) |
+| `worker_records` | the worker's start and end records, provenance per step |
+| `worker_snapshots` | the worker's snapshot observer and restore callback, from its args and the config |
 | `worker_state` | the worker's train state: snapshot after each step, restore from keepers (heal from peers) or disk |
 | `compile_ahead` | the survivors' programs of every single-worker loss, compiled before any failure |
 | `coordinator` | joining the generation's `jax.distributed` job, its coordinator bound to one address |
