@@ -106,7 +106,7 @@ def assert_nothing_left(workdir, keeper_pids=(), *, launcher_killed=False):
 
 
 def live_keeper_pids(workdir) -> list[int]:
-    from mecefo_jax.snapshot.keeper import find_keeper
+    from mecefo_jax.snapshot.keeper_actor import find_keeper
     return [find_keeper(name, namespace_of(workdir)).pid for name in keeper_names(workdir)]
 
 

@@ -97,6 +97,6 @@ def test_a_placement_that_one_lost_node_would_end_is_refused(cluster, tmp_path):
                         str(tmp_path / 'b'), WORKERS, log=lambda _: None)
     try:
         launcher._first_generation(0.0)  # parity groups spread over the nodes: accepted
-        assert len(set(launcher.nodes.values())) == WORKERS
+        assert len(set(launcher.job.nodes.values())) == WORKERS
     finally:
-        launcher.keepers.stop_all()
+        launcher.job.keepers.stop_all()

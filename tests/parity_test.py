@@ -9,7 +9,7 @@ import pytest
 
 from mecefo_jax.snapshot import blob, erasure, parity
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter
-from mecefo_jax.snapshot.keeper import start_keeper, stop_keeper
+from mecefo_jax.snapshot.keeper_actor import start_keeper, stop_keeper
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # keepers are Ray actors
 

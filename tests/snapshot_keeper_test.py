@@ -15,7 +15,9 @@ import pytest
 
 from mecefo_jax.snapshot import blob, shm
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, ShmSnapshot, SnapshotWriter
-from mecefo_jax.snapshot.keeper import LocalKeeper, check_request, start_keeper, stop_keeper
+from mecefo_jax.snapshot.keeper_actor import start_keeper, stop_keeper
+from mecefo_jax.snapshot.keeper_requests import check_request
+from mecefo_jax.snapshot.keeper_sessions import LocalKeeper
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray,  # Ray's processes
               pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason='needs /dev/shm (Linux)')]

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.snapshot import async_writer, jax_io
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, SnapshotWriter, open_snapshots, open_sources
-from mecefo_jax.snapshot.keeper import start_keeper, stop_keeper
+from mecefo_jax.snapshot.keeper_actor import start_keeper, stop_keeper
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # keepers are Ray actors
 NAMESPACE = 'snapshot_test'
@@ -208,7 +208,7 @@ _CONNECT = """
     use_token_auth()
     import ray
     ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-    from mecefo_jax.snapshot.keeper import find_keeper
+    from mecefo_jax.snapshot.keeper_actor import find_keeper
     own = find_keeper("own", sys.argv[2])
 """
 

@@ -10,6 +10,7 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.launch import outcome
 from mecefo_jax.launch.generation import Generation
 from mecefo_jax.launch.supervisor import Launcher
 
@@ -35,24 +36,24 @@ def generation(stop_at=0, ended=()):
 def test_a_generation_without_a_step_hangs_after_the_start_timeout(launcher):
     gen = generation()
     gen.started = NOW - START + 1.0
-    assert launcher._hung(gen, 0, 0.0, NOW) is None
+    assert outcome.hung(launcher.job, gen, 0, 0.0, NOW) is None
     gen.started = NOW - START - 1.0
-    assert 'of the start' in launcher._hung(gen, 0, 0.0, NOW).cause
+    assert 'of the start' in outcome.hung(launcher.job, gen, 0, 0.0, NOW).cause
 
 
 def test_a_step_that_never_completes_is_a_stall(launcher):
-    assert launcher._hung(generation(), 5, STALL - 1.0, NOW) is None
-    hung = launcher._hung(generation(), 5, STALL + 1.0, NOW)
+    assert outcome.hung(launcher.job, generation(), 5, STALL - 1.0, NOW) is None
+    hung = outcome.hung(launcher.job, generation(), 5, STALL + 1.0, NOW)
     assert hung.cause.startswith('no step completed for') and hung.completed_steps == 5
 
 
 @pytest.mark.parametrize('stop_at,last', [(0, STEPS), (10, 10)])  # the run's end, a planned stop
 def test_after_the_last_step_the_end_gets_the_stop_timeout_not_the_stall_timeout(
         launcher, stop_at, last):
-    assert launcher._hung(generation(stop_at), last, (STALL + STOP) / 2, NOW) is None
-    hung = launcher._hung(generation(stop_at), last, STOP + 1.0, NOW)
+    assert outcome.hung(launcher.job, generation(stop_at), last, (STALL + STOP) / 2, NOW) is None
+    hung = outcome.hung(launcher.job, generation(stop_at), last, STOP + 1.0, NOW)
     assert hung.cause == f'no end within {STOP:.1f} s of the last step'
 
 
 def test_a_generation_whose_workers_all_ended_is_not_hung(launcher):
-    assert launcher._hung(generation(ended=(0, 1)), 5, STOP + STALL, NOW) is None
+    assert outcome.hung(launcher.job, generation(ended=(0, 1)), 5, STOP + STALL, NOW) is None

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.snapshot import async_writer, jax_io, parity
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter, open_snapshots
-from mecefo_jax.snapshot.keeper import start_keeper, stop_keeper
+from mecefo_jax.snapshot.keeper_actor import start_keeper, stop_keeper
 
 
 def _median(fn, repeats):

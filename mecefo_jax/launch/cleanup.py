@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mecefo_jax.launch import ray_cluster
 from mecefo_jax.snapshot import shm
-from mecefo_jax.snapshot.keeper import find_keeper, stop_keeper
+from mecefo_jax.snapshot.keeper_actor import find_keeper, stop_keeper
 
 
 def cleanup(workdir: str, address: str | None = None) -> dict:

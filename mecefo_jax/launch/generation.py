@@ -19,7 +19,8 @@ import time
 from mecefo_jax.launch import actors
 from mecefo_jax.launch.exits import CRASH, PROGRAM_ERROR, Death
 from mecefo_jax.launch.progress import parse_report
-from mecefo_jax.launch.worker import Worker, WorkerArgs, this_host
+from mecefo_jax.launch.worker import Worker, this_host
+from mecefo_jax.launch.worker_args import WorkerArgs
 from mecefo_jax.snapshot import shm
 
 PROGRESS_SEC = 0.2  # how often each worker is asked how far it got

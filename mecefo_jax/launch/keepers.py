@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from mecefo_jax.snapshot import KeeperClient, KeeperError, KeeperHandle, shm
-from mecefo_jax.snapshot.keeper import find_keeper, start_keeper, stop_keeper
+from mecefo_jax.snapshot.keeper_actor import find_keeper, start_keeper, stop_keeper
 
 _TIMEOUT = 30.0  # a launcher request to a live keeper answers in milliseconds
 

@@ -15,6 +15,7 @@ import time
 
 from mecefo_jax.launch import generation, recovery_report
 from mecefo_jax.launch.generation import Generation
+from mecefo_jax.launch.job_state import JobState
 from mecefo_jax.launch.outcome import Outcome
 from mecefo_jax.launch.placement import assign_nodes
 from mecefo_jax.launch.ray_cluster import alive_nodes
@@ -23,30 +24,30 @@ from mecefo_jax.snapshot import shm
 _POLL_SEC = 0.05
 
 
-def plan_next(launcher, gen: Generation, outcome: Outcome) -> tuple[dict, Generation]:
+def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, Generation]:
     """Tear `gen` down and plan the next generation; (pending recovery row, generation)."""
     start = time.time()
-    launcher.ahead.stop()  # it competes with the way back; its sets are moot after a loss
-    row = _opened_row(launcher, gen, outcome)
+    job.ahead.stop()  # it competes with the way back; its sets are moot after a loss
+    row = _opened_row(job, gen, outcome)
     generation.stop(gen)
-    launcher.keepers.end_sessions()
+    job.keepers.end_sessions()
     row['teardown_sec'] = time.time() - start
-    workers = list(range(launcher.placement.workers))
+    workers = list(range(job.placement.workers))
     survivors = [w for w in gen.members if w not in outcome.failed]
     returns = 0
-    if launcher.recovery == 'disk':
+    if job.recovery == 'disk':
         members, resume = workers, 'disk'
-    elif outcome.kind == 'stopped' or not launcher.placement.survives(survivors):
+    elif outcome.kind == 'stopped' or not job.placement.survives(survivors):
         members, resume = workers, 'memory'  # everyone back (rejoin or replacement)
     else:
         members, resume = survivors, 'memory'
-        returns = launcher.cfg.launch.return_after_steps
-    _place(launcher, members)
+        returns = job.cfg.launch.return_after_steps
+    _place(job, members)
     row.update(members=members, resume=resume,
-               nodes={str(w): launcher.nodes[w] for w in members})
+               nodes={str(w): job.nodes[w] for w in members})
     resume_step = 0
-    if resume == 'memory' and launcher.uses_keepers:
-        fresh, row['parity_rebuild_sec'] = _replace_lost_keepers(launcher, members, row)
+    if resume == 'memory' and job.uses_keepers:
+        fresh, row['parity_rebuild_sec'] = _replace_lost_keepers(job, members, row)
         # Every worker restores the same step, chosen here from the keepers
         # that were written to until the end (and any rebuilt from parity):
         # no collective on the way back. A rejoining worker's own keeper may
@@ -54,13 +55,13 @@ def plan_next(launcher, gen: Generation, outcome: Outcome) -> tuple[dict, Genera
         # survivor (every worker died at once), every keeper that lived.
         rebuilt = row.get('parity_rebuilt_workers', [])
         holders = [w for w in (survivors + rebuilt or members)
-                   if w not in fresh and launcher.keepers.alive(w)]
-        resume_step = launcher.keepers.common_step(holders)
+                   if w not in fresh and job.keepers.alive(w)]
+        resume_step = job.keepers.common_step(holders)
     stop_at = resume_step + returns if returns > 0 else 0
     return row, Generation(gen.number + 1, members, resume, stop_at, resume_step)
 
 
-def _opened_row(launcher, gen: Generation, outcome: Outcome) -> dict:
+def _opened_row(job: JobState, gen: Generation, outcome: Outcome) -> dict:
     """What is known when the generation ends: the failure, its detection, what keepers held."""
     row = {'kind': 'rejoin' if outcome.kind == 'stopped' else 'failure',
            'ended_generation': gen.number, 'failed_workers': outcome.failed,
@@ -69,39 +70,38 @@ def _opened_row(launcher, gen: Generation, outcome: Outcome) -> dict:
            'completed_steps': outcome.completed_steps}
     if outcome.echoes:
         row['echo_errors'] = outcome.echoes
-    lost = sorted({launcher.nodes[d.worker] for d in outcome.deaths if d.cause == 'its node died'})
+    lost = sorted({job.nodes[d.worker] for d in outcome.deaths if d.cause == 'its node died'})
     if lost:
         row['lost_nodes'] = lost
-        launcher.lost_nodes.extend(lost)
+        job.lost_nodes.extend(lost)
         shm.remove_stale()  # a simulated node's keeper leaves its segments on this host
-    if launcher.injector.where is not None:
-        row['injected_at'], launcher.injector.where = launcher.injector.where, None
+    if job.injector.where is not None:
+        row['injected_at'], job.injector.where = job.injector.where, None
     if outcome.kind == 'failed':
         row['detect_sec'] = outcome.detected_at - outcome.failed_at
-        if launcher.uses_keepers:
+        if job.uses_keepers:
             survivors = [w for w in gen.members if w not in outcome.failed]
             if outcome.failed:  # a known death; a hang's workers publish nothing more
-                row['completed_steps'] = _await_snapshots(launcher, survivors,
-                                                          outcome.completed_steps)
-            row['newest_held_by_worker'] = {str(w): launcher.keepers.newest(w)
-                                            for w in range(launcher.placement.workers)}
+                row['completed_steps'] = _await_snapshots(job, survivors, outcome.completed_steps)
+            row['newest_held_by_worker'] = {str(w): job.keepers.newest(w)
+                                            for w in range(job.placement.workers)}
     return row
 
 
-def _place(launcher, members) -> None:
+def _place(job: JobState, members) -> None:
     """Each member on a live node: where its keeper lives, else its old node, else another."""
     nodes = [n.node_id for n in alive_nodes()]
     keep = {}
     for w in members:
-        node = launcher.keepers.node_of(w) if launcher.uses_keepers else None
-        if node is None and launcher.nodes.get(w) in nodes:
-            node = launcher.nodes[w]
+        node = job.keepers.node_of(w) if job.uses_keepers else None
+        if node is None and job.nodes.get(w) in nodes:
+            node = job.nodes[w]
         if node is not None:
             keep[w] = node
-    launcher.nodes.update(assign_nodes(members, nodes, keep))
+    job.nodes.update(assign_nodes(members, nodes, keep))
 
 
-def _await_snapshots(launcher, survivors, completed: int, *, limit_sec: float = 60.0) -> int:
+def _await_snapshots(job: JobState, survivors, completed: int, *, limit_sec: float = 60.0) -> int:
     """Wait until every survivor's keeper holds the newest step the job completed.
 
     The job's progress is the newest step any keeper published (the dead
@@ -112,9 +112,9 @@ def _await_snapshots(launcher, survivors, completed: int, *, limit_sec: float = 
     than for a quiet moment, so the teardown never kills a write that would
     have saved the step. Returns the progress, in steps.
     """
-    keepers = launcher.keepers
-    every = launcher.cfg.snapshot.every
-    held = max((keepers.newest(w) for w in range(launcher.placement.workers)), default=0)
+    keepers = job.keepers
+    every = job.cfg.snapshot.every
+    held = max((keepers.newest(w) for w in range(job.placement.workers)), default=0)
     progress = max(held, completed)
     # A fixed cadence names the step a survivor is still writing; with
     # 'auto' only the steps some keeper already published are known.
@@ -126,44 +126,44 @@ def _await_snapshots(launcher, survivors, completed: int, *, limit_sec: float = 
             break
         time.sleep(_POLL_SEC)
     else:
-        launcher.log(f'[launch] keepers of workers {behind} still lack step {target} after '
-                     f'{limit_sec:.0f} s: resuming from an older snapshot')
+        job.log(f'[launch] keepers of workers {behind} still lack step {target} after '
+                f'{limit_sec:.0f} s: resuming from an older snapshot')
     return progress
 
 
-def _replace_lost_keepers(launcher, members, row: dict) -> tuple[set, float | None]:
+def _replace_lost_keepers(job: JobState, members, row: dict) -> tuple[set, float | None]:
     """Fresh keepers for members whose keeper is gone, rebuilt from parity where configured.
 
     Returns (the members whose new keeper is empty, seconds spent).
     """
-    keepers = launcher.keepers
+    keepers = job.keepers
     lost = [w for w in members if not keepers.alive(w)]
     if not lost:
         return set(), None
     start = time.time()
     old = keepers.as_list()
     for w in lost:
-        keepers.start(w, launcher.nodes[w])
+        keepers.start(w, job.nodes[w])
     fresh = set(lost)
-    if launcher.cfg.snapshot.parity:
+    if job.cfg.snapshot.parity:
         for w in lost:
-            _rebuild_from_parity(launcher, w, old, row)
+            _rebuild_from_parity(job, w, old, row)
             fresh.discard(w)
     return fresh, time.time() - start
 
 
-def _rebuild_from_parity(launcher, worker: int, old: list, row: dict) -> None:
+def _rebuild_from_parity(job: JobState, worker: int, old: list, row: dict) -> None:
     from mecefo_jax.snapshot import KeeperClient, SnapshotWriter, rebuild_member
-    size = launcher.cfg.snapshot.parity_group
+    size = job.cfg.snapshot.parity_group
     first = worker - worker % size
-    group = range(first, min(first + size, launcher.placement.workers))
+    group = range(first, min(first + size, job.placement.workers))
     rebuilt = rebuild_member(f'workers{first}-{group[-1]}', [old[m] for m in group],
                              lost=worker - first)
-    with KeeperClient(launcher.keepers.handles[worker]) as client:
+    with KeeperClient(job.keepers.handles[worker]) as client:
         SnapshotWriter(client).write_blob(rebuilt.raw)
-    launcher.log(f"[launch] rebuilt worker {worker}'s snapshot of step {rebuilt.step} from parity")
+    job.log(f"[launch] rebuilt worker {worker}'s snapshot of step {rebuilt.step} from parity")
     row.setdefault('parity_rebuilt_workers', []).append(worker)
-    original = launcher.injector.lost_snapshots.get(worker, {}).get(rebuilt.step)
+    original = job.injector.lost_snapshots.get(worker, {}).get(rebuilt.step)
     if original is not None:
         same = bytes(rebuilt.raw) == original
         row.setdefault('parity_rebuild_bitwise', {})[str(worker)] = same

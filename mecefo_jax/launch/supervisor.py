@@ -34,6 +34,9 @@ crash and the launcher's own. A launcher started again on the same workdir
 finds them and resumes from their memory; a job that ends (finished,
 stopped, failed for good) ends its keepers. Each recovery is one row of
 `<workdir>/launch/recoveries.jsonl` (`recovery_report`).
+
+This module runs the loop; `outcome` judges how a generation ended, and
+`recovery_plan` plans the next one from the `JobState` the launcher owns.
 """
 from __future__ import annotations
 
@@ -45,13 +48,14 @@ import signal
 import threading
 import time
 
-from mecefo_jax.launch import actors, generation, recovery_report
+from mecefo_jax.launch import actors, generation, recovery_plan, recovery_report
 from mecefo_jax.launch.compile_ahead import CompileAhead
-from mecefo_jax.launch.exits import CRASH, WorkerProgramError
+from mecefo_jax.launch.exits import WorkerProgramError
 from mecefo_jax.launch.generation import Generation
+from mecefo_jax.launch.job_state import JobState
 from mecefo_jax.launch.keepers import JobKeepers
 from mecefo_jax.launch.kills import Injector, parse_kills
-from mecefo_jax.launch.outcome import Outcome
+from mecefo_jax.launch.outcome import Outcome, decided, failed, hung, preempted
 from mecefo_jax.launch.placement import Placement, assign_nodes, node_loss_problems
 from mecefo_jax.launch.ray_cluster import alive_nodes, namespace_of
 from mecefo_jax.launch.standby import Standbys
@@ -62,12 +66,6 @@ _POLL_SEC = 0.05
 
 class GaveUp(RuntimeError):
     """The job failed more than `launch.max_relaunches` times in a row of relaunches."""
-
-# A worker's exception may only be its peer's death seen first (a collective
-# that fails when a node goes): wait this long for a crash before calling it
-# a program error. Node losses are reported within a few seconds (ray_host).
-_ERROR_GRACE_SEC = 5.0
-_SETTLE_SEC = 0.5  # after a first crash, for the others of the same event
 
 
 class Launcher:
@@ -81,31 +79,29 @@ class Launcher:
 
     def __init__(self, cfg: Config, workdir: str, nprocs: int, *, log=print, node_killer=None,
                  joined=None):
-        self.cfg, self.log, self.joined = cfg, log, joined
+        self.joined = joined
         self.workdir = os.path.abspath(workdir)
         self.dir = os.path.join(self.workdir, 'launch')
-        self.placement = Placement(nprocs, cfg.launch.local_devices, cfg.mesh.model)
-        self.placement.check_mesh(cfg.mesh)
-        self.recovery = cfg.launch.recovery
-        if self.recovery == 'disk' and cfg.train.checkpoint_every < 1:
+        placement = Placement(nprocs, cfg.launch.local_devices, cfg.mesh.model)
+        placement.check_mesh(cfg.mesh)
+        if cfg.launch.recovery == 'disk' and cfg.train.checkpoint_every < 1:
             raise ValueError('launch.recovery=disk needs train.checkpoint_every >= 1; '
                              'set --config.train.checkpoint_every=10.')
-        kills = parse_kills(cfg.launch.kill, self.placement.workers)
+        kills = parse_kills(cfg.launch.kill, placement.workers)
         if cfg.snapshot.every == 0 and any(k.after_snapshot for k in kills):
             raise ValueError(f'launch.kill={cfg.launch.kill!r}: a kill after a snapshot needs '
                              "snapshots; set --config.snapshot.every=auto or drop ':snapshot'.")
-        self.uses_keepers = self.recovery == 'memory' and cfg.snapshot.every != 0
-        self.keepers = JobKeepers(namespace_of(self.workdir), self.placement.workers,
-                                  slots=cfg.snapshot.slots)
-        self.nodes: dict[int, str] = {}  # worker -> Ray node id
-        self.injector = Injector(kills, keepers=self.keepers, nodes=self.nodes, out_dir=self.dir,
-                                 log=log, node_killer=node_killer)
+        keepers = JobKeepers(namespace_of(self.workdir), placement.workers, slots=cfg.snapshot.slots)
+        nodes: dict[int, str] = {}
+        injector = Injector(kills, keepers=keepers, nodes=nodes, out_dir=self.dir, log=log,
+                            node_killer=node_killer)
         self.timeout = cfg.launch.heartbeat_timeout_sec
         self.recoveries: list[dict] = []
-        self.lost_nodes: list[str] = []
         self._generation: Generation | None = None
         self._progress_rejected = 0
-        self.ahead = CompileAhead(cfg, self.workdir, self.placement, log=log)
+        # What the recovery planner reads and changes between generations.
+        self.job = JobState(cfg, placement, keepers, nodes, injector,
+                            CompileAhead(cfg, self.workdir, placement, log=log), log)
         self.standbys = Standbys()
 
     # ------------------------------------------------------------------ run
@@ -118,7 +114,7 @@ class Launcher:
                                '(mecefo_jax.launch.ray_cluster.join).')
         os.makedirs(self.dir, exist_ok=True)
         with open(os.path.join(self.dir, 'config.json'), 'w') as f:
-            f.write(self.cfg.to_json())  # what every worker runs, overrides included
+            f.write(self.job.cfg.to_json())  # what every worker runs, overrides included
         started = time.time()
         handlers = self._catch_stop_signals()
         error, outcome, gen, rejected = None, None, None, 0
@@ -141,19 +137,19 @@ class Launcher:
                 if outcome.kind == 'error':
                     error = self._program_error(gen, outcome)
                     break
-                pending, gen = self._next(gen, outcome)
-                if gen.number - first > self.cfg.launch.max_relaunches:
+                pending, gen = recovery_plan.plan_next(self.job, gen, outcome)
+                if gen.number - first > self.job.cfg.launch.max_relaunches:
                     error = self._gave_up(gen, pending)
                     break
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-            self.ahead.close()
+            self.job.ahead.close()
             self.standbys.close()
             generation.stop(self._generation)
             if gen is not None:  # a job that never started leaves an earlier one's keepers be
-                rejected = self.keepers.rejected() if self.uses_keepers else 0
-                self.keepers.stop_all()  # only once every worker has saved
+                rejected = self.job.keepers.rejected() if self.job.uses_keepers else 0
+                self.job.keepers.stop_all()  # only once every worker has saved
         summary = self._summary(gen, outcome, error, rejected)
         with open(os.path.join(self.dir, 'summary.json'), 'w') as f:
             json.dump(summary, f, indent=2)
@@ -164,15 +160,15 @@ class Launcher:
     def _summary(self, gen: Generation, outcome, error, rejected: int) -> dict:
         return {'generations': gen.number - self._first_number + 1,
                 'last_generation': gen.number, 'recoveries': self.recoveries,
-                'final_members': gen.members, 'compile_ahead': self.ahead.report(),
+                'final_members': gen.members, 'compile_ahead': self.job.ahead.report(),
                 'preempted_at': (outcome.completed_steps if outcome.kind == 'preempted'
                                  else None),
                 'unsaved_workers': outcome.unsaved,
                 'program_error': {'workers': error.workers, 'message': str(error)}
                 if isinstance(error, WorkerProgramError) else None,
                 'gave_up': str(error) if isinstance(error, GaveUp) else None,
-                'nodes': {str(w): n for w, n in sorted(self.nodes.items())},
-                'lost_nodes': self.lost_nodes,
+                'nodes': {str(w): n for w, n in sorted(self.job.nodes.items())},
+                'lost_nodes': self.job.lost_nodes,
                 'keeper_requests_rejected': rejected,
                 'progress_reports_rejected': self._progress_rejected,
                 'ray': self._ray_info()}
@@ -192,7 +188,7 @@ class Launcher:
         recovery_report.append(self.dir, row)
         error = GaveUp(f'Gave up after {gen.number - 1 - self._first_number} relaunches '
                        '(launch.max_relaunches).')
-        self.log(f'[launch] {error}')
+        self.job.log(f'[launch] {error}')
         return error
 
     def _program_error(self, gen: Generation, outcome: Outcome) -> WorkerProgramError:
@@ -205,35 +201,35 @@ class Launcher:
                'error': str(error)}
         self.recoveries.append(row)
         recovery_report.append(self.dir, row)
-        self.log(f'[launch] {error}')
+        self.job.log(f'[launch] {error}')
         return error
 
     # -------------------------------------------------------------- placement
 
     def _first_generation(self, started: float) -> tuple[Generation, dict | None]:
         """Generation 0 of this launcher: fresh, or from the keepers an earlier one left."""
-        workers = list(range(self.placement.workers))
+        workers = list(range(self.job.placement.workers))
         self._first_number = _next_generation_number(self.dir)
-        adopted = self.keepers.find() if self.uses_keepers else {}
-        strays = self.keepers.strays() if adopted else []
+        adopted = self.job.keepers.find() if self.job.uses_keepers else {}
+        strays = self.job.keepers.strays() if adopted else []
         if strays:
             raise ValueError(f"This workdir's job left keepers for workers {strays}, beyond "
-                             f'--nprocs={self.placement.workers}: rerun with the --nprocs it ran '
+                             f'--nprocs={self.job.placement.workers}: rerun with the --nprocs it ran '
                              'with, or remove them with --cleanup (the rerun then resumes from '
                              'the newest disk checkpoint).')
         self._place(workers, keep={w: h.node_id for w, h in adopted.items()})
         self._check_node_loss()
-        resume_step = self.keepers.common_step(adopted) if adopted else 0
+        resume_step = self.job.keepers.common_step(adopted) if adopted else 0
         for w in workers:
-            if self.uses_keepers and w not in adopted:
-                self.keepers.start(w, self.nodes[w])
+            if self.job.uses_keepers and w not in adopted:
+                self.job.keepers.start(w, self.job.nodes[w])
         gen = Generation(self._first_number, workers, 'memory' if resume_step else 'fresh', 0,
                          resume_step)
         if not resume_step:
             return gen, None
         killed = recovery_report.read_json(os.path.join(self.dir, 'launcher_killed.json')) or {}
-        self.log(f'[launch] found the keepers of workers {sorted(adopted)} alive: resuming from '
-                 f'their step {resume_step}')
+        self.job.log(f'[launch] found the keepers of workers {sorted(adopted)} alive: resuming from '
+                     f'their step {resume_step}')
         return gen, {'kind': 'launcher_restart', 'ended_generation': self._first_number - 1,
                      'failed_workers': [], 'cause': 'the launcher was gone; its keepers were not',
                      'failed_at': started, 'launcher_died_at': killed.get('time'),
@@ -245,59 +241,59 @@ class Launcher:
     def _place(self, members, keep: dict) -> None:
         """Put `members` on live nodes (`keep`ing those whose keeper lives there)."""
         live = [n.node_id for n in alive_nodes()]
-        self.nodes.update(assign_nodes(members, live, keep))
+        self.job.nodes.update(assign_nodes(members, live, keep))
 
     def _check_node_loss(self) -> None:
         """Refuse a placement that losing one node would end, unless the user accepts it."""
-        if len(set(self.nodes.values())) < 2:
-            self.log('[launch] every worker runs on one node: losing it loses the keepers too '
-                     '(the disk checkpoint remains)')
+        if len(set(self.job.nodes.values())) < 2:
+            self.job.log('[launch] every worker runs on one node: losing it loses the keepers too '
+                         '(the disk checkpoint remains)')
             return
-        parity = self.cfg.snapshot.parity_group if self.cfg.snapshot.parity else 0
-        problems = node_loss_problems(self.placement, self.nodes, parity)
-        if problems and not self.cfg.launch.accept_node_loss:
+        parity = self.job.cfg.snapshot.parity_group if self.job.cfg.snapshot.parity else 0
+        problems = node_loss_problems(self.job.placement, self.job.nodes, parity)
+        if problems and not self.job.cfg.launch.accept_node_loss:
             raise ValueError('launch: losing one node would lose the only copy of part of the '
                              'state: ' + '; '.join(problems) + '. Fix: run on more nodes, use '
                              '--config.snapshot.parity=xor with groups spread over nodes, or set '
                              '--config.launch.accept_node_loss=True (a lost node then means a '
                              'restart from the disk checkpoint).')
         for problem in problems:
-            self.log(f'[launch] accepted (launch.accept_node_loss): {problem}')
+            self.job.log(f'[launch] accepted (launch.accept_node_loss): {problem}')
 
     # ------------------------------------------------------------- generations
 
     def worker_args(self, gen: Generation, keepers: tuple = ()) -> dict:
         """Each member's `WorkerArgs` fields but its place in the job: one resolved config
         (overrides included) for every worker of every generation."""
-        base = dict(config_json=self.cfg.to_json(), workdir=self.workdir,
-                    workers=self.placement.workers, generation=gen.number, resume=gen.resume,
+        base = dict(config_json=self.job.cfg.to_json(), workdir=self.workdir,
+                    workers=self.job.placement.workers, generation=gen.number, resume=gen.resume,
                     resume_step=gen.resume_step, stop_at=gen.stop_at, keepers=keepers)
-        return {w: dict(base, **self.injector.holds(w)) for w in gen.members}
+        return {w: dict(base, **self.job.injector.holds(w)) for w in gen.members}
 
     def _spawn(self, gen: Generation) -> list:
         """Start `gen`; the workers whose actor died before it started ([] normally)."""
         self._generation = gen
-        keepers = tuple(self.keepers.as_list()) if self.uses_keepers else ()
+        keepers = tuple(self.job.keepers.as_list()) if self.job.uses_keepers else ()
         gpus, env = self._actor_resources(gen.members)
-        unborn = generation.spawn(gen, args=self.worker_args(gen, keepers), nodes=self.nodes,
+        unborn = generation.spawn(gen, args=self.worker_args(gen, keepers), nodes=self.job.nodes,
                                   env=env, gpus=gpus, standbys=self.standbys,
-                                  timeout=self.cfg.launch.start_timeout_sec)
-        self.log(f'[launch] generation {gen.number}: workers {gen.members} '
-                 f'({gen.resume}{f", stop at step {gen.stop_at}" if gen.stop_at else ""})')
+                                  timeout=self.job.cfg.launch.start_timeout_sec)
+        self.job.log(f'[launch] generation {gen.number}: workers {gen.members} '
+                     f'({gen.resume}{f", stop at step {gen.stop_at}" if gen.stop_at else ""})')
         return unborn
 
     def _actor_resources(self, workers) -> tuple[dict, dict]:
         """(GPUs per worker, the workers' environment): a node's GPUs where it has them."""
-        gpus = {w: self.cfg.launch.local_devices if actors.node_has_gpus(self.nodes[w]) else 0
+        gpus = {w: self.job.cfg.launch.local_devices if actors.node_has_gpus(self.job.nodes[w]) else 0
                 for w in workers}
-        return gpus, actors.actor_env(self.cfg.launch.local_devices, gpus=any(gpus.values()))
+        return gpus, actors.actor_env(self.job.cfg.launch.local_devices, gpus=any(gpus.values()))
 
     def _warm_standbys(self) -> None:
         """After a generation's first step: a warm process for every worker slot on a live node."""
-        if not self.cfg.launch.standby_workers:
+        if not self.job.cfg.launch.standby_workers:
             return
         live = {n.node_id for n in alive_nodes()}
-        nodes = {w: n for w, n in self.nodes.items() if n in live}
+        nodes = {w: n for w, n in self.job.nodes.items() if n in live}
         gpus, env = self._actor_resources(nodes)
         self.standbys.fill(nodes, env, gpus)
 
@@ -311,26 +307,26 @@ class Launcher:
             if self._stop_requested and not self._stop_forwarded:
                 self._forward_stop(gen)
             if self._stop_forwarded:  # stopping on purpose: wait for every worker's save
-                outcome = self._stopped(gen, time.monotonic() - self._stop_forwarded_at)
+                outcome = preempted(self.job, gen, time.monotonic() - self._stop_forwarded_at)
                 if outcome is not None:
                     return outcome
                 continue
-            self.injector.inject(gen)
+            self.job.injector.inject(gen)
             now_mono, now = time.monotonic(), time.time()
             # Reports come from a thread: a hang that blocks every worker's
             # training loop (a collective that never completes) keeps them
             # answering. Steps completing is the other sign of life; the
             # stall clock starts at the generation's first completed step.
             completed = gen.completed()
-            self.ahead.maybe_start(gen.number, completed)
+            self.job.ahead.maybe_start(gen.number, completed)
             if completed >= 1 > progress:
                 self._warm_standbys()
             if completed > progress:
                 progress, progressed_at = completed, now_mono
-            hung = self._hung(gen, progress, now_mono - progressed_at, now)
-            if hung is not None:
-                return hung
-            deaths += generation.exits(gen, now, self.injector.injected)
+            hang = hung(self.job, gen, progress, now_mono - progressed_at, now)
+            if hang is not None:
+                return hang
+            deaths += generation.exits(gen, now, self.job.injector.injected)
             if not deaths and len(gen.ends) == len(gen.members):
                 finished = all(e.get('finished') for e in gen.ends.values())
                 return Outcome('finished' if finished else 'stopped', failed_at=now,
@@ -339,74 +335,8 @@ class Launcher:
             deaths += generation.silent(gen, deaths, self.timeout, now, now_mono)
             if deaths and first_seen is None:
                 first_seen = now
-            if self._decided(gen, deaths, now):
-                return self._failed(gen, deaths, first_seen)
-
-    def _hung(self, gen: Generation, progress: int, stalled: float, now: float) -> Outcome | None:
-        """A generation that completes no step: within the start timeout, or for the stall timeout.
-
-        After its last step a generation saves and ends, which no step marks:
-        `launch.stop_timeout_sec` bounds that phase instead of the stall timeout
-        (a slow final save is not a stuck collective).
-        """
-        running = len(gen.ends) < len(gen.members)
-        if progress >= (gen.stop_at or int(self.cfg.train.steps)):
-            limit = self.cfg.launch.stop_timeout_sec
-            if stalled > limit and running:
-                self.log(f'[launch] no end {stalled:.0f} s after the last step '
-                         '(launch.stop_timeout_sec): the generation hangs')
-                return Outcome('failed', [], f'no end within {limit:.1f} s of the last step',
-                               now - stalled, now, progress)
-            return None
-        if progress <= 0 and now - gen.started > self.cfg.launch.start_timeout_sec and running:
-            self.log(f'[launch] no step completed {now - gen.started:.0f} s after the start '
-                     '(launch.start_timeout_sec): the generation hangs')
-            return Outcome('failed', [], f'no step completed within '
-                           f'{self.cfg.launch.start_timeout_sec:.1f} s of the start',
-                           gen.started, now, 0)
-        if progress > 0 and stalled > self.cfg.launch.stall_timeout_sec and running:
-            self.log(f'[launch] no step completed for {stalled:.0f} s: the job is stuck')
-            return Outcome('failed', [], f'no step completed for {stalled:.1f} s',
-                           now - stalled, now, progress)
-        return None
-
-    def _decided(self, gen: Generation, deaths: list, now: float) -> bool:
-        """Whether the deaths so far settle how the generation ended.
-
-        A crash settles it (after a moment for others of the same event). A
-        program error alone waits `_ERROR_GRACE_SEC` for a crash it may only
-        be the echo of, unless every worker has already ended.
-        """
-        if not deaths:
-            return False
-        if any(d.kind == CRASH for d in deaths):
-            if not gen.settled:
-                gen.settled = True
-                time.sleep(_SETTLE_SEC)
-                deaths += generation.exits(gen, now, self.injector.injected)
-            return True
-        ended = {d.worker for d in deaths} | set(gen.ends)
-        return len(ended) == len(gen.members) or now - min(d.failed_at for d in deaths) > _ERROR_GRACE_SEC
-
-    def _failed(self, gen: Generation, deaths: list, now: float) -> Outcome:
-        """Every death at once, detected at `now`. With a crash, the workers that raised are
-        its echo, not failed."""
-        crashed = [d for d in deaths if d.kind == CRASH]
-        injected = self.injector.kill_time
-        self.injector.kill_time = None
-        failed_at = injected if injected is not None and crashed else min(
-            d.failed_at for d in (crashed or deaths))
-        lost = crashed or deaths
-        cause = (lost[0].cause if len(lost) == 1 else
-                 '; '.join(f'worker {d.worker}: {d.cause}' for d in lost))
-        workers = sorted({d.worker for d in lost})
-        kind = 'failed' if crashed else 'error'
-        self.log(f'[launch] worker(s) {workers} '
-                 f"{'failed' if crashed else 'stopped with a program error'} ({cause}); "
-                 f'generation {gen.number} at step {gen.completed()}')
-        echoes = {str(d.worker): d.cause for d in deaths if crashed and d.kind != CRASH}
-        return Outcome(kind, workers, cause, failed_at, now, gen.completed(), deaths=lost,
-                       echoes=echoes)
+            if decided(self.job, gen, deaths, now):
+                return failed(self.job, gen, deaths, first_seen)
 
     # ------------------------------------------------------------- stopping
 
@@ -422,8 +352,8 @@ class Launcher:
         if signum == signal.SIGINT and self._stop_requested:
             raise KeyboardInterrupt  # the second Ctrl-C: tear down without saving
         self._stop_requested = True
-        self.log(f'[launch] {signal.Signals(signum).name}: the workers save a step and stop '
-                 '(Ctrl-C again to abort without saving)')
+        self.job.log(f'[launch] {signal.Signals(signum).name}: the workers save a step and stop '
+                     '(Ctrl-C again to abort without saving)')
 
     def _forward_stop(self, gen: Generation) -> None:
         """Pass the stop to every worker: JAX's preemption sync point picks one step for all."""
@@ -431,45 +361,15 @@ class Launcher:
         for actor in gen.actors.values():
             actor.request_stop.remote()
 
-    def _stopped(self, gen: Generation, waited: float) -> Outcome | None:
-        """Once every worker has ended after a forwarded stop: the step they saved.
-
-        A worker that cannot reach the save (stopped, or stuck starting up)
-        would keep the launcher waiting forever: after `launch.stop_timeout_sec`
-        the generation is killed, and the rerun resumes from the newest checkpoint.
-        """
-        deaths = generation.exits(gen, time.time(), {})
-        running = [w for w in gen.members
-                   if w not in gen.ends and w not in {d.worker for d in deaths}]
-        if running and waited <= self.cfg.launch.stop_timeout_sec:
-            return None
-        if running:
-            self.log(f'[launch] workers {running} did not stop within launch.stop_timeout_sec='
-                     f'{self.cfg.launch.stop_timeout_sec:g} s of the stop: killing them')
-            generation.stop(gen)
-        unsaved = sorted(w for w in gen.members if not gen.ends.get(w, {}).get('preempted'))
-        saved = min((e.get('final_step', 0) for e in gen.ends.values()), default=0)
-        self.log(f'[launch] preempted: workers {unsaved} saved nothing; the rerun resumes from '
-                 'the newest checkpoint' if unsaved else
-                 f'[launch] preempted: every worker stopped; resume step {saved}')
-        now = time.time()
-        return Outcome('preempted', failed_at=now, detected_at=now, completed_steps=saved,
-                       unsaved=unsaved)
-
     # ------------------------------------------------------------- recovery
-
-    def _next(self, gen: Generation, outcome: Outcome):
-        """Tear `gen` down and plan the next generation; (pending recovery row, generation)."""
-        from mecefo_jax.launch.recovery_plan import plan_next
-        return plan_next(self, gen, outcome)
 
     def _finish(self, row: dict) -> None:
         """Complete a recovery row from the next generation's start records."""
         recovery_report.complete(row, self.dir)
         self.recoveries.append(row)
         recovery_report.append(self.dir, row)
-        self.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
-                 f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")
+        self.job.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
+                     f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")
 
 
 def _next_generation_number(out_dir: str) -> int:

@@ -16,28 +16,25 @@ launcher's watchdog), `request_stop()` (a stop: the workers save the step
 JAX's preemption sync picks) and `signal()` (injected failures).
 
 It writes, under `<workdir>/launch/`: its log `g<G>_w<W>.log` (from `run`
-on),
-`g<G>_w<W>_start.json` once its first step has run (how long joining,
+on), `g<G>_w<W>_start.json` once its first step has run (how long joining,
 restoring, compiling and the first step took), `g<G>_w<W>_end.json` when it
 finishes, and (process 0) `provenance.jsonl` (per step: the global batch's
 hash and which examples of which shard were computed) and, when the run is
-complete, `final_params.npz`.
+complete, `final_params.npz`. What they hold is `worker_records`; its
+snapshot observer and restore come from `worker_snapshots`.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
 import socket
-import statistics
 import sys
 import threading
 import time
 
 from mecefo_jax import atomic_file
+from mecefo_jax.launch import worker_records, worker_snapshots
 from mecefo_jax.launch.progress import Progress
-from mecefo_jax.observers import Observer  # pure Python: no jax before the actor is up
+from mecefo_jax.launch.worker_args import WorkerArgs
 
 
 def this_host() -> str:
@@ -48,36 +45,6 @@ def this_host() -> str:
     except OSError:
         boot = ''
     return f'{socket.gethostname()}/{boot}'
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerArgs:
-    """What one worker of one generation runs (sent by the launcher to its actor)."""
-    config_json: str  # the job's resolved config (Config.to_json): one resolution for every worker
-    workdir: str
-    coordinator: str  # host:port of the jax.distributed coordinator (process 0)
-    members: tuple  # worker ids of this generation, in process order
-    worker: int  # this worker (stable across relaunches)
-    workers: int  # workers of the full job
-    generation: int = 0
-    resume: str = 'fresh'  # 'fresh' | 'memory' | 'disk'
-    resume_step: int = 0  # memory: the snapshot step to restore (0: the processes agree)
-    stop_at: int = 0  # stop after this step (0: train.steps)
-    keepers: tuple = ()  # each worker's KeeperHandle, None where it has none
-    hold_in_publish: int = 0  # drills: hold inside the publish of this snapshot step (0: never)
-    hold_after_snapshot: int = 0  # drills: hold after the first snapshot at or after this step
-
-    @property
-    def process_id(self) -> int:
-        return self.members.index(self.worker)
-
-    @property
-    def out_dir(self) -> str:
-        return os.path.join(self.workdir, 'launch')
-
-    @property
-    def tag(self) -> str:
-        return f'g{self.generation}_w{self.worker}'
 
 
 class Worker:
@@ -195,23 +162,24 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     run = train_lib.build_run(cfg, args.workdir, replica_rows=rows)
 
     info: dict = {}
-    restore = _restore_fn(args, info)
-    snapshot_hook = _snapshot_hook(cfg, args, actor.progress_)
+    restore = worker_snapshots.restore_fn(args, info)
+    snapshot_hook = worker_snapshots.snapshot_hook(cfg, args, actor.progress_)
     provenance = (os.path.join(args.out_dir, 'provenance.jsonl')
                   if jax.process_index() == 0 else None)
     start_record = dict(worker=args.worker, generation=args.generation, pid=os.getpid(),
                         process_start=actor.started, actor_created=actor.created,
                         actor_warm_sec=(actor.warmed or time.time()) - actor.created,
                         distributed_init_sec=distributed_init_sec, resume=args.resume)
-    step_log = _StepLog(actor.progress_, provenance,
-                        os.path.join(args.out_dir, f'{args.tag}_start.json'), start_record, info)
+    step_log = worker_records.StepLog(actor.progress_, provenance,
+                                      os.path.join(args.out_dir, f'{args.tag}_start.json'), start_record,
+                                      info)
     observers = [step_log] + ([snapshot_hook] if snapshot_hook is not None else [])
     summary, preempted = _train(cfg, args, run, restore, observers, actor)
     if snapshot_hook is not None:
         snapshot_hook.close()  # the keeper holds the last snapshot before the launcher goes on
     if preempted is None:
-        end = _end_record(cfg, args, summary, snapshot_hook,
-                          median_step_sec=step_log.median_step_sec())
+        end = worker_records.end_record(cfg, args, summary, snapshot_hook,
+                                        median_step_sec=step_log.median_step_sec())
     else:
         end = {'worker': args.worker, 'generation': args.generation, 'final_step': preempted,
                'finished': False, 'preempted': True}
@@ -221,21 +189,6 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     from mecefo_jax.launch.coordinator import leave
     leave(f'end of generation {args.generation}')
     return end
-
-
-def _restore_fn(args: WorkerArgs, info: dict):
-    """`resume`'s restore callback; None for 'fresh'.
-
-    'fresh' restores the newest intact disk checkpoint if the workdir has one
-    (a rerun after the launcher and its keepers were lost), else starts a new run.
-    """
-    from mecefo_jax.launch import worker_state
-    if args.resume == 'memory':
-        return worker_state.keeper_restore(list(args.keepers), args.worker, info,
-                                           step=args.resume_step or None)
-    if args.resume == 'disk':
-        return worker_state.disk_restore(info)
-    return None
 
 
 def _train(cfg, args: WorkerArgs, run, restore, observers, actor: Worker):
@@ -250,175 +203,3 @@ def _train(cfg, args: WorkerArgs, run, restore, observers, actor: Worker):
                              preemption=preemption), None
         except Preempted as stopped:
             return None, stopped.step
-
-
-def _end_record(cfg, args: WorkerArgs, summary: dict, snapshot_hook, *,
-                median_step_sec: float | None) -> dict:
-    """The end record (and, for a complete run, the final parameters from process 0)."""
-    import jax
-    import numpy as np
-
-    from mecefo_jax import program_cache
-    state = summary.pop('state')
-    end = {'worker': args.worker, 'generation': args.generation,
-           'params_sha256': _local_params_sha256(state.params),
-           'final_step': summary['final_step'], 'finished': summary['final_step'] >= cfg.train.steps,
-           'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
-           'snapshot_blocked_sec': snapshot_hook.blocked_sec if snapshot_hook else 0.0,
-           'snapshots': snapshot_hook.submitted if snapshot_hook else 0,
-           'programs_compiled': program_cache.stats.misses,
-           'programs_cached': program_cache.stats.hits,
-           'median_step_sec': median_step_sec,
-           'snapshot_cadence': (snapshot_hook.cadence.history
-                                if snapshot_hook and snapshot_hook.cadence else None)}
-    if end['finished']:
-        from jax.experimental import multihost_utils
-        params = multihost_utils.process_allgather(state.params, tiled=True)
-        if jax.process_index() == 0:
-            flat = {jax.tree_util.keystr(p): np.asarray(v)
-                    for p, v in jax.tree_util.tree_leaves_with_path(params)}
-            np.savez(os.path.join(args.out_dir, 'final_params.npz'), **flat)
-    return end
-
-
-class _StepLog(Observer):
-    """The worker's observer: progress and provenance per step, the start record once.
-
-    The start record times the way back: everything up to the end of the
-    first step, with the compile and refresh seconds of the events (a
-    relaunch's failure) reported before it.
-    """
-
-    def __init__(self, progress: Progress, provenance_path, start_path: str, record: dict,
-                 info: dict):
-        self.progress, self.provenance_path = progress, provenance_path
-        self.provenance = None  # opened at the first step, once the resumed step is known
-        self.start_path, self.record, self.info = start_path, record, info
-        self.events = []
-        self.train_start = time.perf_counter()
-        self.first_done = False
-        self.dispatched: list[float] = []  # each step's dispatch time (perf_counter)
-
-    def median_step_sec(self, settle: int = 2) -> float | None:
-        """This generation's median step, dispatch to dispatch, past its first `settle` steps.
-
-        The loop dispatches a step once the previous one's outputs can be
-        read, so the interval is a step's wall time, snapshot blocking included.
-        """
-        times = self.dispatched[settle:]
-        gaps = [b - a for a, b in zip(times, times[1:])]
-        return statistics.median(gaps) if gaps else None
-
-    def on_event(self, event) -> None:
-        self.events.append(event)
-
-    def on_step(self, done) -> None:
-        import jax
-        import numpy as np
-
-        from mecefo_jax.metrics import truncate_rows_after
-        self.progress.dispatched_step(done.step + 1, done.loss)
-        self.dispatched.append(done.dispatched)
-        if self.provenance is None and self.provenance_path is not None:
-            # Steps past the resumed one were recorded by a run that did not
-            # keep them: this run records them again, once.
-            if os.path.exists(self.provenance_path):
-                truncate_rows_after(self.provenance_path, done.step - 1)
-            self.provenance = open(self.provenance_path, 'a')
-        if self.provenance is not None:
-            self.provenance.write(json.dumps({
-                'generation': self.record['generation'], 'step': done.step,
-                'batch_sha256': hashlib.sha256(np.ascontiguousarray(done.tokens_nbt)).hexdigest(),
-                'covered': {str(k): v for k, v in sorted(done.layout.shards_covered().items())},
-                'replicas': list(done.layout.replicas)}) + '\n')
-            self.provenance.flush()
-        if not self.first_done:
-            self.first_done = True
-            jax.block_until_ready(done.loss)
-            self._write_start(done)
-
-    def _write_start(self, done) -> None:
-        from mecefo_jax import program_cache
-        events = [e for e in self.events if e.step == done.step]
-        restored = self.info.get('restore')
-        atomic_file.write_json(self.start_path, dict(
-            resume_step=done.step, first_step_done=time.time(),
-            compile_sec=done.compile_sec + sum(e.compile_sec for e in events),
-            programs_compiled=program_cache.stats.misses,
-            programs_cached=program_cache.stats.hits,
-            programs_load_sec=program_cache.stats.load_sec,
-            programs_found_untraced=program_cache.stats.untraced_hits,
-            refresh_sec=sum(e.refresh_sec for e in events),
-            train_start_to_first_step_sec=time.perf_counter() - self.train_start,
-            **self.record, restore_sec=restored.seconds if restored else None,
-            restore_bytes=restored.bytes_by_source if restored else None,
-            restore_phases=restored.phases if restored else None,
-            healed_bytes=restored.healed_bytes if restored else None), default=str)
-
-
-def _local_params_sha256(params) -> str:
-    """Hash of this process's parameter shards, after checking its copies of each agree.
-
-    Replicas of one shard index must be bit-identical on every device; the
-    hash then lets the launcher's caller compare processes.
-    """
-    import jax
-    import numpy as np
-    digest = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        copies = {}
-        for shard in leaf.addressable_shards:
-            key = tuple((s.start, s.stop) for s in shard.index)
-            data = np.asarray(shard.data).tobytes()
-            if copies.setdefault(key, data) != data:
-                raise AssertionError(f'{jax.tree_util.keystr(path)}: local replicas differ')
-        for key in sorted(copies, key=str):
-            digest.update(repr((jax.tree_util.keystr(path), key)).encode())
-            digest.update(copies[key])
-    return digest.hexdigest()
-
-
-def _held_forever(progress: Progress, kind: str, step: int, tag: str) -> None:
-    """Report the hold and wait there for the launcher's signal (it never returns)."""
-    progress.hold(kind, step)
-    print(f'[{tag}] held ({kind}) at step {step}', flush=True)
-    threading.Event().wait()
-
-
-def _snapshot_hook(cfg, args: WorkerArgs, progress: Progress):
-    """This worker's snapshot observer, or None when snapshots are off or it has no keeper.
-
-    Drills hold the worker at a known point (`launch.kill ...:publish` or
-    `...:snapshot`): the writer thread inside the publish of a step (bytes
-    copied, not published), or the training loop after the first published
-    snapshot at or after a step. The launcher sees the hold in the progress
-    report and signals the process there.
-    """
-    from mecefo_jax.launch import worker_state
-    keepers = args.keepers
-    if cfg.snapshot.every == 0 or not keepers or keepers[args.worker] is None:
-        return None
-    before_publish = on_hold = None
-    if args.hold_in_publish:
-        def before_publish(step: int) -> None:
-            if step == args.hold_in_publish:
-                _held_forever(progress, 'publish', step, args.tag)
-    if args.hold_after_snapshot:
-        def on_hold(step: int) -> None:
-            _held_forever(progress, 'snapshot', step, args.tag)
-    parity = _parity_pusher(cfg, args) if cfg.snapshot.parity else None
-    return worker_state.SnapshotHook(
-        keepers[args.worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
-        stop_at=args.stop_at or None, hold_after=args.hold_after_snapshot or None,
-        on_hold=on_hold, budget_pct=cfg.snapshot.overhead_budget_pct,
-        log=lambda msg: print(f'[worker {args.worker}] {msg}', flush=True))
-
-
-def _parity_pusher(cfg, args: WorkerArgs):
-    """The pusher of this worker's parity group (groups of snapshot.parity_group workers)."""
-    from mecefo_jax.snapshot import ParityPusher
-    size = cfg.snapshot.parity_group  # snapshot.parity is 'xor': checked at resolve
-    first = args.worker - args.worker % size
-    group = list(range(first, min(first + size, len(args.keepers))))
-    return ParityPusher(f'workers{first}-{group[-1]}', args.worker - first,
-                        [args.keepers[w] for w in group], generation=args.generation)

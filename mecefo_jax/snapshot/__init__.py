@@ -7,7 +7,10 @@ held by *keeper* processes that outlive the workers (REFT, arXiv
 
 | module | owns |
 |---|---|
-| `keeper` | the keeper's state and protocol; as a Ray actor (`start_keeper`) or in-process (`LocalKeeper`) |
+| `keeper` | the keeper's state: snapshot slots in shared memory, parity from peers |
+| `keeper_requests` | the keeper's request schema (`check_request`) and its refusals |
+| `keeper_sessions` | each session's pins and replies; a keeper in this process (`LocalKeeper`) |
+| `keeper_actor` | the keeper as a Ray actor: `start_keeper`, `find_keeper`, `stop_keeper`, `KeeperHandle` |
 | `blob` | the byte format of one snapshot: shard bytes, JSON header, crc32s |
 | `client` | `KeeperClient`, `SnapshotWriter`, the `Snapshot` readers (shm, remote, in-memory) |
 | `jax_io` | `host_shards`, `pinned_local_copies`, `pinned_host_shardings`, `restore`, `feasible_steps` |
@@ -35,8 +38,8 @@ keeper process stays light. Names below load their module on first use.
 import importlib
 
 _EXPORTS = {
-    'start_keeper': 'keeper', 'find_keeper': 'keeper', 'stop_keeper': 'keeper',
-    'KeeperHandle': 'keeper', 'LocalKeeper': 'keeper',
+    'start_keeper': 'keeper_actor', 'find_keeper': 'keeper_actor', 'stop_keeper': 'keeper_actor',
+    'KeeperHandle': 'keeper_actor', 'LocalKeeper': 'keeper_sessions',
     'KeeperClient': 'client', 'KeeperError': 'client', 'SnapshotWriter': 'client',
     'open_snapshots': 'client', 'open_sources': 'client', 'BlobSnapshot': 'client',
     'host_shards': 'jax_io', 'pinned_host_shardings': 'jax_io', 'restore': 'jax_io',

@@ -1,6 +1,6 @@
 """The worker's side of a keeper: requests, writing snapshots, reading them.
 
-`KeeperClient` speaks the keeper protocol (`keeper.REQUESTS`) to one
+`KeeperClient` speaks the keeper protocol (`keeper_requests.REQUESTS`) to one
 keeper, a Ray actor (`KeeperHandle`) or one in this process
 (`LocalKeeper`), as one session. `SnapshotWriter` turns host shards into a
 published snapshot: begin a slot, copy and checksum into shared memory,
@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from mecefo_jax.snapshot import blob, shm
-from mecefo_jax.snapshot.keeper import KeeperError, KeeperHandle, LocalKeeper, new_session
+from mecefo_jax.snapshot.keeper_actor import KeeperError, KeeperHandle, new_session
+from mecefo_jax.snapshot.keeper_sessions import LocalKeeper
 
 Keeper = KeeperHandle | LocalKeeper  # whatever a client can reach a keeper through
 

@@ -1,13 +1,10 @@
-"""The keeper: holds one worker's snapshots in shared memory and outlives the worker.
+"""The keeper's state: one worker's snapshot slots in shared memory, and its peers' parity.
 
-One keeper runs beside each worker, on the worker's node, started by the
-launcher (not by the worker) as a detached, named Ray actor, so that it
-outlives the worker's crash and the launcher's own; the relaunched worker,
-or a peer, then restores from it instead of from disk (REFT, DLRover flash
-checkpoint, Gemini). This module owns the keeper's state (`Keeper`), its
-request protocol, and the two ways to reach one: `KeeperHandle` (the Ray
-actor, `start_keeper`) and `LocalKeeper` (in this process, for benchmarks
-and tests of the protocol alone).
+A keeper outlives its worker (`keeper_actor`), so the relaunched worker, or
+a peer, restores from it instead of from disk (REFT, DLRover flash
+checkpoint, Gemini). `Keeper` holds that state and answers requests
+(`keeper_requests`); sessions and transport live in `keeper_sessions` and
+`keeper_actor`, so this module does no I/O of its own.
 
 State: `slots` snapshot slots (POSIX shared memory, grown on demand) and,
 per parity group, the XOR parity that peers' writers push to it. A writer
@@ -24,15 +21,6 @@ s-2. Two slots are enough to restore one process; a multi-process job
 that must agree on one step for everyone (or uses parity) needs three, so
 that s-1 survives the write of s+1 everywhere.
 
-Requests are `{'op': ..., fields}` dicts with an optional payload (a
-parity chunk), sent as actor calls: Ray's token authentication admits
-the caller, and the keeper opens no listener of its own. Snapshot bytes
-never cross a socket on the keeper's node: its worker maps the shared
-memory directly. A peer on another node reads byte ranges through Ray.
-Pins belong to a *session* (one `KeeperClient`); a session's pins go when
-it closes, and the launcher ends every session of a generation it tore
-down (`end_sessions`), since a killed worker never closes its own.
-
 The keeper unlinks its segments when its owner shuts it down. A keeper
 that is killed (its node lost, or SIGKILL) leaves them behind on that
 host; `shm.remove_stale` unlinks segments whose keeper process is gone.
@@ -41,11 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import os
 import threading
 import time
-import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -53,92 +39,17 @@ from collections.abc import Callable
 import numpy as np
 
 from mecefo_jax.snapshot import blob, erasure, shm
-
-log = logging.getLogger('mecefo_jax.snapshot.keeper')
+from mecefo_jax.snapshot.keeper_requests import (
+    MAX_PAYLOAD_BYTES,
+    PayloadTooLarge,
+    RequestError,
+    check_request,
+)
 
 # Complete parity steps kept per group: the newest one may be for a step
 # some survivor no longer holds (see the module docstring on slots).
 _KEEP_PARITY = 2
 _MAX_PARITY_STEPS = 6
-# The only request with a payload is a parity chunk: 1/(g-1) of one worker's
-# snapshot (snapshots themselves go through shared memory). A larger payload
-# is refused; a job whose per-worker snapshot exceeds it times (g-1) raises it
-# with `max_payload`.
-MAX_PAYLOAD_BYTES = 16 << 30
-# A `read` asks for one range per shard; more than this is not a request of ours.
-MAX_READ_RANGES = 1 << 16
-_MAX_TEXT = 256  # group names, codes, session ids
-
-
-class RequestError(Exception):
-    """A request the keeper refuses; the message goes back to the client."""
-
-
-class PayloadTooLarge(RequestError):
-    """A payload over the keeper's `max_payload`."""
-
-
-# Every request: its op and the type of each field it must carry.
-_INT, _TEXT = 'int', 'text'
-REQUESTS = {
-    'hello': {},
-    'list': {},
-    'begin': {'nbytes': _INT},
-    'publish': {'slot': _INT, 'token': _INT, 'step': _INT, 'nbytes': _INT, 'checksum': _INT,
-                'header_offset': _INT, 'header_len': _INT},
-    'pin': {'step': _INT},
-    'unpin': {'slot': _INT},
-    'read': {'step': _INT, 'ranges': 'ranges'},
-    'parity_put': {'group': _TEXT, 'step': _INT, 'stripe': _INT, 'members': _INT,
-                   'member': _INT, 'chunk_index': _INT, 'offset': _INT, 'length': _INT,
-                   'chunk_crc': _INT, 'blob_nbytes': _INT, 'blob_checksum': _INT,
-                   'code': _TEXT, 'generation': _INT},
-    'parity_list': {'group': _TEXT},
-    'parity_get': {'group': _TEXT, 'step': _INT},
-}
-
-
-def _well_typed(kind: str, value) -> bool:
-    if kind == _INT:  # bool is an int subclass: refused too
-        return type(value) is int and value >= 0
-    if kind == _TEXT:
-        return type(value) is str and len(value) <= _MAX_TEXT
-    return (isinstance(value, list) and len(value) <= MAX_READ_RANGES  # ranges
-            and all(isinstance(r, list | tuple) and len(r) == 2
-                    and all(_well_typed(_INT, x) for x in r) for r in value))
-
-
-def _payload_size(payload) -> int:
-    """Bytes in a payload (None, bytes-like or a list of them); -1 if it is none of those."""
-    if payload is None:
-        return 0
-    parts = payload if isinstance(payload, list | tuple) else [payload]
-    try:
-        return sum(memoryview(p).nbytes for p in parts)
-    except TypeError:
-        return -1
-
-
-def check_request(msg, payload, max_payload: int = MAX_PAYLOAD_BYTES) -> None:
-    """Raise a RequestError unless `msg` is a request of this protocol with fields of the
-    right types, and `payload` is bytes-like within `max_payload`."""
-    if not isinstance(msg, dict) or msg.get('op') not in REQUESTS:
-        op = msg.get('op') if isinstance(msg, dict) else None
-        raise RequestError(f'Not a keeper request (op {op!r}; expected one of {sorted(REQUESTS)}).')
-    for name, kind in REQUESTS[msg['op']].items():
-        if not _well_typed(kind, msg.get(name)):
-            raise RequestError(f"Keeper request {msg['op']!r}: field {name!r} is "
-                               f'{msg.get(name)!r:.80}, not a valid {kind}.')
-    size = _payload_size(payload)
-    if size < 0:
-        raise RequestError(f'A keeper payload must be bytes-like, not {type(payload).__name__}.')
-    if size > max_payload:
-        raise PayloadTooLarge(f"A payload of {size} bytes is over the keeper's limit of "
-                              f'{max_payload} bytes; raise max_payload if the job needs it.')
-
-
-class RequestError(Exception):
-    """A request the keeper refuses; the message goes back to the client."""
 
 
 @dataclasses.dataclass
@@ -442,202 +353,3 @@ class Keeper:
             # A complete stripe takes no more contributions, so its buffer is
             # not written while it is sent.
             return {'info': acc.info(step)}, [acc.buf], None
-
-
-
-
-# ------------------------------------------------------------------ sessions
-
-class _Sessions:
-    """Pins per session: a session's pins are released when it closes or is ended."""
-
-    def __init__(self, keeper: Keeper):
-        self.keeper = keeper
-        self._lock = threading.Lock()
-        self._pins: dict[str, Counter] = {}
-
-    def request(self, session, msg, payload) -> tuple[dict, np.ndarray | None]:
-        """The reply ({'ok': ...}) and its payload copied out of shared memory, if any."""
-        if type(session) is not str or len(session) > _MAX_TEXT:
-            self.keeper.rejected += 1
-            return {'ok': False, 'error': 'A keeper session id must be a short string.'}, None
-        with self._lock:
-            pins = self._pins.setdefault(session, Counter())
-        try:
-            reply, out, release = self.keeper.dispatch(msg, payload, pins)
-        except RequestError as e:
-            return {'ok': False, 'error': str(e)}, None
-        except Exception as e:  # a bug here must not kill the keeper
-            log.exception('Request %r failed', msg.get('op'))
-            return {'ok': False, 'error': f'{type(e).__name__}: {e}'}, None
-        try:
-            data = (np.concatenate([np.frombuffer(v, np.uint8) for v in out]) if out else None)
-        finally:
-            if release is not None:
-                release()
-        return {'ok': True, **reply}, data
-
-    def close(self, session: str) -> None:
-        with self._lock:
-            pins = self._pins.pop(session, None)
-        if pins:
-            self.keeper.release_pins(pins)
-
-    def end_all(self) -> int:
-        """Release every session's pins (their clients are gone); how many sessions held pins."""
-        with self._lock:
-            sessions, self._pins = self._pins, {}
-        held = [p for p in sessions.values() if p]
-        for pins in held:
-            self.keeper.release_pins(pins)
-        return len(held)
-
-
-class LocalKeeper:
-    """A keeper in this process: the protocol without a process boundary.
-
-    For benchmarks of the write path and for tests of the protocol; a
-    worker's snapshots must live in a keeper that outlives it (`start_keeper`).
-    """
-
-    def __init__(self, name: str, *, slots: int = 2, pin_timeout: float = 60.0,
-                 max_payload: int = MAX_PAYLOAD_BYTES):
-        self.name = name
-        self.keeper = Keeper(name, slots=slots, pin_timeout=pin_timeout, max_payload=max_payload)
-        self._sessions = _Sessions(self.keeper)
-
-    def call(self, session: str, msg: dict, payload=None, timeout: float | None = None):
-        return self._sessions.request(session, msg, payload)
-
-    def close_session(self, session: str) -> None:
-        self._sessions.close(session)
-
-    def stop(self) -> None:
-        self._sessions.end_all()
-        self.keeper.cleanup()
-
-    def __enter__(self) -> LocalKeeper:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-class KeeperActor:
-    """The keeper as a Ray actor: `start_keeper` creates it (detached, named, on a node)."""
-
-    def __init__(self, name: str, slots: int, pin_timeout: float, max_payload: int):
-        self.name = name
-        self.keeper = Keeper(name, slots=slots, pin_timeout=pin_timeout, max_payload=max_payload)
-        self._sessions = _Sessions(self.keeper)
-
-    def request(self, session, msg, payload=None):
-        return self._sessions.request(session, msg, payload)
-
-    def close_session(self, session) -> None:
-        if type(session) is str:
-            self._sessions.close(session)
-
-    def end_sessions(self) -> int:
-        return self._sessions.end_all()
-
-    def info(self) -> dict:
-        import ray
-        with self.keeper._cond:  # noqa: SLF001 (its own state)
-            held = [s.step for s in self.keeper._published()]  # noqa: SLF001
-        return {'name': self.name, 'pid': os.getpid(), 'node_id': ray.get_runtime_context().get_node_id(),
-                'held': held, 'rejected': self.keeper.rejected, 'refused': self.keeper.refused,
-                'segments': shm.listed(os.getpid())}
-
-    def shutdown(self) -> list[str]:
-        """Unlink every segment (the caller then kills the actor); the names unlinked."""
-        names = shm.listed(os.getpid())
-        self._sessions.end_all()
-        self.keeper.cleanup()
-        return names
-
-
-class KeeperError(RuntimeError):
-    """The keeper refused a request, or could not be reached."""
-
-
-@dataclasses.dataclass(frozen=True)
-class KeeperHandle:
-    """A keeper actor, as workers and the launcher address it (picklable, sent to workers)."""
-    actor: object  # ray.actor.ActorHandle
-    name: str
-    node_id: str
-    pid: int
-
-    def call(self, session: str, msg: dict, payload=None, timeout: float | None = None):
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-        try:
-            return ray.get(self.actor.request.remote(session, msg, payload), timeout=timeout)
-        except (RayActorError, GetTimeoutError) as e:
-            raise KeeperError(f'Keeper {self.name} is unreachable ({type(e).__name__}); it or its '
-                              'node is gone. Fix: restore from another keeper or parity, or from '
-                              'the disk checkpoint.') from None
-
-    def close_session(self, session: str) -> None:
-        try:
-            self.actor.close_session.remote(session)  # answered or not: a dead keeper holds nothing
-        except Exception:  # noqa: BLE001 (Ray shutting down: nothing left to release)
-            pass
-
-    def __str__(self) -> str:
-        return self.name
-
-
-def new_session() -> str:
-    return f'{os.getpid()}-{uuid.uuid4().hex[:12]}'
-
-
-def start_keeper(name: str, *, namespace: str | None = None, node_id: str | None = None,
-                 slots: int = 2, pin_timeout: float = 60.0, max_payload: int = MAX_PAYLOAD_BYTES,
-                 detached: bool = True, ready_timeout: float = 120.0) -> KeeperHandle:
-    """Start a keeper actor named `name` (in `namespace`) on node `node_id`, and wait for it.
-
-    Detached, it outlives its worker and the launcher (which finds it again
-    by name, `find_keeper`); `stop_keeper` ends it. With a node, it is placed
-    there and nowhere else: its worker maps its shared memory.
-    """
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    options = {'name': name, 'num_cpus': 0, 'max_concurrency': 16, 'max_restarts': 0}
-    if namespace is not None:
-        options['namespace'] = namespace
-    if detached:
-        options['lifetime'] = 'detached'
-    if node_id is not None:
-        options['scheduling_strategy'] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    actor = ray.remote(KeeperActor).options(**options).remote(name, slots, pin_timeout, max_payload)
-    info = ray.get(actor.info.remote(), timeout=ready_timeout)
-    return KeeperHandle(actor, name, info['node_id'], info['pid'])
-
-
-def find_keeper(name: str, namespace: str, timeout: float = 30.0) -> KeeperHandle | None:
-    """The live keeper actor `name` in `namespace`, or None."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
-    try:
-        actor = ray.get_actor(name, namespace=namespace)
-        info = ray.get(actor.info.remote(), timeout=timeout)
-    except (ValueError, RayActorError, GetTimeoutError):
-        return None
-    return KeeperHandle(actor, name, info['node_id'], info['pid'])
-
-
-def stop_keeper(handle: KeeperHandle, timeout: float = 30.0) -> list[str]:
-    """Unlink its segments and end the actor; the segment names it unlinked ([] if unreachable)."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
-    try:
-        names = ray.get(handle.actor.shutdown.remote(), timeout=timeout)
-    except (RayActorError, GetTimeoutError):
-        names = []
-    try:
-        ray.kill(handle.actor)
-    except Exception:  # noqa: BLE001 (already gone)
-        pass
-    return names

@@ -1,0 +1,73 @@
+"""How a worker's args become its snapshot observer and its restore callback.
+
+The launcher's choices (`WorkerArgs.resume`, its keepers, the drills' holds)
+and the config's `snapshot` section meet `worker_state`'s hook and restores
+here, apart from the actor (`worker`), which only passes them to training.
+"""
+from __future__ import annotations
+
+import threading
+
+from mecefo_jax.launch.progress import Progress
+from mecefo_jax.launch.worker_args import WorkerArgs
+
+
+def restore_fn(args: WorkerArgs, info: dict):
+    """`resume`'s restore callback; None for 'fresh'.
+
+    'fresh' restores the newest intact disk checkpoint if the workdir has one
+    (a rerun after the launcher and its keepers were lost), else starts a new run.
+    """
+    from mecefo_jax.launch import worker_state
+    if args.resume == 'memory':
+        return worker_state.keeper_restore(list(args.keepers), args.worker, info,
+                                           step=args.resume_step or None)
+    if args.resume == 'disk':
+        return worker_state.disk_restore(info)
+    return None
+
+
+def _held_forever(progress: Progress, kind: str, step: int, tag: str) -> None:
+    """Report the hold and wait there for the launcher's signal (it never returns)."""
+    progress.hold(kind, step)
+    print(f'[{tag}] held ({kind}) at step {step}', flush=True)
+    threading.Event().wait()
+
+
+def snapshot_hook(cfg, args: WorkerArgs, progress: Progress):
+    """This worker's snapshot observer, or None when snapshots are off or it has no keeper.
+
+    Drills hold the worker at a known point (`launch.kill ...:publish` or
+    `...:snapshot`): the writer thread inside the publish of a step (bytes
+    copied, not published), or the training loop after the first published
+    snapshot at or after a step. The launcher sees the hold in the progress
+    report and signals the process there.
+    """
+    from mecefo_jax.launch import worker_state
+    keepers = args.keepers
+    if cfg.snapshot.every == 0 or not keepers or keepers[args.worker] is None:
+        return None
+    before_publish = on_hold = None
+    if args.hold_in_publish:
+        def before_publish(step: int) -> None:
+            if step == args.hold_in_publish:
+                _held_forever(progress, 'publish', step, args.tag)
+    if args.hold_after_snapshot:
+        def on_hold(step: int) -> None:
+            _held_forever(progress, 'snapshot', step, args.tag)
+    parity = _parity_pusher(cfg, args) if cfg.snapshot.parity else None
+    return worker_state.SnapshotHook(
+        keepers[args.worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
+        stop_at=args.stop_at or None, hold_after=args.hold_after_snapshot or None,
+        on_hold=on_hold, budget_pct=cfg.snapshot.overhead_budget_pct,
+        log=lambda msg: print(f'[worker {args.worker}] {msg}', flush=True))
+
+
+def _parity_pusher(cfg, args: WorkerArgs):
+    """The pusher of this worker's parity group (groups of snapshot.parity_group workers)."""
+    from mecefo_jax.snapshot import ParityPusher
+    size = cfg.snapshot.parity_group  # snapshot.parity is 'xor': checked at resolve
+    first = args.worker - args.worker % size
+    group = list(range(first, min(first + size, len(args.keepers))))
+    return ParityPusher(f'workers{first}-{group[-1]}', args.worker - first,
+                        [args.keepers[w] for w in group], generation=args.generation)
