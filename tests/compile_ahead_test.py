@@ -31,27 +31,26 @@ def test_every_single_loss_that_leaves_a_replica_is_a_survivor_set():
 
 
 @pytest.fixture(scope='module')
-def cluster():
-    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
-    with SimulatedCluster(1) as c:
-        yield c
+def cluster(ray_cluster):
+    return ray_cluster  # the session's shared cluster (tests/conftest.py)
 
 
-def _config(tmp_path, **extra):
+def _config(tokenizer_cache, **extra):
     values = {'train.steps': 12, 'train.eval_every': 0, 'mesh.data': WORKERS,
               'data.global_batch_size': 12,
               'launch.local_devices': 1, 'launch.compilation_cache': 'auto',
-              'launch.compile_ahead': False, 'data.cache_dir': str(tmp_path / 'tokenizer'),
-              'snapshot.every': 1}
+              'launch.compile_ahead': False, 'data.cache_dir': tokenizer_cache,
+              'snapshot.every': 1, 'launch.standby_workers': False}
     values.update(extra)
     return updated(resolve(get_config()), values)
 
 
 @pytest.mark.subprocess
 @pytest.mark.ray
-def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(cluster, tmp_path):
+def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(cluster, tmp_path,
+                                                                           tokenizer_cache):
     workdir = str(tmp_path / 'job')
-    cfg = _config(tmp_path, **{'launch.kill': '2:1'})
+    cfg = _config(tokenizer_cache, **{'launch.kill': '2:1'})
     os.makedirs(os.path.join(workdir, 'launch'))
     # The compile-ahead job for the loss of worker 1, run to its end first.
     ahead = compile_ahead.drive(cfg, cfg.to_json(), workdir, Placement(WORKERS, 1, 1),
@@ -79,10 +78,10 @@ def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(cluste
 @pytest.mark.subprocess
 @pytest.mark.ray
 def test_a_stopped_compile_ahead_kills_its_members_and_still_counts_their_cpu_seconds(
-        cluster, tmp_path):
+        cluster, tmp_path, tokenizer_cache):
     workdir = str(tmp_path / 'job')
     os.makedirs(os.path.join(workdir, 'launch'))
-    cfg = _config(tmp_path)
+    cfg = _config(tokenizer_cache)
     stop, running = threading.Event(), threading.Event()
     result = {}
     driver = threading.Thread(target=lambda: result.update(compile_ahead.drive(

@@ -2,10 +2,15 @@
 
 Many tests compile the same tiny-config programs through different `jit`
 objects; a compilation cache private to this test session (shared by its
-pytest-xdist workers) lets XLA compile each distinct program once.
+pytest-xdist workers) lets XLA compile each distinct program once. The
+embedded corpus's tokenizers are trained once per session too
+(`tokenizer_cache`), and the Ray tests share one simulated cluster
+(`ray_cluster`) unless they need one of their own.
 """
 import os
+import shutil
 import tempfile
+import uuid
 
 import pytest
 
@@ -21,14 +26,44 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402  (after XLA_FLAGS on purpose)
 
-# One cache for the session's pytest-xdist workers together (they share its run id).
+# One directory of each kind for the session's pytest-xdist workers together (they
+# share its run id); the controller removes them when the session ends.
 _RUN = os.environ.get('PYTEST_XDIST_TESTRUNUID')
-_CACHE_DIR = (os.path.join(tempfile.gettempdir(), f'mecefo_jax_test_xla_cache_{_RUN}') if _RUN
-              else tempfile.mkdtemp(prefix='mecefo_jax_test_xla_cache_'))
-os.makedirs(_CACHE_DIR, exist_ok=True)
+
+
+_KINDS = ('xla_cache', 'tokenizers')
+
+
+def _named_dir(kind: str, run: str) -> str:
+    return os.path.join(tempfile.gettempdir(), f'mecefo_jax_test_{kind}_{run}')
+
+
+def _session_dir(kind: str) -> str:
+    path = _named_dir(kind, _RUN) if _RUN else tempfile.mkdtemp(prefix=f'mecefo_jax_test_{kind}_')
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+_CACHE_DIR, _TOKENIZER_DIR = map(_session_dir, _KINDS)
 jax.config.update('jax_compilation_cache_dir', _CACHE_DIR)
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+
+
+# The Ray modules in the order they run: those on the shared cluster first, then
+# the one that loses a node of a cluster of its own, then the one that starts a
+# cluster under a fresh HOME (a module not listed runs after these).
+RAY_MODULE_ORDER = ('snapshot_keeper_test', 'snapshot_test', 'parity_test', 'launch_test',
+                    'compile_ahead_test', 'node_loss_test', 'sim_cluster_test')
+
+
+def _ray_rank(item) -> tuple:
+    """Ray tests first, by RAY_MODULE_ORDER; the rest after them, in collection order."""
+    if not item.get_closest_marker('ray'):
+        return (1, 0)
+    module = item.module.__name__.rpartition('.')[2]
+    return (0, RAY_MODULE_ORDER.index(module) if module in RAY_MODULE_ORDER
+            else len(RAY_MODULE_ORDER))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
@@ -45,4 +80,79 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker('ray'):
             item.add_marker(pytest.mark.xdist_group('ray'))
-    items.sort(key=lambda item: item.get_closest_marker('ray') is None)  # stable
+    items.sort(key=_ray_rank)  # stable
+
+
+def pytest_configure(config):
+    """The controller of an xdist run names the run itself, to remove what its workers share."""
+    if (not hasattr(config, 'workerinput') and config.getoption('numprocesses', None)
+            and config.getoption('testrunuid', None) is None):
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session):
+    """The controller (or a run without xdist) removes the session's directories."""
+    if hasattr(session.config, 'workerinput'):
+        return
+    paths = [_CACHE_DIR, _TOKENIZER_DIR]
+    run = session.config.getoption('testrunuid', None)
+    paths += [_named_dir(kind, run) for kind in _KINDS] if run else []
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope='session')
+def tokenizer_cache() -> str:
+    """A `data.cache_dir` whose tokenizers every test of the session shares (trained once)."""
+    return _TOKENIZER_DIR
+
+
+class _Clusters:
+    """At most one simulated Ray cluster at a time in this process (the Ray tests' worker).
+
+    `shared(nodes)` is kept from module to module; `private(nodes)` closes it
+    first and belongs to one module (one that loses a node of it).
+    """
+
+    def __init__(self):
+        self.current, self.nodes = None, 0
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.shutdown()
+            self.current, self.nodes = None, 0
+
+    def shared(self, nodes: int):
+        if self.current is None or self.nodes != nodes:
+            self.close()
+            from mecefo_jax.experiments.sim_cluster import SimulatedCluster
+            self.current, self.nodes = SimulatedCluster(nodes), nodes
+        return self.current
+
+    def private(self, nodes: int):
+        self.close()
+        from mecefo_jax.experiments.sim_cluster import SimulatedCluster
+        return SimulatedCluster(nodes)
+
+
+@pytest.fixture(scope='session')
+def _clusters():
+    clusters = _Clusters()
+    yield clusters
+    clusters.close()
+
+
+SHARED_CLUSTER_NODES = 2  # the launcher tests' two workers, each on its own node
+
+
+@pytest.fixture(scope='module')
+def ray_cluster(_clusters):
+    """The session's shared simulated Ray cluster of SHARED_CLUSTER_NODES nodes."""
+    return _clusters.shared(SHARED_CLUSTER_NODES)
+
+
+@pytest.fixture(scope='module')
+def private_ray_cluster(_clusters, request):
+    """A cluster of the module's own `CLUSTER_NODES` nodes, which it may damage."""
+    with _clusters.private(request.module.CLUSTER_NODES) as cluster:
+        yield cluster

@@ -1,6 +1,6 @@
 """The launcher on Ray surviving real crashes: 2 workers x 2 CPU devices, the tiny config.
 
-One simulated Ray cluster of 2 nodes for the module (a worker on each).
+The session's shared simulated Ray cluster of 2 nodes (a worker on each).
 One job is SIGKILLed and recovered from the keepers' memory, then rejoined;
 another has a worker SIGSTOPped (a hang) and detected by its silence; others
 end with the launcher interrupted, stopped, killed (its rerun resumes from
@@ -40,23 +40,24 @@ HELD_STEP = 3
 
 
 @pytest.fixture(scope='module')
-def cluster():
-    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
-    with SimulatedCluster(WORKERS) as c:
-        yield c
+def cluster(ray_cluster):
+    assert len(ray_cluster.nodes) == WORKERS  # a worker on each node
+    return ray_cluster  # the session's shared cluster (tests/conftest.py)
 
 
 @pytest.fixture(scope='module')
-def caches(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp()
-    return str(base / 'launch_tokenizer'), str(base / 'launch_xla_cache')
+def caches(tmp_path_factory, tokenizer_cache):
+    return tokenizer_cache, str(tmp_path_factory.getbasetemp() / 'launch_xla_cache')
 
 
 def overrides(caches, **extra):
+    """The module's job: standby workers only where a test asks for them (the SIGKILL
+    job runs the default), as they cost every generation a warm-up on this machine."""
     tokenizer, xla = caches
     values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': 4,
               'launch.local_devices': LOCAL, 'launch.compilation_cache': xla,
-              'data.cache_dir': tokenizer, 'snapshot.every': 1, 'launch.compile_ahead': False}
+              'data.cache_dir': tokenizer, 'snapshot.every': 1, 'launch.compile_ahead': False,
+              'launch.standby_workers': False}
     values.update(extra)
     return values
 
@@ -120,7 +121,8 @@ def crashed(cluster, caches, tmp_path_factory):
     """
     workdir = str(tmp_path_factory.mktemp('crashed'))
     summary = launch(overrides(caches, **{'launch.kill': f'{HELD_STEP}:1:KILL:publish',
-                                          'launch.return_after_steps': 2}), workdir)
+                                          'launch.return_after_steps': 2,
+                                          'launch.standby_workers': True}), workdir)
     return summary, workdir
 
 

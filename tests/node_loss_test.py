@@ -24,27 +24,29 @@ STEPS = 12
 RETURN = 2
 
 
+CLUSTER_NODES = WORKERS + 1  # a node per worker, and the head spare
+
+
 @pytest.fixture(scope='module')
-def cluster():
-    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
-    with SimulatedCluster(WORKERS + 1) as c:
-        yield c
+def cluster(private_ray_cluster):
+    return private_ray_cluster  # its own: a node of it is lost (tests/conftest.py)
 
 
-def config(tmp, **extra):
+def config(tmp, tokenizer_cache, **extra):
     values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': WORKERS,
               'data.global_batch_size': 8, 'launch.local_devices': 1,
-              'launch.compilation_cache': str(tmp / 'xla'), 'data.cache_dir': str(tmp / 'tok'),
+              'launch.compilation_cache': str(tmp / 'xla'), 'data.cache_dir': tokenizer_cache,
               'snapshot.every': 2, 'launch.compile_ahead': False}
     values.update(extra)
     return updated(resolve(get_config()), values)
 
 
 @pytest.fixture(scope='module')
-def lost(cluster, tmp_path_factory):
+def lost(cluster, tmp_path_factory, tokenizer_cache):
     tmp = tmp_path_factory.mktemp('node_loss')
     workdir = str(tmp / 'job')
-    cfg = config(tmp, **{'launch.kill': '4:1:node:snapshot', 'launch.return_after_steps': RETURN})
+    cfg = config(tmp, tokenizer_cache, **{'launch.kill': '4:1:node:snapshot',
+                                          'launch.return_after_steps': RETURN})
     summary = Launcher(cfg, workdir, WORKERS, log=lambda _: None, node_killer=cluster.lose).run()
     return summary, workdir, tmp
 
@@ -79,21 +81,21 @@ def test_every_step_of_a_node_loss_is_computed_exactly_once(lost):
         assert row['replicas'] == ([0, 2, 3] if 4 <= step < 4 + RETURN else [0, 1, 2, 3]), step
 
 
-def test_final_parameters_equal_the_same_failure_simulated_in_one_process(lost):
+def test_final_parameters_equal_the_same_failure_simulated_in_one_process(lost, tokenizer_cache):
     _, workdir, tmp = lost
-    cfg = updated(config(tmp), {'fault.events': f'4:1:{RETURN}'})
+    cfg = updated(config(tmp, tokenizer_cache), {'fault.events': f'4:1:{RETURN}'})
     assert_params_equal_simulated(workdir, cfg, tmp / 'simulated', replicas=WORKERS)
 
 
-def test_a_placement_that_one_lost_node_would_end_is_refused(cluster, tmp_path):
+def test_a_placement_that_one_lost_node_would_end_is_refused(cluster, tmp_path, tokenizer_cache):
     """mesh.data=1 with the model over the 4 workers: no worker holds a whole replica, so
     losing any node loses part of the state, unless XOR parity (one member of each group
     per node) can rebuild it."""
     values = {'mesh.data': 1, 'mesh.model': WORKERS}
     with pytest.raises(ValueError, match='accept_node_loss'):
-        Launcher(config(tmp_path, **values), str(tmp_path / 'a'), WORKERS,
+        Launcher(config(tmp_path, tokenizer_cache, **values), str(tmp_path / 'a'), WORKERS,
                  log=lambda _: None)._first_generation(0.0)
-    launcher = Launcher(config(tmp_path, **values, **{'snapshot.parity': 'xor'}),
+    launcher = Launcher(config(tmp_path, tokenizer_cache, **values, **{'snapshot.parity': 'xor'}),
                         str(tmp_path / 'b'), WORKERS, log=lambda _: None)
     try:
         launcher._first_generation(0.0)  # parity groups spread over the nodes: accepted

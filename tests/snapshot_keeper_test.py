@@ -1,6 +1,6 @@
 """The keeper as a Ray actor: its shared memory, its sessions, and input it must refuse.
 
-One local Ray cluster for the module (`SimulatedCluster(1)`); each test
+The session's shared Ray cluster (`ray_cluster`, tests/conftest.py); each test
 starts its own keeper actors and ends them. Keepers are reached only as Ray
 actors (token authentication on), never through a listener of their own.
 """
@@ -27,10 +27,8 @@ NAMESPACE = 'snapshot_keeper_test'
 
 
 @pytest.fixture(scope='module', autouse=True)
-def cluster():
-    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
-    with SimulatedCluster(1) as c:
-        yield c
+def cluster(ray_cluster):
+    return ray_cluster  # the session's shared cluster (tests/conftest.py)
 
 
 def keeper(name, **kw):

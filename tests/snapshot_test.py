@@ -77,10 +77,8 @@ def _assert_bitwise(tree, values, mesh):
 
 
 @pytest.fixture(scope='module')
-def cluster():
-    from mecefo_jax.experiments.sim_cluster import SimulatedCluster
-    with SimulatedCluster(1) as c:
-        yield c
+def cluster(ray_cluster):
+    return ray_cluster  # the session's shared cluster (tests/conftest.py)
 
 
 def _keeper(name):
