@@ -10,6 +10,9 @@
 | `compare` | every fault strategy side by side on one failure schedule, over seeds |
 | `quality` | validation perplexity under failures (the paper's Table 3 analogue) |
 | `crash_drill`, `crash_drill_nodes` | real crashes, a lost node and a killed launcher, recovered from memory and disk |
+| `crash_drill_jobs` | the drill's launcher jobs and what their records say about each recovery |
+| `crash_drill_overhead` | the drill's snapshot overhead and restores, timed in one process |
+| `crash_drill_report` | the drill's markdown report |
 | `snapshot_bench` | the keepers' write, publish and restore paths, and a peer's read from another node |
 | `sim_cluster` | several Ray nodes on one machine, one of which can be lost at once (tests and drills) |
 | `gpu/` | every GPU figure in one command, each section in its own process (`scripts/gpu_report.py`) |
