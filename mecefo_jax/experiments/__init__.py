@@ -3,6 +3,11 @@
 | module | measures |
 |---|---|
 | `step_cost` | one device's train-step cost per role: FLOPs, memory, time, gradient error |
+| `step_modes` | the step cost's modes: which program one device runs in each role, and plain DP |
+| `grad_error` | how far MeCeFO's gradient is from the exact one, per parameter group |
+| `step_measure` | the step-cost modes compiled on one device (FLOPs, memory) and timed interleaved |
+| `step_efficiency` | the fault-free step's overhead against plain DP, and its MFU |
+| `step_cost_table` | the step cost's plain-text table |
 | `compile_time` | a new failure topology's compile time against depth |
 | `memory_plan` | per-device memory plans of the real step, compiled ahead of time |
 | `role_timer` | each role program's wall time, for modelled step time |
