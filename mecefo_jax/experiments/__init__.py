@@ -12,7 +12,8 @@
 | `memory_plan` | per-device memory plans of the real step, compiled ahead of time |
 | `role_timer` | each role program's wall time, for modelled step time |
 | `observers` | a run's measuring observers: modelled time, program usage, coverage, gradient error |
-| `compare` | every fault strategy side by side on one failure schedule, over seeds |
+| `compare` | every fault strategy side by side on one failure schedule |
+| `compare_over_seeds` | the same over several failure seeds: mean, spread, a ranking |
 | `quality` | validation perplexity under failures (the paper's Table 3 analogue) |
 | `crash_drill`, `crash_drill_nodes` | real crashes, a lost node and a killed launcher, recovered from memory and disk |
 | `crash_drill_jobs` | the drill's launcher jobs and what their records say about each recovery |
