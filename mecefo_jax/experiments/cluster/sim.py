@@ -5,7 +5,8 @@ and the Monte Carlo that runs it over many seeded traces, models, regimes,
 readings and cluster sizes. Its pieces live beside it, one concern each:
 `traces` (failure traces and per-live-set loads), `costs`
 (per-role step costs), `recovery` (per-event overheads), `settings`
-(strategies, config, cost tables) and `report` (JSON, markdown, plot). Pure numpy: nothing here imports
+(strategies, config, cost tables) and `report` (JSON, markdown, plot;
+with `explanation` and `report_markdown`). Pure numpy: nothing here imports
 jax, so a projection to 1,024 replicas runs in seconds on a laptop.
 
 The model, per interval of constant live set (continuous time):
