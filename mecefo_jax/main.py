@@ -70,11 +70,12 @@ def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None
     """
     from mecefo_jax import train as train_lib
     from mecefo_jax.faults.schedule import failures_requested
+    from mecefo_jax.faults.strategies import strategy_spec
     failures = failures_requested(cfg.fault)
     built = run or train_lib.build_run(cfg, workdir)
     if not failures and not elastic and all(built.present):
         controller = train_lib.StaticController(built)
-    elif cfg.fault.strategy == 'checkpoint_restart':
+    elif strategy_spec(cfg.fault.strategy).restores_at_failure:
         from mecefo_jax.faults.restart import RestartController
         controller = RestartController.from_config(cfg, built)
     else:

@@ -1,4 +1,5 @@
-"""Tests for mecefo_jax.experiments.step_cost and scripts/bench_step.py on a one-block tiny model.
+"""Tests for the step-cost benchmark (mecefo_jax.experiments.step_cost and its parts) and
+scripts/bench_step.py on a one-block tiny model.
 
 Compile time dominates on CPU, so the tests share programs: the script run in
 a subprocess (with the optional packages blocked) and the in-process run use
@@ -19,6 +20,7 @@ import pytest
 from configs import tiny
 from mecefo_jax import aot, sharding
 from mecefo_jax.config_resolve import resolve
+from mecefo_jax.experiments import grad_error, step_efficiency, step_measure, step_modes
 from mecefo_jax.experiments import step_cost as bench
 from mecefo_jax.model import build_model
 from mecefo_jax.optim import make_optimizer
@@ -118,12 +120,12 @@ def test_blocker_blocks_every_optional_package():
 
 
 def test_script_runs_without_optional_packages(script_json):
-    assert set(script_json['modes']) == set(bench.MODES)
+    assert set(script_json['modes']) == set(step_modes.MODES)
     assert script_json['config']['num_layers'] == 1  # --config.model.num_layers=1 applied
     assert script_json['config']['ffn_hidden'] == 32
     assert script_json['config']['rank'] == 1.0
     assert script_json['iters'] == 0
-    for mode in bench.MODES:  # --iters 0: costed, not timed
+    for mode in step_modes.MODES:  # --iters 0: costed, not timed
         assert script_json['modes'][mode]['step_ms'] is None
         assert script_json['modes'][mode]['flops'] > 0
         assert script_json['modes'][mode]['peak_bytes'] > 0
@@ -133,9 +135,9 @@ def test_script_runs_without_optional_packages(script_json):
 
 
 def test_json_schema(result):
-    assert set(result['modes']) == set(bench.MODES)
-    assert set(result['ratios']) == set(bench.MODES)
-    for mode in bench.MODES:
+    assert set(result['modes']) == set(step_modes.MODES)
+    assert set(result['ratios']) == set(step_modes.MODES)
+    for mode in step_modes.MODES:
         figures = result['modes'][mode]
         assert set(bench.METRICS) <= set(figures)
         for metric in bench.METRICS:
@@ -149,13 +151,13 @@ def test_json_schema(result):
         # conditional is the step guard (state kept after a non-finite step),
         # which plain_dp does not have.
         assert result['details'][mode]['conditionals_in_step'] == (mode != 'plain_dp')
-    assert set(result['grad_rel_error']) == set(bench.GROUPS)
+    assert set(result['grad_rel_error']) == set(grad_error.GROUPS)
     assert result['mfu']['applicable'] is False  # CPU
 
 
 def test_script_and_in_process_runs_cost_the_same_programs(script_json, result):
     # Same config through the CLI overrides and in Python: identical programs.
-    for mode in bench.MODES:
+    for mode in step_modes.MODES:
         for key in ('flops', 'temp_bytes', 'peak_bytes'):
             assert script_json['modes'][mode][key] == result['modes'][mode][key], (mode, key)
 
@@ -217,7 +219,7 @@ def test_overhead_is_timed_on_the_configs_mesh(result):
     assert ov['ratio'] == pytest.approx(ov['fault_free_ms'] / ov['plain_dp_ms'])
     low, high = ov['paired_ratio_quartiles']
     assert low <= ov['paired_ratio_median'] <= high
-    assert ov['met'] == (ov['ratio'] <= bench.OVERHEAD_TARGET)
+    assert ov['met'] == (ov['ratio'] <= step_efficiency.OVERHEAD_TARGET)
 
 
 def _abstract_params():
@@ -266,7 +268,7 @@ def test_grad_rel_error_on_one_block_with_square_full_rank_ffn(result):
     mesh = sharding.mesh_from_rows([[jax.devices()[0]]])
     state, _ = create_train_state(model, make_optimizer(cfg.train), mesh, seed=0,
                                   rank=cfg.mecefo.rank)
-    tokens = jnp.asarray(bench.random_tokens(cfg, BATCH, seed=0).reshape(2 * BATCH, -1))
+    tokens = jnp.asarray(step_modes.random_tokens(cfg, BATCH, seed=0).reshape(2 * BATCH, -1))
 
     def mean_loss(params, neighbour):
         loss_sum = model.apply({'params': params, 'projections': state.projections},
@@ -304,8 +306,8 @@ def test_unrolled_flop_count_sees_every_block_and_chunk():
     chunks = 4
     cfg.model.loss_chunk_tokens = BATCH * cfg.data.seq_len // chunks
     cfg = resolve(cfg)
-    scanned = bench.normal_step_flops(build_model(cfg, unroll_loops=True), cfg, BATCH)
-    straight = bench.normal_step_flops(
+    scanned = step_modes.normal_step_flops(build_model(cfg, unroll_loops=True), cfg, BATCH)
+    straight = step_modes.normal_step_flops(
         build_model(cfg, scan_layers=False, loss_chunk_tokens=0), cfg, BATCH)
     dv = cfg.model.d_model * cfg.model.vocab_size
     assert 0 <= scanned - straight <= 8 * dv * (chunks - 1)
@@ -317,7 +319,7 @@ def test_param_group_and_rel_error_on_a_hand_made_tree():
                         'attn_norm': {'scale': jnp.ones((1, 2))},
                         'ffn': {'w_up': {'kernel': jnp.ones((1, 2, 2))}},
                         'ffn_norm': {'scale': jnp.ones((1, 2))}}}
-    groups = jax.tree_util.tree_map_with_path(lambda p, _: bench.param_group(p), exact)
+    groups = jax.tree_util.tree_map_with_path(lambda p, _: grad_error.param_group(p), exact)
     assert groups['layers']['attn']['wq'] == 'attention'
     assert groups['layers']['attn_norm']['scale'] == 'attention'
     assert groups['layers']['ffn']['w_up']['kernel'] == 'ffn'
@@ -328,13 +330,13 @@ def test_param_group_and_rel_error_on_a_hand_made_tree():
     approx['embedding'] = jnp.ones((2, 2))  # exact
     approx['head'] = jnp.ones((2, 2))  # exact
     approx['layers']['ffn_norm']['scale'] = jnp.ones((1, 2))  # exact
-    err = bench.grad_rel_error(approx, exact)
+    err = grad_error.grad_rel_error(approx, exact)
     assert err['attention'] == pytest.approx(1.0)
     assert err['ffn'] == pytest.approx(1.0)
     assert err['other'] == pytest.approx(0.0)
     # errors^2: ffn 4; references^2: ffn 4, other 4 + 4 + 2.
     assert err['total_non_attention'] == pytest.approx(np.sqrt(4 / (4 + 4 + 4 + 2)))
-    by_param = bench.grad_rel_error_by_param(approx, exact)
+    by_param = grad_error.grad_rel_error_by_param(approx, exact)
     assert by_param['layers/attn/wq'] == pytest.approx(1.0)
     assert by_param['layers/ffn/w_up/kernel'] == pytest.approx(1.0)
     assert by_param['embedding'] == 0.0
@@ -377,11 +379,11 @@ class _Device:
 
 
 def test_peak_tflops_table_and_flag():
-    assert bench.peak_tflops_for(_Device('NVIDIA H100 80GB HBM3'), None)[0] == 989.0
-    assert bench.peak_tflops_for(_Device('NVIDIA H100 PCIe'), None)[0] == 756.0
-    assert bench.peak_tflops_for(_Device('NVIDIA A100-SXM4-80GB'), None)[0] == 312.0
-    assert bench.peak_tflops_for(_Device('Tesla T4'), None)[0] is None
-    assert bench.peak_tflops_for(_Device('Tesla T4'), 65.0) == (65.0, 'flag --peak_tflops')
+    assert step_efficiency.peak_tflops_for(_Device('NVIDIA H100 80GB HBM3'), None)[0] == 989.0
+    assert step_efficiency.peak_tflops_for(_Device('NVIDIA H100 PCIe'), None)[0] == 756.0
+    assert step_efficiency.peak_tflops_for(_Device('NVIDIA A100-SXM4-80GB'), None)[0] == 312.0
+    assert step_efficiency.peak_tflops_for(_Device('Tesla T4'), None)[0] is None
+    assert step_efficiency.peak_tflops_for(_Device('Tesla T4'), 65.0) == (65.0, 'flag --peak_tflops')
 
 
 def test_model_flops_per_token_counts_matmul_params_and_attention():
@@ -392,13 +394,13 @@ def test_model_flops_per_token_counts_matmul_params_and_attention():
                  + 3 * m.d_model * m.ffn_hidden)  # w_gate, w_up, w_down
     matmul = m.num_layers * per_block + m.d_model * m.vocab_size  # the head, not the table
     expected = 6 * matmul + 12 * m.num_layers * m.d_model * cfg.data.seq_len
-    assert bench.model_flops_per_token(cfg, _abstract_params()) == expected
+    assert step_efficiency.model_flops_per_token(cfg, _abstract_params()) == expected
 
 
 def test_time_interleaved_calls_every_program_once_per_round():
     calls = []
     programs = {name: (lambda name=name: calls.append(name)) for name in 'abc'}
-    times = bench.time_interleaved(programs, warmup=2, iters=5)
+    times = step_measure.time_interleaved(programs, warmup=2, iters=5)
     assert {name: len(t) for name, t in times.items()} == dict.fromkeys('abc', 5)
     rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
     assert len(rounds) == 7 and all(sorted(r) == list('abc') for r in rounds)
@@ -410,10 +412,10 @@ def test_time_interleaved_calls_every_program_once_per_round():
 def test_mfu_divides_model_flops_per_second_by_the_peak():
     cfg = tiny_config()
     normal = {'step_ms': 2.0, 'flops': 4e9}
-    mfu = bench._mfu(cfg, _abstract_params(), normal, BATCH,
+    mfu = step_efficiency.normal_step_mfu(cfg, _abstract_params(), normal, BATCH,
                      _Device('NVIDIA H100 80GB HBM3'), None)
     tokens = BATCH * cfg.data.seq_len
-    formula = bench.model_flops_per_token(cfg, _abstract_params()) * tokens
+    formula = step_efficiency.model_flops_per_token(cfg, _abstract_params()) * tokens
     assert mfu['applicable'] and mfu['peak_tflops'] == 989.0
     assert mfu['formula'] == pytest.approx(formula / 2e-3 / 989e12)
     assert mfu['xla'] == pytest.approx(4e9 / 2e-3 / 989e12)

@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+from mecefo_jax.experiments.cluster import explanation as report_lib
 from mecefo_jax.experiments.cluster import recovery as recovery_lib
-from mecefo_jax.experiments.cluster import report as report_lib
 from mecefo_jax.experiments.cluster import sim
 from mecefo_jax.experiments.cluster import traces as traces_lib
 from mecefo_jax.faults import costs as costs_lib

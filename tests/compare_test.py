@@ -6,7 +6,7 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.experiments import compare
+from mecefo_jax.experiments import compare, compare_over_seeds
 from mecefo_jax.experiments.role_timer import layout_keys
 from mecefo_jax.faults.strategies import layout_for
 
@@ -22,8 +22,8 @@ def report(tmp_path_factory):
     cfg = resolve(cfg)
     out = str(tmp_path_factory.mktemp('compare'))
     # One seed through compare_seeds: the per-seed report and the aggregate both get written.
-    aggregate = compare.compare_seeds(cfg, '', out, seeds=[0], runs=('fault_free', 'mecefo'),
-                                      log=lambda _: None)
+    aggregate = compare_over_seeds.compare_seeds(cfg, '', out, seeds=[0],
+                                                 runs=('fault_free', 'mecefo'), log=lambda _: None)
     with open(os.path.join(out, 'seed0', 'compare_faults.json')) as f:
         single = json.load(f)
     return single, os.path.join(out, 'seed0'), cfg, aggregate, out
@@ -154,7 +154,7 @@ def test_seed_statistics_and_ranking_significance():
                                 'b': (70.0, 4.2), 'c': (69.0, 4.2)}),
                _seed_report(1, {'fault_free': (100.0, 4.0), 'a': (88.0, 4.1),
                                 'b': (69.0, 4.2), 'c': (71.0, 4.2)})]
-    report = compare.aggregate(reports)
+    report = compare_over_seeds.aggregate(reports)
     drop_a = report['strategies']['a']['throughput_drop_pct']
     assert drop_a['mean'] == pytest.approx(11.0) and drop_a['std'] == pytest.approx(2 ** 0.5)
     assert (drop_a['min'], drop_a['max']) == pytest.approx((10.0, 12.0))
@@ -166,7 +166,7 @@ def test_seed_statistics_and_ranking_significance():
     assert rows['a']['significant'] and rows['a']['same_order_in_every_seed']
     # c -> b: means 30 and 30.5, gap 0.5 within std sum 2.12: not significant, order flips.
     assert rows['c']['significant'] is False and not rows['c']['same_order_in_every_seed']
-    table = compare.seeds_markdown(report)
+    table = compare_over_seeds.seeds_markdown(report)
     assert '`c` vs `b`: the ranking is not significant (gap 0.50 points <= spread 2.12)' in table
     assert '`a` ranks above `c` significantly' in table
     assert '| a | 11.00 ± 1.41 [10.00, 12.00] |' in table

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from mecefo_jax.experiments import crash_drill
+from mecefo_jax.experiments import crash_drill, crash_drill_jobs
 
 
 def write_ends(workdir, generation, ends):
@@ -23,14 +23,14 @@ def test_step_and_interval_come_from_the_last_generation(tmp_path):
         {'median_step_sec': 0.020, 'snapshot_cadence': [{'step': 30, 'interval': 3}]},
         {'median_step_sec': 0.030, 'snapshot_cadence': [{'step': 30, 'interval': 3}]},
         {'median_step_sec': None, 'snapshot_cadence': None}])
-    assert crash_drill.step_sec(summary, str(tmp_path)) == pytest.approx(0.025)
-    assert crash_drill.chosen_interval(summary, str(tmp_path), 'auto') == 3
-    assert crash_drill.chosen_interval(summary, str(tmp_path), 5) == 5
+    assert crash_drill_jobs.step_sec(summary, str(tmp_path)) == pytest.approx(0.025)
+    assert crash_drill_jobs.chosen_interval(summary, str(tmp_path), 'auto') == 3
+    assert crash_drill_jobs.chosen_interval(summary, str(tmp_path), 5) == 5
 
 
 def test_an_auto_job_too_short_to_choose_has_no_interval(tmp_path):
     write_ends(tmp_path, 0, [{'median_step_sec': 0.02, 'snapshot_cadence': []}])
-    assert crash_drill.chosen_interval({'recoveries': []}, str(tmp_path), 'auto') is None
+    assert crash_drill_jobs.chosen_interval({'recoveries': []}, str(tmp_path), 'auto') is None
 
 
 def test_a_drill_refuses_a_directory_a_previous_drill_left_behind(tmp_path):
@@ -53,10 +53,9 @@ def test_a_preempted_job_ends_the_drill(monkeypatch, tmp_path):
         def run(self):
             return {'preempted_at': 7, 'recoveries': []}
 
-    class Cfg:
-        def updated(self, values):
-            return self
-
-    monkeypatch.setattr(crash_drill, 'Launcher', Preempted)
-    with pytest.raises(crash_drill.DrillStopped, match='memory job .* saved step 7'):
-        crash_drill._job(Cfg(), {}, str(tmp_path / 'memory'), 4, log=lambda _: None)
+    from configs.tiny import get_config
+    from mecefo_jax.config_resolve import resolve
+    monkeypatch.setattr(crash_drill_jobs, 'Launcher', Preempted)
+    with pytest.raises(crash_drill_jobs.DrillStopped, match='memory job .* saved step 7'):
+        crash_drill_jobs.run_job(resolve(get_config()), {}, str(tmp_path / 'memory'), 4,
+                                 log=lambda _: None)

@@ -20,7 +20,7 @@ import collections
 
 import jax
 
-from mecefo_jax.experiments import step_cost
+from mecefo_jax.experiments import grad_error
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, assemble
 from mecefo_jax.observers import Observer
 
@@ -123,7 +123,7 @@ class GradientError(Observer):
     parameters and projections the step will use, the neighbour-mode
     gradient of its rows (own shard + adopted ones) and the exact gradient of
     the same rows, and their relative error per parameter group
-    (`step_cost.grad_rel_error`).
+    (`grad_error.grad_rel_error`).
     """
 
     def __init__(self, model, every: int):
@@ -159,7 +159,7 @@ class GradientError(Observer):
             exact = self._grads(params, projections, batch['tokens'], batch['weights'], False)
             self.grad_errors.append({'step': step, 'replica': layout.replicas[i],
                                      'rows': layout.neighbour_rows(i),
-                                     **step_cost.grad_rel_error(approx, exact)})
+                                     **grad_error.grad_rel_error(approx, exact)})
 
     def _grads(self, params, projections, tokens, weights, neighbour: bool):
         """Gradient of the summed token loss (the same divisor cancels in the ratio)."""

@@ -19,7 +19,7 @@ on the 1st, (k+1)-th, ... such step (`grad_error_every` = k) an observer
 computes, on the parameters and projections the step will use, the
 neighbour-mode gradient of its rows (own shard + adopted ones) and the exact
 gradient of the same rows, and their relative error per parameter group with
-`bench.grad_rel_error`. The attention group's error is 1.0 by construction
+`grad_error.grad_rel_error`. The attention group's error is 1.0 by construction
 (a neighbour contributes no attention gradient). The paper reports < 0.6 on
 the rest.
 
@@ -35,7 +35,7 @@ import time
 from typing import NamedTuple
 
 from mecefo_jax.config_resolve import updated
-from mecefo_jax.experiments import step_cost as bench
+from mecefo_jax.experiments.grad_error import GROUPS
 from mecefo_jax.experiments.report import distinct_seeds, format_spread, pyplot, stats
 from mecefo_jax.faults.schedule import REGIMES
 from mecefo_jax.faults.strategies import validate_strategy
@@ -133,7 +133,7 @@ def _grad_summary(samples: list[dict]) -> dict | None:
     if not samples:
         return None
     out = {'samples': len(samples)}
-    for group in bench.GROUPS:
+    for group in GROUPS:
         values = [s[group] for s in samples]
         out[group] = {'mean': sum(values) / len(values), 'max': max(values)}
     return out
@@ -308,16 +308,16 @@ def markdown(report: dict) -> str:
     lines += ['', f"Neighbour's relative gradient error ||g_neighbour - g_exact|| / ||g_exact|| "
               f"on its own + adopted rows, every {report['grad_error_every']} neighbour-mode "
               'steps, pooled over seeds and neighbours (mean / max):', '',
-              '| run | samples | ' + ' | '.join(bench.GROUPS) + ' |',
-              '|---|---|' + '---|' * len(bench.GROUPS)]
+              '| run | samples | ' + ' | '.join(GROUPS) + ' |',
+              '|---|---|' + '---|' * len(GROUPS)]
     for name, r in report['runs'].items():
         g = r['grad_error']
         if g is None:
             continue
         lines.append(f"| {name} | {g['samples']} | " + ' | '.join(
-            f"{g[group]['mean']:.3f} / {g[group]['max']:.3f}" for group in bench.GROUPS) + ' |')
+            f"{g[group]['mean']:.3f} / {g[group]['max']:.3f}" for group in GROUPS) + ' |')
     if not any(r['grad_error'] for r in report['runs'].values()):
-        lines.append('| (no neighbour-mode step was measured) | 0 |' + ' |' * len(bench.GROUPS))
+        lines.append('| (no neighbour-mode step was measured) | 0 |' + ' |' * len(GROUPS))
 
     for label, t in (('MeCeFO', report['target']),
                      ('mecefo_planned', report.get('target_planned'))):

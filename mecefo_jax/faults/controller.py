@@ -30,7 +30,13 @@ from mecefo_jax import multihost
 from mecefo_jax import projections as proj_lib
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.planner import config_planner
-from mecefo_jax.faults.strategies import AllReplicasDownError, layout_for, validate_strategy
+from mecefo_jax.faults.strategies import (
+    AllReplicasDownError,
+    Orphans,
+    layout_for,
+    strategy_spec,
+    validate_strategy,
+)
 from mecefo_jax.topology import Plan, move_state
 
 
@@ -69,7 +75,7 @@ class FaultController:
         self.strategy = validate_strategy(strategy)
         self.tau = proj_lib.validate_tau(cfg.mecefo.tau)
         self.planner = (config_planner(cfg, run.shard_batch)
-                        if self.strategy == 'mecefo_planned' else None)
+                        if strategy_spec(strategy).orphans is Orphans.PLANNER else None)
         # A job relaunched without some replicas (launch.py) starts as if they
         # had just failed: the first prepare moves to the present replicas'
         # layout, compiles and refreshes V as for any failure onset.

@@ -13,8 +13,15 @@ global batch and its order never change; only where shards are computed.
 |                     | nearest first (`faults/planner.py`)     |                  |
 | ndb_naive           | nearest live ring neighbour             | normal (exact)   |
 | elastic             | split evenly over every live replica    | normal           |
-| checkpoint_restart  | as elastic, after a restore             | normal           |
 | drop                | nowhere (its samples are skipped)       | -                |
+| checkpoint_restart  | as elastic, after a restore             | normal           |
+
+`REGISTRY` holds one `StrategySpec` per row: where failed shards go
+(`Orphans`), whether adopters compute in neighbour mode, and whether a
+failure restores from a checkpoint. Everything that treats strategies
+differently (`layout_for` here, the cluster projection's step costs and
+recovery, the controller's choice) reads these fields, never the names: a
+new strategy is one new entry.
 
 `mecefo` stays the paper's rule (the faithful row). Splitting each failed
 shard over a fixed k nearest neighbours is one of the plans `mecefo_planned`
@@ -24,17 +31,61 @@ Every replica joins its own shard and what it adopts into one batch, so the
 elastic re-split costs each survivor exactly `1 + f/(n-f)` of a batch (f of n
 replicas down), in one larger batch rather than many small ones.
 """
+import dataclasses
+import enum
+
 from mecefo_jax.faults.planner import Planner
 from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
 
-STRATEGIES = ('mecefo', 'ndb_naive', 'elastic', 'drop', 'checkpoint_restart', 'mecefo_planned')
-NEIGHBOUR_MODE_STRATEGIES = ('mecefo', 'mecefo_planned')
+
+class Orphans(enum.Enum):
+    """Where the shard of a failed replica goes."""
+    NEAREST_NEIGHBOUR = 'the nearest live ring neighbour (`adopters`)'
+    PLANNER = 'split as the planner chooses (`faults/planner.py`); it sets the roles too'
+    SPLIT_EVENLY = 'split evenly over every live replica'
+    NOWHERE = 'nowhere: its samples are skipped'
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategySpec:
+    """What sets one strategy apart from the others (module docstring)."""
+    name: str
+    orphans: Orphans  # where failed shards go
+    neighbour_mode: bool  # adopters run MeCeFO's neighbour program, else the exact one
+    restores_at_failure: bool = False  # each failure restores the last checkpoint
+
+    def __post_init__(self):
+        # The planner sets neighbour mode itself; under NOWHERE no replica adopts.
+        required = {Orphans.PLANNER: True, Orphans.NOWHERE: False}.get(self.orphans)
+        if required is not None and self.neighbour_mode != required:
+            raise ValueError(f'strategy {self.name!r}: Orphans.{self.orphans.name} needs '
+                             f'neighbour_mode={required}.')
+
+
+# In the order every report lists them; `mecefo` is the paper's rule.
+REGISTRY = (
+    StrategySpec('mecefo', Orphans.NEAREST_NEIGHBOUR, neighbour_mode=True),
+    StrategySpec('mecefo_planned', Orphans.PLANNER, neighbour_mode=True),
+    StrategySpec('ndb_naive', Orphans.NEAREST_NEIGHBOUR, neighbour_mode=False),
+    StrategySpec('elastic', Orphans.SPLIT_EVENLY, neighbour_mode=False),
+    StrategySpec('drop', Orphans.NOWHERE, neighbour_mode=False),
+    StrategySpec('checkpoint_restart', Orphans.SPLIT_EVENLY, neighbour_mode=False,
+                 restores_at_failure=True),
+)
+SPECS = {spec.name: spec for spec in REGISTRY}
+STRATEGIES = tuple(SPECS)
+NEIGHBOUR_MODE_STRATEGIES = tuple(spec.name for spec in REGISTRY if spec.neighbour_mode)
 
 
 def validate_strategy(name: str) -> str:
-    if name not in STRATEGIES:
+    if name not in SPECS:
         raise ValueError(f'fault.strategy={name!r} is unknown; use one of {", ".join(STRATEGIES)}.')
     return name
+
+
+def strategy_spec(name: str) -> StrategySpec:
+    """The registry's entry for `name` (a ValueError naming fault.strategy if none)."""
+    return SPECS[validate_strategy(name)]
 
 
 def ring_order(replica: int, live_mask) -> list[int]:
@@ -101,14 +152,14 @@ def layout_for(strategy: str, live_mask, shard_batch: int, *,
                planner: Planner | None = None) -> Layout:
     """The layout `strategy` uses when only the replicas in `live_mask` are up.
 
-    `planner` (mecefo_planned only) carries the cost model and memory bound;
-    without one, the planner's stated default costs are used.
+    `planner` (`Orphans.PLANNER` strategies only) carries the cost model and
+    memory bound; without one, the planner's stated default costs are used.
     """
-    validate_strategy(strategy)
+    spec = strategy_spec(strategy)
     live = [r for r, up in enumerate(live_mask) if up]
     if not live:
         raise AllReplicasDownError('every replica is down')
-    if strategy == 'mecefo_planned':
+    if spec.orphans is Orphans.PLANNER:
         planner = planner or Planner(shard_batch)
         if planner.shard != shard_batch:
             raise ValueError(f'the planner plans shards of {planner.shard} rows, not '
@@ -116,21 +167,18 @@ def layout_for(strategy: str, live_mask, shard_batch: int, *,
         return planner.layout(live_mask)
     failed = [r for r, up in enumerate(live_mask) if not up]
     extra: dict[int, list[Piece]] = {r: [] for r in live}
-    neighbours: set[int] = set()
-
-    if strategy in ('mecefo', 'ndb_naive'):
+    if spec.orphans is Orphans.NEAREST_NEIGHBOUR:
         for shard, adopter in adopters(live_mask).items():
             extra[adopter].append(Piece(shard, 0, shard_batch))
-            neighbours.add(adopter)
-    elif strategy in ('elastic', 'checkpoint_restart') and failed:
+    elif spec.orphans is Orphans.SPLIT_EVENLY and failed:
         # An exact re-split: every survivor takes at most ceil(orphans / live)
         # extra examples, joined with its own shard into one larger batch.
         orphans = [Piece(shard, 0, shard_batch) for shard in failed]
         for r, group in zip(live, _split_evenly(orphans, len(live))):
             extra[r].extend(group)
-    # 'drop': failed shards are simply not assigned.
+    # Orphans.NOWHERE: failed shards are simply not assigned.
 
-    roles = tuple(ROLE_NEIGHBOUR if r in neighbours and strategy in NEIGHBOUR_MODE_STRATEGIES
-                  else ROLE_NORMAL for r in live)
+    roles = tuple(ROLE_NEIGHBOUR if extra[r] and spec.neighbour_mode else ROLE_NORMAL
+                  for r in live)
     pieces = tuple((Piece(r, 0, shard_batch),) + tuple(extra[r]) for r in live)
     return Layout(replicas=tuple(live), roles=roles, pieces=pieces)

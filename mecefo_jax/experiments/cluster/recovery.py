@@ -38,6 +38,8 @@ import os
 import statistics
 from typing import Any
 
+from mecefo_jax.faults.strategies import SPECS
+
 ENTRIES = ('in_process', 'memory', 'disk')
 FIELDS = ('recovery_sec', 'restore_sec', 'lost_steps')
 
@@ -122,7 +124,8 @@ def measured_in_process(compare_report, origin: str = '--events_json') -> dict[s
     """In-process overheads from a strategy comparison's measured events.
 
     The median over the failure and recovery events of the strategies that
-    keep running in place (not checkpoint_restart) of detect + rebuild +
+    keep running in place (not fault_free, nor one that restores at a failure:
+    checkpoint_restart) of detect + rebuild +
     compile + restore seconds, and of their lost steps. These are measured on
     this machine for the comparison's config (CPU, small model). Takes one
     report or a list of per-seed reports (`compare_reports`). The projection
@@ -133,7 +136,8 @@ def measured_in_process(compare_report, origin: str = '--events_json') -> dict[s
     results = [(name, result) for report in reports
                for name, result in report.get('strategies', {}).items()]
     for name, result in results:
-        if name in ('fault_free', 'checkpoint_restart'):
+        spec = SPECS.get(name)
+        if name == 'fault_free' or (spec is not None and spec.restores_at_failure):
             continue
         events = result.get('events', [])
         if not isinstance(events, list):

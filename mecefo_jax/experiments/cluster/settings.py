@@ -11,13 +11,12 @@ from typing import Any
 from mecefo_jax.experiments.cluster import traces as traces_lib
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults import refresh_costs
+from mecefo_jax.faults import strategies as strategies_lib
 
-STRATEGIES = ('fault_free', 'mecefo', 'mecefo_planned', 'ndb_naive', 'elastic', 'drop',
-              'checkpoint_restart')
-NEIGHBOUR_MODE = ('mecefo', 'mecefo_planned')
+FAULT_FREE = 'fault_free'  # the baseline: no failures at all
+STRATEGIES = (FAULT_FREE,) + strategies_lib.STRATEGIES
 ASSUMPTIONS = ('in_process', 'real_crash')
 TABLE2_REGIMES = ('none', 'low', 'mid', 'high')
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,8 @@ and the Monte Carlo that runs it over many seeded traces, models, regimes,
 readings and cluster sizes. Its pieces live beside it, one concern each:
 `traces` (failure traces and per-live-set loads), `costs`
 (per-role step costs), `recovery` (per-event overheads), `settings`
-(strategies, config, cost tables) and `report` (JSON, markdown, plot). Pure numpy: nothing here imports
+(strategies, config, cost tables) and `report` (JSON, markdown, plot;
+with `explanation` and `report_markdown`). Pure numpy: nothing here imports
 jax, so a projection to 1,024 replicas runs in seconds on a laptop.
 
 The model, per interval of constant live set (continuous time):
@@ -25,7 +26,12 @@ The model, per interval of constant live set (continuous time):
 * throughput = useful tokens / horizon; drop % = 1 - throughput / the
   fault-free throughput on the same cluster.
 
-Strategies (names as in `faults/strategies.py`, plus `fault_free`):
+Strategies (the registry of `faults/strategies.py`, plus `fault_free`). The
+model reads each entry's fields, not its name: where failed shards go sets
+the busiest device (the nearest neighbour: 1 + adopted shards; split evenly:
+1 + f/(n-f); the planner: its slowest device; nowhere: one shard, and only
+the live shards' tokens), `neighbour_mode` its program and the refresh, and
+`restores_at_failure` the disk recovery:
 
 | strategy           | busiest device, f of n down                  | tokens | per event |
 |--------------------|----------------------------------------------|--------|-----------|
@@ -37,8 +43,8 @@ Strategies (names as in `faults/strategies.py`, plus `fault_free`):
 | drop               | one shard                                    | (n-f)/n| recovery  |
 | checkpoint_restart | as elastic                                   | all    | disk restore + redo |
 
-The neighbour-mode strategies (mecefo, mecefo_planned) also
-pay the projection refresh, as the controller does: one refresh of no
+The neighbour-mode strategies (mecefo, mecefo_planned) also pay the
+projection refresh, as the controller does: one refresh of no
 progress at each onset, and 1 / tau of one per step while some replica is
 down (a refresh every `tau` steps while a neighbour is active). One refresh
 takes `--refresh_sec`, or else what the library's refresh costs a replica
@@ -67,7 +73,7 @@ from mecefo_jax.experiments.cluster import recovery as recovery_lib
 from mecefo_jax.experiments.cluster import traces as traces_lib
 from mecefo_jax.experiments.cluster.settings import (  # noqa: F401 (re-exported)
     ASSUMPTIONS,
-    NEIGHBOUR_MODE,
+    FAULT_FREE,
     STRATEGIES,
     TABLE2_REGIMES,
     SimConfig,
@@ -77,6 +83,7 @@ from mecefo_jax.experiments.cluster.settings import (  # noqa: F401 (re-exported
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults import costs as faults_costs
 from mecefo_jax.faults import planner as planner_lib
+from mecefo_jax.faults.strategies import SPECS, Orphans, StrategySpec
 from mecefo_jax.layout import ROLE_NORMAL
 
 CONTINUOUS_ROWS = 1000  # rows per shard the planner splits when batches are continuous
@@ -85,29 +92,37 @@ CONTINUOUS_ROWS = 1000  # rows per shard the planner splits when batches are con
 # ------------------------------------------------------------- one trace
 
 
+def _spec(strategy: str) -> StrategySpec | None:
+    """The registry's entry for `strategy`; None for `fault_free`."""
+    if strategy == FAULT_FREE:
+        return None
+    if strategy not in SPECS:
+        raise ValueError(f'strategy {strategy!r} is unknown; use one of {", ".join(STRATEGIES)}.')
+    return SPECS[strategy]
+
+
 def step_costs(strategy: str, iv: traces_lib.Intervals,
                cost: costs_lib.CostTable) -> tuple[np.ndarray, np.ndarray]:
     """(busiest device's cost in normal shards, useful fraction of the batch)
     per interval."""
+    spec = _spec(strategy)
     down = iv.failed > 0
     useful = np.ones(iv.start.size)
-    if strategy == 'fault_free':
+    if spec is None or spec.orphans is Orphans.NOWHERE:  # every device runs one shard
         ratio = np.full(iv.start.size, cost.plain)
-    elif strategy == 'mecefo':
-        # Normal replicas of a layout with a neighbour run the role-switching
-        # step (cost 1); nothing down means the plain fault-free step.
-        ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(iv.adopt_shards)), cost.plain)
-    elif strategy == 'mecefo_planned':
+        if spec is not None:  # NOWHERE: only the live replicas' shards count
+            useful = (iv.num_replicas - iv.failed) / iv.num_replicas
+    elif spec.orphans is Orphans.PLANNER:
         ratio = np.where(down, planned_cost(iv, cost), cost.plain)
-    elif strategy == 'ndb_naive':
-        ratio = cost.plain * cost.exact_cost(iv.adopt_shards)
-    elif strategy in ('elastic', 'checkpoint_restart'):
-        ratio = cost.plain * cost.exact_cost(iv.elastic_shards)
-    elif strategy == 'drop':
-        ratio = np.full(iv.start.size, cost.plain)
-        useful = (iv.num_replicas - iv.failed) / iv.num_replicas
     else:
-        raise ValueError(f'strategy {strategy!r} is unknown; use one of {", ".join(STRATEGIES)}.')
+        shards = (iv.adopt_shards if spec.orphans is Orphans.NEAREST_NEIGHBOUR
+                  else iv.elastic_shards)
+        if spec.neighbour_mode:
+            # Normal replicas of a layout with a neighbour run the role-switching
+            # step (cost 1); nothing down means the plain fault-free step.
+            ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(shards)), cost.plain)
+        else:
+            ratio = cost.plain * cost.exact_cost(shards)
     return ratio, useful
 
 
@@ -134,9 +149,10 @@ def event_recovery(strategy: str, assumption: str,
     """(seconds of no progress, lost steps or None = since last checkpoint) per change."""
     if assumption not in ASSUMPTIONS:
         raise ValueError(f'assumption {assumption!r} is unknown; use {" or ".join(ASSUMPTIONS)}.')
-    if strategy == 'fault_free':
+    spec = _spec(strategy)
+    if spec is None:
         return 0.0, 0.0
-    if strategy == 'checkpoint_restart':
+    if spec.restores_at_failure:
         if assumption == 'in_process':  # no relaunch: restore from disk in place
             return table.disk.restore_sec, table.disk.lost_steps
         return table.disk.recovery_sec, table.disk.lost_steps
@@ -168,15 +184,16 @@ def simulate(strategy: str, iv: traces_lib.Intervals, cost: costs_lib.CostTable,
              checkpoint_every: float, tau: float = 100.0) -> dict[str, float]:
     """Useful tokens/s of `strategy` over one trace, and what went into it."""
     ratio, useful = step_costs(strategy, iv, cost)
+    spec = _spec(strategy)
     # Neighbour modes refresh the projections at each onset and every tau
     # steps while a replica is down (module docstring).
     live = np.maximum(iv.num_replicas - iv.failed, 1)
     refresh = (cost.refresh_sec + cost.refresh_split_sec / live
-               if strategy in NEIGHBOUR_MODE else np.zeros(live.shape))
+               if spec is not None and spec.neighbour_mode else np.zeros(live.shape))
     step_sec = cost.step_sec * ratio / cost.plain + np.where(iv.failed > 0, refresh / tau, 0.0)
     tokens_per_step = global_tokens * useful
     sec, lost_fixed = event_recovery(strategy, assumption, recovery)
-    event = iv.event & (strategy != 'fault_free')
+    event = iv.event & (spec is not None)
     busy_until = np.maximum.accumulate(np.where(event, iv.start + sec + refresh * iv.onset,
                                                 -np.inf))
     productive = np.clip(iv.end - np.maximum(iv.start, busy_until), 0.0, None)

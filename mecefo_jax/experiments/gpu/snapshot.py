@@ -127,7 +127,7 @@ def auto(loop: Loop, cfg, measured: dict, runs: dict) -> dict:
 
 def run(ctx) -> dict:
     from mecefo_jax import sharding
-    from mecefo_jax.experiments import step_cost
+    from mecefo_jax.experiments import step_modes
     from mecefo_jax.layout import assemble
     from mecefo_jax.model import build_model
     from mecefo_jax.snapshot import LocalKeeper
@@ -145,8 +145,8 @@ def run(ctx) -> dict:
     ctx.log(f'state {out["bandwidth"]["state_bytes"] / 2**20:.1f} MiB: device_get '
             f'{out["bandwidth"]["device_get_gbps"]:.2f} GB/s')
     ctx.partial(out)
-    tokens = step_cost.random_tokens(cfg, batch, seed=0)
-    host = dict(assemble(step_cost.mode_layout('normal', batch), tokens), step=np.int32(0))
+    tokens = step_modes.random_tokens(cfg, batch, seed=0)
+    host = dict(assemble(step_modes.mode_layout('normal', batch), tokens), step=np.int32(0))
     device_batch = jax.device_put(host, sharding.batch_shardings(setup.mesh))
     # In this process: the device image has no Ray, and what is measured is the
     # write path (device to pinned host, copy and crc into shared memory), not

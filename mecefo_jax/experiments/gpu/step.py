@@ -1,7 +1,8 @@
 """Report sections `step` (350M) and `step_1b`: one device's train step in every role.
 
-Built from `experiments/step_cost.py`'s pieces (its mode layouts, plain DP
-step, interleaved timer and MFU), with what a GPU run adds and what a
+Built from the step-cost benchmark's pieces (`experiments/step_modes.py`'s
+mode layouts and plain DP step, `step_measure.py`'s interleaved timer,
+`step_efficiency.py`'s MFU), with what a GPU run adds and what a
 10-minute budget allows:
 
   * `mecefo_planned`: a planned-style neighbour, `Program(ROLE_NEIGHBOUR,
@@ -35,7 +36,7 @@ import time
 import jax
 import numpy as np
 
-from mecefo_jax.experiments import step_cost
+from mecefo_jax.experiments import step_cost, step_efficiency, step_measure, step_modes
 from mecefo_jax.experiments.gpu import configs
 from mecefo_jax.experiments.gpu.child import write_json
 
@@ -64,10 +65,10 @@ BENCH_FILES = {'step': step_cost.OUTPUT_FILE, 'step_1b': 'bench_step_1b.json'}
 
 
 def mode_layout(mode: str, batch: int):
-    """step_cost's one-replica layouts, plus the planned-style neighbour (1.5 shards)."""
+    """step_modes' one-replica layouts, plus the planned-style neighbour (1.5 shards)."""
     from mecefo_jax.layout import ROLE_NEIGHBOUR, Layout, Piece
     if mode != 'mecefo_planned':
-        return step_cost.mode_layout(mode, batch)
+        return step_modes.mode_layout(mode, batch)
     pieces = (Piece(0, 0, batch), Piece(1, 0, math.ceil(batch / 2)))
     return Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,), pieces=(pieces,))
 
@@ -108,7 +109,7 @@ class Setup:
         if mode == 'plain_dp':
             tokens = jax.ShapeDtypeStruct((batch, seq), np.int32,
                                           sharding=sharding.data_sharded(self.mesh))
-            fn = step_cost.make_plain_dp_step(self.model, self.optimizer, self.mesh,
+            fn = step_modes.make_plain_dp_step(self.model, self.optimizer, self.mesh,
                                               self.shardings.params, self.shardings.opt_state)
             return fn.lower(self.state_abs.params, self.state_abs.opt_state, tokens).compile()
         programs = mode_layout(mode, batch).programs
@@ -173,8 +174,8 @@ def time_modes(setup: Setup, compiled: dict, batch: int, warmup: int, iters: int
     from mecefo_jax.state import create_train_state
     state, _ = create_train_state(setup.model, setup.optimizer, setup.mesh, seed=0,
                                   rank=setup.cfg.mecefo.rank)
-    tokens_nbt = step_cost.random_tokens(setup.cfg, batch, seed=0)
-    runner = step_cost._Runner(state)
+    tokens_nbt = step_modes.random_tokens(setup.cfg, batch, seed=0)
+    runner = step_measure.StepRunner(state)
     del state
     calls = {}
     for mode, program in compiled.items():
@@ -187,7 +188,7 @@ def time_modes(setup: Setup, compiled: dict, batch: int, warmup: int, iters: int
                 host, sharding.batch_shardings(setup.mesh)))
     running_peak = first_calls_by_plan(calls, compiled, setup.device)
     ctx.log(f'timing {len(calls)} modes interleaved: {warmup} warm-up + {iters} rounds')
-    times = step_cost.time_interleaved(calls, warmup=max(0, warmup - 1), iters=iters)
+    times = step_measure.time_interleaved(calls, warmup=max(0, warmup - 1), iters=iters)
     return {m: float(statistics.median(t)) for m, t in times.items()}, times, running_peak
 
 
@@ -229,11 +230,12 @@ def ratios_to_normal(modes: dict) -> dict:
 
 
 def mfu(setup: Setup, normal: dict, batch: int) -> dict:
-    """step_cost's MFU (formula and XLA FLOPs over the device's peak), plus TFLOP/s achieved."""
+    """step_efficiency's MFU (formula and XLA FLOPs over the device's peak), plus TFLOP/s achieved."""
     if normal.get('flops') is None:
         return {'applicable': False,
                 'reason': 'the normal step was not FLOP-counted (not asked, or no time left)'}
-    out = step_cost._mfu(setup.cfg, setup.state_abs.params, normal, batch, setup.device, None)
+    out = step_efficiency.normal_step_mfu(setup.cfg, setup.state_abs.params, normal, batch,
+                                          setup.device, None)
     seconds = normal['step_ms'] / 1e3
     out['achieved_tflops_formula'] = out['formula_flops'] / seconds / 1e12
     out['achieved_tflops_xla'] = out['xla_flops'] / seconds / 1e12
