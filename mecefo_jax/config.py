@@ -197,7 +197,7 @@ def llama_config(*, d_model: int, num_layers: int, num_heads: int, ffn_hidden: i
     """A LLaMA shape (docs/algorithm.md) on C4 with the MeCeFO paper's AdamW settings.
 
     Sequence length, batch, steps, learning rate and rank are not given by
-    the paper: these are our choices (README), shared by every size.
+    the paper: these are our choices (docs/usage.md, Configs), shared by every size.
     """
     cfg = base_config()
     cfg.model.vocab_size = 32000  # LLaMA-sized sentencepiece vocab

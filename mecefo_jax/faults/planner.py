@@ -72,7 +72,8 @@ EXACT_STATES = 4_000_000  # cuts x flow values x helper counts x replicas
 _TOL = 1e-9
 
 # One shard in neighbour mode over one normal shard: XLA's FLOP ratio at 350M,
-# seq 256, rank 128 (README, `mecefo_per_batch` of scripts/bench_step.py).
+# seq 256, rank 128 (docs/usage.md, "What the step costs": `mecefo_per_batch` of
+# scripts/bench_step.py).
 DEFAULT_NEIGHBOUR_RATIO = 0.649
 
 
