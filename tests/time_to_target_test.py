@@ -304,3 +304,20 @@ def test_bad_settings_name_the_flag():
     due = ttt.Settings(eval_every=50, dense_eval_every=10, dense_from=0.8).evaluate_at(300)
     assert [n for n in range(1, 451) if due(n)] == [50, 100, 150, 200] + list(range(240, 451, 10))
     assert math.isfinite(goodput.Z_975)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize('flags, message', [
+    (['--default', 'mecefo_typo'], "--default='mecefo_typo' is not among the runs"),
+    (['--seeds', '0'], 'flag --seeds=0: 0 is not a positive integer'),
+])
+def test_the_script_refuses_bad_flags_before_training(tmp_path, flags, message):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, 'scripts', 'time_to_target.py'),
+                           '--config', os.path.join(root, 'configs', 'small.py'),
+                           '--out', str(tmp_path / 'out'), *flags],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert not os.path.exists(tmp_path / 'out' / 'seed0')

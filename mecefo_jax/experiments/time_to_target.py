@@ -258,19 +258,21 @@ class _Seed:
         self.log(f'[ttt] seed {self.seed}: {name}: start (' + (
             f'{len(events)} failure(s) in {run_cfg.train.steps} steps, the first at step {first})'
             if events else 'no failure)'))
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if free is None:
             how, record = 'trained', self._fault_free(run_cfg, runs)
         else:
             how, record = self._obtain(run, run_cfg, events, free)
         record = {'run': name, 'strategy': run.strategy, 'regime': run.regime, 'cap': run.cap,
                   'seed': self.seed, 'how': how, 'schedule': format_events(events),
-                  'first_failure': first, **record, 'wall_sec': time.perf_counter() - start}
+                  'first_failure': first, **record, 'wall_sec': time.perf_counter() - start,
+                  'cpu_sec': time.process_time() - cpu}
         write_json(self.path(name), record)
         record = json.loads(json.dumps(record))  # as a rerun will read it
         done, (step, loss) = len(record['executed']), record['val_curve'][-1]
         self.log(f'[ttt] seed {self.seed}: {name}: {how}; {done} steps executed, last eval '
-                 f'step {step} val loss {loss:.4f} ({record["wall_sec"]:.0f} s)')
+                 f'step {step} val loss {loss:.4f} ({record["wall_sec"]:.0f} s, '
+                 f'{record["cpu_sec"]:.0f} CPU-s)')
         return record
 
     def _fault_free(self, run_cfg, runs) -> dict:

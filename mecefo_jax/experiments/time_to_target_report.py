@@ -98,9 +98,10 @@ def paired(runs: dict, default: str) -> dict:
             continue
         diffs = [a - b for a, b in zip(ours, r['goodput']['per_seed'])]
         boot = bootstrap_mean(diffs, **BOOTSTRAP)
+        # One seed has no spread: its interval is a point and says nothing.
+        significant = (boot['lo'] > 0 or boot['hi'] < 0) if len(diffs) > 1 else None
         out[name] = {'vs_default': {k: boot[k] for k in ('mean', 'lo', 'hi')}, 'per_seed': diffs,
-                     'significant': boot['lo'] > 0 or boot['hi'] < 0,
-                     'seeds_needed': seeds_to_separate(diffs)}
+                     'significant': significant, 'seeds_needed': seeds_to_separate(diffs)}
     return out
 
 
@@ -153,6 +154,8 @@ def _seeds(values, spec: str) -> str:
 
 def _verdict(name: str, p: dict, default: str) -> str:
     d = p['vs_default']
+    if p['significant'] is None:
+        return f'`{default}` − `{name}`: {_interval(d, "+.3f")}, one seed: no interval, no verdict.'
     if p['significant']:
         better = default if d['mean'] > 0 else name
         return (f'`{default}` − `{name}`: {_interval(d, "+.3f")}, significant (the interval '
@@ -178,8 +181,12 @@ def _header(report: dict) -> list[str]:
         f"fixed validation batches. Modelled time: {c['step_time_sec']:g} s per fault-free step "
         "times the slowest device's analytic cost, plus the stated recovery, refresh and "
         'checkpoint costs (below). Intervals: 95% percentile bootstrap over seeds '
-        f"({report['bootstrap']['resamples']} resamples, RNG seed {report['bootstrap']['seed']}).",
-        '']
+        f"({report['bootstrap']['resamples']} resamples, RNG seed {report['bootstrap']['seed']}). "
+        "Goodput: the fault-free time to target over the run's, per seed; 0 for a seed that did "
+        'not reach the target within the limit (the mean counts every seed: a lower bound). `elastic` and '
+        '`checkpoint_restart` train on the fault-free samples with exact gradients: their curve '
+        'is the fault-free one, on their own modelled clock (their controllers replayed on the '
+        'trace); a run whose first failure comes after the target is the fault-free run.', '']
 
 
 def _goodput_table(report: dict) -> list[str]:
@@ -203,7 +210,8 @@ def _paired_table(report: dict) -> list[str]:
     for name, p in report['paired'].items():
         need = p['seeds_needed']
         lines.append(f"| {name} | {_interval(p['vs_default'], '+.3f')} | "
-                     f"{_seeds(p['per_seed'], '+.3f')} | {'yes' if p['significant'] else 'no'} | "
+                     f"{_seeds(p['per_seed'], '+.3f')} | "
+                     f"{ {True: 'yes', False: 'no', None: 'n/a'}[p['significant']]} | "
                      f"{'-' if p['significant'] else fmt(need, '.0f')} |")
     lines += ['', 'Seeds to separate: n = ((z_0.975 + z_0.8) σ / δ)², δ and σ the mean and sample '
               'std of the per-seed differences (two-sided 5% test, 80% power, normal '
@@ -276,7 +284,8 @@ def plot(report: dict, path: str) -> None:
         ax.set_ylabel('validation loss')
     axes[0].set_title('Validation loss (median over seeds, min-max band)')
     axes[1].set_title('Near the target (dashed: median fault-free target)')
-    axes[1].set_xlim(0.75 * end, 1.6 * end)
+    last = max(h for r in report['runs'].values() for s in r['seeds'] for h, _ in s['val_curve_h'])
+    axes[1].set_xlim(0.75 * end, 1.02 * last)
     axes[1].set_ylim(min(targets) - 0.05, max(targets) + 0.15)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
