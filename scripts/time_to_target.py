@@ -62,23 +62,23 @@ flags.mark_flags_as_required(['out'])
 
 def _setup():
     """(cfg, seeds, runs, default, settings, config name) from the flags."""
-    from mecefo_jax.experiments import time_to_target as ttt
+    from mecefo_jax.experiments import time_to_target_settings as setup
     from mecefo_jax.settings import resolve_or_exit
     if _SMOKE.value:
         from configs.tiny import get_config
-        return (*ttt.smoke(resolve_or_exit(get_config())), 'configs/tiny.py (smoke)')
+        return (*setup.smoke(resolve_or_exit(get_config())), 'configs/tiny.py (smoke)')
     if _CONFIG.value is None:
         sys.exit('--config is required (or --smoke).')
     cfg = resolve_or_exit(_CONFIG.value)
     try:
-        runs = ttt.parse_runs(_RUNS.value) if _RUNS.value else ttt.default_runs(cfg, _CAP.value)
-        settings = ttt.Settings(limit_factor=_LIMIT.value, eval_every=_EVAL_EVERY.value,
-                                dense_eval_every=_DENSE_EVERY.value, dense_from=_DENSE_FROM.value,
-                                regime_replicas=_REGIME_REPLICAS.value,
-                                eval_batches=_EVAL_BATCHES.value,
-                                costs=ttt.parse_costs(_COSTS.value))
-        default = _DEFAULT.value or ttt.default_name(cfg)
-        runs = ttt.check_runs(runs, default)
+        runs = setup.parse_runs(_RUNS.value) if _RUNS.value else setup.default_runs(cfg, _CAP.value)
+        settings = setup.Settings(limit_factor=_LIMIT.value, eval_every=_EVAL_EVERY.value,
+                                  dense_eval_every=_DENSE_EVERY.value, dense_from=_DENSE_FROM.value,
+                                  regime_replicas=_REGIME_REPLICAS.value,
+                                  eval_batches=_EVAL_BATCHES.value,
+                                  costs=setup.parse_costs(_COSTS.value))
+        default = _DEFAULT.value or setup.default_name(cfg)
+        runs = setup.check_runs(runs, default)
     except ValueError as error:
         sys.exit(f'error: {error}')
     return (cfg, range(_SEEDS.value), runs, default, settings,

@@ -23,6 +23,7 @@ from mecefo_jax.config_rules import ConfigError
 from mecefo_jax.experiments import goodput
 from mecefo_jax.experiments import time_to_target as ttt
 from mecefo_jax.experiments import time_to_target_report as report_lib
+from mecefo_jax.experiments import time_to_target_settings as setup
 from mecefo_jax.experiments.quality import Run
 from mecefo_jax.experiments.replay import replay
 from mecefo_jax.experiments.report import bootstrap_mean
@@ -34,7 +35,7 @@ from mecefo_jax.settings import resolve
 def smoke(tmp_path_factory):
     base = resolve(get_config()).updated(
         {'data.cache_dir': str(tmp_path_factory.mktemp('tokenizer_cache'))})
-    cfg, seeds, runs, default, settings = ttt.smoke(base)
+    cfg, seeds, runs, default, settings = setup.smoke(base)
     out = str(tmp_path_factory.mktemp('ttt'))
     lines = []
     report = ttt.time_to_target(cfg, out, seeds=seeds, runs=runs, default=default,
@@ -197,14 +198,19 @@ def test_a_seeds_figures_do_not_depend_on_the_other_seeds(smoke):
             report['runs'][name]['goodput']['per_seed'][:1]
 
 
-def test_a_finished_run_is_not_run_again_and_a_missing_one_is(smoke):
+def test_a_finished_run_is_not_run_again_and_an_interrupted_one_is(smoke):
     report, out, cfg, settings, _ = smoke
-    os.remove(os.path.join(out, 'seed1', 'elastic_high.json'))
+    # As a command killed while training seed 0's mecefo_high leaves it: no result, and
+    # a work directory holding part of a run.
+    os.remove(os.path.join(out, 'seed0', 'mecefo_high.json'))
+    with open(os.path.join(out, 'seed0', 'work', 'mecefo_high', 'metrics.jsonl'), 'a') as f:
+        f.write('{"step": 99, "loss": 1.0}\n')
     lines = []
-    again = ttt.time_to_target(cfg, out, seeds=(0, 1), runs=ttt.smoke(cfg)[2],
+    again = ttt.time_to_target(cfg, out, seeds=(0, 1), runs=setup.smoke(cfg)[2],
                                default='mecefo_high', settings=settings, config_name='tiny',
                                log=lines.append)
-    assert [line.split(':')[1].strip() for line in lines] == ['elastic_high'] * 2
+    assert [line.split(':')[:2] for line in lines] == [['[ttt] seed 0', ' mecefo_high']] * 2
+    # Trained again (from the fault-free state), it gives the same figures.
     assert json.dumps(again['runs'], sort_keys=True) == json.dumps(report['runs'], sort_keys=True)
 
 
@@ -290,18 +296,18 @@ def test_the_learning_rate_keeps_its_horizon_when_a_run_goes_on():
 def test_bad_settings_name_the_flag():
     cfg = resolve(get_config())
     with pytest.raises(ValueError, match='--default'):
-        ttt.check_runs(ttt.default_runs(cfg), 'mecefo_typo')
+        setup.check_runs(setup.default_runs(cfg), 'mecefo_typo')
     with pytest.raises(ValueError, match='twice'):
-        ttt.check_runs((Run('drop', 'high'), Run('drop', 'high')), 'drop_high')
+        setup.check_runs((Run('drop', 'high'), Run('drop', 'high')), 'drop_high')
     with pytest.raises(ValueError, match='--costs'):
-        ttt.parse_costs('compile_secs=3')
+        setup.parse_costs('compile_secs=3')
     with pytest.raises(ValueError, match='--dense_from'):
-        ttt.Settings(dense_from=1.5)
-    assert ttt.parse_costs('compile_sec=3').compile_sec == 3.0
-    names = [r for r in ttt.default_runs(cfg)]
-    assert Run('mecefo', 'low') in names and Run('mecefo_planned', 'high', ttt.DEFAULT_CAP) in names
-    assert ttt.default_name(cfg) == 'mecefo_high'
-    due = ttt.Settings(eval_every=50, dense_eval_every=10, dense_from=0.8).evaluate_at(300)
+        setup.Settings(dense_from=1.5)
+    assert setup.parse_costs('compile_sec=3').compile_sec == 3.0
+    names = [r for r in setup.default_runs(cfg)]
+    assert Run('mecefo', 'low') in names and Run('mecefo_planned', 'high', setup.DEFAULT_CAP) in names
+    assert setup.default_name(cfg) == 'mecefo_high'
+    due = setup.Settings(eval_every=50, dense_eval_every=10, dense_from=0.8).evaluate_at(300)
     assert [n for n in range(1, 451) if due(n)] == [50, 100, 150, 200] + list(range(240, 451, 10))
     assert math.isfinite(goodput.Z_975)
 

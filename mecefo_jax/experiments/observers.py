@@ -14,7 +14,9 @@ per-device times is reported too.
 
 `ProgramUsage` counts which device programs each executed step ran (and
 which set its pace); `Coverage` what the failures took away; `GradientError`
-the neighbour's relative gradient error against the exact gradient.
+the neighbour's relative gradient error against the exact gradient;
+`TargetWatch` the layouts and validation losses of a time-to-target run, and
+when it has reached its target.
 """
 import collections
 
