@@ -1,11 +1,14 @@
-"""Modelled time, time to target and goodput: the arithmetic of the time-to-target experiment.
+"""Modelled time and time to target: the arithmetic of the time-to-target experiment.
 
-This module owns the *record* of a run (what it executed, where, and what the
-controller did: `RunRecord`'s fields, kept as plain JSON so a report can be
-rebuilt from stored runs with other cost constants) and what is computed from
-it: the modelled cluster time at which each step's state exists, the time at
-which the validation loss first reaches a target, goodput, and the seed
-statistics of those figures. No jax: everything here is arithmetic on records.
+This module owns the *record* of a run, plain JSON so that a report can be
+rebuilt from stored runs with other cost constants: `executed` ([clock, step,
+layout number] per executed step), `layouts` (`LayoutBook` entries: live mask
+and device programs), `events` (each live-set change: kind, clock, step,
+lost steps), `refresh_steps`, `saves` (checkpoint/restart's) and `relaunch`
+(whether a change relaunches the job). And what is computed from it: the
+modelled cluster time at which each step's state exists, the time at which
+the validation loss first reaches a target, and how many seeds a paired gap
+needs. No jax is run here: everything is arithmetic on records.
 
 Modelled time is deterministic: the same record gives the same seconds on any
 machine, and no timing taken during the run enters it.
@@ -111,11 +114,11 @@ def _key(entry: dict) -> tuple:
 class TimeModel:
     """Modelled seconds of a run's record for one config (see module docstring)."""
 
-    def __init__(self, cfg, num_replicas: int, costs: TimeCosts = TimeCosts()):
+    def __init__(self, cfg, num_replicas: int, costs: TimeCosts | None = None):
         from mecefo_jax.faults.costs import shape_of
         from mecefo_jax.faults.planner import config_planner
         from mecefo_jax.projections import resolve_rank
-        self.costs = costs
+        self.costs = costs = costs or TimeCosts()
         self.step_time_sec = cfg.fault.step_time_sec
         self.relaunch_sec = cfg.fault.relaunch_delay_sec
         self.shard = cfg.data.global_batch_size // num_replicas
@@ -155,22 +158,23 @@ class TimeModel:
         seen = {_key({'live': [True] * len(record['layouts'][0]['live']),
                       'programs': [[ROLE_NORMAL, self.shard, 0]]})}
         done, t = {}, 0.0
+
+        def charge(part: str, seconds: float) -> None:
+            nonlocal t
+            parts[part] += seconds
+            t += seconds
         for clock, step, index in record['executed']:
             layout = record['layouts'][index]
-            if clock in events:
-                cost = self.change_sec(record['relaunch'], _key(layout) not in seen)
-                parts['change_sec'] += cost
-                t += cost
+            if clock in events:  # the live set changed before this step
+                charge('change_sec', self.change_sec(record['relaunch'], _key(layout) not in seen))
             seen.add(_key(layout))
-            for counter, key, seconds in ((saves, 'checkpoint_sec', self.costs.checkpoint_save_sec),
-                                          (refresh, 'refresh_sec', None)):
-                if counter[step]:
-                    counter[step] -= 1
-                    cost = self.refresh_sec(sum(layout['live'])) if seconds is None else seconds
-                    parts[key] += cost
-                    t += cost
-            parts['compute_sec'] += ratios[index] * self.step_time_sec
-            t += ratios[index] * self.step_time_sec
+            if saves[step]:  # checkpoint/restart saved the state entering this step
+                saves[step] -= 1
+                charge('checkpoint_sec', self.costs.checkpoint_save_sec)
+            if refresh[step]:  # the projections were refreshed before this step
+                refresh[step] -= 1
+                charge('refresh_sec', self.refresh_sec(sum(layout['live'])))
+            charge('compute_sec', ratios[index] * self.step_time_sec)
             done[step + 1] = t
         parts['executed_steps'] = len(record['executed'])
         parts['redone_steps'] = len(record['executed']) - len(done)

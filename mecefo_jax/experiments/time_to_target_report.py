@@ -72,9 +72,12 @@ def _per_seed(records: dict, model: TimeModel, steps: int) -> dict[str, list[dic
 
 
 def _run_summary(rows: list[dict], record: dict) -> dict:
-    def mean(key):
-        values = [r[key] for r in rows if r[key] is not None]
+    def mean(key, among=rows):
+        values = [r[key] for r in among if r[key] is not None]
         return statistics.fmean(values) if values else None
+    # The noise of a gap matters where there is one: the seeds this run was trained in
+    # (elsewhere it is the fault-free model, or has its gradients).
+    trained = [r for r in rows if r['how'].startswith('trained')]
     return {
         'strategy': record['strategy'], 'regime': record['regime'], 'cap': record['cap'],
         'goodput': bootstrap_mean([r['goodput'] for r in rows], **BOOTSTRAP),
@@ -83,8 +86,10 @@ def _run_summary(rows: list[dict], record: dict) -> dict:
         'time_to_target_h': [r['time_to_target_h'] for r in rows],
         'mean_time_to_target_h': mean('time_to_target_h'),
         'hours_at_steps': [r['hours_at_steps'] for r in rows],
-        'mean_paired_sem': mean('paired_sem'),
-        'mean_abs_gap_at_steps': statistics.fmean(abs(r['loss_gap_at_steps']) for r in rows),
+        'trained_seeds': [r['seed'] for r in trained],
+        'mean_paired_sem': mean('paired_sem', trained),
+        'mean_abs_gap_at_steps': (statistics.fmean(abs(r['loss_gap_at_steps']) for r in trained)
+                                  if trained else None),
         'seeds': rows,
     }
 
@@ -238,11 +243,13 @@ def _noise(report: dict) -> list[str]:
              'error of the mean validation loss over its sequences (fault-free, mean over seeds): '
              f"{fmt(v['level_sem'], '.4f')}. Every run is scored on the same sequences, so what "
              "decides a gap is the error of the paired difference (a run's per-sequence loss minus "
-             'the fault-free one, same seed, after the same steps):', '',
+             'the fault-free one, same seed, after the same steps), over the seeds the run was '
+             'trained in:', '',
              '| run | mean abs gap in val loss | paired standard error |', '|---|---|---|']
     for name, gap in v['mean_abs_gap'].items():
         if name != 'fault_free':
-            lines.append(f"| {name} | {gap:.4f} | {fmt(v['paired_sem'][name], '.4f', 'none (same model)')} |")
+            lines.append(f"| {name} | {fmt(gap, '.4f', 'none (not trained)')} | "
+                         f"{fmt(v['paired_sem'][name], '.4f', 'none (the fault-free gradients)')} |")
     return lines + ['']
 
 
