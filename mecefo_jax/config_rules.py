@@ -78,8 +78,8 @@ def _check_train(cfg: Config) -> None:
     t = cfg.train
     _at_least(t, 'train', 1, {'steps': 200, 'log_every': 10, 'eval_batches': 4,
                               'keep_checkpoints': 2})
-    _at_least(t, 'train', 0, {'eval_every': 0, 'checkpoint_every': 0, 'weight_decay': 0.01,
-                              'grad_clip': 1.0, 'final_lr_fraction': 0.1})
+    _at_least(t, 'train', 0, {'lr_schedule_steps': 0, 'eval_every': 0, 'checkpoint_every': 0,
+                              'weight_decay': 0.01, 'grad_clip': 1.0, 'final_lr_fraction': 0.1})
     _require(t.learning_rate > 0, 'train.learning_rate', t.learning_rate, 'must be > 0', 3e-3)
     _require(0.0 <= t.warmup_fraction <= 1.0, 'train.warmup_fraction', t.warmup_fraction,
              'must be in [0, 1]', 0.1)

@@ -7,7 +7,10 @@ waited for), `on_event` when the controller reports a failure or recovery
 with what handling it cost, and `summary` at the end. Observers measure;
 they never change what is trained: the loop hands them arrays they may read
 (reading waits for the device, which changes timing, never values) and
-ignores anything they return except their summary figures.
+ignores anything they return except their summary figures. One thing they
+may decide is when a run has measured enough: after every step the loop asks
+`stop_requested`, and stops as `stop_at` would (an experiment that trains
+until the model reaches a target loss), never changing what a step computes.
 
 Measurement lives here, not in the controllers, so that one run can carry
 any mix of timing, accounting, probes and launcher hooks without a
@@ -79,6 +82,10 @@ class Observer:
 
     def on_event(self, event) -> None:
         """A `faults.controller.Event`, once its first step has been timed."""
+
+    def stop_requested(self) -> bool:
+        """Whether the run may end after the step just done (asked after its `on_step`)."""
+        return False
 
     def summary(self, report: dict) -> dict:
         """Figures to add to `train`'s summary.

@@ -6,9 +6,16 @@ import optax
 from mecefo_jax.settings import TrainSection
 
 
+def schedule_steps(train_cfg: TrainSection) -> int:
+    """The steps the schedule spans: `lr_schedule_steps`, or the run's `steps` when 0."""
+    return train_cfg.lr_schedule_steps or train_cfg.steps
+
+
 def learning_rate_schedule(train_cfg: TrainSection) -> optax.Schedule:
-    """Linear warmup over `warmup_fraction` of the run, cosine to `final_lr_fraction`."""
-    steps, peak = train_cfg.steps, train_cfg.learning_rate
+    """Linear warmup over `warmup_fraction` of the schedule's steps, cosine to
+    `final_lr_fraction` at its last one, then held there (optax clips the cosine's
+    count), so steps past it continue the same run at the final LR."""
+    steps, peak = schedule_steps(train_cfg), train_cfg.learning_rate
     warmup = max(1, int(round(train_cfg.warmup_fraction * steps)))
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=peak, warmup_steps=warmup,

@@ -69,6 +69,7 @@ class MeshSection:
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
     steps: int
+    lr_schedule_steps: int
     learning_rate: float
     warmup_fraction: float
     final_lr_fraction: float

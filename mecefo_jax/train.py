@@ -164,15 +164,20 @@ class StaticController:
                 'checkpoint_block_sec': 0.0, 'relaunch_sec_modelled': 0.0}
 
 
-def evaluate(run: Run, topology: Topology, params) -> dict:
-    """Exact validation loss over `train.eval_batches` fixed batches."""
+def val_batches(run: Run):
+    """The `train.eval_batches` validation batches, [global batch, seq_len + 1] each."""
     if run.val_start is None:
         run.val_start = run.val_data.get_state()
     run.val_data.set_state(run.val_start)  # same batches at every eval
+    for _ in range(run.cfg.train.eval_batches):
+        yield next(run.val_data).reshape(-1, run.val_data.seq_len + 1)
+
+
+def evaluate(run: Run, topology: Topology, params) -> dict:
+    """Exact validation loss over `train.eval_batches` fixed batches."""
     loss_sum = count = 0.0
     replicas = topology.num_replicas
-    for _ in range(run.cfg.train.eval_batches):
-        tokens_nt = next(run.val_data).reshape(-1, run.val_data.seq_len + 1)
+    for tokens_nt in val_batches(run):
         pad = -len(tokens_nt) % replicas  # rows must split evenly over live replicas
         weights_n = np.concatenate([np.ones(len(tokens_nt)), np.zeros(pad)]).astype(np.float32)
         tokens_nt = np.concatenate([tokens_nt, np.zeros((pad, tokens_nt.shape[1]), np.int32)])
@@ -205,9 +210,11 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
     `controller` decides where each step runs (default `StaticController`;
     `main.run` picks the fault controller when failures are configured).
     `stop_at` ends the job early, as a preempted or time-limited job would,
-    after checkpointing; the learning-rate schedule still spans `train.steps`.
-    `restore` serves a launcher (see `resume.init_or_restore`); `observers`
-    (observers.py) measure the run: timing, accounting, probes, snapshots.
+    after checkpointing; the learning-rate schedule still spans `train.steps`
+    (or `train.lr_schedule_steps`). `restore` serves a launcher (see
+    `resume.init_or_restore`); `observers` (observers.py) measure the run:
+    timing, accounting, probes, snapshots. An observer's `stop_requested`
+    ends the run after the step it answers for, checkpointed as `stop_at` is.
     `preemption` (a `preemption.PreemptionGuard`) is asked before every step
     whether to stop; if so the step is saved and `Preempted` raised.
 
@@ -233,7 +240,8 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
             if preemption is not None and preemption.requested(loop.clock):
                 loop.preempt(state)
             state, plan = loop.run_step(state)
-            loop.log_eval_save(state, plan, end)
+            if loop.log_eval_save(state, plan, end):
+                break
     finally:
         loop.close()
     summary.update(final_step=loop.step, executed_steps=loop.clock,
@@ -292,12 +300,15 @@ class _Loop:
         self.bar.update(1)
         return state, plan
 
-    def log_eval_save(self, state, plan: Plan, end: int) -> None:
-        """After a step: metrics on the log cadence, evals, checkpoints."""
+    def log_eval_save(self, state, plan: Plan, end: int) -> bool:
+        """After a step: metrics on the log cadence, evals, checkpoints; True to stop here
+        (an observer's `stop_requested` makes this step the run's end, checkpointed)."""
         run, step = self.run, self.step
         # The run's last step always evaluates; an early stop (stop_at: a
         # preemption, or a launcher's planned rejoin) only on the cadence.
         evaluate_now = (self.every_eval and step % self.every_eval == 0) or step == self.total
+        if any(observer.stop_requested() for observer in self.observers):
+            end = step
         save_now = run.checkpointer is not None and (
             step % run.checkpointer.save_every == 0 or step == end)
         if step % self.log_every == 0 or evaluate_now or save_now:
@@ -317,6 +328,7 @@ class _Loop:
         if save_now:
             run.checkpointer.maybe_save(step, state, run.train_data.get_state(),
                                         force=step == end)
+        return step == end
 
     def preempt(self, state) -> None:
         """Asked to stop (SIGTERM, Ctrl-C): save this step synchronously, then raise Preempted.

@@ -195,6 +195,6 @@ def test_a_capped_planned_run_gets_its_own_name_and_cap_and_no_other_run_does():
     capped, plain = quality.parse_runs('mecefo_planned:high:cap=8, drop:high')
     assert quality.run_name(*capped) == 'mecefo_planned_high_cap8'
     assert quality.run_name(*plain) == 'drop_high'
-    run_cfg = quality._run_config(cfg, capped, seed=3, evals=2)
+    run_cfg = quality.run_config(cfg, capped, seed=3, evals=2)
     assert (run_cfg.fault.strategy, run_cfg.fault.max_neighbour_rows) == ('mecefo_planned', 8)
-    assert quality._run_config(cfg, plain, seed=3, evals=2).fault.max_neighbour_rows == 0
+    assert quality.run_config(cfg, plain, seed=3, evals=2).fault.max_neighbour_rows == 0

@@ -14,7 +14,9 @@ per-device times is reported too.
 
 `ProgramUsage` counts which device programs each executed step ran (and
 which set its pace); `Coverage` what the failures took away; `GradientError`
-the neighbour's relative gradient error against the exact gradient.
+the neighbour's relative gradient error against the exact gradient;
+`TargetWatch` the layouts and validation losses of a time-to-target run, and
+when it has reached its target.
 """
 import collections
 
@@ -173,3 +175,75 @@ class GradientError(Observer):
             self._grad = jax.jit(grad, static_argnames='neighbour')
         return jax.device_get(self._grad(params, projections, tokens, weights,
                                          neighbour=neighbour))
+
+
+class TargetWatch(Observer):
+    """The time-to-target experiment's view of a run (experiments/time_to_target.py).
+
+    Per executed step: its clock, step and layout (a `goodput.LayoutBook`
+    entry, from which modelled time follows). The validation loss after every
+    step `evaluate_at(steps done)` names, on the run's fixed validation
+    batches (`train.evaluate`), and after `steps` steps also per validation
+    sequence (for the noise of a paired gap). It asks the loop to stop once
+    the run has done `steps` steps and some evaluation has reached `target`
+    (with no target, at `steps`). `fork_dirs` ({steps done: directory}) saves
+    the state after those steps there, for runs that start from this one.
+    A rollback (checkpoint/restart) drops the evaluations of the undone steps.
+    """
+
+    def __init__(self, run, *, steps: int, target: float | None, evaluate_at, fork_dirs=None):
+        from mecefo_jax.experiments.goodput import LayoutBook
+        self.run, self.steps, self.target, self.evaluate_at = run, steps, target, evaluate_at
+        self.fork_dirs = dict(fork_dirs or {})
+        self.book = LayoutBook()
+        self.executed: list[list[int]] = []
+        self.val: dict[int, float] = {}
+        self.row_losses: list[float] | None = None
+        self._stop = False
+        self._row_loss = None
+        # Every evaluation runs on the full mesh: one program for every run and live set,
+        # so two runs' losses differ only by their parameters (and no program compiles
+        # for a degraded mesh's evaluation).
+        self._full = run.topologies.get(run.full_rows)
+
+    def on_step(self, done) -> None:
+        from mecefo_jax.train import evaluate
+        self.executed.append([done.clock, done.step, self.book.index(done.live, done.layout)])
+        n = done.step + 1
+        self.val = {s: v for s, v in self.val.items() if s < n}  # a rollback undid the rest
+        if n in self.fork_dirs:
+            self._save(n, done)
+        if self.evaluate_at(n) or n == self.steps:
+            self.val[n] = evaluate(self.run, self._full, jax.device_put(
+                done.state.params, self._full.state_shardings.params))['val_loss']
+        if n == self.steps:
+            self.row_losses = self._rows(done.state)
+        reached = self.target is None or any(v <= self.target for v in self.val.values())
+        self._stop = n >= self.steps and reached
+
+    def stop_requested(self) -> bool:
+        return self._stop
+
+    def summary(self, report: dict) -> dict:
+        return {'executed': self.executed, 'layouts': self.book.layouts,
+                'val_curve': sorted(self.val.items()), 'row_losses': self.row_losses}
+
+    def _save(self, n: int, done) -> None:
+        from mecefo_jax.checkpoint import Checkpointer
+        saver = Checkpointer(self.fork_dirs[n], save_every=1, keep=1)
+        saver.maybe_save(n, done.state, done.data_position, force=True)
+        saver.close()
+
+    def _rows(self, state) -> list[float]:
+        """Mean validation loss per sequence of the fixed validation batches."""
+        import numpy as np
+
+        from mecefo_jax import step as step_lib
+        from mecefo_jax.train import val_batches
+        if self._row_loss is None:
+            model = self.run.model
+            self._row_loss = jax.jit(lambda p, v, t: step_lib.token_loss_sum(
+                model, p, v, t[None], np.ones(1, np.float32), neighbour=False) / (t.shape[0] - 1))
+        params, projections = jax.device_get((state.params, state.projections))
+        return [float(self._row_loss(params, projections, row))
+                for tokens_nt in val_batches(self.run) for row in tokens_nt]

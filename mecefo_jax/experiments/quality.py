@@ -112,7 +112,8 @@ def paper_increase_pct() -> dict:
             for size, row in PAPER_TABLE3.items()}
 
 
-def _run_config(cfg, run: Run, seed: int, evals: int):
+def run_config(cfg, run: Run, seed: int, evals: int):
+    """`cfg` for one run of one seed: its strategy, regime, cap and seeds; no checkpoints."""
     return updated(cfg, {
         'train.seed': seed, 'fault.seed': seed, 'fault.events': '', 'fault.regime': run.regime,
         'fault.strategy': 'mecefo' if run.strategy == 'fault_free' else run.strategy,
@@ -146,7 +147,7 @@ def train_one(cfg, run_spec: Run, seed: int, workdir: str, *,
     from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.main import run as train_run
     from mecefo_jax.train import build_run
-    run_cfg = _run_config(cfg, run_spec, seed, evals)
+    run_cfg = run_config(cfg, run_spec, seed, evals)
     start = time.perf_counter()
     run = build_run(run_cfg, workdir)
     events = schedule_lib.events_from_config(run_cfg.fault, num_replicas=run.num_shards,

@@ -1,0 +1,328 @@
+"""The time-to-target experiment: its smoke run end to end, the runs it derives instead of
+training, its arithmetic, and the learning-rate horizon that lets a run go on.
+
+The smoke run (`time_to_target.smoke`: configs/tiny.py, 8 steps, 2 seeds;
+`high` takes replica 4 down at step 5 in seed 0 and fails seed 1 only after
+8 steps) trains fault_free and mecefo (seed 0) and derives the rest. Then
+elastic and checkpoint_restart are trained for real under explicit events
+(replica 4 down for steps 3 to 5) and must equal the fault-free run of seed 0
+and the replay of their controllers; and mecefo, trained from step 0 instead
+of from the fault-free state, must equal the smoke run's. The failures share
+one live set, so few programs compile.
+"""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from configs.tiny import get_config
+from mecefo_jax import optim
+from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config_rules import ConfigError
+from mecefo_jax.experiments import goodput
+from mecefo_jax.experiments import time_to_target as ttt
+from mecefo_jax.experiments import time_to_target_report as report_lib
+from mecefo_jax.experiments import time_to_target_settings as setup
+from mecefo_jax.experiments.quality import Run
+from mecefo_jax.experiments.replay import replay
+from mecefo_jax.experiments.report import bootstrap_mean
+from mecefo_jax.faults.schedule import events_from_config, parse_events
+
+
+@pytest.fixture(scope='module')
+def smoke(tmp_path_factory, tokenizer_cache):
+    base = updated(resolve(get_config()), {'data.cache_dir': tokenizer_cache})
+    cfg, seeds, runs, default, settings = setup.smoke(base)
+    out = str(tmp_path_factory.mktemp('ttt'))
+    lines = []
+    report = ttt.time_to_target(cfg, out, seeds=seeds, runs=runs, default=default,
+                                settings=settings, config_name='tiny', log=lines.append)
+    return report, out, cfg, settings, lines
+
+
+def _record(out, seed, name):
+    with open(os.path.join(out, f'seed{seed}', f'{name}.json')) as f:
+        return json.load(f)
+
+
+def test_smoke_report_has_every_figure(smoke):
+    report, out, cfg, _, lines = smoke
+    for ext in ('json', 'md', 'png'):
+        assert os.path.getsize(os.path.join(out, f'time_to_target.{ext}')) > 0
+    assert report['seeds'] == [0, 1] and report['default'] == 'mecefo_high'
+    assert list(report['runs']) == ['fault_free', 'mecefo_high', 'elastic_high',
+                                    'checkpoint_restart_high']
+    free = report['runs']['fault_free']
+    assert free['goodput']['per_seed'] == [1.0, 1.0] and free['reached'] == [0, 1]
+    for name, r in report['runs'].items():
+        for key in ('goodput', 'ppl_increase_pct'):
+            s = r[key]
+            assert len(s['per_seed']) == 2 and s['lo'] <= s['mean'] <= s['hi'], (name, key)
+        for seed in r['seeds']:
+            # Every run reaches at least train.steps; goodput is 0 exactly when not reached.
+            assert seed['stopped_at'] >= cfg.train.steps
+            assert (seed['goodput'] > 0) == seed['reached']
+    assert set(report['paired']) == {'elastic_high', 'checkpoint_restart_high'}
+    for p in report['paired'].values():
+        d = p['vs_default']
+        assert p['significant'] == (d['lo'] > 0 or d['hi'] < 0)
+    table = open(os.path.join(out, 'time_to_target.md')).read()
+    assert table.index('## Goodput') < table.index('## Paired') < table.index('## Validation perplexity')
+    # One line per run start and end.
+    assert sum(': start (' in line for line in lines) == 8 and len(lines) == 16
+    assert report['runs']['mecefo_high']['seeds'][1]['how'].startswith('fault_free: no failure')
+
+
+def test_the_fault_free_run_stops_at_train_steps_and_fails_runs_go_on(smoke):
+    _, out, cfg, settings, _ = smoke
+    steps = cfg.train.steps
+    for seed in (0, 1):
+        free = _record(out, seed, 'fault_free')
+        assert [e[1] for e in free['executed']] == list(range(steps))
+        due = settings.evaluate_at(steps)
+        assert [s for s, _ in free['val_curve']] == [n for n in range(1, steps + 1) if due(n)]
+        mecefo = _record(out, seed, 'mecefo_high')
+        target = free['val_curve'][-1][1]
+        last_step, last_loss = mecefo['val_curve'][-1]
+        # Stopped at the first evaluation from train.steps on that reached the target, or at the limit.
+        assert (last_loss <= target) or last_step == settings.limit(steps)
+        assert all(v > target for s, v in mecefo['val_curve'] if steps <= s < last_step)
+
+
+def test_derived_runs_are_the_fault_free_curve_on_their_own_clock(smoke):
+    report, out, *_ = smoke
+    for seed in (0, 1):
+        free = _record(out, seed, 'fault_free')
+        for name in ('elastic_high', 'checkpoint_restart_high'):
+            record = _record(out, seed, name)
+            assert record['val_curve'] == free['val_curve'] and record['how'].startswith('derived')
+    assert report['runs']['elastic_high']['ppl_increase_pct']['per_seed'] == [0.0, 0.0]
+
+
+def _layouts(record):
+    """The executed steps with their layouts spelled out (layout numbers are per record)."""
+    return [(clock, step, record['layouts'][i]) for clock, step, i in record['executed']]
+
+
+EVENTS = '3:4:3'  # replica 4 down for steps 3, 4 and 5
+
+
+@pytest.fixture(scope='module')
+def trained(smoke, tmp_path_factory, monkeypatch_module):
+    """elastic and checkpoint_restart under EVENTS, and mecefo from step 0 instead of from
+    the fault-free state; and the steps checkpoint/restart saved."""
+    from mecefo_jax.checkpoint import Checkpointer
+    report, out, cfg, settings, _ = smoke
+    cfg = updated(cfg, {'train.eval_batches': report['eval']['eval_batches']})  # as the smoke ran
+    saved = []
+    original = Checkpointer.maybe_save
+
+    def recording(self, step, state, data_state, *, force=False):
+        if os.path.basename(self.directory) == 'restart_checkpoints' and (
+                force or step % self.save_every == 0) and step not in self.all_steps():
+            saved.append(step)
+        return original(self, step, state, data_state, force=force)
+    monkeypatch_module.setattr(Checkpointer, 'maybe_save', recording)
+    work = tmp_path_factory.mktemp('trained')
+    records = {}
+    for strategy in ('elastic', 'checkpoint_restart', 'mecefo'):
+        run_cfg = ttt.experiment_config(cfg, Run(strategy, 'high'), 0, settings)
+        if strategy != 'mecefo':
+            run_cfg = updated(run_cfg, {'fault.regime': '', 'fault.events': EVENTS})
+        target = None if strategy != 'mecefo' else _record(out, 0, 'fault_free')['val_curve'][-1][1]
+        records[strategy] = ttt.train_record(run_cfg, str(work / strategy), steps=cfg.train.steps,
+                                             target=target, settings=settings)
+    return records, saved
+
+
+@pytest.fixture(scope='module')
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_trained_elastic_and_checkpoint_restart_equal_the_fault_free_run(smoke, trained):
+    _, out, *_ = smoke
+    records, _ = trained
+    free = dict(_record(out, 0, 'fault_free')['val_curve'])
+    for strategy in ('elastic', 'checkpoint_restart'):
+        assert records[strategy]['events'], 'the premise: failures inside the run'
+        curve = dict(records[strategy]['val_curve'])
+        assert sorted(curve) == sorted(free)
+        # The same samples, exact gradients: only float32 summation order differs (shards
+        # of another size, over fewer devices), a few ulps of the loss after 8 steps.
+        for step, loss in curve.items():
+            assert loss == pytest.approx(free[step], abs=1e-5), (strategy, step)
+
+
+def test_the_replay_is_what_the_controllers_did(smoke, trained):
+    _, _, cfg, _, _ = smoke
+    records, saved = trained
+    model = goodput.TimeModel(cfg, 8, goodput.TimeCosts())
+    for strategy in ('elastic', 'checkpoint_restart'):
+        derived = replay(strategy, parse_events(EVENTS), num_replicas=8, shard_batch=2,
+                         steps=cfg.train.steps, checkpoint_every=cfg.fault.checkpoint_every)
+        real = records[strategy]
+        assert _layouts(derived) == _layouts(real)
+        assert derived['events'] == real['events']
+        assert derived['refresh_steps'] == real['refresh_steps'] == []
+        if strategy == 'checkpoint_restart':  # the steps the trained controller saved
+            assert saved == derived['saves'] and derived['events'][0]['lost_steps'] > 0
+        else:
+            assert derived['saves'] == []
+        real_saves = saved if strategy == 'checkpoint_restart' else []
+        assert model.timeline(dict(real, saves=real_saves))[0] == model.timeline(derived)[0]
+
+
+def test_a_run_started_from_the_fault_free_state_is_the_run_from_step_0(smoke, trained):
+    _, out, *_ = smoke
+    forked = _record(out, 0, 'mecefo_high')
+    assert forked['how'].startswith('trained from the fault-free state at step')
+    scratch = trained[0]['mecefo']
+    assert _layouts(scratch) == _layouts(forked)
+    assert [list(x) for x in scratch['val_curve']] == forked['val_curve']
+    assert scratch['refresh_steps'] == forked['refresh_steps']
+
+
+def test_a_seeds_figures_do_not_depend_on_the_other_seeds(smoke):
+    report, out, cfg, settings, _ = smoke
+    names = list(report['runs'])
+    one = {0: {name: _record(out, 0, name) for name in names}}
+    alone = report_lib.summarise(one, cfg=cfg, settings=settings, default='mecefo_high',
+                                 val_split_batches=report['val_noise']['val_split_batches'])
+    for name in names:
+        assert alone['runs'][name]['goodput']['per_seed'] == \
+            report['runs'][name]['goodput']['per_seed'][:1]
+
+
+def test_a_finished_run_is_not_run_again_and_an_interrupted_one_is(smoke):
+    report, out, cfg, settings, _ = smoke
+    # As a command killed while training seed 0's mecefo_high leaves it: no result, and
+    # a work directory holding part of a run.
+    os.remove(os.path.join(out, 'seed0', 'mecefo_high.json'))
+    with open(os.path.join(out, 'seed0', 'work', 'mecefo_high', 'metrics.jsonl'), 'a') as f:
+        f.write('{"step": 99, "loss": 1.0}\n')
+    lines = []
+    again = ttt.time_to_target(cfg, out, seeds=(0, 1), runs=setup.smoke(cfg)[2],
+                               default='mecefo_high', settings=settings, config_name='tiny',
+                               log=lines.append)
+    assert [line.split(':')[:2] for line in lines] == [['[ttt] seed 0', ' mecefo_high']] * 2
+    # Trained again (from the fault-free state), it gives the same figures.
+    assert json.dumps(again['runs'], sort_keys=True) == json.dumps(report['runs'], sort_keys=True)
+
+
+# ------------------------------------------------------------ the arithmetic
+
+
+def test_time_to_target_interpolates_between_the_bracketing_evaluations():
+    times = {10: 100.0, 20: 200.0, 30: 400.0}
+    curve = [(10, 3.0), (20, 2.5), (30, 2.0)]
+    assert goodput.time_to_target(curve, times, 2.25) == pytest.approx(300.0)  # halfway 20 -> 30
+    assert goodput.time_to_target(curve, times, 2.5) == 200.0
+    assert goodput.time_to_target(curve, times, 3.5) == 100.0  # the first evaluation crosses
+    assert goodput.time_to_target(curve, times, 1.9) is None
+
+
+def test_modelled_time_adds_steps_changes_refreshes_and_saves():
+    cfg = resolve(get_config())
+    model = goodput.TimeModel(cfg, 8, goodput.TimeCosts(checkpoint_save_sec=7.0))
+    normal = {'live': [True] * 8, 'programs': [[0, 2, 0]]}
+    degraded = {'live': [False] + [True] * 7, 'programs': [[0, 2, 0], [1, 4, 0]]}
+    record = {'layouts': [normal, degraded], 'executed': [[0, 0, 0], [1, 1, 1], [2, 2, 1], [3, 3, 0]],
+              'events': [{'clock': 1}, {'clock': 3}], 'refresh_steps': [1], 'saves': [2],
+              'relaunch': False}
+    times, parts = model.timeline(record)
+    step, c = cfg.fault.step_time_sec, goodput.TimeCosts()
+    ratio = model.step_ratio(degraded)
+    assert ratio > 1.0  # a neighbour computes two shards
+    onset = c.detect_sec + c.rebuild_sec + c.compile_sec  # a new layout compiles
+    back = c.detect_sec + c.rebuild_sec  # the full mesh was compiled before the run
+    assert times[1] == step
+    assert times[2] == pytest.approx(step + onset + model.refresh_sec(7) + ratio * step)
+    assert times[3] == pytest.approx(times[2] + 7.0 + ratio * step)
+    assert times[4] == pytest.approx(times[3] + back + step)
+    assert parts['redone_steps'] == 0 and parts['executed_steps'] == 4
+    relaunch = model.timeline(dict(record, relaunch=True))[0]
+    assert relaunch[4] - relaunch[3] == pytest.approx(
+        c.detect_sec + cfg.fault.relaunch_delay_sec + c.restore_sec + c.compile_sec + step)
+
+
+def test_bootstrap_and_seeds_to_separate():
+    values = [0.1, 0.3, -0.05, 0.2, 0.15]
+    a, b = bootstrap_mean(values), bootstrap_mean(values)
+    assert a == b and a['lo'] < a['mean'] < a['hi'] and a['per_seed'] == values
+    assert a['mean'] == pytest.approx(np.mean(values))
+    flat = bootstrap_mean([0.5] * 4)
+    assert flat['lo'] == flat['hi'] == 0.5
+    n = goodput.seeds_to_separate(values)
+    assert n == pytest.approx(((1.959964 + 0.841621) * np.std(values, ddof=1) / np.mean(values)) ** 2,
+                              rel=1e-5)
+    assert goodput.seeds_to_separate([0.1]) is None
+
+
+def test_every_strategy_sees_the_same_trace_and_it_covers_the_continuation():
+    cfg = updated(resolve(get_config()), {'fault.regime': 'high', 'fault.step_time_sec': 600.0,
+                                         'fault.regime_replicas': 32, 'fault.seed': 3})
+    traces = set()
+    for strategy in ('mecefo', 'mecefo_planned', 'drop', 'elastic', 'checkpoint_restart'):
+        fault = updated(cfg, {'fault.strategy': strategy}).fault
+        traces.add(tuple(events_from_config(fault, num_replicas=8, total_steps=60)))
+    capped = updated(cfg, {'fault.strategy': 'mecefo_planned', 'fault.max_neighbour_rows': 2}).fault
+    traces.add(tuple(events_from_config(capped, num_replicas=8, total_steps=60)))
+    assert len(traces) == 1
+    longer = events_from_config(cfg.fault, num_replicas=8, total_steps=90)
+    (trace,) = traces
+    assert trace and tuple(e for e in longer if e.step < 60) == trace and len(longer) > len(trace)
+
+
+def test_the_learning_rate_keeps_its_horizon_when_a_run_goes_on():
+    cfg = resolve(get_config())
+    plain = optim.learning_rate_schedule(cfg.train)
+    steps = cfg.train.steps
+    longer = optim.learning_rate_schedule(
+        updated(cfg, {'train.steps': 2 * steps, 'train.lr_schedule_steps': steps}).train)
+    for count in range(steps + 1):
+        assert float(longer(count)) == float(plain(count))
+    final = cfg.train.learning_rate * cfg.train.final_lr_fraction
+    for count in (steps, steps + 1, 2 * steps):
+        assert float(longer(count)) == pytest.approx(final)
+    with pytest.raises(ConfigError, match='train.lr_schedule_steps'):
+        updated(cfg, {'train.lr_schedule_steps': -1})
+
+
+def test_bad_settings_name_the_flag():
+    cfg = resolve(get_config())
+    with pytest.raises(ValueError, match='--default'):
+        setup.check_runs(setup.default_runs(cfg), 'mecefo_typo')
+    with pytest.raises(ValueError, match='twice'):
+        setup.check_runs((Run('drop', 'high'), Run('drop', 'high')), 'drop_high')
+    with pytest.raises(ValueError, match='--costs'):
+        setup.parse_costs('compile_secs=3')
+    with pytest.raises(ValueError, match='--dense_from'):
+        setup.Settings(dense_from=1.5)
+    assert setup.parse_costs('compile_sec=3').compile_sec == 3.0
+    names = [r for r in setup.default_runs(cfg)]
+    assert Run('mecefo', 'low') in names and Run('mecefo_planned', 'high', setup.DEFAULT_CAP) in names
+    assert setup.default_name(cfg) == 'mecefo_high'
+    due = setup.Settings(eval_every=50, dense_eval_every=10, dense_from=0.8).evaluate_at(300)
+    assert [n for n in range(1, 451) if due(n)] == [50, 100, 150, 200] + list(range(240, 451, 10))
+    assert math.isfinite(goodput.Z_975)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize('flags, message', [
+    (['--default', 'mecefo_typo'], "--default='mecefo_typo' is not among the runs"),
+    (['--seeds', '0'], 'flag --seeds=0: 0 is not a positive integer'),
+])
+def test_the_script_refuses_bad_flags_before_training(tmp_path, flags, message):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, 'scripts', 'time_to_target.py'),
+                           '--config', os.path.join(root, 'configs', 'small.py'),
+                           '--out', str(tmp_path / 'out'), *flags],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert not os.path.exists(tmp_path / 'out' / 'seed0')
