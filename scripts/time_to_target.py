@@ -20,7 +20,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a configs/*.py file.',
@@ -62,14 +62,14 @@ flags.mark_flags_as_required(['out'])
 
 def _setup():
     """(cfg, seeds, runs, default, settings, config name) from the flags."""
+    from mecefo_jax.command_line import start
     from mecefo_jax.experiments import time_to_target_settings as setup
-    from mecefo_jax.settings import resolve_or_exit
     if _SMOKE.value:
         from configs.tiny import get_config
-        return (*setup.smoke(resolve_or_exit(get_config())), 'configs/tiny.py (smoke)')
+        return (*setup.smoke(start(get_config())), 'configs/tiny.py (smoke)')
     if _CONFIG.value is None:
         sys.exit('--config is required (or --smoke).')
-    cfg = resolve_or_exit(_CONFIG.value)
+    cfg = start(_CONFIG.value)
     try:
         runs = setup.parse_runs(_RUNS.value) if _RUNS.value else setup.default_runs(cfg, _CAP.value)
         settings = setup.Settings(limit_factor=_LIMIT.value, eval_every=_EVAL_EVERY.value,
@@ -87,10 +87,7 @@ def _setup():
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)
-    cfg, seeds, runs, default, settings, name = _setup()
-    from mecefo_jax.sharding import simulate_cpu_devices
-    simulate_cpu_devices(cfg.mesh.num_cpu_devices)
+    cfg, seeds, runs, default, settings, name = _setup()  # fake CPU devices set, jax not started
     import jax
     if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):  # runs share their programs
         jax.config.update('jax_compilation_cache_dir', os.path.join(_OUT.value, 'xla_cache'))
