@@ -179,7 +179,7 @@ def test_summary_without_fault_free_leaves_the_target_unevaluated():
 
 def test_runs_flag_is_checked():
     assert quality.parse_runs('fault_free, mecefo:high, mecefo_planned:high:cap=8') == (
-        ('fault_free', '', 0), ('mecefo', 'high', 0), ('mecefo_planned', 'high', 8))
+        ('fault_free', '', 0, 0), ('mecefo', 'high', 0, 0), ('mecefo_planned', 'high', 8, 0))
     for bad, words in (('mecefo', 'needs a regime'), ('mecefo:extreme', 'needs a regime'),
                        ('fault_free:high', 'takes no regime'), ('magic:high', 'unknown'),
                        ('mecefo:high:cap=8', 'mecefo_planned plans only'),
@@ -198,3 +198,17 @@ def test_a_capped_planned_run_gets_its_own_name_and_cap_and_no_other_run_does():
     run_cfg = quality.run_config(cfg, capped, seed=3, evals=2)
     assert (run_cfg.fault.strategy, run_cfg.fault.max_neighbour_rows) == ('mecefo_planned', 8)
     assert quality.run_config(cfg, plain, seed=3, evals=2).fault.max_neighbour_rows == 0
+
+
+def test_a_run_of_its_own_rank_gets_its_name_and_rank_and_no_other_run_does():
+    cfg = resolve(get_config())
+    ranked, capped_ranked, plain = quality.parse_runs(
+        'mecefo:high:rank=16, mecefo_planned:high:cap=8:rank=16, drop:high')
+    assert (ranked.rank, capped_ranked.cap, capped_ranked.rank) == (16, 8, 16)
+    assert quality.run_name(*ranked) == 'mecefo_high_rank16'
+    assert quality.run_name(*capped_ranked) == 'mecefo_planned_high_cap8_rank16'
+    assert quality.run_config(cfg, ranked, seed=3, evals=2).mecefo.rank == 16
+    assert quality.run_config(cfg, plain, seed=3, evals=2).mecefo.rank == cfg.mecefo.rank
+    for bad in ('mecefo:high:rank=0', 'mecefo:high:rank=4:rank=5', 'mecefo:high:width=4'):
+        with pytest.raises(ValueError, match="'rank=R'"):
+            quality.parse_runs(bad)

@@ -51,30 +51,36 @@ OUTPUT = 'quality'  # quality.{json,md,png}
 
 
 class Run(NamedTuple):
-    """One run of the report: a strategy under a regime ('' is no failures), and for
-    mecefo_planned an optional cap on its rows in neighbour mode (fault.max_neighbour_rows)."""
+    """One run of the report: a strategy under a regime ('' is no failures), for
+    mecefo_planned an optional cap on its rows in neighbour mode (fault.max_neighbour_rows),
+    and an optional projection rank of its own (mecefo.rank; 0: the config's)."""
     strategy: str
     regime: str
     cap: int = 0
+    rank: int = 0
 
 
 DEFAULT_RUNS = (Run('fault_free', ''), Run('mecefo', 'low'), Run('mecefo', 'mid'),
                 Run('mecefo', 'high'), Run('mecefo_planned', 'high'), Run('drop', 'high'),
                 Run('ndb_naive', 'high'))
+_OPTIONS = ("the fields after the regime are 'cap=N' (N >= 1, fault.max_neighbour_rows; "
+            "mecefo_planned only) and 'rank=R' (R >= 1, mecefo.rank), e.g. "
+            'mecefo_planned:high:cap=8 or mecefo:high:rank=64')
 
 
-def run_name(strategy: str, regime: str, cap: int = 0) -> str:
+def run_name(strategy: str, regime: str, cap: int = 0, rank: int = 0) -> str:
     if strategy == 'fault_free':
         return 'fault_free'
-    return f'{strategy}_{regime}' + (f'_cap{cap}' if cap else '')
+    return (f'{strategy}_{regime}' + (f'_cap{cap}' if cap else '')
+            + (f'_rank{rank}' if rank else ''))
 
 
 def parse_runs(text: str) -> tuple[Run, ...]:
-    """'fault_free,mecefo:high,mecefo_planned:high:cap=8,...' -> (Run, ...)."""
+    """'fault_free,mecefo:high,mecefo_planned:high:cap=8,mecefo:high:rank=64' -> (Run, ...)."""
     runs = []
     for item in (x.strip() for x in text.split(',') if x.strip()):
         strategy, _, rest = item.partition(':')
-        regime, _, cap_text = rest.partition(':')
+        regime, _, options = rest.partition(':')
         if strategy == 'fault_free':
             if regime:
                 raise ValueError(f'--runs: {item!r}: fault_free takes no regime.')
@@ -86,24 +92,24 @@ def parse_runs(text: str) -> tuple[Run, ...]:
             if regime not in REGIMES:
                 raise ValueError(f'--runs: {item!r} needs a regime, one of '
                                  f'{", ".join(REGIMES)} (e.g. mecefo:high).')
-        runs.append(Run(strategy, regime, _parse_cap(item, strategy, cap_text)))
+        runs.append(Run(strategy, regime, **_parse_options(item, strategy, options)))
     if not runs:
         raise ValueError('--runs is empty; e.g. fault_free,mecefo:high.')
     return tuple(runs)
 
 
-def _parse_cap(item: str, strategy: str, text: str) -> int:
-    """The `cap=N` suffix: fault.max_neighbour_rows for a mecefo_planned run, else 0."""
-    if not text:
-        return 0
-    key, _, value = text.partition('=')
-    if key != 'cap' or not value.isdigit() or int(value) < 1:
-        raise ValueError(f"--runs: {item!r}: the third field is 'cap=N' with N >= 1 "
-                         '(fault.max_neighbour_rows), e.g. mecefo_planned:high:cap=8.')
-    if strategy != 'mecefo_planned':
+def _parse_options(item: str, strategy: str, text: str) -> dict:
+    """The `cap=N` and `rank=R` fields after the regime, as Run's keyword arguments."""
+    options = {}
+    for field in (x for x in text.split(':') if x) if text else ():
+        key, _, value = field.partition('=')
+        if key not in ('cap', 'rank') or not value.isdigit() or int(value) < 1 or key in options:
+            raise ValueError(f'--runs: {item!r}: {_OPTIONS}.')
+        options[key] = int(value)
+    if options.get('cap') and strategy != 'mecefo_planned':
         raise ValueError(f'--runs: {item!r}: a cap limits mecefo_planned plans only; '
-                         f'drop it or use mecefo_planned:REGIME:{text}.')
-    return int(value)
+                         f'drop it or use mecefo_planned:REGIME:cap=N.')
+    return options
 
 
 def paper_increase_pct() -> dict:
@@ -118,6 +124,7 @@ def run_config(cfg, run: Run, seed: int, evals: int):
         'train.seed': seed, 'fault.seed': seed, 'fault.events': '', 'fault.regime': run.regime,
         'fault.strategy': 'mecefo' if run.strategy == 'fault_free' else run.strategy,
         'fault.max_neighbour_rows': run.cap,
+        'mecefo.rank': run.rank or cfg.mecefo.rank,
         'train.checkpoint_every': 0,  # quality only: no checkpoint cost needed
         'train.eval_every': max(1, cfg.train.steps // max(1, evals))})
 
@@ -160,7 +167,7 @@ def train_one(cfg, run_spec: Run, seed: int, workdir: str, *,
     executed = max(int(summary['executed_steps']), 1)
     return {
         'run': run_name(*run_spec), 'strategy': run_spec.strategy, 'regime': run_spec.regime,
-        'max_neighbour_rows': run_spec.cap, 'seed': seed,
+        'max_neighbour_rows': run_spec.cap, 'rank': run_cfg.mecefo.rank, 'seed': seed,
         'replicas': run.num_shards,
         'final_val_loss': summary['final_val_loss'], 'final_val_ppl': summary['final_val_ppl'],
         'schedule': schedule_lib.format_events(events),

@@ -161,6 +161,7 @@ class _Seed:
         else:
             how, record = self._obtain(run, run_cfg, events, free)
         record = {'run': name, 'strategy': run.strategy, 'regime': run.regime, 'cap': run.cap,
+                  'rank': run.rank or self.cfg.mecefo.rank,
                   'seed': self.seed, 'how': how, 'schedule': format_events(events),
                   'first_failure': first, **record, 'wall_sec': time.perf_counter() - start,
                   'cpu_sec': time.process_time() - cpu}
@@ -197,7 +198,9 @@ class _Seed:
             return (f'fault_free: no failure in its first {self.steps} steps',
                     dict({k: free[k] for k in RECORD_KEYS}, events=[]))
         target = free['val_curve'][-1][1]
-        fork = _latest_fork(self.dir, first)
+        # The fault-free state holds projections of the config's rank: a run of its own
+        # rank trains its (identical) fault-free prefix itself.
+        fork = 0 if run.rank else _latest_fork(self.dir, first)
         record = train_record(run_cfg, os.path.join(self.dir, 'work', run_name(*run)),
                               steps=self.steps, target=target, settings=self.settings,
                               start_dir=_fork_dir(self.dir, fork) if fork else None)
