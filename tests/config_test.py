@@ -192,6 +192,7 @@ def test_launch_kill_reads_every_form_and_names_the_format_when_it_cannot():
         parse_kills('3:5', 2)
 
 
+@pytest.mark.subprocess  # python -m mecefo_jax.main
 def test_bad_config_ends_main_with_the_message_last_and_nothing_written(tmp_path):
     workdir = tmp_path / 'run'
     for override, message in (('--config.fault.events=garbage', 'fault.events'),

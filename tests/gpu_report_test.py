@@ -72,6 +72,7 @@ def smoke(tmp_path_factory):
         return json.load(f), out, proc.stdout
 
 
+@pytest.mark.subprocess  # the report and its sections
 def test_smoke_runs_every_section_ok_or_skipped_where_a_cpu_cannot(smoke):
     result, _, stdout = smoke
     sections = result['sections']
@@ -83,6 +84,7 @@ def test_smoke_runs_every_section_ok_or_skipped_where_a_cpu_cannot(smoke):
     assert '[step] normal: compiled' in stdout  # progress lines while it runs
 
 
+@pytest.mark.subprocess  # the report and its sections
 def test_smoke_step_figures_are_plausible_and_the_simulator_reads_them(smoke):
     result, out, _ = smoke
     s = result['sections']['step']
@@ -102,6 +104,7 @@ def test_smoke_step_figures_are_plausible_and_the_simulator_reads_them(smoke):
     assert table.ratio('mecefo') > 0 and table.ratio('plain_dp') > 0
 
 
+@pytest.mark.subprocess  # the report and its sections
 def test_smoke_other_sections_have_positive_times(smoke):
     sections = smoke[0]['sections']
     assert sections['environment']['device_count'] >= 1
@@ -115,6 +118,7 @@ def test_smoke_other_sections_have_positive_times(smoke):
     assert sections['compile']['compile_sec'] > 0 and sections['compile']['devices'] == 2
 
 
+@pytest.mark.subprocess  # the report and its sections
 def test_smoke_markdown_has_a_table_per_section(smoke):
     _, out, _ = smoke
     text = (out / report.MD_FILE).read_text()
@@ -123,6 +127,7 @@ def test_smoke_markdown_has_a_table_per_section(smoke):
     assert text.count('|---|') >= len(report.SECTIONS)
 
 
+@pytest.mark.subprocess  # the report and its sections
 def test_a_failing_section_is_failed_a_hung_one_timeout_and_the_next_still_runs(tmp_path,
                                                                                  monkeypatch):
     (tmp_path / 'fake_sections.py').write_text(FAKE_SECTIONS)
@@ -151,6 +156,7 @@ def test_limits_share_what_is_left_by_weight_with_a_floor():
     assert runner.limits_left([a, b], 4.0, min_sec=5) == 5
 
 
+@pytest.mark.subprocess  # the report and its sections
 def test_the_report_process_imports_no_jax():
     code = ('import sys; from mecefo_jax.experiments.gpu import report; '
             'print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "flax")))')

@@ -59,6 +59,7 @@ def _num_params() -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(flax.linen.unbox(boxed)))
 
 
+@pytest.mark.subprocess  # scripts/memory_plan.py
 def test_plan_json_has_both_roles(plan):
     assert plan['mesh'] == {'data': 8, 'model': 1, 'per_replica_batch': 2, 'global_batch': 16}
     assert set(plan['roles']) == {'normal', 'neighbour'}
@@ -71,6 +72,7 @@ def test_plan_json_has_both_roles(plan):
     assert 'estimate' in plan['note'] and 'float32' in plan['note']
 
 
+@pytest.mark.subprocess  # scripts/memory_plan.py
 def test_both_roles_hold_the_same_state(plan):
     normal, neighbour = plan['roles']['normal'], plan['roles']['neighbour']
     for key in ('parameters_bytes', 'optimizer_bytes', 'projections_bytes'):
@@ -81,6 +83,7 @@ def test_both_roles_hold_the_same_state(plan):
     assert normal['optimizer_bytes'] == pytest.approx(2 * normal['parameters_bytes'], abs=64)
 
 
+@pytest.mark.subprocess  # scripts/memory_plan.py
 def test_neighbour_computes_two_shards(plan):
     normal, neighbour = plan['roles']['normal'], plan['roles']['neighbour']
     # Two shards: 2 more rows of int32 tokens [seq_len + 1] and float32

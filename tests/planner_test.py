@@ -203,6 +203,7 @@ def test_planner_caches_by_live_set():
     assert planner.layout(mask) is planner.layout(list(mask))
 
 
+@pytest.mark.subprocess  # a fresh interpreter
 def test_plan_command_prints_every_strategy_as_json():
     import json
     import os
@@ -243,6 +244,7 @@ def test_plan_command_shows_the_neighbour_row_cap():
     assert '2 rows in neighbour mode (cap 4)' in plan.format_text(report)
 
 
+@pytest.mark.subprocess  # a fresh interpreter
 def test_fault_library_never_imports_experiments():
     import subprocess
     import sys

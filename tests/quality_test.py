@@ -55,6 +55,7 @@ def _high_schedule():
     return events, degraded
 
 
+@pytest.mark.subprocess  # scripts/reproduce_quality.py
 def test_one_row_per_run_with_the_failures_the_schedule_has(report):
     result, _ = report
     rows = {r['run']: r for r in result['rows']}
@@ -79,6 +80,7 @@ def test_one_row_per_run_with_the_failures_the_schedule_has(report):
         rows['mecefo_high']['final_val_ppl']]
 
 
+@pytest.mark.subprocess  # scripts/reproduce_quality.py
 def test_exact_gradients_under_failures_match_fault_free(report):
     result, _ = report
     # ndb_naive computes the same examples exactly; only the float32 reduction
@@ -89,6 +91,7 @@ def test_exact_gradients_under_failures_match_fault_free(report):
     assert mecefo != 0.0  # neighbour mode did change training
 
 
+@pytest.mark.subprocess  # scripts/reproduce_quality.py
 def test_gradient_error_fields(report):
     result, _ = report
     row = next(r for r in result['rows'] if r['run'] == 'mecefo_high')
@@ -110,6 +113,7 @@ def test_gradient_error_fields(report):
         assert result['runs'][name]['grad_error'] is None
 
 
+@pytest.mark.subprocess  # scripts/reproduce_quality.py
 def test_markdown_plot_and_target(report):
     result, out = report
     table = open(os.path.join(out, 'quality.md')).read()

@@ -2,6 +2,8 @@
 import subprocess
 import threading
 
+import pytest
+
 from mecefo_jax.launch.generation import wait_exited
 from mecefo_jax.snapshot import shm
 
@@ -19,6 +21,7 @@ def wait_exited_within(pids, timeout, limit=30.0) -> bool:
     return not waiter.is_alive()
 
 
+@pytest.mark.subprocess  # stand-in processes
 def test_a_worker_still_there_after_the_timeout_is_killed():
     worker = spawn('ray::Worker.run')
     try:
@@ -29,6 +32,7 @@ def test_a_worker_still_there_after_the_timeout_is_killed():
         worker.wait()
 
 
+@pytest.mark.subprocess  # stand-in processes
 def test_a_reused_pid_is_neither_killed_nor_waited_for():
     # The worker's pid now names another process: the worker has exited.
     other = spawn('not-a-ray-worker')
@@ -40,6 +44,7 @@ def test_a_reused_pid_is_neither_killed_nor_waited_for():
         other.wait()
 
 
+@pytest.mark.subprocess  # stand-in processes
 def test_exited_processes_need_no_wait():
     gone = spawn('ray::Worker.run')
     gone.kill()

@@ -34,6 +34,7 @@ def _holder(workdir, mode='hold'):
     return proc
 
 
+@pytest.mark.subprocess  # a Python process holding the lock
 def test_second_run_is_refused_naming_the_holder(tmp_path):
     proc = _holder(tmp_path)
     try:
@@ -51,6 +52,7 @@ def test_second_run_is_refused_naming_the_holder(tmp_path):
     assert not os.path.exists(tmp_path / LOCK_FILENAME)
 
 
+@pytest.mark.subprocess  # a Python process holding the lock
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     proc = _holder(tmp_path, 'crash')
     assert proc.wait() == 0  # dead and reaped, its lock file left behind
