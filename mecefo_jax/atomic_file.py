@@ -20,9 +20,9 @@ def _temp_path(path: str) -> str:
     return f'{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp'
 
 
-def _write_synced(tmp: str, data: bytes) -> None:
-    # O_EXCL: never write into another writer's file; 0o666 & ~umask as open() would.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+def _write_synced(tmp: str, data: bytes, mode: int) -> None:
+    # O_EXCL: never write into another writer's file; `mode` & ~umask, as open() does.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, 'wb') as f:
         f.write(data)
         f.flush()
@@ -43,11 +43,11 @@ def _sync_directory(path: str) -> None:
         os.close(fd)
 
 
-def write_bytes(path: str, data: bytes) -> None:
-    """Replace `path` with `data` atomically and durably."""
+def write_bytes(path: str, data: bytes, *, mode: int = 0o666) -> None:
+    """Replace `path` with `data` atomically and durably (`mode` as `os.open`'s, less the umask)."""
     tmp = _temp_path(path)
     try:
-        _write_synced(tmp, data)
+        _write_synced(tmp, data, mode)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -64,7 +64,8 @@ def write_json(path: str, value: Any, *, indent: int | None = 2, default=None,
     write_text(path, json.dumps(value, indent=indent, default=default, sort_keys=sort_keys))
 
 
-def create_bytes(path: str, data: bytes, *, replace_without_links: bool = False) -> bool:
+def create_bytes(path: str, data: bytes, *, replace_without_links: bool = False,
+                 mode: int = 0o666) -> bool:
     """Create `path` holding `data` only if it does not exist yet; whether this call did.
 
     The first of several concurrent writers wins and every later one sees its
@@ -74,7 +75,7 @@ def create_bytes(path: str, data: bytes, *, replace_without_links: bool = False)
     """
     tmp = _temp_path(path)
     try:
-        _write_synced(tmp, data)
+        _write_synced(tmp, data, mode)
         try:
             os.link(tmp, path)
         except FileExistsError:

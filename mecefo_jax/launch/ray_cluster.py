@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 
+from mecefo_jax.launch.ray_token import ensure_token
 from mecefo_jax.snapshot import shm
 
 STATE_FILE = 'ray_local.json'
@@ -64,25 +65,6 @@ def use_token_auth() -> None:
     os.environ['RAY_AUTH_MODE'] = 'token'
     from ray._raylet import Config
     Config.initialize('')
-
-
-def ensure_token() -> bool:
-    """Make this machine's token (`~/.ray/auth_token`) if token authentication finds none;
-    whether one was made.
-
-    `ray.init()` makes it when it starts a local cluster, but a cluster started
-    otherwise (`ray.cluster_utils.Cluster`, `ray start --head`) does not: on a
-    fresh machine its GCS server then aborts and the start times out after
-    30 s. This is what `ray get-auth-token --generate` does, in this process.
-    """
-    from ray._private.authentication.authentication_token_setup import generate_and_save_token
-    from ray._raylet import AuthenticationTokenLoader
-    loader = AuthenticationTokenLoader.instance()
-    if loader.has_token(ignore_auth_mode=True):
-        return False
-    generate_and_save_token()
-    loader.reset_cache()
-    return True
 
 
 def _state_path(workdir: str) -> str:
@@ -170,6 +152,9 @@ def join(address: str | None, workdir: str, *, object_store_mb: int = 256,
     """
     import ray
     address = address or os.environ.get('RAY_ADDRESS') or None
+    use_token_auth()
+    if os.environ['RAY_AUTH_MODE'] == 'token':
+        ensure_token()  # private, before ray_host's ray.init would make a world-readable one
     local_pid, started, start_sec = None, False, 0.0
     if address is None:
         state = local_cluster(workdir)
@@ -181,7 +166,6 @@ def join(address: str | None, workdir: str, *, object_store_mb: int = 256,
             started, start_sec = True, time.perf_counter() - t0
             log(f"[launch] started a local Ray cluster at {state['address']} ({start_sec:.1f} s)")
         address, local_pid = state['address'], int(state['pid'])
-    use_token_auth()
     t0 = time.perf_counter()
     ray.init(address=address, namespace=namespace_of(workdir), log_to_driver=False,
              logging_level='WARNING')
