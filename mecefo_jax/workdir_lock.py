@@ -67,7 +67,7 @@ class WorkdirLock:
     """
 
     def __init__(self, workdir: str, *, active: bool = True):
-        self.workdir = os.path.abspath(os.fspath(workdir))
+        self.workdir = os.path.realpath(os.fspath(workdir))
         self.path = os.path.join(self.workdir, LOCK_FILENAME)
         self.active = bool(active)
         self._record = None

@@ -50,7 +50,7 @@ class Node:
 
 def namespace_of(workdir: str) -> str:
     """The Ray namespace of the job in `workdir` (its keepers and workers are named in it)."""
-    digest = hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:16]
+    digest = hashlib.sha1(os.path.realpath(workdir).encode()).hexdigest()[:16]
     return f'mecefo-{digest}'
 
 
@@ -68,7 +68,7 @@ def use_token_auth() -> None:
 
 
 def _state_path(workdir: str) -> str:
-    return os.path.join(os.path.abspath(workdir), 'launch', STATE_FILE)
+    return os.path.join(os.path.realpath(workdir), 'launch', STATE_FILE)
 
 
 def _read_state(workdir: str) -> dict | None:

@@ -80,7 +80,7 @@ class Launcher:
     def __init__(self, cfg: Config, workdir: str, nprocs: int, *, log=print, node_killer=None,
                  joined=None):
         self.joined = joined
-        self.workdir = os.path.abspath(workdir)
+        self.workdir = os.path.realpath(workdir)
         self.dir = os.path.join(self.workdir, 'launch')
         placement = Placement(nprocs, cfg.launch.local_devices, cfg.mesh.model)
         placement.check_mesh(cfg.mesh)
