@@ -379,12 +379,34 @@ def test_a_stop_that_a_worker_cannot_reach_ends_after_the_stop_timeout(cluster, 
     assert_nothing_left(workdir)
 
 
+def assert_mistaken_reruns_are_refused_and_leave_the_job(args, workdir, host):
+    """--nprocs=1 (the job has keepers for worker 1) and model.d_model=64 (its snapshots
+    hold d_model=32): each refused with its fix, the cluster and the record kept. (The
+    keepers are the local cluster's, which this process is not connected to: the rerun
+    that follows resuming from them, nothing redone, shows they were kept.)"""
+    from mecefo_jax.launch import ray_cluster
+    with open(os.path.join(workdir, 'launch', 'config.json')) as f:
+        record = f.read()
+    base = [a for a in args if not a.startswith(('--nprocs', '--config.launch.kill'))]
+    for extra, says in (
+            (['--nprocs=1', '--config.mesh.data=-1'], 'rerun with the --nprocs it ran with (--nprocs=2)'),
+            ([f'--nprocs={WORKERS}', '--config.model.d_model=64'], '--config.model.d_model=32')):
+        done = subprocess.run(base + extra, cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 1 and says in done.stdout + done.stderr, done.stdout + done.stderr
+        assert ray_cluster.local_cluster(workdir) == host
+        with open(os.path.join(workdir, 'launch', 'config.json')) as f:
+            assert f.read() == record
+
+
 def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(caches, tmp_path):
     """On the default local cluster: the launcher kills itself once every keeper holds
     the snapshot worker 0 was held after (step 6). Its workers go with it; its keepers
-    and the local cluster stay. The same command again finds them and resumes there,
-    redoing nothing (each step's samples computed once, the final parameters those of
-    the run uninterrupted in one process), then removes them all at the end."""
+    and the local cluster stay. Two mistaken reruns (fewer --nprocs; a config that does
+    not fit the snapshots) are refused, naming the fix, and leave the cluster, the keepers
+    and launch/config.json as they found them. The same command again finds them and
+    resumes there, redoing nothing (each step's samples computed once, the final
+    parameters those of the run uninterrupted in one process), then removes them all at
+    the end."""
     from mecefo_jax.launch import ray_cluster
     workdir = str(tmp_path)
     launcher, args = start_launcher(caches, workdir, **{
@@ -401,6 +423,7 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(cac
     while [p for p in workers_before if shm.alive(p)]:
         assert time.monotonic() < deadline, 'workers outlived their launcher'
         time.sleep(0.2)
+    assert_mistaken_reruns_are_refused_and_leave_the_job(args, workdir, host)
     done = rerun(args, 10)
     summary = read(workdir, 'summary.json')
     (restart,) = summary['recoveries']

@@ -46,17 +46,26 @@ def main(argv):
     from mecefo_jax.launch.supervisor import Launcher
     from mecefo_jax.preemption import EXIT_PREEMPTED
     from mecefo_jax.workdir_lock import WorkdirLock
+    try:  # the workers and their batch split are checked before any cluster is touched
+        launcher = Launcher(cfg, _WORKDIR.value, _NPROCS.value)
+    except ValueError as error:
+        sys.exit(f'launch: {error}')
     with WorkdirLock(_WORKDIR.value):  # one job per workdir
-        joined = ray_cluster.join(_ADDRESS.value, _WORKDIR.value,
-                                  object_store_mb=cfg.launch.object_store_mb)
+        joined = launcher.joined = ray_cluster.join(_ADDRESS.value, _WORKDIR.value,
+                                                    object_store_mb=cfg.launch.object_store_mb)
         try:
-            summary = Launcher(cfg, _WORKDIR.value, _NPROCS.value, joined=joined).run()
+            summary = launcher.run()
         except WorkerProgramError:  # the launcher has shown the worker's traceback
             sys.exit(1)
-        finally:  # only a killed launcher leaves its keepers and local cluster to a rerun
+        except ValueError as error:  # refused before it started: nothing was touched
+            sys.exit(f'launch: {error}')
+        finally:
             import ray
             ray.shutdown()
-            if joined.local_pid is not None:
+            # A cluster this command started holds nothing worth keeping once the job's
+            # keepers are gone; one it found (with a killed launcher's keepers) is left as
+            # found unless the job ran and ended them. A killed launcher leaves both.
+            if joined.local_pid is not None and (joined.started or launcher.stopped_keepers):
                 ray_cluster.stop_local(_WORKDIR.value)
     print(json.dumps(summary, indent=2, default=str))
     if summary['preempted_at'] is not None:

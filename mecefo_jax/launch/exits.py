@@ -40,12 +40,13 @@ def log_tail(path: str, lines: int = _TAIL_LINES) -> str:
 class WorkerProgramError(RuntimeError):
     """A worker failed in its own code: relaunching it would fail again."""
 
-    def __init__(self, deaths: list, log_dir: str, generation: int):
+    def __init__(self, deaths: list, log_dir: str, generation: int, *, note: str | None = None):
         parts = []
         for d in deaths:
             path = os.path.join(log_dir, f'g{generation}_w{d.worker}.log')
             parts.append(f'Worker {d.worker} stopped with a program error ({d.cause}), not a '
                          f'crash, so it is not relaunched. The end of {path}:\n'
                          f'{log_tail(path)}')
-        super().__init__('\n\n'.join(parts) + '\nFix the error and rerun the same command.')
+        super().__init__('\n\n'.join(parts) + '\nFix the error and rerun the same command.'
+                         + (f'\n{note}' if note else ''))
         self.workers = [d.worker for d in deaths]

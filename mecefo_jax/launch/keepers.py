@@ -122,6 +122,13 @@ class JobKeepers:
                     pass
         return total
 
+    def stop(self, workers) -> None:
+        """End the keepers of `workers` (those this launcher started), unlinking their memory."""
+        for worker in sorted(workers):
+            handle = self.handles.pop(worker, None)
+            if handle is not None:
+                stop_keeper(handle)
+
     def stop_all(self) -> None:
         """End every keeper of the job, unlinking its shared memory; and any left by dead ones."""
         for handle in self.handles.values():

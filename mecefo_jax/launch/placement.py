@@ -54,12 +54,23 @@ class Placement:
         """Whether `members` still hold at least one whole replica to train on."""
         return any(self.present(members))
 
-    def check_mesh(self, mesh_cfg) -> None:
+    def check_mesh(self, mesh_cfg, global_batch_size: int) -> None:
+        """The mesh and the batch split these workers make; ValueError naming the fix."""
         data = mesh_cfg.data
+        shape = (f'{self.workers} workers x launch.local_devices={self.local_devices} / '
+                 f'mesh.model={self.model}')
         if data not in (-1, self.replicas):
             raise ValueError(f'mesh.data={data}: the launcher runs {self.replicas} replicas '
-                             f'({self.workers} workers x launch.local_devices='
-                             f'{self.local_devices} / mesh.model={self.model}); set mesh.data=-1.')
+                             f'({shape}); set mesh.data=-1.')
+        if global_batch_size % self.replicas:
+            devices = [n for n in range(1, 2 * self.workers + 1)
+                       if (n * self.local_devices) % self.model == 0]
+            fits = [n for n in devices if global_batch_size % (n * self.local_devices // self.model)
+                    == 0]
+            raise ValueError(f'data.global_batch_size={global_batch_size} does not split over the '
+                             f'{self.replicas} replicas of {shape}: use --nprocs '
+                             f'{" or ".join(map(str, fits[-3:]))}, or a multiple of '
+                             f'{self.replicas} as data.global_batch_size.')
 
 
 def replica_rows(placement: Placement, members, devices) -> list:

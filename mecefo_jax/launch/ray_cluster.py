@@ -172,6 +172,15 @@ def join(address: str | None, workdir: str, *, object_store_mb: int = 256,
     return Joined(address, local_pid, started, start_sec, time.perf_counter() - t0)
 
 
+def describe(joined: Joined | None) -> dict:
+    """The cluster, and what joining it cost (never part of a recovery)."""
+    j = joined
+    return {'nodes': len(alive_nodes()), 'address': j and j.address,
+            'started_local_cluster': bool(j and j.started),
+            'ray_start_sec': j.start_sec if j else None,
+            'ray_connect_sec': j.connect_sec if j else None}
+
+
 def alive_nodes() -> list[Node]:
     """The cluster's live nodes, the head last (losing it loses the cluster: workers go elsewhere first)."""
     import ray

@@ -7,8 +7,10 @@ split into the badput kinds of ml-goodput-measurement.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import zlib
 
 
@@ -83,3 +85,14 @@ def first_difference(rebuilt: bytes, original: bytes) -> dict:
     diff = int(differs[0]) if differs.size else n
     return {'nbytes': [len(rebuilt), len(original)],
             'crc32': [zlib.crc32(rebuilt), zlib.crc32(original)], 'first_diff_offset': diff}
+
+
+def next_generation_number(out_dir: str) -> int:
+    """The number after every generation an earlier launcher of this workdir ran (0 if none).
+
+    A rerun goes on counting: parity stripes and records carry the generation,
+    and a newer one must replace what an older timeline left.
+    """
+    numbers = [int(m.group(1)) for p in glob.glob(os.path.join(out_dir, 'g*_w*.log'))
+               if (m := re.match(r'g(\d+)_w\d+\.log$', os.path.basename(p)))]
+    return max(numbers, default=-1) + 1

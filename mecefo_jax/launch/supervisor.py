@@ -40,15 +40,13 @@ This module runs the loop; `outcome` judges how a generation ended, and
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
 import signal
 import threading
 import time
 
-from mecefo_jax.launch import actors, generation, recovery_plan, recovery_report
+from mecefo_jax.launch import actors, config_record, generation, ray_cluster, recovery_plan, recovery_report
 from mecefo_jax.launch.compile_ahead import CompileAhead
 from mecefo_jax.launch.exits import WorkerProgramError
 from mecefo_jax.launch.generation import Generation
@@ -83,7 +81,7 @@ class Launcher:
         self.workdir = os.path.realpath(workdir)
         self.dir = os.path.join(self.workdir, 'launch')
         placement = Placement(nprocs, cfg.launch.local_devices, cfg.mesh.model)
-        placement.check_mesh(cfg.mesh)
+        placement.check_mesh(cfg.mesh, cfg.data.global_batch_size)
         if cfg.launch.recovery == 'disk' and cfg.train.checkpoint_every < 1:
             raise ValueError('launch.recovery=disk needs train.checkpoint_every >= 1; '
                              'set --config.train.checkpoint_every=10.')
@@ -103,6 +101,9 @@ class Launcher:
         self.job = JobState(cfg, placement, keepers, nodes, injector,
                             CompileAhead(cfg, self.workdir, placement, log=log), log)
         self.standbys = Standbys()
+        self.adopted: dict = {}  # the keepers an earlier launcher left, found at the start
+        self.stepped = False  # a generation of this launcher completed a step
+        self.stopped_keepers = False  # the job's keepers were ended with it
 
     # ------------------------------------------------------------------ run
 
@@ -113,8 +114,6 @@ class Launcher:
             raise RuntimeError('The launcher needs a Ray cluster: connect first '
                                '(mecefo_jax.launch.ray_cluster.join).')
         os.makedirs(self.dir, exist_ok=True)
-        with open(os.path.join(self.dir, 'config.json'), 'w') as f:
-            f.write(self.job.cfg.to_json())  # what every worker runs, overrides included
         started = time.time()
         handlers = self._catch_stop_signals()
         error, outcome, gen, rejected = None, None, None, 0
@@ -147,15 +146,33 @@ class Launcher:
             self.job.ahead.close()
             self.standbys.close()
             generation.stop(self._generation)
-            if gen is not None:  # a job that never started leaves an earlier one's keepers be
-                rejected = self.job.keepers.rejected() if self.job.uses_keepers else 0
-                self.job.keepers.stop_all()  # only once every worker has saved
+            if gen is not None and self.job.uses_keepers:
+                rejected = self.job.keepers.rejected()
+                self._end_keepers()
         summary = self._summary(gen, outcome, error, rejected)
         with open(os.path.join(self.dir, 'summary.json'), 'w') as f:
             json.dump(summary, f, indent=2)
         if error is not None:
             raise error
         return summary
+
+    def _end_keepers(self) -> None:
+        """Stop the job's keepers once it ran, else leave the ones it found as they were.
+
+        A rerun that fails before its first step (a config that does not fit
+        their snapshots, say) must not cost the memory tier that the next,
+        corrected, rerun resumes from; only the keepers it started go.
+        """
+        if self.stepped or not self.adopted:
+            self.job.keepers.stop_all()  # only once every worker has saved
+            self.stopped_keepers = True
+        else:
+            self.job.keepers.stop(set(self.job.keepers.handles) - set(self.adopted))
+
+    def _record_config(self) -> None:
+        """`launch/config.json`: what every worker runs, once the job ran a step with it."""
+        self.stepped = True
+        config_record.write(self.dir, self.job.cfg)
 
     def _summary(self, gen: Generation, outcome, error, rejected: int) -> dict:
         return {'generations': gen.number - self._first_number + 1,
@@ -171,15 +188,7 @@ class Launcher:
                 'lost_nodes': self.job.lost_nodes,
                 'keeper_requests_rejected': rejected,
                 'progress_reports_rejected': self._progress_rejected,
-                'ray': self._ray_info()}
-
-    def _ray_info(self) -> dict:
-        """The cluster, and what joining it cost (never part of a recovery)."""
-        j = self.joined
-        return {'nodes': len(alive_nodes()), 'address': j and j.address,
-                'started_local_cluster': bool(j and j.started),
-                'ray_start_sec': j.start_sec if j else None,
-                'ray_connect_sec': j.connect_sec if j else None}
+                'ray': ray_cluster.describe(self.joined)}
 
     def _gave_up(self, gen: Generation, row: dict) -> GaveUp:
         """Too many relaunches: the row records the last failure, and the job stops."""
@@ -194,7 +203,9 @@ class Launcher:
     def _program_error(self, gen: Generation, outcome: Outcome) -> WorkerProgramError:
         """Stop the job on a program error: record it, never relaunch it."""
         generation.stop(gen)
-        error = WorkerProgramError(outcome.deaths, self.dir, gen.number)
+        error = WorkerProgramError(outcome.deaths, self.dir, gen.number,
+                                   note=None if self.stepped or not self.adopted
+                                   else config_record.refusal_note(self.dir, self.job.cfg))
         row = {'kind': 'program_error', 'ended_generation': gen.number,
                'failed_workers': outcome.failed, 'cause': outcome.cause,
                'failed_at': outcome.failed_at, 'completed_steps': outcome.completed_steps,
@@ -209,14 +220,15 @@ class Launcher:
     def _first_generation(self, started: float) -> tuple[Generation, dict | None]:
         """Generation 0 of this launcher: fresh, or from the keepers an earlier one left."""
         workers = list(range(self.job.placement.workers))
-        self._first_number = _next_generation_number(self.dir)
-        adopted = self.job.keepers.find() if self.job.uses_keepers else {}
+        self._first_number = recovery_report.next_generation_number(self.dir)
+        adopted = self.adopted = self.job.keepers.find() if self.job.uses_keepers else {}
         strays = self.job.keepers.strays() if adopted else []
         if strays:
             raise ValueError(f"This workdir's job left keepers for workers {strays}, beyond "
-                             f'--nprocs={self.job.placement.workers}: rerun with the --nprocs it ran '
-                             'with, or remove them with --cleanup (the rerun then resumes from '
-                             'the newest disk checkpoint).')
+                             f'--nprocs={self.job.placement.workers}: rerun with the --nprocs it '
+                             f'ran with (--nprocs={max(strays) + 1}), or remove them with --cleanup '
+                             '(the rerun then resumes from the newest disk checkpoint). They were '
+                             'left as they were.')
         self._place(workers, keep={w: h.node_id for w, h in adopted.items()})
         self._check_node_loss()
         resume_step = self.job.keepers.common_step(adopted) if adopted else 0
@@ -236,7 +248,7 @@ class Launcher:
                      'detect_sec': 0.0, 'teardown_sec': 0.0, 'deaths': {},
                      'completed_steps': recovery_report.completed_steps_recorded(self.dir),
                      'adopted_keepers': sorted(adopted), 'members': workers, 'resume': 'memory',
-                     **{k: v for k, v in self._ray_info().items() if k.startswith('ray_')}}
+                     **{k: v for k, v in ray_cluster.describe(self.joined).items() if k.startswith('ray_')}}
 
     def _place(self, members, keep: dict) -> None:
         """Put `members` on live nodes (`keep`ing those whose keeper lives there)."""
@@ -321,6 +333,8 @@ class Launcher:
             self.job.ahead.maybe_start(gen.number, completed)
             if completed >= 1 > progress:
                 self._warm_standbys()
+                if not self.stepped:
+                    self._record_config()
             if completed > progress:
                 progress, progressed_at = completed, now_mono
             hang = hung(self.job, gen, progress, now_mono - progressed_at, now)
@@ -370,14 +384,3 @@ class Launcher:
         recovery_report.append(self.dir, row)
         self.job.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
                      f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")
-
-
-def _next_generation_number(out_dir: str) -> int:
-    """The number after every generation an earlier launcher of this workdir ran (0 if none).
-
-    A rerun goes on counting: parity stripes and records carry the generation,
-    and a newer one must replace what an older timeline left.
-    """
-    numbers = [int(m.group(1)) for p in glob.glob(os.path.join(out_dir, 'g*_w*.log'))
-               if (m := re.match(r'g(\d+)_w\d+\.log$', os.path.basename(p)))]
-    return max(numbers, default=-1) + 1

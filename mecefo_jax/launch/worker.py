@@ -153,7 +153,7 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     from mecefo_jax import train as train_lib
     from mecefo_jax.launch import placement as placement_lib
     placement = placement_lib.Placement(args.workers, cfg.launch.local_devices, cfg.mesh.model)
-    placement.check_mesh(cfg.mesh)
+    placement.check_mesh(cfg.mesh, cfg.data.global_batch_size)
     rows = placement_lib.replica_rows(placement, list(args.members), jax.devices())
     # Orbax checkpoints every train.checkpoint_every steps in either mode: the
     # disk tier under the keepers' memory tier (REFT and Orbax's emergency
