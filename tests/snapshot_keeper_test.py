@@ -95,6 +95,20 @@ def test_remove_stale_unlinks_segments_of_dead_keepers():
     assert shm.listed(dead.pid) == []
 
 
+def test_a_job_removes_its_own_dead_keepers_segments_and_never_another_jobs():
+    """--cleanup of one workdir once unlinked every dead keeper's segments, another job's too."""
+    dead = subprocess.Popen([sys.executable, '-c', 'pass'])
+    dead.wait()
+    names = [f'{shm.prefix(dead.pid, job)}s0_g0' for job in ('mecefo-aaaa', 'mecefo-bbbb')]
+    for name in names:
+        seg = shared_memory.SharedMemory(name=name, create=True, size=4096)
+        resource_tracker.unregister(seg._name, 'shared_memory')
+        seg.close()
+    assert shm.remove_stale('mecefo-aaaa') == names[:1]
+    assert shm.listed(dead.pid) == names[1:]  # the other job's, for its own cleanup
+    assert shm.remove_stale('mecefo-bbbb') == names[1:]
+
+
 def test_a_pinned_snapshot_is_never_overwritten_and_a_session_end_drops_its_pins():
     import ray
     k = keeper('t-pin', pin_timeout=0.3)

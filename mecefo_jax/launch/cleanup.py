@@ -30,5 +30,5 @@ def cleanup(workdir: str, address: str | None = None) -> dict:
         ray.shutdown()
         if joined.local_pid is not None:
             removed['local_cluster'] = ray_cluster.stop_local(workdir)
-    removed['segments'] += shm.remove_stale()
+    removed['segments'] += shm.remove_stale(ray_cluster.namespace_of(workdir))
     return removed

@@ -96,7 +96,7 @@ class JobKeepers:
         deadline = time.monotonic() + _TIMEOUT
         while self.alive(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        shm.remove_stale()
+        shm.remove_stale(self.namespace)
 
     def end_sessions(self) -> None:
         """Release the pins of a torn-down generation's workers (a killed worker closes nothing)."""
@@ -134,4 +134,4 @@ class JobKeepers:
         for handle in self.handles.values():
             stop_keeper(handle)
         self.handles.clear()
-        shm.remove_stale()
+        shm.remove_stale(self.namespace)

@@ -74,7 +74,7 @@ def _opened_row(job: JobState, gen: Generation, outcome: Outcome) -> dict:
     if lost:
         row['lost_nodes'] = lost
         job.lost_nodes.extend(lost)
-        shm.remove_stale()  # a simulated node's keeper leaves its segments on this host
+        shm.remove_stale(job.keepers.namespace)  # a simulated node's keeper leaves them here
     if job.injector.where is not None:
         row['injected_at'], job.injector.where = job.injector.where, None
     if outcome.kind == 'failed':

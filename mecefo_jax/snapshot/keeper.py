@@ -99,10 +99,11 @@ class Keeper:
     """The keeper's state and request handlers (thread-safe, no I/O of its own)."""
 
     def __init__(self, name: str, slots: int = 2, pin_timeout: float = 60.0,
-                 max_payload: int = MAX_PAYLOAD_BYTES):
+                 max_payload: int = MAX_PAYLOAD_BYTES, job: str = ''):
         if slots < 2:
             raise ValueError(f'A keeper needs at least 2 slots (double buffering), got {slots}.')
         self.name = name
+        self.job = job  # in its segments' names: a job removes only its own stale ones
         self.max_payload = max_payload
         self.refused = 0  # requests refused for a payload over max_payload
         self.rejected = 0  # requests refused as malformed (check_request)
@@ -194,7 +195,7 @@ class Keeper:
                     slot.seg, slot.capacity, slot.state, slot.step = None, 0, 'free', None
                 # Headroom so that slowly growing headers do not reallocate every step.
                 capacity = max(nbytes + nbytes // 16, 1 << 20)
-                name = f'{shm.prefix(os.getpid())}s{slot.index}_g{next(self._gen)}'
+                name = f'{shm.prefix(os.getpid(), self.job)}s{slot.index}_g{next(self._gen)}'
                 slot.seg, slot.capacity = shm.create(name, capacity), capacity
             slot.state, slot.step, slot.token = 'writing', None, next(self._tokens)
             return {'slot': slot.index, 'shm': slot.seg.name, 'capacity': slot.capacity,

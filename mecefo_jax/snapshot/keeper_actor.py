@@ -26,9 +26,10 @@ from mecefo_jax.snapshot.keeper_sessions import Sessions
 class KeeperActor:
     """The keeper as a Ray actor: `start_keeper` creates it (detached, named, on a node)."""
 
-    def __init__(self, name: str, slots: int, pin_timeout: float, max_payload: int):
+    def __init__(self, name: str, slots: int, pin_timeout: float, max_payload: int, job: str = ''):
         self.name = name
-        self.keeper = Keeper(name, slots=slots, pin_timeout=pin_timeout, max_payload=max_payload)
+        self.keeper = Keeper(name, slots=slots, pin_timeout=pin_timeout, max_payload=max_payload,
+                             job=job)
         self._sessions = Sessions(self.keeper)
 
     def request(self, session, msg, payload=None):
@@ -111,7 +112,8 @@ def start_keeper(name: str, *, namespace: str | None = None, node_id: str | None
         options['lifetime'] = 'detached'
     if node_id is not None:
         options['scheduling_strategy'] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    actor = ray.remote(KeeperActor).options(**options).remote(name, slots, pin_timeout, max_payload)
+    actor = ray.remote(KeeperActor).options(**options).remote(name, slots, pin_timeout, max_payload,
+                                                              namespace or '')
     info = ray.get(actor.info.remote(), timeout=ready_timeout)
     return KeeperHandle(actor, name, info['node_id'], info['pid'])
 

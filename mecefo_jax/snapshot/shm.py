@@ -14,9 +14,9 @@ exactly when the keeper's copy is needed. So:
   the instant between a register and an unregister, when a SIGKILL would
   make the worker's tracker unlink the keeper's segment).
 
-Segment names start with `prefix(keeper_pid)`, so a launcher can find and
-remove segments of keepers that died without cleaning up
-(`remove_stale`).
+Segment names start with `prefix(keeper_pid, job)`, so a launcher can find and
+remove segments of its own job's keepers that died without cleaning up
+(`remove_stale(job)`), and never another job's.
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 SHM_DIR = '/dev/shm'
 
 
-def prefix(pid: int) -> str:
-    return f'mcf{pid}_'
+def prefix(pid: int, job: str = '') -> str:
+    """The start of keeper `pid`'s segment names; with `job` (its Ray namespace), of that job's."""
+    return f'mcf{pid}_{job}_' if job else f'mcf{pid}_'
 
 
 def create(name: str, size: int) -> shared_memory.SharedMemory:
@@ -143,8 +144,9 @@ def cmdline(pid: int) -> str | None:
         return None
 
 
-def remove_stale() -> list[str]:
-    """Unlink segments whose keeper process is gone; returns their names."""
+def remove_stale(job: str | None = None) -> list[str]:
+    """Unlink segments whose keeper process is gone (of `job`'s keepers only, when given);
+    returns their names."""
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
@@ -153,6 +155,8 @@ def remove_stale() -> list[str]:
     for n in names:
         head = n.split('_', 1)[0]
         if not (head.startswith('mcf') and head[3:].isdigit()):
+            continue
+        if job is not None and not n.startswith(prefix(int(head[3:]), job)):
             continue
         if not alive(int(head[3:])):
             try:
