@@ -40,10 +40,14 @@ def main(argv):
     logging.info('devices: %s', jax.devices())
     from mecefo_jax.observers import TokenCount
     from mecefo_jax.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard
-    from mecefo_jax.workdir_lock import WorkdirLock
-    # One run per workdir; SIGTERM or a first Ctrl-C saves the step and stops.
-    with WorkdirLock(FLAGS.workdir, active=jax.process_index() == 0), \
-            PreemptionGuard() as preemption:
+    from mecefo_jax.workdir_lock import WorkdirError, WorkdirLock
+    lock = WorkdirLock(FLAGS.workdir, active=jax.process_index() == 0)
+    try:
+        lock.acquire()  # one run per workdir
+    except WorkdirError as error:
+        sys.exit(f'main: {error}')
+    # SIGTERM or a first Ctrl-C saves the step and stops.
+    with lock, PreemptionGuard() as preemption:
         try:
             summary = run(cfg, FLAGS.workdir, observers=[TokenCount(cfg.data.seq_len)],
                           preemption=preemption)

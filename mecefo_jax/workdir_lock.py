@@ -31,8 +31,16 @@ LOCK_FILENAME = 'run.lock'
 log = logging.getLogger(__name__)
 
 
-class WorkdirLockedError(RuntimeError):
+class WorkdirError(RuntimeError):
+    """The workdir cannot be used now; the message says why and what to do."""
+
+
+class WorkdirLockedError(WorkdirError):
     """Another run holds the workdir."""
+
+
+class WorkdirUnusableError(WorkdirError):
+    """The workdir is a file, or cannot be created or written."""
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -75,7 +83,7 @@ class WorkdirLock:
     def acquire(self) -> WorkdirLock:
         if not self.active or self._record is not None:
             return self
-        os.makedirs(self.workdir, exist_ok=True)
+        self._make_usable()
         record = {'pid': os.getpid(), 'host': socket.gethostname(),
                   'started': datetime.datetime.now(datetime.UTC).isoformat(
                       timespec='seconds'),
@@ -108,6 +116,21 @@ class WorkdirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+    def _make_usable(self) -> None:
+        """The workdir exists as a directory this process can write, or WorkdirUnusableError."""
+        where = f'--workdir={self.workdir}'
+        if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
+            raise WorkdirUnusableError(f'{where} is a file, not a directory: pass a directory '
+                                       '(it is made if missing).')
+        try:
+            os.makedirs(self.workdir, exist_ok=True)
+        except OSError as error:
+            raise WorkdirUnusableError(f'{where} cannot be made ({error.strerror}): pass a '
+                                       'directory you can write.') from None
+        if not os.access(self.workdir, os.W_OK | os.X_OK):
+            raise WorkdirUnusableError(f'{where} is not writable: make it writable '
+                                       f'(chmod u+w {self.workdir}) or pass another --workdir.')
 
     def _create(self, record: dict) -> bool:
         return atomic_file.create_bytes(self.path, json.dumps(record).encode('utf-8'))

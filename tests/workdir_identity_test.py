@@ -1,4 +1,4 @@
-"""A workdir reached through a symlink is the same job: one namespace, one local cluster, one lock."""
+"""A workdir is known by its real path (a symlink reaches the same job), and one that cannot be used is named."""
 import os
 
 import pytest
@@ -27,3 +27,15 @@ def test_the_lock_taken_through_one_path_refuses_the_other(two_paths):
     with WorkdirLock(real):
         with pytest.raises(WorkdirLockedError):
             WorkdirLock(alias).acquire()
+
+
+def test_a_workdir_that_is_a_file_or_not_writable_is_named_with_the_fix(tmp_path, monkeypatch):
+    from mecefo_jax.workdir_lock import WorkdirUnusableError
+    a_file = tmp_path / 'notes.txt'
+    a_file.write_text('x')
+    with pytest.raises(WorkdirUnusableError, match='is a file, not a directory'):
+        WorkdirLock(str(a_file)).acquire()
+    assert a_file.read_text() == 'x'
+    monkeypatch.setattr(os, 'access', lambda path, mode: False)  # as a read-only directory for a user
+    with pytest.raises(WorkdirUnusableError, match=r'is not writable: make it writable \(chmod u\+w'):
+        WorkdirLock(str(tmp_path / 'job')).acquire()

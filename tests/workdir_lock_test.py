@@ -83,3 +83,20 @@ def test_lock_on_another_host_is_not_taken_over(tmp_path):
 def test_inactive_lock_for_other_processes_writes_nothing(tmp_path):
     with WorkdirLock(tmp_path / 'w', active=False):
         assert not os.path.exists(tmp_path / 'w')
+
+
+@pytest.mark.subprocess  # a Python process holding the lock, and the launcher's --cleanup
+def test_cleanup_refuses_a_workdir_whose_job_holds_its_lock(tmp_path):
+    """--cleanup once removed a running job's keepers, shared memory and cluster."""
+    proc = _holder(tmp_path)
+    try:
+        done = subprocess.run([sys.executable, '-m', 'mecefo_jax.launch', f'--workdir={tmp_path}',
+                               '--cleanup'], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert '--cleanup refused: the job is running' in done.stderr
+        assert f'pid {proc.pid}' in done.stderr
+        assert json.loads((tmp_path / LOCK_FILENAME).read_text())['pid'] == proc.pid  # still its
+    finally:
+        proc.stdin.close()
+        assert proc.wait() == 0
+

@@ -34,8 +34,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     if _CLEANUP.value:
-        from mecefo_jax.launch.cleanup import cleanup
-        print(json.dumps(cleanup(_WORKDIR.value, _ADDRESS.value), indent=2))
+        _cleanup()
         return
     if _CONFIG.value is None or _NPROCS.value is None:
         sys.exit('launch: --config and --nprocs are required (or --cleanup).')
@@ -45,12 +44,16 @@ def main(argv):
     from mecefo_jax.launch.exits import WorkerProgramError
     from mecefo_jax.launch.supervisor import Launcher
     from mecefo_jax.preemption import EXIT_PREEMPTED
-    from mecefo_jax.workdir_lock import WorkdirLock
-    try:  # the workers and their batch split are checked before any cluster is touched
-        launcher = Launcher(cfg, _WORKDIR.value, _NPROCS.value)
-    except ValueError as error:
+    from mecefo_jax.workdir_lock import WorkdirError, WorkdirLock
+    try:
+        lock = WorkdirLock(_WORKDIR.value).acquire()  # one job per workdir
+    except WorkdirError as error:
         sys.exit(f'launch: {error}')
-    with WorkdirLock(_WORKDIR.value):  # one job per workdir
+    with lock:
+        try:  # the workers and their batch split are checked before any cluster is touched
+            launcher = Launcher(cfg, _WORKDIR.value, _NPROCS.value)
+        except ValueError as error:
+            sys.exit(f'launch: {error}')
         joined = launcher.joined = ray_cluster.join(_ADDRESS.value, _WORKDIR.value,
                                                     object_store_mb=cfg.launch.object_store_mb)
         try:
@@ -77,6 +80,27 @@ def main(argv):
             print(f"preempted: saved step {summary['preempted_at']}; rerun the same command "
                   'to resume there.', flush=True)
         sys.exit(EXIT_PREEMPTED)
+
+
+def _cleanup() -> None:
+    """--cleanup: what a killed launcher left, never a running job's (its lock is live)."""
+    import os
+
+    from mecefo_jax.launch.cleanup import cleanup
+    from mecefo_jax.workdir_lock import WorkdirError, WorkdirLock, WorkdirLockedError
+    if not os.path.isdir(_WORKDIR.value):  # no lock to hold, and nothing to make
+        print(json.dumps(cleanup(_WORKDIR.value, _ADDRESS.value), indent=2))
+        return
+    try:
+        with WorkdirLock(_WORKDIR.value):
+            removed = cleanup(_WORKDIR.value, _ADDRESS.value)
+    except WorkdirLockedError as error:
+        sys.exit(f'launch: --cleanup refused: the job is running, and its keepers hold its only '
+                 f'fast copy. Stop it first (Ctrl-C or SIGTERM saves a step; rerunning the same '
+                 f'command resumes it), then --cleanup if it will not be rerun.\n{error}')
+    except WorkdirError as error:
+        sys.exit(f'launch: {error}')
+    print(json.dumps(removed, indent=2))
 
 
 if __name__ == '__main__':
