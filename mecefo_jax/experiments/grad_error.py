@@ -71,6 +71,21 @@ def two_shard_gradients(model, mesh, state, tokens_nbt) -> dict[str, Any]:
     return grads
 
 
+def token_grad_fn(model):
+    """Jitted `(params, projections, tokens, weights, neighbour) -> gradient` of the summed
+    token loss, exact or in MeCeFO's neighbour mode.
+
+    Sums, not means: a ratio of two gradients of the same rows (the relative
+    error) needs no divisor, and one jitted function serves both modes.
+    """
+    from mecefo_jax import step as step_lib
+
+    def grad(params, projections, tokens, weights, neighbour):
+        return jax.grad(lambda p: step_lib.token_loss_sum(
+            model, p, projections, tokens, weights, neighbour=neighbour))(params)
+    return jax.jit(grad, static_argnames='neighbour')
+
+
 def grad_rel_error(approx, exact) -> dict[str, float]:
     """||approx - exact|| / ||exact|| per parameter group, in float64 on host."""
     err2 = dict.fromkeys(GROUPS[:3], 0.0)

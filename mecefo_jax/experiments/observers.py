@@ -166,13 +166,7 @@ class GradientError(Observer):
     def _grads(self, params, projections, tokens, weights, neighbour: bool):
         """Gradient of the summed token loss (the same divisor cancels in the ratio)."""
         if self._grad is None:
-            from mecefo_jax import step as step_lib
-            model = self.model
-
-            def grad(p, v, t, w, neighbour):
-                return jax.grad(lambda p: step_lib.token_loss_sum(
-                    model, p, v, t, w, neighbour=neighbour))(p)
-            self._grad = jax.jit(grad, static_argnames='neighbour')
+            self._grad = grad_error.token_grad_fn(self.model)
         return jax.device_get(self._grad(params, projections, tokens, weights,
                                          neighbour=neighbour))
 

@@ -34,7 +34,7 @@ DEFAULT_LINK_GBPS = 25.0
 BYTES_F32 = 4
 
 
-def _ffn_kernels(shape) -> tuple[tuple[int, int], ...]:
+def ffn_kernels(shape) -> tuple[tuple[int, int], ...]:
     """[n, m] of the three FFN kernels of a block (w_gate, w_up: [d, h]; w_down: [h, d])."""
     return ((shape.d_model, shape.ffn_hidden),) * 2 + ((shape.ffn_hidden, shape.d_model),)
 
@@ -62,7 +62,7 @@ def subspace_flops(n: int, m: int, r: int, iterations: int) -> float:
 def subspace_refresh_flops(shape, rank: int, iterations: int) -> float:
     """FLOPs of one unsplit subspace refresh of every FFN kernel of the model."""
     return shape.num_layers * sum(subspace_flops(n, m, rank, iterations)
-                                  for n, m in _ffn_kernels(shape))
+                                  for n, m in ffn_kernels(shape))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +82,7 @@ def subspace_refresh_parts(shape, rank: int, iterations: int,
     all-reduce of the short-axis one (``2 k r`` words), at their
     (live - 1) / live <= 1 upper bound. A smaller one is computed whole."""
     products = whole = words = 0.0
-    for n, m in _ffn_kernels(shape):
+    for n, m in ffn_kernels(shape):
         kernel_products = iterations * 4.0 * n * m * rank
         whole += _qr(n, rank) + iterations * (_qr(m, rank) + _qr(n, rank))
         if n * m < split_min_elements:
