@@ -93,8 +93,8 @@ def script_json(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def result(script_json, tmp_path_factory):
-    """The in-process run with timing (after `script_json`: its programs are cached)."""
+def result(tmp_path_factory):
+    """The in-process run with timing."""
     out = tmp_path_factory.mktemp('bench')
     res = bench.run_benchmark(tiny_config(), str(out), batch=BATCH, warmup=1, iters=1,
                               overhead_iters=2, device=jax.devices()[0], log=lambda _: None)
@@ -119,6 +119,7 @@ def test_blocker_blocks_every_optional_package():
     assert 'imported: []' in proc.stdout
 
 
+@pytest.mark.subprocess  # scripts/bench_step.py
 def test_script_runs_without_optional_packages(script_json):
     assert set(script_json['modes']) == set(step_modes.MODES)
     assert script_json['config']['num_layers'] == 1  # --config.model.num_layers=1 applied
@@ -155,6 +156,7 @@ def test_json_schema(result):
     assert result['mfu']['applicable'] is False  # CPU
 
 
+@pytest.mark.subprocess  # scripts/bench_step.py
 def test_script_and_in_process_runs_cost_the_same_programs(script_json, result):
     # Same config through the CLI overrides and in Python: identical programs.
     for mode in step_modes.MODES:

@@ -14,9 +14,9 @@ STEPS = 6
 
 
 @pytest.fixture(scope='module')
-def report(tmp_path_factory):
+def report(tmp_path_factory, tokenizer_cache):
     cfg = get_config()
-    cfg.data.cache_dir = str(tmp_path_factory.mktemp('tokenizer_cache'))
+    cfg.data.cache_dir = tokenizer_cache
     cfg.train.steps = STEPS
     cfg.fault.events = '2:3:2'  # replica 3 down for steps 2 and 3
     cfg = resolve(cfg)

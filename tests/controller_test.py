@@ -49,12 +49,8 @@ TOKENS_PER_SHARD = B * SEQ
 
 
 @pytest.fixture(scope='session')
-def cache_dir(tmp_path_factory):
-    # A fixed path under the session's base temp: every module that uses this
-    # name trains the sentencepiece tokenizer at most once per session.
-    path = tmp_path_factory.getbasetemp() / 'fault_tests_tokenizer_cache'
-    path.mkdir(exist_ok=True)
-    return str(path)
+def cache_dir(tokenizer_cache):
+    return tokenizer_cache  # the session's (tests/conftest.py)
 
 
 def config(cache_dir, **fault):

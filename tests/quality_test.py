@@ -28,7 +28,7 @@ RUNS = 'fault_free,mecefo:high,ndb_naive:high'
 
 
 @pytest.fixture(scope='module')
-def report(tmp_path_factory):
+def report(tmp_path_factory, tokenizer_cache):
     out = str(tmp_path_factory.mktemp('quality'))
     env = dict(os.environ, PYTHONPATH=ROOT,  # this checkout's package, not an installed one
                JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp('xla_cache')),
@@ -39,7 +39,7 @@ def report(tmp_path_factory):
            '--runs', RUNS, '--grad_error_every', str(EVERY), '--evals', '1',
            f'--config.train.steps={STEPS}', f'--config.fault.step_time_sec={STEP_TIME}',
            f'--config.fault.seed={SEED}',
-           f"--config.data.cache_dir={tmp_path_factory.mktemp('tokenizer_cache')}"]
+           f'--config.data.cache_dir={tokenizer_cache}']
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(os.path.join(out, 'quality.json')) as f:

@@ -22,8 +22,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp('tokenizer_cache'))
+def cache_dir(tokenizer_cache):
+    return tokenizer_cache  # the session's (tests/conftest.py)
 
 
 def tiny(cache_dir, steps=8, **fields):
