@@ -486,6 +486,29 @@ def test_a_program_error_stops_the_job_at_once_with_the_workers_error(cluster, c
     assert not os.path.exists(os.path.join(tmp_path, 'launch', 'g1_w0.log'))
 
 
+def test_a_dead_keeper_is_a_crash_of_its_worker_and_the_job_goes_on_from_the_peers(
+        cluster, caches, tmp_path):
+    """Worker 1's keeper alone is SIGKILLed after step 3. Its worker meets the loss at its
+    next snapshot and ends as a crash ('its keeper died'), not a program error: once that
+    stopped the job and removed every other keeper. Worker 0 goes on from its own keeper
+    under MeCeFO; worker 1 comes back 2 steps later with a new keeper and heals from its
+    peer's."""
+    workdir = str(tmp_path)
+    summary = launch(overrides(caches, **{'launch.kill': '3:1:keeper', 'train.steps': 10,
+                                          'launch.return_after_steps': 2}), workdir)
+    failure, rejoin = summary['recoveries']
+    assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
+    assert failure['deaths'] == {'1': 'its keeper died'}
+    assert failure['members'] == [0] and failure['resume'] == 'memory'
+    assert failure['redone_steps'] == 0
+    assert rejoin['kind'] == 'rejoin' and rejoin['members'] == [0, 1]
+    assert rejoin['healed_bytes'] > 0 and rejoin['redone_steps'] == 0
+    ends = [read(workdir, f'g2_w{w}_end.json') for w in range(WORKERS)]
+    assert all(e['finished'] and e['final_step'] == 10 for e in ends)
+    assert ends[0]['params_sha256'] == ends[1]['params_sha256']
+    assert summary['program_error'] is None
+
+
 def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(cluster, caches,
                                                                             tmp_path):
     """Both workers held inside their publish of HELD_STEP and SIGKILLed together."""

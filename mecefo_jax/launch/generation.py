@@ -22,6 +22,7 @@ from mecefo_jax.launch.progress import parse_report
 from mecefo_jax.launch.worker import Worker, this_host
 from mecefo_jax.launch.worker_args import WorkerArgs
 from mecefo_jax.snapshot import shm
+from mecefo_jax.snapshot.keeper_actor import KeeperLost
 
 PROGRESS_SEC = 0.2  # how often each worker is asked how far it got
 _TEARDOWN_SEC = 30.0  # Ray kills a worker within this (SIGKILL from its raylet)
@@ -138,6 +139,8 @@ def exits(gen: Generation, now: float, injected: dict) -> list[Death]:
         except RayTaskError as e:  # its own code raised (RayActorError is a crash)
             if isinstance(e, RayActorError):
                 deaths.append(Death(w, crash_cause(e, injected.get(w)), CRASH, now))
+            elif isinstance(e.cause, KeeperLost):  # its keeper died: the memory tier crashed
+                deaths.append(Death(w, 'its keeper died', CRASH, now))
             else:
                 deaths.append(Death(w, f'{type(e.cause).__name__}: {e.cause}', PROGRAM_ERROR, now))
         except RayError as e:

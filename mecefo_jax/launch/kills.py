@@ -21,6 +21,8 @@ class Kill:
 
     `worker`: the worker it hits, or LAUNCHER (the launcher signals itself).
     `keeper`: the worker's keeper is killed with it (its memory is lost).
+    `keeper_only`: the worker's keeper is killed and the worker is not: the
+    worker finds its keeper gone at its next snapshot.
     `node`: the worker's node is lost (a node-loss hook the caller owns, as a
     simulated cluster's owner does, removes it; no signal).
     `in_publish`: the worker is held inside its snapshot publish of step
@@ -40,6 +42,7 @@ class Kill:
     in_publish: bool = False
     after_snapshot: bool = False
     node: bool = False
+    keeper_only: bool = False
 
     @property
     def launcher(self) -> bool:
@@ -52,14 +55,16 @@ class Kill:
 
     def describe(self) -> str:
         what = ('the launcher' if self.launcher else f'the node of worker {self.worker}'
-                if self.node else f'worker {self.worker}')
+                if self.node else f'the keeper of worker {self.worker}' if self.keeper_only
+                else f'worker {self.worker}')
         how = 'lost' if self.node else signal.Signals(self.signal).name
         return f'{how}: {what}'
 
 
-_KILL_FORMAT = ("'STEP:WORKER[:SIGNAL[:keeper|publish|snapshot]]', 'STEP:WORKER:node[:snapshot]' "
-                "or 'STEP:launcher[:SIGNAL[:snapshot]]', e.g. '12:1', '8:0:STOP', "
-                "'9:2:KILL:keeper', '15:1:node:snapshot', '15:launcher:KILL:snapshot'")
+_KILL_FORMAT = ("'STEP:WORKER[:SIGNAL[:keeper|publish|snapshot]]', 'STEP:WORKER:node[:snapshot]', "
+                "'STEP:WORKER:keeper' (its keeper alone) or 'STEP:launcher[:SIGNAL[:snapshot]]', "
+                "e.g. '12:1', '8:0:STOP', '9:2:KILL:keeper', '9:2:keeper', '15:1:node:snapshot', "
+                "'15:launcher:KILL:snapshot'")
 
 
 def _signal(name: str) -> int:
@@ -76,11 +81,14 @@ def parse_kills(text: str, workers: int) -> list[Kill]:
             step = int(parts[0])
             worker = LAUNCHER if parts[1] == 'launcher' else int(parts[1])
             node = len(parts) > 2 and parts[2] == 'node'
-            sig = _signal(parts[2]) if len(parts) > 2 and parts[2] and not node else signal.SIGKILL
+            keeper_only = len(parts) > 2 and parts[2] == 'keeper'
+            sig = (_signal(parts[2]) if len(parts) > 2 and parts[2] and not (node or keeper_only)
+                   else signal.SIGKILL)
             where = parts[3] if len(parts) > 3 else ''
-            allowed = (('', 'snapshot') if worker == LAUNCHER or node
+            allowed = (('',) if keeper_only else ('', 'snapshot') if worker == LAUNCHER or node
                        else ('', 'keeper', 'publish', 'snapshot'))
-            if len(parts) > 4 or where not in allowed or (node and worker == LAUNCHER):
+            if (len(parts) > 4 or where not in allowed
+                    or ((node or keeper_only) and worker == LAUNCHER)):
                 raise ValueError
         except (ValueError, IndexError, AttributeError):
             raise ValueError(f'launch.kill: cannot read {item!r}; use {_KILL_FORMAT}.') from None
@@ -88,7 +96,7 @@ def parse_kills(text: str, workers: int) -> list[Kill]:
             raise ValueError(f'launch.kill: {item!r} names worker {worker} of {workers} workers '
                              f'(0..{workers - 1}, or launcher) at step {step} (>= 0).')
         kills.append(Kill(step, worker, sig, where == 'keeper', where == 'publish',
-                          where == 'snapshot', node))
+                          where == 'snapshot', node, keeper_only))
     return kills
 
 
@@ -135,7 +143,8 @@ class Injector:
                 continue
             self._fire(gen, kill, due[kill])
         for kill in pending:  # a killed worker is dead before the next look at exits
-            if kill in self.fired and kill.signal == signal.SIGKILL and not kill.node:
+            if (kill in self.fired and kill.signal == signal.SIGKILL
+                    and not (kill.node or kill.keeper_only)):
                 generation.wait_dead(gen, kill.worker)
 
     def _due(self, gen, kill: Kill) -> str | None:
@@ -172,6 +181,9 @@ class Injector:
         if kill.node:
             self.injected[kill.worker] = 'the loss of its node'
             self.node_killer(self.nodes[kill.worker])
+            return
+        if kill.keeper_only:  # the worker goes on, and meets the loss at its next snapshot
+            self.keepers.kill(kill.worker)
             return
         if kill.keeper:
             # Keep what the keeper held, only to check a parity rebuild bit for bit.

@@ -33,6 +33,7 @@ import numpy as np
 from mecefo_jax.snapshot import blob
 from mecefo_jax.snapshot.client import SnapshotWriter
 from mecefo_jax.snapshot.jax_io import host_shards
+from mecefo_jax.snapshot.keeper_actor import KeeperLost, KeeperUnreachable
 
 
 class SnapshotError(RuntimeError):
@@ -128,8 +129,10 @@ class AsyncSnapshotter:
         if self._error is not None:
             step, err = self._error
             self._error = None
-            raise SnapshotError(f'Snapshot of step {step} failed in the background: '
-                                f'{type(err).__name__}: {err}') from err
+            why = f'{type(err).__name__}: {err}'
+            if isinstance(err, KeeperUnreachable):
+                raise KeeperLost(f'The keeper died before the snapshot of step {step}: {why}') from err
+            raise SnapshotError(f'Snapshot of step {step} failed in the background: {why}') from err
 
     def _run(self) -> None:
         while True:

@@ -62,6 +62,20 @@ class KeeperError(RuntimeError):
     """The keeper refused a request, or could not be reached."""
 
 
+class KeeperUnreachable(KeeperError):
+    """The keeper could not be reached: it, or its node, is gone."""
+
+
+class KeeperLost(RuntimeError):
+    """A worker's keeper died under it: a crash of the memory tier, not of the program.
+
+    The worker ends with it and the launcher treats it as lost, as it would a
+    crashed worker: the job goes on from the peers' keepers, and a new keeper
+    takes the slot when the worker comes back. (A program error, by contrast,
+    would stop the job: the same code would fail again.)
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class KeeperHandle:
     """A keeper actor, as workers and the launcher address it (picklable, sent to workers)."""
@@ -76,9 +90,9 @@ class KeeperHandle:
         try:
             return ray.get(self.actor.request.remote(session, msg, payload), timeout=timeout)
         except (RayActorError, GetTimeoutError) as e:
-            raise KeeperError(f'Keeper {self.name} is unreachable ({type(e).__name__}); it or its '
-                              'node is gone. Fix: restore from another keeper or parity, or from '
-                              'the disk checkpoint.') from None
+            raise KeeperUnreachable(f'Keeper {self.name} is unreachable ({type(e).__name__}); it or '
+                                    'its node is gone. Fix: restore from another keeper or parity, '
+                                    'or from the disk checkpoint.') from None
 
     def close_session(self, session: str) -> None:
         try:
