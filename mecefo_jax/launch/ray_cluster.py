@@ -172,6 +172,28 @@ def join(address: str | None, workdir: str, *, object_store_mb: int = 256,
     return Joined(address, local_pid, started, start_sec, time.perf_counter() - t0)
 
 
+def health_check() -> dict:
+    """The connected cluster's node health check (a driver gets the head's settings), in ms."""
+    from ray._raylet import Config
+    return {'period_ms': Config.health_check_period_ms(),
+            'timeout_ms': Config.health_check_timeout_ms(),
+            'failure_threshold': Config.health_check_failure_threshold()}
+
+
+def node_loss_warning(check: dict, heartbeat_timeout_sec: float) -> str | None:
+    """What to tell a user whose cluster reports a lost node later than the launcher's own
+    heartbeat timeout (Ray's default, 3 s x 5 checks of up to 10 s, takes 15 to 65 s)."""
+    worst = check['failure_threshold'] * (check['period_ms'] + check['timeout_ms']) / 1000
+    if worst <= heartbeat_timeout_sec:
+        return None
+    return (f'[launch] warning: this Ray cluster reports a lost node after up to {worst:.0f} s '
+            f"(health check every {check['period_ms']} ms, {check['timeout_ms']} ms timeout, "
+            f"{check['failure_threshold']} failures), longer than launch.heartbeat_timeout_sec="
+            f'{heartbeat_timeout_sec:g}: start its head with ray start --head --system-config='
+            '\'{"health_check_period_ms":500,"health_check_timeout_ms":500,'
+            '"health_check_failure_threshold":3}\' (docs/launch.md, "On a cluster").')
+
+
 def describe(joined: Joined | None) -> dict:
     """The cluster, and what joining it cost (never part of a recovery)."""
     j = joined

@@ -114,6 +114,9 @@ class Launcher:
             raise RuntimeError('The launcher needs a Ray cluster: connect first '
                                '(mecefo_jax.launch.ray_cluster.join).')
         os.makedirs(self.dir, exist_ok=True)
+        warning = ray_cluster.node_loss_warning(ray_cluster.health_check(), self.timeout)
+        if warning:
+            self.job.log(warning)
         started = time.time()
         handlers = self._catch_stop_signals()
         error, outcome, gen, rejected = None, None, None, 0
