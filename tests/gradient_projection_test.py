@@ -5,12 +5,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import small, tiny
 from mecefo_jax.aot import flops_of
 from mecefo_jax.config_resolve import resolve, updated
-from mecefo_jax.experiments import goodput
+from mecefo_jax.experiments import goodput, projection_rules
 from mecefo_jax.experiments import time_to_target_report as report_lib
 from mecefo_jax.faults import controller as controller_lib
 from mecefo_jax.faults import costs as costs_lib
@@ -133,3 +134,24 @@ def test_modelled_time_weighs_each_run_by_its_own_rule_and_charges_no_refresh():
     assert gradient.step_ratio(degraded) > weights.step_ratio(degraded) > 1.0
     assert weights.refresh_sec(7) > 0.0 and gradient.refresh_sec(7) == 0.0
     assert 'gradient' in gradient.refresh['refresh_source']
+
+
+def test_the_reports_projections_are_the_rules_own():
+    # projection_rules measures each rule from the exact kernel gradient G alone: for
+    # 'gradient' that is sketched_dense's own result (x^T (G_y Omega) = G Omega), for
+    # 'weights' lowrank_dense's; no rank-r rule beats the SVD truncation ('best').
+    kx, kk, kg = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (40, N_IN))
+    k = jax.random.normal(kk, (N_IN, M_OUT)) / np.sqrt(N_IN)
+    g = jax.random.normal(kg, (40, M_OUT))
+    exact, kernel = np.asarray(x.T @ g, np.float64), np.asarray(k, np.float64)
+    sketched = jax.vjp(lambda k: sketched_dense(x, k, RANK), k)[1](g)[0]
+    v = jnp.linalg.svd(k, full_matrices=False)[0][:, :RANK]
+    weights = jax.vjp(lambda k: lowrank_dense(x, k, v), k)[1](g)[0]
+    for rule, library in (('gradient', sketched), ('weights', weights)):
+        np.testing.assert_allclose(projection_rules.projected(rule, kernel, exact, RANK), library,
+                                   rtol=1e-4, atol=1e-4)
+    errors = {rule: np.linalg.norm(exact - projection_rules.projected(rule, kernel, exact, RANK))
+              for rule in projection_rules.RULES}
+    assert errors['best'] <= min(errors.values()) and errors['gradient_power1'] < errors['gradient']
+
