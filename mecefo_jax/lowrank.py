@@ -89,12 +89,14 @@ def sketch_matrix(n_in: int, m_out: int, rank: int) -> jax.Array:
 
     A function of `SKETCH_SEED` and the shape only: the same on every device,
     process and step, with no RNG state threaded through training (kernels of
-    one shape, e.g. every layer's w_gate, share it). A fixed Omega is enough:
-    the range finder's guarantee holds for a Gaussian Omega drawn independently
-    of the matrix it sketches, which a fixed seed is for gradients that do not
-    see it.
+    one shape, e.g. every layer's w_gate, share it). The key is threefry
+    whatever `jax_default_prng_impl` says, whose bits do not depend on the
+    backend or the sharding. A fixed Omega is enough: the range finder's bound
+    holds for a Gaussian Omega independent of the matrix it sketches, and a
+    batch's gradient does not depend on the Omega that projects it.
     """
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(SKETCH_SEED), n_in), m_out)
+    root = jax.random.key(SKETCH_SEED, impl='threefry2x32')
+    key = jax.random.fold_in(jax.random.fold_in(root, n_in), m_out)
     return jax.random.normal(key, (m_out, rank), jnp.float32)
 
 
