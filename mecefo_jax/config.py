@@ -85,6 +85,13 @@ def _mecefo_section() -> ConfigDict:
     section = ConfigDict()
     section.rank = 0.25  # low-rank r: int >= 1 absolute, or float in (0, 1] of min(in, out)
     section.tau = 100  # refresh the SVD projections every tau steps (paper: 100)
+    # The subspace each neighbour-mode FFN kernel gradient is projected onto:
+    # 'weights' (the paper's: the kernel's top-r singular directions V, held and
+    # refreshed at failure onsets and every tau steps) | 'gradient' (this project's:
+    # a rank-r range finder on the batch's own kernel gradient, in the backward
+    # pass; no V and no refresh, 2t(n+m)r more FLOPs per kernel and the full FFN
+    # inputs kept for backward). docs/algorithm.md, "Gradient-sketched projection".
+    section.projection = 'weights'
     # How V is refreshed: 'subspace' (randomized subspace iteration warm-started
     # from the held V, a few matmuls) | 'svd' (exact full SVD, the reference).
     # docs/algorithm.md, "Cheap projection refresh".

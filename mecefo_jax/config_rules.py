@@ -90,11 +90,13 @@ def _check_train(cfg: Config) -> None:
 
 
 def _check_mecefo(cfg: Config) -> None:
+    from mecefo_jax.lowrank import PROJECTION_RULES
     m = cfg.mecefo
     _require(m.tau >= 1, 'mecefo.tau', m.tau,
              'must be >= 1 (steps between SVD refreshes)', 100)
     _require(m.rank > 0 and (m.rank <= 1.0 or m.rank.is_integer()), 'mecefo.rank', m.rank,
              'must be a fraction in (0, 1] or a whole rank >= 1', 0.25)
+    _one_of('mecefo.projection', m.projection, PROJECTION_RULES)
     _one_of('mecefo.refresh', m.refresh, ('subspace', 'svd'))
     _require(m.refresh_iters >= 1, 'mecefo.refresh_iters', m.refresh_iters, 'must be >= 1', 3)
     _require(m.refresh_split_min_elements >= 0, 'mecefo.refresh_split_min_elements',

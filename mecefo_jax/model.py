@@ -18,8 +18,11 @@ a cheaper backward:
   * the attention branch is cut from the backward pass (no cotangent, no
     parameter gradient, no saved activations);
   * the FFN keeps only its input and recomputes its inner activations;
-  * each FFN weight gets the low-rank gradient of `lowrank.lowrank_dense`,
-    using projections read from the 'projections' variable collection.
+  * each FFN weight gets a low-rank gradient: `lowrank.lowrank_dense`'s
+    (the paper's, with projections read from the 'projections' variable
+    collection) or, under `mecefo.projection='gradient'`,
+    `lowrank.sketched_dense`'s (projected on the batch's own gradient; no
+    projections read).
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
 from mecefo_jax.loss import chunked_cross_entropy
-from mecefo_jax.lowrank import lowrank_dense
+from mecefo_jax.lowrank import PROJECTION_RULES, lowrank_dense, sketched_dense
+from mecefo_jax.projections import resolve_rank
 from mecefo_jax.settings import Config, ModelSection
 
 PROJECTIONS = 'projections'  # variable collection holding the SVD projections V
@@ -40,18 +44,22 @@ ATTENTION_BRANCH_MODULES = ('attn', 'attn_norm')  # averaged over normal devices
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(ModelSection):
-    """The config's model section (resolved and checked there), plus two switches of its own.
+    """The config's model section (resolved and checked there), plus the neighbour's rules.
 
     Every field of `settings.ModelSection` is inherited, never re-declared, so
     the section stays the one place a model field is defined and checked.
     """
     remat_ffn: bool = False  # neighbour-mode FFN recomputation (mecefo.remat_ffn)
     unroll_loops: bool = False  # straight-line layers and loss chunks (FLOP counting)
+    projection: str = 'weights'  # the neighbour's FFN gradient rule (mecefo.projection)
+    rank: float = 0.25  # mecefo.rank: the 'gradient' rule's r ('weights' reads r off V)
 
     @classmethod
     def from_config(cls, cfg: Config) -> ModelConfig:
-        """From the resolved Config: its model section plus mecefo.remat_ffn."""
-        return cls(**dataclasses.asdict(cfg.model), remat_ffn=cfg.mecefo.remat_ffn)
+        """From the resolved Config: its model section plus mecefo's remat_ffn, projection, rank."""
+        m = cfg.mecefo
+        return cls(**dataclasses.asdict(cfg.model), remat_ffn=m.remat_ffn,
+                   projection=m.projection, rank=m.rank)
 
     @property
     def head_dim(self) -> int:
@@ -167,11 +175,13 @@ class Attention(nn.Module):
 
 
 class FFNLinear(nn.Module):
-    """`x @ kernel`; in neighbour mode with the low-rank weight gradient."""
+    """`x @ kernel`; in neighbour mode with the low-rank weight gradient of `projection`."""
     features: int
     logical_axes: tuple
     dtype: jnp.dtype
     neighbour: bool = False
+    projection: str = 'weights'
+    rank: float = 0.25
 
     @nn.compact
     def __call__(self, x_bln):
@@ -181,6 +191,11 @@ class FFNLinear(nn.Module):
         x_bln = x_bln.astype(self.dtype)
         if not self.neighbour:
             return x_bln @ kernel_nm.astype(self.dtype)
+        if self.projection not in PROJECTION_RULES:
+            raise ValueError(f'mecefo.projection={self.projection!r}: use one of '
+                             f'{", ".join(PROJECTION_RULES)}.')
+        if self.projection == 'gradient':
+            return sketched_dense(x_bln, kernel_nm, resolve_rank(self.rank, n, self.features))
         v_nr = self.get_variable(PROJECTIONS, 'kernel')
         if v_nr is None:
             raise ValueError('neighbour mode needs SVD projections: pass the '
@@ -198,7 +213,7 @@ class FeedForward(nn.Module):
         c, dt = self.cfg, self.cfg.compute_dtype
 
         def linear(features, axes, name):
-            return FFNLinear(features, axes, dt, self.neighbour, name=name)
+            return FFNLinear(features, axes, dt, self.neighbour, c.projection, c.rank, name=name)
 
         gate_blf = linear(c.ffn_hidden, ('embed', 'mlp'), 'w_gate')(x_bld)
         up_blf = linear(c.ffn_hidden, ('embed', 'mlp'), 'w_up')(x_bld)

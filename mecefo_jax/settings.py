@@ -90,6 +90,7 @@ class TrainSection:
 class MecefoSection:
     rank: float  # an integral value > 1 is an absolute rank (see projections.resolve_rank)
     tau: int
+    projection: str
     refresh: str
     refresh_iters: int
     refresh_split_min_elements: int

@@ -18,7 +18,11 @@ class TrainState:
     """Everything a step reads and writes, as one pytree.
 
     `projections` holds the SVD bases V of every FFN kernel: state, not
-    parameters, so the optimizer never sees them.
+    parameters, so the optimizer never sees them. Under
+    `mecefo.projection='gradient'` nothing reads them (the neighbour projects
+    on its batch's own gradient) and nothing refreshes them; they stay in the
+    state all the same, so that the state, its shardings and its checkpoints
+    have one form whatever the rule.
     """
     step: jax.Array
     params: Any

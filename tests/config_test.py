@@ -111,6 +111,8 @@ BAD = [
     ({'train__grad_clip': -1.0}, 'train.grad_clip=-1.0', '--config.train.grad_clip=1.0'),
     ({'mecefo__rank': 0.0}, 'mecefo.rank=0.0', '--config.mecefo.rank=0.25'),
     ({'mecefo__rank': 2.5}, 'mecefo.rank=2.5', '--config.mecefo.rank=0.25'),
+    ({'mecefo__projection': 'svd'}, "mecefo.projection='svd': must be one of 'weights', "
+     "'gradient'", '--config.mecefo.projection=weights'),
     ({'launch__recovery': 'tape'}, "launch.recovery='tape'", '--config.launch.recovery=memory'),
 ]
 

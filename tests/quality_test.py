@@ -183,7 +183,8 @@ def test_summary_without_fault_free_leaves_the_target_unevaluated():
 
 def test_runs_flag_is_checked():
     assert quality.parse_runs('fault_free, mecefo:high, mecefo_planned:high:cap=8') == (
-        ('fault_free', '', 0, 0), ('mecefo', 'high', 0, 0), ('mecefo_planned', 'high', 8, 0))
+        ('fault_free', '', 0, 0, ''), ('mecefo', 'high', 0, 0, ''),
+        ('mecefo_planned', 'high', 8, 0, ''))
     for bad, words in (('mecefo', 'needs a regime'), ('mecefo:extreme', 'needs a regime'),
                        ('fault_free:high', 'takes no regime'), ('magic:high', 'unknown'),
                        ('mecefo:high:cap=8', 'mecefo_planned plans only'),
@@ -215,4 +216,22 @@ def test_a_run_of_its_own_rank_gets_its_name_and_rank_and_no_other_run_does():
     assert quality.run_config(cfg, plain, seed=3, evals=2).mecefo.rank == cfg.mecefo.rank
     for bad in ('mecefo:high:rank=0', 'mecefo:high:rank=4:rank=5', 'mecefo:high:width=4'):
         with pytest.raises(ValueError, match="'rank=R'"):
+            quality.parse_runs(bad)
+
+
+def test_a_run_of_its_own_projection_rule_gets_its_name_and_rule_and_no_other_run_does():
+    cfg = resolve(get_config())
+    assert cfg.mecefo.projection == 'weights'
+    sketched, ranked, plain = quality.parse_runs(
+        'mecefo:high:proj=gradient, mecefo:high:rank=16:proj=gradient, drop:high')
+    assert (sketched.projection, ranked.rank, ranked.projection) == ('gradient', 16, 'gradient')
+    assert quality.run_name(*sketched) == 'mecefo_high_projgradient'
+    assert quality.run_name(*ranked) == 'mecefo_high_rank16_projgradient'
+    assert quality.run_config(cfg, sketched, seed=3, evals=2).mecefo.projection == 'gradient'
+    assert quality.run_config(cfg, plain, seed=3, evals=2).mecefo.projection == 'weights'
+    with pytest.raises(ValueError, match="'proj=svd': the projection rule \\(mecefo.projection\\) "
+                                         "is one of weights, gradient"):
+        quality.parse_runs('mecefo:high:proj=svd')
+    for bad in ('mecefo:high:proj=gradient:proj=weights', 'mecefo:high:projection=gradient'):
+        with pytest.raises(ValueError, match="'proj=P'"):
             quality.parse_runs(bad)

@@ -25,7 +25,8 @@ machine, and no timing taken during the run enters it.
 * Every projection refresh the controller did (MeCeFO strategies: at a
   failure onset, and every `mecefo.tau` steps while a neighbour is active)
   costs what `faults/refresh_costs.py` charges a replica for the config's
-  shape (its products split over the live replicas).
+  shape (its products split over the live replicas). Under
+  `mecefo.projection='gradient'` the controller does none, and records none.
 * Every checkpoint checkpoint/restart saves blocks training for
   `TimeCosts.checkpoint_save_sec`; the steps it redoes after a restore are
   executed steps like any other.
@@ -125,11 +126,16 @@ class TimeModel:
         self._cost = config_planner(cfg, self.shard).cost  # the planner's own cost table
         self._normal = self._cost(ROLE_NORMAL, self.shard)
         m = cfg.model
-        self.refresh = refresh_costs.refresh_charge(
-            shape_of(m), method=cfg.mecefo.refresh,
-            rank=resolve_rank(cfg.mecefo.rank, m.d_model, m.ffn_hidden),
-            iterations=cfg.mecefo.refresh_iters, tflops=costs.refresh_tflops,
-            link_gbps=costs.link_gbps, split_min_elements=cfg.mecefo.refresh_split_min_elements)
+        if cfg.mecefo.projection == 'gradient':  # the controller refreshes nothing
+            self.refresh = {'refresh_sec': 0.0, 'refresh_split_sec': 0.0, 'refresh_source':
+                            'none: mecefo.projection=gradient holds no projections to refresh'}
+        else:
+            self.refresh = refresh_costs.refresh_charge(
+                shape_of(m), method=cfg.mecefo.refresh,
+                rank=resolve_rank(cfg.mecefo.rank, m.d_model, m.ffn_hidden),
+                iterations=cfg.mecefo.refresh_iters, tflops=costs.refresh_tflops,
+                link_gbps=costs.link_gbps,
+                split_min_elements=cfg.mecefo.refresh_split_min_elements)
 
     def step_ratio(self, layout: dict) -> float:
         """The slowest program of a `LayoutBook` entry, in normal steps."""

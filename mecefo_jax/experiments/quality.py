@@ -39,6 +39,7 @@ from mecefo_jax.experiments.grad_error import GROUPS
 from mecefo_jax.experiments.report import distinct_seeds, format_spread, pyplot, stats
 from mecefo_jax.faults.schedule import REGIMES
 from mecefo_jax.faults.strategies import validate_strategy
+from mecefo_jax.lowrank import PROJECTION_RULES
 
 # Validation perplexity (Hu et al., NeurIPS 2025, Table 3) without failures and under
 # the low, mid and high regimes.
@@ -53,26 +54,29 @@ OUTPUT = 'quality'  # quality.{json,md,png}
 class Run(NamedTuple):
     """One run of the report: a strategy under a regime ('' is no failures), for
     mecefo_planned an optional cap on its rows in neighbour mode (fault.max_neighbour_rows),
-    and an optional projection rank of its own (mecefo.rank; 0: the config's)."""
+    an optional projection rank of its own (mecefo.rank; 0: the config's) and an optional
+    projection rule of its own (mecefo.projection; '': the config's)."""
     strategy: str
     regime: str
     cap: int = 0
     rank: int = 0
+    projection: str = ''
 
 
 DEFAULT_RUNS = (Run('fault_free', ''), Run('mecefo', 'low'), Run('mecefo', 'mid'),
                 Run('mecefo', 'high'), Run('mecefo_planned', 'high'), Run('drop', 'high'),
                 Run('ndb_naive', 'high'))
 _OPTIONS = ("the fields after the regime are 'cap=N' (N >= 1, fault.max_neighbour_rows; "
-            "mecefo_planned only) and 'rank=R' (R >= 1, mecefo.rank), e.g. "
-            'mecefo_planned:high:cap=8 or mecefo:high:rank=64')
+            "mecefo_planned only), 'rank=R' (R >= 1, mecefo.rank) and 'proj=P' (P one of "
+            f"{', '.join(PROJECTION_RULES)}, mecefo.projection), e.g. "
+            'mecefo_planned:high:cap=8, mecefo:high:rank=64 or mecefo:high:proj=gradient')
 
 
-def run_name(strategy: str, regime: str, cap: int = 0, rank: int = 0) -> str:
+def run_name(strategy: str, regime: str, cap: int = 0, rank: int = 0, projection: str = '') -> str:
     if strategy == 'fault_free':
         return 'fault_free'
     return (f'{strategy}_{regime}' + (f'_cap{cap}' if cap else '')
-            + (f'_rank{rank}' if rank else ''))
+            + (f'_rank{rank}' if rank else '') + (f'_proj{projection}' if projection else ''))
 
 
 def parse_runs(text: str) -> tuple[Run, ...]:
@@ -99,13 +103,19 @@ def parse_runs(text: str) -> tuple[Run, ...]:
 
 
 def _parse_options(item: str, strategy: str, text: str) -> dict:
-    """The `cap=N` and `rank=R` fields after the regime, as Run's keyword arguments."""
+    """The `cap=N`, `rank=R` and `proj=P` fields after the regime, as Run's keyword arguments."""
     options = {}
     for field in (x for x in text.split(':') if x) if text else ():
         key, _, value = field.partition('=')
-        if key not in ('cap', 'rank') or not value.isdigit() or int(value) < 1 or key in options:
+        if key == 'proj' and 'projection' not in options:
+            if value not in PROJECTION_RULES:
+                raise ValueError(f"--runs: {item!r}: 'proj={value}': the projection rule "
+                                 f"(mecefo.projection) is one of {', '.join(PROJECTION_RULES)}.")
+            options['projection'] = value
+        elif key in ('cap', 'rank') and value.isdigit() and int(value) >= 1 and key not in options:
+            options[key] = int(value)
+        else:
             raise ValueError(f'--runs: {item!r}: {_OPTIONS}.')
-        options[key] = int(value)
     if options.get('cap') and strategy != 'mecefo_planned':
         raise ValueError(f'--runs: {item!r}: a cap limits mecefo_planned plans only; '
                          f'drop it or use mecefo_planned:REGIME:cap=N.')
@@ -119,12 +129,14 @@ def paper_increase_pct() -> dict:
 
 
 def run_config(cfg, run: Run, seed: int, evals: int):
-    """`cfg` for one run of one seed: its strategy, regime, cap and seeds; no checkpoints."""
+    """`cfg` for one run of one seed: its strategy, regime, cap, rank, projection rule and
+    seeds; no checkpoints."""
     return updated(cfg, {
         'train.seed': seed, 'fault.seed': seed, 'fault.events': '', 'fault.regime': run.regime,
         'fault.strategy': 'mecefo' if run.strategy == 'fault_free' else run.strategy,
         'fault.max_neighbour_rows': run.cap,
         'mecefo.rank': run.rank or cfg.mecefo.rank,
+        'mecefo.projection': run.projection or cfg.mecefo.projection,
         'train.checkpoint_every': 0,  # quality only: no checkpoint cost needed
         'train.eval_every': max(1, cfg.train.steps // max(1, evals))})
 
@@ -167,7 +179,8 @@ def train_one(cfg, run_spec: Run, seed: int, workdir: str, *,
     executed = max(int(summary['executed_steps']), 1)
     return {
         'run': run_name(*run_spec), 'strategy': run_spec.strategy, 'regime': run_spec.regime,
-        'max_neighbour_rows': run_spec.cap, 'rank': run_cfg.mecefo.rank, 'seed': seed,
+        'max_neighbour_rows': run_spec.cap, 'rank': run_cfg.mecefo.rank,
+        'projection': run_cfg.mecefo.projection, 'seed': seed,
         'replicas': run.num_shards,
         'final_val_loss': summary['final_val_loss'], 'final_val_ppl': summary['final_val_ppl'],
         'schedule': schedule_lib.format_events(events),

@@ -53,7 +53,7 @@ from mecefo_jax.experiments.time_to_target_settings import (
 
 
 def experiment_config(cfg, run: Run, seed: int, settings: Settings):
-    """One run's config: its strategy, regime, cap and seed; `train.steps` at the limit
+    """One run's config: its strategy, regime, cap, rank, rule and seed; `train.steps` at the limit
     with the learning-rate horizon kept at `train.steps`; evaluations by the observer."""
     steps = cfg.train.steps
     return updated(run_config(cfg, run, seed, evals=1), {
@@ -162,6 +162,7 @@ class _Seed:
             how, record = self._obtain(run, run_cfg, events, free)
         record = {'run': name, 'strategy': run.strategy, 'regime': run.regime, 'cap': run.cap,
                   'rank': run.rank or self.cfg.mecefo.rank,
+                  'projection': run.projection or self.cfg.mecefo.projection,
                   'seed': self.seed, 'how': how, 'schedule': format_events(events),
                   'first_failure': first, **record, 'wall_sec': time.perf_counter() - start,
                   'cpu_sec': time.process_time() - cpu}
@@ -198,9 +199,9 @@ class _Seed:
             return (f'fault_free: no failure in its first {self.steps} steps',
                     dict({k: free[k] for k in RECORD_KEYS}, events=[]))
         target = free['val_curve'][-1][1]
-        # The fault-free state holds projections of the config's rank: a run of its own
-        # rank trains its (identical) fault-free prefix itself.
-        fork = 0 if run.rank else _latest_fork(self.dir, first)
+        # The fault-free state holds projections of the config's rank and rule: a run of
+        # its own rank or rule trains its (identical) fault-free prefix itself.
+        fork = 0 if run.rank or run.projection else _latest_fork(self.dir, first)
         record = train_record(run_cfg, os.path.join(self.dir, 'work', run_name(*run)),
                               steps=self.steps, target=target, settings=self.settings,
                               start_dir=_fork_dir(self.dir, fork) if fork else None)

@@ -16,6 +16,7 @@ import math
 import os
 import statistics
 
+from mecefo_jax.config_resolve import updated
 from mecefo_jax.experiments.goodput import HOUR, TimeModel, seeds_to_separate, time_to_target
 from mecefo_jax.experiments.report import bootstrap_mean, fmt, pyplot, write_json
 
@@ -53,8 +54,23 @@ def _seed_figures(record: dict, model: TimeModel, steps: int, free: dict) -> dic
     }
 
 
-def _per_seed(records: dict, model: TimeModel, steps: int) -> dict[str, list[dict]]:
-    """{run: [its figures per seed, in seed order]}."""
+def time_models(cfg, replicas: int, costs):
+    """record -> the `TimeModel` of the record's own rank and projection rule (a run of
+    its own weighs its neighbour's step by its own FFN gradient's FLOPs); one per pair.
+    Records written before `mecefo.projection` existed are of the 'weights' rule."""
+    models = {}
+
+    def model_for(record: dict) -> TimeModel:
+        key = (float(record.get('rank', cfg.mecefo.rank)), record.get('projection', 'weights'))
+        if key not in models:
+            models[key] = TimeModel(updated(cfg, {'mecefo.rank': key[0],
+                                                  'mecefo.projection': key[1]}), replicas, costs)
+        return models[key]
+    return model_for
+
+
+def _per_seed(records: dict, model_for, steps: int) -> dict[str, list[dict]]:
+    """{run: [its figures per seed, in seed order]}, each timed by `model_for(record)`."""
     out: dict[str, list[dict]] = {}
     for seed_records in records.values():
         free_record = seed_records['fault_free']
@@ -63,11 +79,11 @@ def _per_seed(records: dict, model: TimeModel, steps: int) -> dict[str, list[dic
                              f'is not after train.steps={steps}; its stored record is from '
                              'another config: use another --out.')
         target = free_record['val_curve'][-1][1]
-        times, _ = model.timeline(free_record)
+        times, _ = model_for(free_record).timeline(free_record)
         free = {'target': target, 'row_losses': free_record['row_losses'],
                 'ttt': time_to_target(free_record['val_curve'], times, target)}
         for name, record in seed_records.items():
-            out.setdefault(name, []).append(_seed_figures(record, model, steps, free))
+            out.setdefault(name, []).append(_seed_figures(record, model_for(record), steps, free))
     return out
 
 
@@ -118,7 +134,7 @@ def summarise(records: dict, *, cfg, settings, default: str, val_split_batches: 
     replicas = len(first['fault_free']['layouts'][0]['live'])
     model = TimeModel(cfg, replicas, settings.costs)
     steps = cfg.train.steps
-    rows = _per_seed(records, model, steps)
+    rows = _per_seed(records, time_models(cfg, replicas, settings.costs), steps)
     runs = {name: _run_summary(rows[name], first[name]) for name in first}
     level = [r['level_sem'] for r in rows['fault_free']]
     return {

@@ -7,7 +7,9 @@ model stays), moves the train state there, re-derives the layout from the
 strategy, and precompiles the step for it; a topology seen before is reused,
 never recompiled. Under MeCeFO strategies the SVD projections are refreshed
 at every failure onset and every `mecefo.tau` steps while a neighbour is
-active. `checkpoint_restart` recovers differently: faults/restart.py.
+active, unless `mecefo.projection='gradient'`, whose neighbour reads no
+projections: then none is refreshed, timed or recorded. `checkpoint_restart`
+recovers differently: faults/restart.py.
 
 Timeline: the schedule is indexed by executed steps (`clock`), which keeps
 advancing while rolled-back steps are redone, as wall time would.
@@ -74,6 +76,8 @@ class FaultController:
         self.run, self.schedule = run, schedule
         self.strategy = validate_strategy(strategy)
         self.tau = proj_lib.validate_tau(cfg.mecefo.tau)
+        # Whether a neighbour reads the held projections V (else they are never refreshed).
+        self.uses_projections = cfg.mecefo.projection == 'weights'
         self.planner = (config_planner(cfg, run.shard_batch)
                         if strategy_spec(strategy).orphans is Orphans.PLANNER else None)
         # A job relaunched without some replicas (launch.py) starts as if they
@@ -127,8 +131,7 @@ class FaultController:
         detect_sec = time.perf_counter() - start
         if desired != self.live:
             state, data_state = self._transition(clock, step, state, desired, detect_sec)
-        elif self._neighbour_active() and proj_lib.needs_refresh(
-                step, tau=self.tau, failure_onset=False, neighbour_active=True):
+        elif self._needs_refresh(step, failure_onset=False):
             state, seconds = self._refresh(state, step)
             self._tau_refresh_sec += seconds
         return state, Plan(self.topology, self.layout, self.live,
@@ -169,6 +172,10 @@ class FaultController:
     def _neighbour_active(self) -> bool:
         return self.layout.uses_neighbour_mode
 
+    def _needs_refresh(self, step: int, failure_onset: bool) -> bool:
+        return (self.uses_projections and self._neighbour_active() and proj_lib.needs_refresh(
+            step, tau=self.tau, failure_onset=failure_onset, neighbour_active=True))
+
     def _refresh(self, state, step: int):
         """Recompute V by SVD; (state, seconds), waited for so the cost is charged."""
         self.refresh_steps.append(step)
@@ -196,9 +203,7 @@ class FaultController:
         _, compile_sec = topology.compiled_step(state, spec, self.layout)
         self.compiles += compile_sec > 0
         event.compile_sec = compile_sec
-        if self._neighbour_active() and proj_lib.needs_refresh(
-                int(state.step), tau=self.tau, failure_onset=bool(failing),
-                neighbour_active=True):
+        if self._needs_refresh(int(state.step), failure_onset=bool(failing)):
             event.compile_sec += _load_refresh(topology, state)
             state, event.refresh_sec = self._refresh(state, int(state.step))
         self.events.append(event)

@@ -29,7 +29,10 @@ Three sources, whichever is given:
       activation gradient ``6dh`` stays exact and each FFN weight gradient of
       an m x n kernel costs ``2r(m+n) + 2rmn/b`` instead of ``2mn`` per token
       (``G_y (x^T V) V^T``; the last product is paid once per batch of b
-      tokens).
+      tokens). Under `mecefo.projection='gradient'` (`lowrank.sketched_dense`)
+      it costs ``4r(m+n) + (2rmn + QR)/b``: the sketch ``x^T (G_y Omega)``
+      adds ``2r(m+n)`` per token, and the thin QR of the [n, r] sketch is
+      paid once per batch (`ffn_wgrad_flops`).
 
     Elementwise work (norms, SwiGLU gate, softmax, RoPE, the embedding
     gather) is left out: about 1% of a block. Two shards on one device are
@@ -64,6 +67,8 @@ from typing import Any
 
 import numpy as np
 
+from mecefo_jax.faults.refresh_costs import ffn_kernels, thin_qr_flops
+
 PEAK_FLOPS_A100_BF16 = 312e12  # A100 dense bf16 tensor-core peak, FLOP/s
 
 
@@ -86,13 +91,28 @@ PAPER_MODELS: dict[str, ModelShape] = {
 }
 
 
+def ffn_wgrad_flops(n: int, m: int, *, rank: int, tokens: float, projection: str) -> float:
+    """FLOPs of one [n, m] FFN kernel's neighbour-mode weight gradient over `tokens` tokens.
+
+    'weights' (`lowrank.lowrank_dense`): x V, (x V)^T G_y, V (.): ``2t(n+m)r + 2nmr``.
+    'gradient' (`lowrank.sketched_dense`): G_y Omega, x^T (.), a thin QR, x Q,
+    (x Q)^T G_y, Q (.): ``4t(n+m)r + 2nmr + QR(n, r)``. Drawing Omega (m r
+    Gaussians) is elementwise work, left out as elsewhere in this model.
+    """
+    if projection not in ('weights', 'gradient'):
+        raise ValueError(f"projection={projection!r}: use 'weights' or 'gradient'.")
+    sketch = 2.0 * tokens * (n + m) * rank + thin_qr_flops(n, rank) if projection == 'gradient' else 0.0
+    return 2.0 * tokens * (n + m) * rank + 2.0 * n * m * rank + sketch
+
+
 def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int,
                           batch_tokens: float, recompute_ffn: bool,
-                          causal_scores: bool = False) -> float:
+                          causal_scores: bool = False, projection: str = 'weights') -> float:
     """FLOPs of one transformer block per token, forward + backward, in `mode`.
 
     `mode` is 'normal' (exact) or 'neighbour' (MeCeFO's approximate backward);
-    `batch_tokens` is the b of the low-rank product paid once per batch.
+    `batch_tokens` is the b of the low-rank product paid once per batch;
+    `projection` the neighbour's FFN gradient rule (`mecefo.projection`).
     """
     d, h, L = shape.d_model, shape.ffn_hidden, seq_len
     ffn_fwd = 2 * 3 * d * h
@@ -104,8 +124,9 @@ def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: i
         raise ValueError(f"mode={mode!r}: use 'normal' or 'neighbour'.")
     if not batch_tokens > 0:
         raise ValueError(f'batch_tokens={batch_tokens!r} must be > 0.')
-    # Three kernels, each d x h or h x d: 2r(m+n) per token + 2rmn per batch.
-    low_rank_wgrad = 3 * (2 * rank * (d + h) + 2 * rank * d * h / batch_tokens)
+    low_rank_wgrad = sum(ffn_wgrad_flops(n, m, rank=rank, tokens=batch_tokens,
+                                         projection=projection)
+                         for n, m in ffn_kernels(shape)) / batch_tokens
     ffn_act_grad = 2 * 3 * d * h
     recompute = ffn_fwd if recompute_ffn else 0.0
     return forward + recompute + ffn_act_grad + low_rank_wgrad
@@ -113,7 +134,8 @@ def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: i
 
 def flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int = 128,
                     batch_tokens: float = 1.0, recompute_ffn: bool = True,
-                    causal_scores: bool = False, num_layers: int | None = None) -> float:
+                    causal_scores: bool = False, num_layers: int | None = None,
+                    projection: str = 'weights') -> float:
     """Forward + backward FLOPs per token of the whole model (blocks + head).
 
     `num_layers` overrides the shape's depth (the CPU benchmark used 4 blocks).
@@ -122,7 +144,7 @@ def flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int = 1
     head = 6.0 * shape.d_model * shape.vocab_size  # 2dV forward + 4dV backward
     return layers * block_flops_per_token(
         shape, mode=mode, seq_len=seq_len, rank=rank, batch_tokens=batch_tokens,
-        recompute_ffn=recompute_ffn, causal_scores=causal_scores) + head
+        recompute_ffn=recompute_ffn, causal_scores=causal_scores, projection=projection) + head
 
 
 def interpolate(points, x) -> np.ndarray:
@@ -203,11 +225,12 @@ def mfu_step_sec(shape: ModelShape, *, seq_len: int, replica_seqs: int, mfu: flo
 def analytic_table(shape: ModelShape, *, seq_len: int, replica_seqs: int, rank: int,
                    recompute_ffn: bool, mfu: float,
                    peak_flops: float = PEAK_FLOPS_A100_BF16,
-                   causal_scores: bool = False) -> CostTable:
-    """The FLOP model's table for `shape` with `replica_seqs` sequences per shard."""
+                   causal_scores: bool = False, projection: str = 'weights') -> CostTable:
+    """The FLOP model's table for `shape` with `replica_seqs` sequences per shard, the
+    neighbour's FFN gradient under the `projection` rule (`mecefo.projection`)."""
     b = replica_seqs * seq_len
     kw = dict(seq_len=seq_len, rank=rank, recompute_ffn=recompute_ffn,
-              causal_scores=causal_scores)
+              causal_scores=causal_scores, projection=projection)
     normal = flops_per_token(shape, mode='normal', **kw)
     one = flops_per_token(shape, mode='neighbour', batch_tokens=b, **kw) / normal
     two = 2 * flops_per_token(shape, mode='neighbour', batch_tokens=2 * b, **kw) / normal
@@ -220,7 +243,7 @@ def analytic_table(shape: ModelShape, *, seq_len: int, replica_seqs: int, rank: 
         step_sec_source=f'analytic FLOPs at MFU {mfu:g} of {peak_flops / 1e12:g} TFLOP/s',
         note=(f'FLOP model, recompute_ffn={recompute_ffn}, '
               f'{"causal" if causal_scores else "full"} attention scores, r={rank}, '
-              f'b={b} tokens per shard'))
+              f'projection={projection}, b={b} tokens per shard'))
 
 
 def _matches(config: dict, shape: ModelShape) -> bool:

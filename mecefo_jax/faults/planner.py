@@ -334,7 +334,8 @@ class Planner:
 
 
 def config_planner(cfg, shard: int) -> Planner:
-    """The planner a training run uses: the analytic FLOP costs of its own model.
+    """The planner a training run uses: the analytic FLOP costs of its own model and of
+    its neighbour's FFN gradient rule (`mecefo.projection`).
 
     Analytic, not timed, so that every host computes the same layout from
     the config alone (attention counted as multi-head).
@@ -343,6 +344,6 @@ def config_planner(cfg, shard: int) -> Planner:
     rank = resolve_rank(cfg.mecefo.rank, cfg.model.d_model, cfg.model.ffn_hidden)
     table = costs_lib.analytic_table(
         costs_lib.shape_of(cfg.model), seq_len=cfg.data.seq_len, replica_seqs=shard, rank=rank,
-        recompute_ffn=cfg.mecefo.remat_ffn, mfu=1.0)
+        recompute_ffn=cfg.mecefo.remat_ffn, mfu=1.0, projection=cfg.mecefo.projection)
     return Planner(shard, costs_lib.role_cost(table, shard),
                    max_neighbour_rows=cfg.fault.max_neighbour_rows)

@@ -48,7 +48,7 @@ def svd_refresh_flops(shape) -> float:
     return 3.0 * shape.num_layers * (6.0 * m * n * n + 20.0 * n ** 3)
 
 
-def _qr(k: int, r: int) -> float:
+def thin_qr_flops(k: int, r: int) -> float:
     """Householder thin QR of a k x r block: ``2 k r^2 - 2 r^3 / 3``."""
     return 2.0 * k * r * r - 2.0 * r ** 3 / 3.0
 
@@ -56,7 +56,7 @@ def _qr(k: int, r: int) -> float:
 def subspace_flops(n: int, m: int, r: int, iterations: int) -> float:
     """One [n, m] kernel, unsplit: two products per iteration plus the thin QRs,
     the start's QR included."""
-    return _qr(n, r) + iterations * (4.0 * n * m * r + _qr(m, r) + _qr(n, r))
+    return thin_qr_flops(n, r) + iterations * (4.0 * n * m * r + thin_qr_flops(m, r) + thin_qr_flops(n, r))
 
 
 def subspace_refresh_flops(shape, rank: int, iterations: int) -> float:
@@ -84,7 +84,7 @@ def subspace_refresh_parts(shape, rank: int, iterations: int,
     products = whole = words = 0.0
     for n, m in ffn_kernels(shape):
         kernel_products = iterations * 4.0 * n * m * rank
-        whole += _qr(n, rank) + iterations * (_qr(m, rank) + _qr(n, rank))
+        whole += thin_qr_flops(n, rank) + iterations * (thin_qr_flops(m, rank) + thin_qr_flops(n, rank))
         if n * m < split_min_elements:
             whole += kernel_products
             continue

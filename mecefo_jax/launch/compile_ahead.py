@@ -209,7 +209,7 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     state = aot.abstract(run.abstract_state, topology.state_shardings)
     _, step_sec = topology.compiled_step(
         state, topology.batch_spec(layout, cfg.data.seq_len + 1), layout)
-    if layout.uses_neighbour_mode:
+    if layout.uses_neighbour_mode and controller.uses_projections:
         topology.refresh.compile(state)
     tokens = aot.abstract_batch(topology.mesh, _eval_rows(run, topology.num_replicas),
                                 cfg.data.seq_len + 1, topology.num_replicas)
