@@ -199,9 +199,11 @@ class _Seed:
             return (f'fault_free: no failure in its first {self.steps} steps',
                     dict({k: free[k] for k in RECORD_KEYS}, events=[]))
         target = free['val_curve'][-1][1]
-        # The fault-free state holds projections of the config's rank and rule: a run of
-        # its own rank or rule trains its (identical) fault-free prefix itself.
-        fork = 0 if run.rank or run.projection else _latest_fork(self.dir, first)
+        # The fault-free state holds projections of the config's rank: a run of its own
+        # rank trains its (identical) fault-free prefix itself. A run of another rule
+        # starts from that state: its projections have the same shape, no step before the
+        # first failure reads them, and the 'gradient' rule never does.
+        fork = 0 if run.rank else _latest_fork(self.dir, first)
         record = train_record(run_cfg, os.path.join(self.dir, 'work', run_name(*run)),
                               steps=self.steps, target=target, settings=self.settings,
                               start_dir=_fork_dir(self.dir, fork) if fork else None)
