@@ -51,13 +51,29 @@ _EVAL_BATCHES = flags.DEFINE_integer('eval_batches', 0, 'Validation batches per 
 _REGIME_REPLICAS = flags.DEFINE_integer('regime_replicas', 32, 'fault.regime_replicas: the '
                                         "regimes' MTBF is per replica of a cluster this size.",
                                         lower_bound=0)
-_COST = flags.DEFINE_enum('cost', 'analytic', ['analytic'], 'Per-step costs: the analytic FLOP '
-                          "model of the config's shape (the only source implemented so far).")
+_COST = flags.DEFINE_enum('cost', 'analytic', ['analytic', 'bench'], "Per-step costs: 'analytic' "
+                          "(the FLOP model of the config's shape) or 'bench' (the measured "
+                          'wall-time ratios of --bench_json; writes time_to_target_bench.*).')
+_BENCH_JSON = flags.DEFINE_string('bench_json', '', 'A bench_step.json (scripts/gpu_report.py) '
+                                  'for --cost=bench.')
 _COSTS = flags.DEFINE_string('costs', '', 'Cost constants to change, e.g. '
                              "'compile_sec=10,checkpoint_save_sec=1' (goodput.TimeCosts).")
 _SMOKE = flags.DEFINE_bool('smoke', False, 'A tiny run (configs/tiny.py, 8 steps, 2 seeds, '
                            'fault_free, mecefo, elastic and checkpoint_restart under high).')
 flags.mark_flags_as_required(['out'])
+
+
+def _bench() -> dict | None:
+    """The --bench_json dict under --cost=bench; None under 'analytic'."""
+    from mecefo_jax.faults.costs import load_json
+    if _COST.value == 'analytic':
+        if _BENCH_JSON.value:
+            raise ValueError('--bench_json is read only with --cost=bench.')
+        return None
+    if not _BENCH_JSON.value:
+        raise ValueError('--cost=bench needs --bench_json PATH, e.g. '
+                         'docs/results/gpu/bench_step.json.')
+    return load_json(_BENCH_JSON.value, '--bench_json')
 
 
 def _setup():
@@ -76,7 +92,7 @@ def _setup():
                                   dense_eval_every=_DENSE_EVERY.value, dense_from=_DENSE_FROM.value,
                                   regime_replicas=_REGIME_REPLICAS.value,
                                   eval_batches=_EVAL_BATCHES.value,
-                                  costs=setup.parse_costs(_COSTS.value))
+                                  costs=setup.parse_costs(_COSTS.value), bench=_bench())
         default = _DEFAULT.value or setup.default_name(cfg)
         runs = setup.check_runs(runs, default)
     except ValueError as error:
@@ -94,7 +110,8 @@ def main(argv):
     from mecefo_jax.experiments import time_to_target as ttt
     ttt.time_to_target(cfg, _OUT.value, seeds=seeds, runs=runs, default=default,
                        settings=settings, config_name=name)
-    print(open(os.path.join(_OUT.value, 'time_to_target.md')).read())
+    from mecefo_jax.experiments.time_to_target_report import output_name
+    print(open(os.path.join(_OUT.value, f'{output_name(settings)}.md')).read())
 
 
 if __name__ == '__main__':

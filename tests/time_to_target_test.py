@@ -249,6 +249,31 @@ def test_modelled_time_adds_steps_changes_refreshes_and_saves():
         c.detect_sec + cfg.fault.relaunch_delay_sec + c.restore_sec + c.compile_sec + step)
 
 
+def test_measured_step_ratios_time_the_same_layouts():
+    """--cost bench: a layout's step costs the bench's measured wall-time ratios (two
+    neighbour shards: ratios['mecefo']; two exact shards: ratios['ndb_naive']) where the
+    analytic model counts FLOPs; the fault-free step costs 1 under both."""
+    cfg = resolve(get_config())
+    bench = {'ratios': {'normal': {'step_ms': 1.0}, 'mecefo': {'step_ms': 1.25},
+                        'ndb_naive': {'step_ms': 1.8}, 'mecefo_per_batch': {'step_ms': 0.7}},
+             'config': {}, 'device': 'gpu:test'}
+    measured, analytic = goodput.TimeModel(cfg, 8, bench=bench), goodput.TimeModel(cfg, 8)
+    shard = measured.shard
+    live = [False] + [True] * 7
+    normal = {'live': [True] * 8, 'programs': [[0, shard, 0]]}
+    neighbour = {'live': live, 'programs': [[0, shard, 0], [1, 2 * shard, 0]]}
+    exact = {'live': live, 'programs': [[0, shard, 0], [0, 2 * shard, 0]]}
+    assert measured.step_ratio(normal) == analytic.step_ratio(normal) == 1.0
+    assert measured.step_ratio(neighbour) == pytest.approx(1.25)
+    assert analytic.step_ratio(neighbour) != pytest.approx(1.25)
+    assert measured.step_ratio(exact) == pytest.approx(1.8)
+    assert analytic.step_ratio(exact) == pytest.approx(2.0)
+    assert 'measured wall-time ratios' in measured.step_cost_source
+    assert 'analytic' in analytic.step_cost_source
+    assert report_lib.output_name(setup.Settings(bench=bench)) == 'time_to_target_bench'
+    assert report_lib.output_name(setup.Settings()) == 'time_to_target'
+
+
 def test_bootstrap_and_seeds_to_separate():
     values = [0.1, 0.3, -0.05, 0.2, 0.15]
     a, b = bootstrap_mean(values), bootstrap_mean(values)
@@ -315,6 +340,8 @@ def test_bad_settings_name_the_flag():
 @pytest.mark.parametrize('flags, message', [
     (['--default', 'mecefo_typo'], "--default='mecefo_typo' is not among the runs"),
     (['--seeds', '0'], 'flag --seeds=0: 0 is not a positive integer'),
+    (['--cost', 'bench'], '--cost=bench needs --bench_json PATH'),
+    (['--cost', 'bench', '--bench_json', 'no_such.json'], '--bench_json=no_such.json: no such file'),
 ])
 def test_the_script_refuses_bad_flags_before_training(tmp_path, flags, message):
     import subprocess

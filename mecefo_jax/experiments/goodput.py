@@ -17,6 +17,9 @@ machine, and no timing taken during the run enters it.
   cost in normal steps (`faults/costs.py`'s analytic FLOP model of the
   config's own shape, through `role_cost`, exactly as the `mecefo_planned`
   planner weighs layouts: `config_planner`). A fault-free step costs 1.
+  Given a `bench_step.json` (`scripts/gpu_report.py`, `scripts/bench_step.py`)
+  the programs cost its measured wall-time ratios instead (`bench_table`):
+  the same layouts, timed as the bench's machine ran its shape.
 * Each live-set change costs the stated `TimeCosts`: in place (every strategy
   but checkpoint/restart) detect + rebuild, plus compile when the new layout
   was not compiled before in the run (the controller keeps every topology it
@@ -115,24 +118,34 @@ def _key(entry: dict) -> tuple:
 class TimeModel:
     """Modelled seconds of a run's record for one config (see module docstring)."""
 
-    def __init__(self, cfg, num_replicas: int, costs: TimeCosts | None = None):
-        from mecefo_jax.faults.costs import shape_of
+    def __init__(self, cfg, num_replicas: int, costs: TimeCosts | None = None,
+                 bench: dict | None = None):
+        from mecefo_jax.faults.costs import bench_table, role_cost, shape_of
         from mecefo_jax.faults.planner import config_planner
         from mecefo_jax.projections import resolve_rank
         self.costs = costs = costs or TimeCosts()
         self.step_time_sec = cfg.fault.step_time_sec
         self.relaunch_sec = cfg.fault.relaunch_delay_sec
         self.shard = cfg.data.global_batch_size // num_replicas
-        self._cost = config_planner(cfg, self.shard).cost  # the planner's own cost table
-        self._normal = self._cost(ROLE_NORMAL, self.shard)
         m = cfg.model
+        rank = resolve_rank(cfg.mecefo.rank, m.d_model, m.ffn_hidden)
+        if bench is None:
+            self._cost = config_planner(cfg, self.shard).cost  # the planner's own cost table
+            self.step_cost_source = ("analytic FLOPs of the config's shape "
+                                     f'(mecefo.projection={cfg.mecefo.projection})')
+        else:
+            table = bench_table(bench, shape_of(m), metric='step_ms', seq_len=cfg.data.seq_len,
+                                replica_seqs=self.shard, mfu=1.0, rank=rank,
+                                recompute_ffn=cfg.mecefo.remat_ffn)
+            self._cost = role_cost(table, self.shard)
+            self.step_cost_source = f'measured wall-time ratios, {table.note}'
+        self._normal = self._cost(ROLE_NORMAL, self.shard)
         if cfg.mecefo.projection == 'gradient':  # the controller refreshes nothing
             self.refresh = {'refresh_sec': 0.0, 'refresh_split_sec': 0.0, 'refresh_source':
                             'none: mecefo.projection=gradient holds no projections to refresh'}
         else:
             self.refresh = refresh_costs.refresh_charge(
-                shape_of(m), method=cfg.mecefo.refresh,
-                rank=resolve_rank(cfg.mecefo.rank, m.d_model, m.ffn_hidden),
+                shape_of(m), method=cfg.mecefo.refresh, rank=rank,
                 iterations=cfg.mecefo.refresh_iters, tflops=costs.refresh_tflops,
                 link_gbps=costs.link_gbps,
                 split_min_elements=cfg.mecefo.refresh_split_min_elements)

@@ -241,5 +241,5 @@ def time_to_target(cfg, out_dir: str, *, seeds, runs, default: str,
     records = run_all(cfg, out_dir, seeds=seeds, runs=runs, settings=settings, log=log)
     report = report_lib.summarise(records, cfg=cfg, settings=settings, default=default,
                                   val_split_batches=split, config_name=config_name)
-    report_lib.write(report, out_dir)
+    report_lib.write(report, out_dir, report_lib.output_name(settings))
     return report

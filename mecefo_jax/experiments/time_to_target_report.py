@@ -35,6 +35,9 @@ def _seed_figures(record: dict, model: TimeModel, steps: int, free: dict) -> dic
     target = free['target']
     ttt = time_to_target(record['val_curve'], times, target)
     val = dict(record['val_curve'])
+    # The same crossing counted in steps: what the approximation costs in progress,
+    # apart from what a step costs in time.
+    steps_to_target = time_to_target(record['val_curve'], {s: float(s) for s in val}, target)
     rows, free_rows = record['row_losses'], free['row_losses']
     paired = (_sem(a - b for a, b in zip(rows, free_rows))
               if rows and free_rows and record['run'] != 'fault_free' else None)
@@ -42,6 +45,7 @@ def _seed_figures(record: dict, model: TimeModel, steps: int, free: dict) -> dic
         'seed': record['seed'], 'how': record['how'], 'schedule': record['schedule'],
         'reached': ttt is not None,
         'time_to_target_h': None if ttt is None else ttt / HOUR,
+        'steps_to_target': steps_to_target,
         'goodput': 0.0 if ttt is None else free['ttt'] / ttt,
         'val_loss_at_steps': val[steps],
         'loss_gap_at_steps': val[steps] - target,
@@ -54,17 +58,19 @@ def _seed_figures(record: dict, model: TimeModel, steps: int, free: dict) -> dic
     }
 
 
-def time_models(cfg, replicas: int, costs):
+def time_models(cfg, replicas: int, costs, bench: dict | None = None):
     """record -> the `TimeModel` of the record's own rank and projection rule (a run of
     its own weighs its neighbour's step by its own FFN gradient's FLOPs); one per pair.
-    Records written before `mecefo.projection` existed are of the 'weights' rule."""
+    Records written before `mecefo.projection` existed are of the 'weights' rule. With
+    `bench` every record's steps cost the bench's measured ratios (the bench's own rule)."""
     models = {}
 
     def model_for(record: dict) -> TimeModel:
         key = (float(record.get('rank', cfg.mecefo.rank)), record.get('projection', 'weights'))
         if key not in models:
             models[key] = TimeModel(updated(cfg, {'mecefo.rank': key[0],
-                                                  'mecefo.projection': key[1]}), replicas, costs)
+                                                  'mecefo.projection': key[1]}), replicas, costs,
+                                    bench)
         return models[key]
     return model_for
 
@@ -101,6 +107,8 @@ def _run_summary(rows: list[dict], record: dict) -> dict:
         'reached': [r['seed'] for r in rows if r['reached']],
         'time_to_target_h': [r['time_to_target_h'] for r in rows],
         'mean_time_to_target_h': mean('time_to_target_h'),
+        'steps_to_target': [r['steps_to_target'] for r in rows],
+        'mean_steps_to_target': mean('steps_to_target'),
         'hours_at_steps': [r['hours_at_steps'] for r in rows],
         'trained_seeds': [r['seed'] for r in trained],
         'mean_paired_sem': mean('paired_sem', trained),
@@ -132,9 +140,9 @@ def summarise(records: dict, *, cfg, settings, default: str, val_split_batches: 
     seeds = list(records)
     first = records[seeds[0]]
     replicas = len(first['fault_free']['layouts'][0]['live'])
-    model = TimeModel(cfg, replicas, settings.costs)
+    model = TimeModel(cfg, replicas, settings.costs, settings.bench)
     steps = cfg.train.steps
-    rows = _per_seed(records, time_models(cfg, replicas, settings.costs), steps)
+    rows = _per_seed(records, time_models(cfg, replicas, settings.costs, settings.bench), steps)
     runs = {name: _run_summary(rows[name], first[name]) for name in first}
     level = [r['level_sem'] for r in rows['fault_free']]
     return {
@@ -150,17 +158,24 @@ def summarise(records: dict, *, cfg, settings, default: str, val_split_batches: 
                       'level_sem': statistics.fmean(level) if None not in level else None,
                       'paired_sem': {n: r['mean_paired_sem'] for n, r in runs.items()},
                       'mean_abs_gap': {n: r['mean_abs_gap_at_steps'] for n, r in runs.items()}},
+        'step_costs': model.step_cost_source,
         'costs': {**dataclasses.asdict(settings.costs), 'step_time_sec': model.step_time_sec,
                   'relaunch_delay_sec': model.relaunch_sec, 'refresh': model.refresh},
         'bootstrap': BOOTSTRAP, 'runs': runs, 'paired': paired(runs, default),
     }
 
 
-def write(report: dict, out_dir: str) -> None:
-    write_json(os.path.join(out_dir, f'{OUTPUT}.json'), report)
-    with open(os.path.join(out_dir, f'{OUTPUT}.md'), 'w') as f:
+def output_name(settings) -> str:
+    """time_to_target, or time_to_target_bench when the steps cost a bench's ratios (the
+    analytic report of the same records stays beside it)."""
+    return OUTPUT + ('_bench' if settings.bench is not None else '')
+
+
+def write(report: dict, out_dir: str, name: str = OUTPUT) -> None:
+    write_json(os.path.join(out_dir, f'{name}.json'), report)
+    with open(os.path.join(out_dir, f'{name}.md'), 'w') as f:
         f.write(markdown(report))
-    plot(report, os.path.join(out_dir, f'{OUTPUT}.png'))
+    plot(report, os.path.join(out_dir, f'{name}.png'))
 
 
 def _interval(s: dict | None, spec: str) -> str:
@@ -200,8 +215,9 @@ def _header(report: dict) -> list[str]:
         f"{report['steps']}). Evaluations every {e['eval_every']} steps, every "
         f"{e['dense_eval_every']} from step {e['dense_from_step']} on, on {e['eval_batches']} "
         f"fixed validation batches. Modelled time: {c['step_time_sec']:g} s per fault-free step "
-        "times the slowest device's analytic cost, plus the stated recovery, refresh and "
-        'checkpoint costs (below). Intervals: 95% percentile bootstrap over seeds '
+        "times the slowest device's cost in normal steps (from the "
+        f"{report.get('step_costs', 'analytic FLOP model')}), plus the stated recovery, "
+        'refresh and checkpoint costs (below). Intervals: 95% percentile bootstrap over seeds '
         f"({report['bootstrap']['resamples']} resamples, RNG seed {report['bootstrap']['seed']}). "
         "Goodput: the fault-free time to target over the run's, per seed; 0 for a seed that did "
         'not reach the target within the limit (the mean counts every seed: a lower bound). `elastic` and '
@@ -213,14 +229,18 @@ def _header(report: dict) -> list[str]:
 def _goodput_table(report: dict) -> list[str]:
     lines = ["## Goodput (fault-free time to target / the run's; 0: not reached)", '',
              '| run | goodput | per seed | reached | time to target h (per seed) | hours at '
-             f"{report['steps']} steps (mean) |", '|---|---|---|---|---|---|']
+             f"{report['steps']} steps (mean) | steps to target (mean) |",
+             '|---|---|---|---|---|---|---|']
     n = len(report['seeds'])
     for name, r in report['runs'].items():
         lines.append(f"| {name} | {_interval(r['goodput'], '.3f')} | "
                      f"{_seeds(r['goodput']['per_seed'], '.3f')} | {len(r['reached'])}/{n} | "
                      f"{_seeds(r['time_to_target_h'], '.2f')} | "
-                     f"{statistics.fmean(r['hours_at_steps']):.2f} |")
-    return lines + ['']
+                     f"{statistics.fmean(r['hours_at_steps']):.2f} | "
+                     f"{fmt(r.get('mean_steps_to_target'), '.1f')} |")
+    return lines + ['', 'Steps to target: the same crossing counted in steps (interpolated '
+                    'between evaluations), over the seeds that reached it: the progress a step '
+                    'makes, apart from what it costs.', '']
 
 
 def _paired_table(report: dict) -> list[str]:

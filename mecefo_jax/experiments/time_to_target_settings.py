@@ -27,6 +27,7 @@ class Settings:
     regime_replicas: int = 32  # fault.regime_replicas: the regimes read per replica
     eval_batches: int = 0  # train.eval_batches; 0: the whole validation split once
     costs: TimeCosts = TimeCosts()
+    bench: dict | None = None  # a bench_step.json (--cost bench): measured step ratios
 
     def __post_init__(self):
         for name, ok, fix in (('limit_factor', self.limit_factor >= 1.0, '1.5'),
