@@ -55,6 +55,7 @@ def overrides(caches, **extra):
     job runs the default), as they cost every generation a warm-up on this machine."""
     tokenizer, xla = caches
     values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': 4,
+              'fault.strategy': 'mecefo',  # the adoption these tests check
               'launch.local_devices': LOCAL, 'launch.compilation_cache': xla,
               'data.cache_dir': tokenizer, 'snapshot.every': 1, 'launch.compile_ahead': False,
               'launch.standby_workers': False}

@@ -34,6 +34,7 @@ def cluster(private_ray_cluster):
 
 def config(tmp, tokenizer_cache, **extra):
     values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': WORKERS,
+              'fault.strategy': 'mecefo',  # the adoption these tests check
               'data.global_batch_size': 8, 'launch.local_devices': 1,
               'launch.compilation_cache': str(tmp / 'xla'), 'data.cache_dir': tokenizer_cache,
               'snapshot.every': 2, 'launch.compile_ahead': False}

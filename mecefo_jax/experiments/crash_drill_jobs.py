@@ -46,7 +46,10 @@ class DrillStopped(RuntimeError):
 
 
 def base_values(cfg, out_dir: str, replicas: int) -> dict:
+    """What every job of the drill sets: MeCeFO adopts the lost shards (whatever the
+    config's default strategy), so its figures are those of the adoption it documents."""
     return {'train.steps': cfg.train.steps, 'train.eval_every': 0, 'mesh.data': replicas,
+            'fault.strategy': 'mecefo',
             'data.cache_dir': cfg.data.cache_dir,
             'launch.compilation_cache': os.path.join(out_dir, 'xla_cache')}
 
