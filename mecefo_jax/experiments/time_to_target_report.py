@@ -309,14 +309,17 @@ def plot(report: dict, path: str) -> None:
     import numpy as np
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    pairs = plt.get_cmap('tab20').colors  # ten hues, dark then light: one colour per run
+    colors = pairs[0::2] + pairs[1::2]
     for k, (name, r) in enumerate(report['runs'].items()):
+        color = colors[k % len(colors)]
         curves = [s['val_curve_h'] for s in r['seeds']]
         points = min(len(c) for c in curves)  # evaluations every seed has
         hours = np.median([[h for h, _ in c[:points]] for c in curves], axis=0)
         losses = np.array([[v for _, v in c[:points]] for c in curves])
         for ax in axes:
-            ax.plot(hours, np.median(losses, axis=0), color=f'C{k}', lw=1.2, label=name)
-            ax.fill_between(hours, losses.min(axis=0), losses.max(axis=0), color=f'C{k}',
+            ax.plot(hours, np.median(losses, axis=0), color=color, lw=1.2, label=name)
+            ax.fill_between(hours, losses.min(axis=0), losses.max(axis=0), color=color,
                             alpha=0.15, lw=0)
     free = report['runs']['fault_free']['seeds']
     targets = [s['val_loss_at_steps'] for s in free]

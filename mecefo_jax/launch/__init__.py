@@ -1,4 +1,4 @@
-"""Surviving real crashes: a launcher on Ray that relaunches on the survivors and carries on under MeCeFO.
+"""Surviving real crashes: a launcher on Ray that relaunches on the survivors and carries on under `fault.strategy`.
 
 | module | owns |
 |---|---|

@@ -9,8 +9,9 @@ or hung one from its silence (`launch.heartbeat_timeout_sec`, see
 cannot finish without the dead process) and starts the next one:
 
 * `launch.recovery=memory` (default): the survivors are relaunched with the
-  failed workers' replicas marked down, so the fault controller pins their
-  shards on live ring neighbours (`fault.strategy`, MeCeFO by default), and
+  failed workers' replicas marked down, so the fault controller absorbs their
+  shards under `fault.strategy` (`drop` by default; MeCeFO pins them on live
+  ring neighbours), and
   the state comes from the keepers' in-memory snapshots (REFT, arXiv
   2310.12670), not from disk. With `launch.return_after_steps` the failed
   workers rejoin that many steps later, on their node or, if it was lost,
