@@ -37,6 +37,7 @@ def cluster(ray_cluster):
 
 def _config(tokenizer_cache, **extra):
     values = {'train.steps': 12, 'train.eval_every': 0, 'mesh.data': WORKERS,
+              'fault.strategy': 'mecefo',  # the neighbour programs compiled ahead
               'data.global_batch_size': 12,
               'launch.local_devices': 1, 'launch.compilation_cache': 'auto',
               'launch.compile_ahead': False, 'data.cache_dir': tokenizer_cache,

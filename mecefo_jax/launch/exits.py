@@ -13,6 +13,10 @@ import dataclasses
 import os
 
 CRASH, PROGRAM_ERROR = 'crash', 'program_error'
+NODE_DIED = 'its node died'  # the cause of a worker whose node was lost
+# What the launcher's own node kill (`launch.kill STEP:WORKER:node`) is named: it knows
+# the node is gone, whichever of Ray's reports (the actor's or the node's) comes first.
+NODE_LOSS_INJECTED = 'the loss of its node'
 _TAIL_LINES = 20
 
 

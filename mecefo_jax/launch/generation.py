@@ -17,7 +17,7 @@ import signal as signal_lib
 import time
 
 from mecefo_jax.launch import actors
-from mecefo_jax.launch.exits import CRASH, PROGRAM_ERROR, Death
+from mecefo_jax.launch.exits import CRASH, NODE_DIED, NODE_LOSS_INJECTED, PROGRAM_ERROR, Death
 from mecefo_jax.launch.progress import parse_report
 from mecefo_jax.launch.worker import Worker, this_host
 from mecefo_jax.launch.worker_args import WorkerArgs
@@ -150,10 +150,12 @@ def exits(gen: Generation, now: float, injected: dict) -> list[Death]:
 
 
 def crash_cause(error, injected: str | None) -> str:
-    """What Ray says killed the worker, named plainly."""
+    """What Ray says killed the worker, named plainly (a node the launcher killed itself is
+    a lost node even when Ray reports the actor's death before the node's)."""
     text = str(error)
-    if 'node has died' in text or 'node died' in text or 'NODE_DIED' in text:
-        return 'its node died'
+    if (injected == NODE_LOSS_INJECTED or 'node has died' in text or 'node died' in text
+            or 'NODE_DIED' in text):
+        return NODE_DIED
     return f'killed by {injected}' if injected else 'its process died'
 
 

@@ -12,6 +12,8 @@ import dataclasses
 import os
 import signal
 
+from mecefo_jax.launch.exits import NODE_LOSS_INJECTED
+
 LAUNCHER = -1  # Kill.worker of a launcher kill
 
 
@@ -179,7 +181,7 @@ class Injector:
             os.kill(os.getpid(), kill.signal)
             return
         if kill.node:
-            self.injected[kill.worker] = 'the loss of its node'
+            self.injected[kill.worker] = NODE_LOSS_INJECTED
             self.node_killer(self.nodes[kill.worker])
             return
         if kill.keeper_only:  # the worker goes on, and meets the loss at its next snapshot

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from mecefo_jax.launch import generation, recovery_report
+from mecefo_jax.launch.exits import NODE_DIED
 from mecefo_jax.launch.generation import Generation
 from mecefo_jax.launch.job_state import JobState
 from mecefo_jax.launch.outcome import Outcome
@@ -70,7 +71,7 @@ def _opened_row(job: JobState, gen: Generation, outcome: Outcome) -> dict:
            'completed_steps': outcome.completed_steps}
     if outcome.echoes:
         row['echo_errors'] = outcome.echoes
-    lost = sorted({job.nodes[d.worker] for d in outcome.deaths if d.cause == 'its node died'})
+    lost = sorted({job.nodes[d.worker] for d in outcome.deaths if d.cause == NODE_DIED})
     if lost:
         row['lost_nodes'] = lost
         job.lost_nodes.extend(lost)
