@@ -63,3 +63,19 @@ def test_a_node_the_launcher_killed_is_a_lost_node_whichever_report_comes_first(
     assert crash_cause(RuntimeError('its node has died'), None) == NODE_DIED
     assert crash_cause(actor_first, 'SIGKILL') == 'killed by SIGKILL'
     assert crash_cause(actor_first, None) == 'its process died'
+
+
+def test_a_process_that_exits_while_it_is_looked_at_is_dead(monkeypatch):
+    """The teardown polls its workers with `shm.alive`: a process that exits between the
+    signal-0 probe and the read of /proc/PID/stat makes the read raise ESRCH, which is a
+    dead process, not an error (a fresh clone's suite once failed the hung-worker test on it)."""
+    import builtins
+    import os
+    real_open = builtins.open
+
+    def vanished(path, *args, **kwargs):
+        if str(path).startswith('/proc/'):
+            raise ProcessLookupError(3, 'No such process')
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(builtins, 'open', vanished)
+    assert shm.alive(os.getpid()) is False

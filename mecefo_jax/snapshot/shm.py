@@ -131,6 +131,8 @@ def alive(pid: int) -> bool:
     try:
         with open(f'/proc/{pid}/stat') as f:
             return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except ProcessLookupError:  # it exited between the signal and the read
+        return False
     except (FileNotFoundError, IndexError):
         return True
 
