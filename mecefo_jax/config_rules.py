@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mecefo_jax.settings import Config, ConfigError
+from mecefo_jax.settings import PROJECTION_RULES, Config, ConfigError
 
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
 DTYPES = ('float32', 'bfloat16')
@@ -90,7 +90,6 @@ def _check_train(cfg: Config) -> None:
 
 
 def _check_mecefo(cfg: Config) -> None:
-    from mecefo_jax.lowrank import PROJECTION_RULES
     m = cfg.mecefo
     _require(m.tau >= 1, 'mecefo.tau', m.tau,
              'must be >= 1 (steps between SVD refreshes)', 100)

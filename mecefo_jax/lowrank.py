@@ -20,12 +20,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-# `mecefo.projection`: what the neighbour's FFN kernel gradient is projected onto.
-PROJECTION_RULES = {
-    'weights': "the kernel's top-r singular directions V (the paper's; lowrank_dense)",
-    'gradient': "a range finder on the batch's own kernel gradient (sketched_dense)",
-}
-
 
 @jax.custom_vjp
 def lowrank_dense(x_bn: jax.Array, kernel_nm: jax.Array, v_nr: jax.Array) -> jax.Array:

@@ -34,9 +34,9 @@ from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
 from mecefo_jax.loss import chunked_cross_entropy
-from mecefo_jax.lowrank import PROJECTION_RULES, lowrank_dense, sketched_dense
+from mecefo_jax.lowrank import lowrank_dense, sketched_dense
 from mecefo_jax.projections import resolve_rank
-from mecefo_jax.settings import Config, ModelSection
+from mecefo_jax.settings import PROJECTION_RULES, Config, ModelSection
 
 PROJECTIONS = 'projections'  # variable collection holding the SVD projections V
 ATTENTION_BRANCH_MODULES = ('attn', 'attn_norm')  # averaged over normal devices only

@@ -86,6 +86,13 @@ class TrainSection:
     keep_checkpoints: int
 
 
+# `mecefo.projection`: what the neighbour's FFN kernel gradient is projected onto.
+PROJECTION_RULES = {
+    'weights': "the kernel's top-r singular directions V (the paper's; lowrank_dense)",
+    'gradient': "a range finder on the batch's own kernel gradient (sketched_dense)",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class MecefoSection:
     rank: float  # an integral value > 1 is an absolute rank (see projections.resolve_rank)

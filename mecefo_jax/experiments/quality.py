@@ -39,7 +39,7 @@ from mecefo_jax.experiments.grad_error import GROUPS
 from mecefo_jax.experiments.report import distinct_seeds, format_spread, pyplot, stats
 from mecefo_jax.faults.schedule import REGIMES
 from mecefo_jax.faults.strategies import validate_strategy
-from mecefo_jax.lowrank import PROJECTION_RULES
+from mecefo_jax.settings import PROJECTION_RULES
 
 # Validation perplexity (Hu et al., NeurIPS 2025, Table 3) without failures and under
 # the low, mid and high regimes.

@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from mecefo_jax.faults.refresh_costs import ffn_kernels, thin_qr_flops
+from mecefo_jax.settings import PROJECTION_RULES
 
 PEAK_FLOPS_A100_BF16 = 312e12  # A100 dense bf16 tensor-core peak, FLOP/s
 
@@ -95,12 +96,11 @@ def ffn_wgrad_flops(n: int, m: int, *, rank: int, tokens: float, projection: str
     """FLOPs of one [n, m] FFN kernel's neighbour-mode weight gradient over `tokens` tokens.
 
     'weights' (`lowrank.lowrank_dense`): x V, (x V)^T G_y, V (.): ``2t(n+m)r + 2nmr``.
-    'gradient' (`lowrank.sketched_dense`): G_y Omega, x^T (.), a thin QR, x Q,
-    (x Q)^T G_y, Q (.): ``4t(n+m)r + 2nmr + QR(n, r)``. Drawing Omega (m r
-    Gaussians) is elementwise work, left out as elsewhere in this model.
+    'gradient' (`lowrank.sketched_dense`): G_y Omega, x^T (.), a thin QR, x Q, (x Q)^T G_y,
+    Q (.): ``4t(n+m)r + 2nmr + QR(n, r)``; drawing Omega is elementwise, left out.
     """
-    if projection not in ('weights', 'gradient'):
-        raise ValueError(f"projection={projection!r}: use 'weights' or 'gradient'.")
+    if projection not in PROJECTION_RULES:
+        raise ValueError(f"projection={projection!r}: use one of {', '.join(PROJECTION_RULES)}.")
     sketch = 2.0 * tokens * (n + m) * rank + thin_qr_flops(n, rank) if projection == 'gradient' else 0.0
     return 2.0 * tokens * (n + m) * rank + 2.0 * n * m * rank + sketch
 

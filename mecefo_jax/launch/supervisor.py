@@ -11,9 +11,8 @@ cannot finish without the dead process) and starts the next one:
 * `launch.recovery=memory` (default): the survivors are relaunched with the
   failed workers' replicas marked down, so the fault controller absorbs their
   shards under `fault.strategy` (`drop` by default; MeCeFO pins them on live
-  ring neighbours), and
-  the state comes from the keepers' in-memory snapshots (REFT, arXiv
-  2310.12670), not from disk. With `launch.return_after_steps` the failed
+  ring neighbours), and the state comes from the keepers' in-memory
+  snapshots (REFT, arXiv 2310.12670), not from disk. With `launch.return_after_steps` the failed
   workers rejoin that many steps later, on their node or, if it was lost,
   on another (a replacement node first): the survivors stop at that step and
   all workers are relaunched, the returning one healing its state from its

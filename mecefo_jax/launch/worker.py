@@ -6,8 +6,8 @@ the generation's `jax.distributed` job, restores the state (from the
 keepers' in-memory snapshots, the Orbax checkpoint, or a fresh init), and
 trains through `main.run` under the fault controller, with the replicas of
 absent workers marked down, so `fault.strategy` absorbs their shards
-(`drop` skips them; MeCeFO places them on live neighbours). It snapshots the state into its keeper
-after every `snapshot.every` steps and stops at `stop_at` when the
+(`drop` skips them; MeCeFO places them on live neighbours). It snapshots
+the state into its keeper after every `snapshot.every` steps and stops at `stop_at` when the
 launcher plans a rejoin. `run` returns the end record; an exception in it
 is a program error, which the launcher shows and does not relaunch.
 
