@@ -107,6 +107,13 @@ def tokenizer_cache() -> str:
     return _TOKENIZER_DIR
 
 
+@pytest.fixture(scope='session')
+def launcher_caches(tmp_path_factory, tokenizer_cache) -> tuple[str, str]:
+    """(data.cache_dir, launch.compilation_cache) shared by the launcher tests' workers:
+    jobs of one shape (tests/launch_test.py's) compile their programs once."""
+    return tokenizer_cache, str(tmp_path_factory.getbasetemp() / 'launch_xla_cache')
+
+
 class _Clusters:
     """At most one simulated Ray cluster at a time in this process (the Ray tests' worker).
 

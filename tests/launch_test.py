@@ -46,8 +46,8 @@ def cluster(ray_cluster):
 
 
 @pytest.fixture(scope='module')
-def caches(tmp_path_factory, tokenizer_cache):
-    return tokenizer_cache, str(tmp_path_factory.getbasetemp() / 'launch_xla_cache')
+def caches(launcher_caches):
+    return launcher_caches  # shared with tests/node_loss_test.py's job of the same shape
 
 
 def overrides(caches, **extra):
