@@ -4,8 +4,8 @@ Many tests compile the same tiny-config programs through different `jit`
 objects; a compilation cache private to this test session (shared by its
 pytest-xdist workers) lets XLA compile each distinct program once. The
 embedded corpus's tokenizers are trained once per session too
-(`tokenizer_cache`), and the Ray tests share one simulated cluster
-(`ray_cluster`) unless they need one of their own.
+(`tokenizer_cache`), and the Ray tests of each pytest-xdist worker share one
+simulated cluster (`ray_cluster`) unless they need one of their own.
 """
 import os
 import shutil
@@ -31,7 +31,7 @@ import jax  # noqa: E402  (after XLA_FLAGS on purpose)
 _RUN = os.environ.get('PYTEST_XDIST_TESTRUNUID')
 
 
-_KINDS = ('xla_cache', 'tokenizers')
+_KINDS = ('xla_cache', 'tokenizers', 'launcher_xla_cache')
 
 
 def _named_dir(kind: str, run: str) -> str:
@@ -44,43 +44,56 @@ def _session_dir(kind: str) -> str:
     return path
 
 
-_CACHE_DIR, _TOKENIZER_DIR = map(_session_dir, _KINDS)
+_CACHE_DIR, _TOKENIZER_DIR, _LAUNCHER_CACHE_DIR = map(_session_dir, _KINDS)
 jax.config.update('jax_compilation_cache_dir', _CACHE_DIR)
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 
-# The Ray modules in the order they run: those on the shared cluster first, then
-# the one that loses a node of a cluster of its own, then the one that starts a
-# cluster under a fresh HOME (a module not listed runs after these).
-RAY_MODULE_ORDER = ('snapshot_keeper_test', 'snapshot_test', 'parity_test', 'launch_test',
-                    'compile_ahead_test', 'node_loss_test', 'sim_cluster_test')
+# The Ray modules in two groups, each run on one pytest-xdist worker in this
+# order, the two groups side by side. Within a group: the modules on the
+# shared cluster first, then one that loses a node of a cluster of its own,
+# then one that starts a cluster under a fresh HOME (a module not listed runs
+# last in the second group). The groups take about as long as each other.
+RAY_GROUPS = {
+    'ray-a': ('snapshot_keeper_test', 'snapshot_test', 'parity_test', 'launch_test'),
+    'ray-b': ('launcher_process_test', 'compile_ahead_test', 'node_loss_test',
+              'sim_cluster_test'),
+}
+_RAY_ORDER = [(group, module) for group, modules in RAY_GROUPS.items() for module in modules]
 
 
-def _ray_rank(item) -> tuple:
-    """Ray tests first, by RAY_MODULE_ORDER; the rest after them, in collection order."""
+def _ray_place(item) -> tuple[str, int] | None:
+    """(its group, its place in the Ray order) for a Ray test; None for the rest."""
     if not item.get_closest_marker('ray'):
-        return (1, 0)
+        return None
     module = item.module.__name__.rpartition('.')[2]
-    return (0, RAY_MODULE_ORDER.index(module) if module in RAY_MODULE_ORDER
-            else len(RAY_MODULE_ORDER))
+    for place, (group, listed) in enumerate(_RAY_ORDER):
+        if listed == module:
+            return group, place
+    return 'ray-b', len(_RAY_ORDER)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The Ray tests form one xdist group, run first.
+    """The Ray tests form two xdist groups, run first, one on each worker.
 
     The suite runs on 2 pytest-xdist workers (`-n 2 --dist loadgroup` in
-    pyproject.toml): every test marked `ray` goes to one worker, one at a
-    time, so that no two Ray clusters or launchers share the machine at once.
-    They are the suite's longest stretch, so they start first while the other
-    worker takes the rest.
+    pyproject.toml). pytest-xdist hands out its largest groups first, one to
+    each worker: each worker runs its group's Ray tests one at a time (at
+    most one simulated cluster per worker process) and then takes the rest.
+    The Ray tests mostly wait on processes (starts, heartbeats, timeouts), so
+    the two groups overlap well; they were the suite's longest stretch when
+    they ran one after another.
     """
     del config
+    places = {}
     for item in items:
-        if item.get_closest_marker('ray'):
-            item.add_marker(pytest.mark.xdist_group('ray'))
-    items.sort(key=_ray_rank)  # stable
+        place = _ray_place(item)
+        if place is not None:
+            item.add_marker(pytest.mark.xdist_group(place[0]))
+            places[item.nodeid] = place[1]
+    items.sort(key=lambda item: (item.nodeid not in places, places.get(item.nodeid, 0)))
 
 
 def pytest_configure(config):
@@ -94,7 +107,7 @@ def pytest_sessionfinish(session):
     """The controller (or a run without xdist) removes the session's directories."""
     if hasattr(session.config, 'workerinput'):
         return
-    paths = [_CACHE_DIR, _TOKENIZER_DIR]
+    paths = [_CACHE_DIR, _TOKENIZER_DIR, _LAUNCHER_CACHE_DIR]
     run = session.config.getoption('testrunuid', None)
     paths += [_named_dir(kind, run) for kind in _KINDS] if run else []
     for path in paths:
@@ -108,14 +121,15 @@ def tokenizer_cache() -> str:
 
 
 @pytest.fixture(scope='session')
-def launcher_caches(tmp_path_factory, tokenizer_cache) -> tuple[str, str]:
-    """(data.cache_dir, launch.compilation_cache) shared by the launcher tests' workers:
-    jobs of one shape (tests/launch_test.py's) compile their programs once."""
-    return tokenizer_cache, str(tmp_path_factory.getbasetemp() / 'launch_xla_cache')
+def launcher_caches(tokenizer_cache) -> tuple[str, str]:
+    """(data.cache_dir, launch.compilation_cache) for the launcher tests' Ray workers, shared
+    by the session's pytest-xdist workers: the jobs of one shape (tests/launch_jobs.py's)
+    compile their programs once."""
+    return tokenizer_cache, _LAUNCHER_CACHE_DIR
 
 
 class _Clusters:
-    """At most one simulated Ray cluster at a time in this process (the Ray tests' worker).
+    """At most one simulated Ray cluster at a time in this process (a Ray group's worker).
 
     `shared(nodes)` is kept from module to module; `private(nodes)` closes it
     first and belongs to one module (one that loses a node of it).

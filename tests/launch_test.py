@@ -1,41 +1,34 @@
-"""The launcher on Ray surviving real crashes: 2 workers x 2 CPU devices, the tiny config.
+"""The launcher on Ray surviving real crashes, run in the test's process (tests/launch_jobs.py's job).
 
 The session's shared simulated Ray cluster of 2 nodes (a worker on each).
 One job is SIGKILLed and recovered from the keepers' memory, then rejoined;
-another has a worker SIGSTOPped (a hang) and detected by its silence; others
-end with the launcher interrupted, stopped, killed (its rerun resumes from
-the keepers it left) or cleaned up. Workers share a persistent XLA cache so
-the relaunches compile little. Node losses are tests/node_loss_test.py's;
-snapshot publication under a crash, parity rebuilds and the two-lost-members
-error are tests/snapshot_test.py's and tests/parity_test.py's.
+another has a worker SIGSTOPped (a hang) and detected by its silence, or
+stalled with its threads still answering; another loses a keeper, or both
+workers at once. The launcher run as a process (interrupted, stopped, killed,
+cleaned up) is tests/launcher_process_test.py's; node losses are
+tests/node_loss_test.py's; snapshot publication under a crash, parity
+rebuilds and the two-lost-members error are tests/snapshot_test.py's and
+tests/parity_test.py's.
 """
 import glob
-import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from launch_jobs import STEPS, WORKERS, assert_nothing_left, config, final_provenance, launch, overrides, read
 from simulated_params import assert_params_equal_simulated
 
-from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch import generation
-from mecefo_jax.launch.ray_cluster import namespace_of
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.snapshot import shm
 
-pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes, workers, launchers
+pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKERS, LOCAL = 2, 2  # 4 replicas: worker 1 holds replicas 2 and 3
 # The crashed job's worker is killed while held inside its publish of
-# HELD_STEP (the job cannot run on past it); 14 steps leave room for the rejoin
+# HELD_STEP (the job cannot run on past it); STEPS leave room for the rejoin
 # 2 steps after the relaunch.
-STEPS = 14
 HELD_STEP = 3
 
 
@@ -47,69 +40,7 @@ def cluster(ray_cluster):
 
 @pytest.fixture(scope='module')
 def caches(launcher_caches):
-    return launcher_caches  # shared with tests/node_loss_test.py's job of the same shape
-
-
-def overrides(caches, **extra):
-    """The module's job: standby workers only where a test asks for them (the SIGKILL
-    job runs the default), as they cost every generation a warm-up on this machine."""
-    tokenizer, xla = caches
-    values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': 4,
-              'fault.strategy': 'mecefo',  # the adoption these tests check
-              'launch.local_devices': LOCAL, 'launch.compilation_cache': xla,
-              'data.cache_dir': tokenizer, 'snapshot.every': 1, 'launch.compile_ahead': False,
-              'launch.standby_workers': False}
-    values.update(extra)
-    return values
-
-
-def config(values):
-    return updated(resolve(get_config()), values)
-
-
-def launch(values, workdir):
-    return Launcher(config(values), workdir, WORKERS, log=lambda _: None).run()
-
-
-def read(workdir, name):
-    with open(os.path.join(workdir, 'launch', name)) as f:
-        return json.load(f)
-
-
-def worker_pids(workdir) -> list[int]:
-    """Every worker process the job ran (from their start records)."""
-    return [read(workdir, os.path.basename(p))['pid']
-            for p in glob.glob(os.path.join(workdir, 'launch', 'g*_w*_start.json'))]
-
-
-def keeper_names(workdir) -> list[str]:
-    import ray
-    namespace = namespace_of(workdir)
-    return sorted(a['name'] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a['namespace'] == namespace)
-
-
-def assert_nothing_left(workdir, keeper_pids=(), *, launcher_killed=False):
-    """No worker process, keeper actor or keeper segment of the job remains.
-
-    A launcher returns only after every worker process it ran has exited. A
-    SIGKILLed launcher's workers are ended by Ray (their driver died), and
-    Ray reaps killed keeper actors: both within seconds.
-    """
-    deadline = time.monotonic() + 30
-    while launcher_killed and [p for p in worker_pids(workdir) if shm.alive(p)]:
-        assert time.monotonic() < deadline, 'workers outlived their killed launcher'
-        time.sleep(0.2)
-    assert not [p for p in worker_pids(workdir) if shm.alive(p)], 'workers outlived the launcher'
-    while keeper_names(workdir):
-        assert time.monotonic() < deadline, f'left behind: keepers {keeper_names(workdir)}'
-        time.sleep(0.2)
-    assert not [p for p in keeper_pids if shm.alive(p) or shm.listed(p)]
-
-
-def live_keeper_pids(workdir) -> list[int]:
-    from mecefo_jax.snapshot.keeper_actor import find_keeper
-    return [find_keeper(name, namespace_of(workdir)).pid for name in keeper_names(workdir)]
+    return launcher_caches
 
 
 @pytest.fixture(scope='module')
@@ -181,27 +112,6 @@ def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed)
     assert_nothing_left(workdir)
 
 
-def final_provenance(workdir, values) -> dict:
-    """Each step's final record (a later generation's supersedes redone work), checked
-    against the reference pipeline: every step once, every sample of it computed."""
-    rows = [json.loads(line) for line in open(os.path.join(workdir, 'launch', 'provenance.jsonl'))]
-    final = {}
-    for row in rows:
-        final[row['step']] = row
-    steps = int(values['train.steps'])
-    assert sorted(final) == list(range(steps))
-    from mecefo_jax.data import pipeline as data_lib
-    cfg = config(values)
-    reference = data_lib.make_pipeline(cfg.data, vocab_size=int(cfg.model.vocab_size),
-                                       num_shards=4, split='train')
-    shard = int(cfg.data.global_batch_size) // 4
-    for step in range(steps):
-        batch = next(reference)
-        assert final[step]['batch_sha256'] == hashlib.sha256(batch).hexdigest(), step
-        assert final[step]['covered'] == {str(s): shard for s in range(4)}, step
-    return final
-
-
 def test_every_sample_of_every_step_is_computed_exactly_once(crashed, caches):
     _, workdir = crashed
     final = final_provenance(workdir, overrides(caches))
@@ -262,58 +172,6 @@ def test_a_hung_worker_is_detected_by_its_silence(cluster, caches, tmp_path):
     assert read(str(tmp_path), 'g1_w0_end.json')['finished']
 
 
-def start_launcher(caches, workdir, *, address=None, **extra):
-    """The launcher as a process (as a user or a scheduler runs it)."""
-    values = overrides(caches, **extra)
-    args = [sys.executable, '-m', 'mecefo_jax.launch', f'--nprocs={WORKERS}',
-            f'--workdir={workdir}', '--config=' + os.path.join(REPO, 'configs', 'tiny.py')]
-    args += [f'--address={address}'] if address else []
-    args += [f'--config.{k}={v}' for k, v in values.items()]
-    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-    return launcher, args
-
-
-def wait_until(condition, launcher, what, limit=300):
-    """Hold the test until `condition()` holds (a state of the job, not a time)."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline and launcher.poll() is None, f'{what} never happened'
-        time.sleep(0.1)
-
-
-def wait_for(path_glob, launcher, limit=300):
-    wait_until(lambda: glob.glob(path_glob), launcher, f'{path_glob} appearing', limit)
-
-
-def loss_steps(workdir):
-    rows = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
-    return [r['step'] for r in rows if 'loss' in r], rows
-
-
-def rerun(args, steps):
-    args = [a for a in args if not a.startswith(('--config.train.steps=', '--config.launch.kill='))]
-    done = subprocess.run(args + [f'--config.train.steps={steps}'], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
-def test_ctrl_c_saves_a_step_and_leaves_no_worker_keeper_or_shared_memory(cluster, caches,
-                                                                          tmp_path):
-    workdir = str(tmp_path)
-    launcher, _ = start_launcher(caches, workdir, address=cluster.address, **{'train.steps': 2000})
-    wait_for(os.path.join(workdir, 'launch', 'g0_w*_start.json'), launcher)
-    keepers = live_keeper_pids(workdir)
-    assert len(keepers) == WORKERS
-    # Every keeper's first snapshot (after step 1) gives it shared memory to leave behind.
-    wait_until(lambda: all(shm.listed(p) for p in keepers), launcher, 'a snapshot in every keeper')
-    launcher.send_signal(signal.SIGINT)
-    from mecefo_jax.preemption import EXIT_PREEMPTED
-    assert launcher.wait(timeout=120) == EXIT_PREEMPTED
-    assert_nothing_left(workdir, keepers)
-
-
 def test_a_job_that_completes_no_step_is_restarted(cluster, caches, tmp_path):
     """Worker 0 stopped, its silence not yet past a long heartbeat timeout: the
     other worker blocks in a collective while its own threads keep answering.
@@ -335,139 +193,6 @@ def test_a_job_that_completes_no_step_is_restarted(cluster, caches, tmp_path):
     # whose dead keeper is not consulted, loses none).
     assert stuck['redone_steps'] <= 1
     assert read(str(tmp_path), 'g1_w0_end.json')['finished']
-
-
-def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(cluster, caches,
-                                                                             tmp_path):
-    """Every worker stops at the step JAX's preemption sync picks, saves it to disk
-    and ends; the keepers stay until then; the launcher exits with EXIT_PREEMPTED."""
-    from mecefo_jax.preemption import EXIT_PREEMPTED
-    workdir = str(tmp_path)
-    launcher, args = start_launcher(caches, workdir, address=cluster.address, **{
-        'train.steps': 2000, 'train.log_every': 1, 'train.checkpoint_every': 1000})
-    wait_for(os.path.join(workdir, 'launch', 'g0_w*_start.json'), launcher)
-    launcher.send_signal(signal.SIGTERM)
-    output = launcher.communicate(timeout=300)[0]
-    assert launcher.returncode == EXIT_PREEMPTED, output
-    ends = [read(workdir, f'g0_w{w}_end.json') for w in range(WORKERS)]
-    saved = ends[0]['final_step']
-    assert all(e['preempted'] and e['final_step'] == saved for e in ends)
-    assert f'preempted: saved step {saved}' in output
-    rerun(args, saved + 2)
-    steps, rows = loss_steps(workdir)
-    assert {'event': 'resumed', 'step': saved, 'source': 'disk'} in rows
-    assert steps == sorted(set(steps)) and steps[-1] == saved + 2  # one row per step
-
-
-def test_a_stop_that_a_worker_cannot_reach_ends_after_the_stop_timeout(cluster, caches, tmp_path):
-    """Worker 1 is SIGSTOPped before the launcher gets SIGTERM, so it never reaches the
-    preemption sync and worker 0 waits there for it. The launcher kills them after
-    launch.stop_timeout_sec and exits preempted, naming the workers that saved
-    nothing. (The heartbeat and stall timeouts are long: only the stop timeout can
-    end this job.)"""
-    from mecefo_jax.preemption import EXIT_PREEMPTED
-    workdir = str(tmp_path)
-    launcher, _ = start_launcher(caches, workdir, address=cluster.address, **{
-        'train.steps': 2000, 'launch.stop_timeout_sec': 3.0,
-        'launch.heartbeat_timeout_sec': 1000, 'launch.stall_timeout_sec': 1000})
-    wait_for(os.path.join(workdir, 'launch', 'g0_w1_start.json'), launcher)
-    os.kill(read(workdir, 'g0_w1_start.json')['pid'], signal.SIGSTOP)
-    launcher.send_signal(signal.SIGTERM)
-    output = launcher.communicate(timeout=120)[0]
-    assert launcher.returncode == EXIT_PREEMPTED, output
-    assert 'did not stop within launch.stop_timeout_sec=3 s' in output
-    assert 'workers [0, 1] did not save within launch.stop_timeout_sec' in output
-    assert_nothing_left(workdir)
-
-
-def assert_mistaken_reruns_are_refused_and_leave_the_job(args, workdir, host):
-    """--nprocs=1 (the job has keepers for worker 1) and model.d_model=64 (its snapshots
-    hold d_model=32): each refused with its fix, the cluster and the record kept. (The
-    keepers are the local cluster's, which this process is not connected to: the rerun
-    that follows resuming from them, nothing redone, shows they were kept.)"""
-    from mecefo_jax.launch import ray_cluster
-    with open(os.path.join(workdir, 'launch', 'config.json')) as f:
-        record = f.read()
-    base = [a for a in args if not a.startswith(('--nprocs', '--config.launch.kill'))]
-    for extra, says in (
-            (['--nprocs=1', '--config.mesh.data=-1'], 'rerun with the --nprocs it ran with (--nprocs=2)'),
-            ([f'--nprocs={WORKERS}', '--config.model.d_model=64'], '--config.model.d_model=32')):
-        done = subprocess.run(base + extra, cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 1 and says in done.stdout + done.stderr, done.stdout + done.stderr
-        assert ray_cluster.local_cluster(workdir) == host
-        with open(os.path.join(workdir, 'launch', 'config.json')) as f:
-            assert f.read() == record
-
-
-def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(caches, tmp_path):
-    """On the default local cluster: the launcher kills itself once every keeper holds
-    the snapshot worker 0 was held after (step 6). Its workers go with it; its keepers
-    and the local cluster stay. Two mistaken reruns (fewer --nprocs; a config that does
-    not fit the snapshots) are refused, naming the fix, and leave the cluster, the keepers
-    and launch/config.json as they found them. The same command again finds them and
-    resumes there, redoing nothing (each step's samples computed once, the final
-    parameters those of the run uninterrupted in one process), then removes them all at
-    the end."""
-    from mecefo_jax.launch import ray_cluster
-    workdir = str(tmp_path)
-    launcher, args = start_launcher(caches, workdir, **{
-        'train.steps': 10, 'train.log_every': 1, 'snapshot.every': 3,
-        'launch.kill': '5:launcher:KILL:snapshot'})
-    output = launcher.communicate(timeout=600)[0]
-    assert launcher.returncode == -signal.SIGKILL, output
-    host = ray_cluster.local_cluster(workdir)
-    assert host is not None, 'the local cluster died with the launcher'
-    assert read(workdir, 'launcher_killed.json')['where'].startswith(
-        'held after its snapshot of step 6')
-    workers_before = worker_pids(workdir)
-    deadline = time.monotonic() + 30  # Ray ends a dead driver's actors
-    while [p for p in workers_before if shm.alive(p)]:
-        assert time.monotonic() < deadline, 'workers outlived their launcher'
-        time.sleep(0.2)
-    assert_mistaken_reruns_are_refused_and_leave_the_job(args, workdir, host)
-    done = rerun(args, 10)
-    summary = read(workdir, 'summary.json')
-    (restart,) = summary['recoveries']
-    assert restart['kind'] == 'launcher_restart' and restart['adopted_keepers'] == [0, 1]
-    assert restart['resume_step'] == restart['completed_steps'] == 6
-    assert restart['redone_steps'] == 0
-    assert not summary['ray']['started_local_cluster'], done.stdout  # it joined the one left
-    steps, rows = loss_steps(workdir)
-    assert {'event': 'resumed', 'step': 6, 'source': 'memory'} in rows
-    assert steps == list(range(1, 11))  # one loss row per step
-    assert ray_cluster.local_cluster(workdir) is None and not shm.alive(host['pid'])
-    values = overrides(caches, **{'train.steps': 10, 'snapshot.every': 3})
-    final = final_provenance(workdir, values)
-    assert all(row['replicas'] == [0, 1, 2, 3] for row in final.values())  # none was down
-    (tmp_path / 'simulated').mkdir()
-    assert_params_equal_simulated(workdir, config(values), tmp_path / 'simulated', replicas=4)
-
-
-def test_cleanup_removes_what_a_killed_launcher_left_and_the_rerun_resumes_from_disk(
-        cluster, caches, tmp_path):
-    """Memory mode writes the disk tier too: with the keepers removed (--cleanup), the
-    rerun of the same command resumes from the newest Orbax checkpoint."""
-    workdir = str(tmp_path)
-    launcher, args = start_launcher(caches, workdir, address=cluster.address, **{
-        'train.steps': 2000, 'train.log_every': 1, 'train.checkpoint_every': 3})
-    wait_for(os.path.join(workdir, 'checkpoints', '6'), launcher)
-    launcher.kill()
-    launcher.wait(timeout=60)
-    keepers = live_keeper_pids(workdir)
-    assert len(keepers) == WORKERS  # left for a rerun
-    base = [a for a in args if not a.startswith('--config')]
-    cleaned = subprocess.run(base + ['--cleanup'], cwd=REPO, capture_output=True, text=True,
-                             timeout=120)
-    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
-    assert json.loads(cleaned.stdout)['keepers'] == ['keeper0', 'keeper1']
-    assert_nothing_left(workdir, keepers, launcher_killed=True)
-    newest = max(int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints')) if d.isdigit())
-    rerun(args, newest + 2)
-    steps, rows = loss_steps(workdir)
-    resumed = [r for r in rows if r.get('event') == 'resumed']
-    # The newest step, or the one before it if the kill cut its save short.
-    assert resumed and resumed[-1]['source'] == 'disk' and 6 <= resumed[-1]['step'] <= newest
-    assert steps == list(range(1, newest + 3))  # one loss row per step after the resume
 
 
 def test_a_program_error_stops_the_job_at_once_with_the_workers_error(cluster, caches, tmp_path):

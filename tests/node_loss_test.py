@@ -6,7 +6,7 @@ worker per node and the head node spare (workers go to the head last). The
 node of worker 1 is removed abruptly right after a snapshot every keeper
 holds; the survivor goes on from its own keeper under MeCeFO, and worker 1
 rejoins on the spare node, healing its state from its peer. The job is
-tests/launch_test.py's, so its programs come from the same compilation cache.
+tests/launch_jobs.py's, so its programs come from the launcher tests' compilation cache.
 Placement refusals need no job at all.
 """
 import json
