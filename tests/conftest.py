@@ -67,33 +67,48 @@ def _ray_place(item) -> tuple[str, int] | None:
     """(its group, its place in the Ray order) for a Ray test; None for the rest."""
     if not item.get_closest_marker('ray'):
         return None
-    module = item.module.__name__.rpartition('.')[2]
+    module = _module(item)
     for place, (group, listed) in enumerate(_RAY_ORDER):
         if listed == module:
             return group, place
     return 'ray-b', len(_RAY_ORDER)
 
 
+# The modules that take longest outside the Ray groups (10 to 50 s each here),
+# handed out first so that the two workers end together.
+SLOW_MODULES = ('gpu_report_test', 'controller_test', 'step_test', 'time_to_target_test',
+                'bench_test', 'resume_test', 'quality_test', 'multihost_test', 'compare_test',
+                'model_test', 'train_test')
+
+
+def _module(item) -> str:
+    return item.module.__name__.rpartition('.')[2]
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The Ray tests form two xdist groups, run first, one on each worker.
+    """Every module is one xdist group, the Ray tests two; the Ray groups run first.
 
-    The suite runs on 2 pytest-xdist workers (`-n 2 --dist loadgroup` in
-    pyproject.toml). pytest-xdist hands out its largest groups first, one to
-    each worker: each worker runs its group's Ray tests one at a time (at
-    most one simulated cluster per worker process) and then takes the rest.
-    The Ray tests mostly wait on processes (starts, heartbeats, timeouts), so
-    the two groups overlap well; they were the suite's longest stretch when
-    they ran one after another.
+    The suite runs on 2 pytest-xdist workers (`-n 2 --dist loadgroup
+    --no-loadscope-reorder` in pyproject.toml), which take the groups in the
+    order sorted here: the two Ray groups first, one on each worker (each
+    runs its Ray tests one at a time: at most one simulated cluster per
+    worker process), then the slowest modules, then the rest. The Ray tests
+    mostly wait on processes (starts, heartbeats, timeouts), so the two
+    groups overlap well. A module is never split between the workers, so its
+    module-scoped fixtures (a smoke run, a trained run) run once.
     """
     del config
     places = {}
     for item in items:
         place = _ray_place(item)
-        if place is not None:
-            item.add_marker(pytest.mark.xdist_group(place[0]))
-            places[item.nodeid] = place[1]
-    items.sort(key=lambda item: (item.nodeid not in places, places.get(item.nodeid, 0)))
+        group = place[0] if place is not None else _module(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        places[item.nodeid] = (
+            (0, place[1]) if place is not None
+            else (1, SLOW_MODULES.index(_module(item))) if _module(item) in SLOW_MODULES
+            else (2, 0))
+    items.sort(key=lambda item: places[item.nodeid])  # stable: modules stay together
 
 
 def pytest_configure(config):
