@@ -289,3 +289,16 @@ def test_config_nothing_set_means_no_failures():
 def test_config_errors_name_the_field(overrides, match):
     with pytest.raises(ValueError, match=match):
         S.events_from_config(make_cfg(**overrides), num_replicas=4, total_steps=100)
+
+
+def test_the_configured_failure_rate_is_the_regimes_or_the_custom_mtbf_per_hour():
+    """What snapshot.every=auto weighs: high is one failure per half hour cluster-wide;
+    with regime_replicas=32 on 4 replicas each replica fails as often as on 32, so the
+    4-replica cluster fails 8 times less often; explicit events state no rate."""
+    assert S.configured_failures_per_hour(make_cfg(regime='high'), 4) == pytest.approx(2.0)
+    assert S.configured_failures_per_hour(make_cfg(regime='high', regime_replicas=32),
+                                          4) == pytest.approx(0.25)
+    assert S.configured_failures_per_hour(make_cfg(mtbf_hours=4.0, mttr_hours=1.0),
+                                          4) == pytest.approx(0.25)
+    assert S.configured_failures_per_hour(make_cfg(events='3:1:2'), 4) == 0.0
+    assert S.configured_failures_per_hour(make_cfg(), 4) == 0.0

@@ -253,6 +253,16 @@ def regime_scale(fault_cfg: FaultSection, num_replicas: int) -> float:
     return size / num_replicas if size else 1.0
 
 
+def configured_failures_per_hour(fault_cfg: FaultSection, num_replicas: int) -> float:
+    """The cluster's failure rate the config states (`fault.regime` or `fault.mtbf_hours`),
+    per hour of wall time; 0 where it states none (explicit `fault.events` are steps, not
+    a rate). Snapshot cadence reads it (snapshot/cadence.py)."""
+    regime = fault_cfg.regime.strip().lower()
+    if regime in REGIMES:
+        return 1.0 / (REGIMES[regime][0] * regime_scale(fault_cfg, num_replicas))
+    return 1.0 / fault_cfg.mtbf_hours if fault_cfg.mtbf_hours > 0 else 0.0
+
+
 def failures_requested(fault_cfg: FaultSection) -> bool:
     """Whether any failure field is set, so the run needs the fault controller.
 

@@ -95,6 +95,7 @@ class Launcher:
                             node_killer=node_killer)
         self.timeout = cfg.launch.heartbeat_timeout_sec
         self.recoveries: list[dict] = []
+        self.started_at, self.failures_seen = time.time(), 0  # observed failure rate (cadence)
         self._generation: Generation | None = None
         self._progress_rejected = 0
         # What the recovery planner reads and changes between generations.
@@ -117,7 +118,7 @@ class Launcher:
         warning = ray_cluster.node_loss_warning(ray_cluster.health_check(), self.timeout)
         if warning:
             self.job.log(warning)
-        started = time.time()
+        started = self.started_at = time.time()
         handlers = self._catch_stop_signals()
         error, outcome, gen, rejected = None, None, None, 0
         try:
@@ -140,6 +141,7 @@ class Launcher:
                     error = self._program_error(gen, outcome)
                     break
                 pending, gen = recovery_plan.plan_next(self.job, gen, outcome)
+                self.failures_seen += pending['kind'] == 'failure'
                 if gen.number - first > self.job.cfg.launch.max_relaunches:
                     error = self._gave_up(gen, pending)
                     break
@@ -282,8 +284,14 @@ class Launcher:
         (overrides included) for every worker of every generation."""
         base = dict(config_json=self.job.cfg.to_json(), workdir=self.workdir,
                     workers=self.job.placement.workers, generation=gen.number, resume=gen.resume,
-                    resume_step=gen.resume_step, stop_at=gen.stop_at, keepers=keepers)
+                    resume_step=gen.resume_step, stop_at=gen.stop_at, keepers=keepers,
+                    observed_failures_per_hour=self.observed_failures_per_hour())
         return {w: dict(base, **self.job.injector.holds(w)) for w in gen.members}
+
+    def observed_failures_per_hour(self) -> float:
+        """This launcher's failures (not planned rejoins) per hour of its run so far."""
+        hours = (time.time() - self.started_at) / 3600.0
+        return self.failures_seen / hours if self.failures_seen and hours > 0 else 0.0
 
     def _spawn(self, gen: Generation) -> list:
         """Start `gen`; the workers whose actor died before it started ([] normally)."""
@@ -343,7 +351,7 @@ class Launcher:
             hang = hung(self.job, gen, progress, now_mono - progressed_at, now)
             if hang is not None:
                 return hang
-            deaths += generation.exits(gen, now, self.job.injector.injected)
+            deaths += generation.exits(gen, now, self.job.injector.injected, self.dir)
             if not deaths and len(gen.ends) == len(gen.members):
                 finished = all(e.get('finished') for e in gen.ends.values())
                 return Outcome('finished' if finished else 'stopped', failed_at=now,

@@ -25,6 +25,7 @@ class WorkerArgs:
     keepers: tuple = ()  # each worker's KeeperHandle, None where it has none
     hold_in_publish: int = 0  # drills: hold inside the publish of this snapshot step (0: never)
     hold_after_snapshot: int = 0  # drills: hold after the first snapshot at or after this step
+    observed_failures_per_hour: float = 0.0  # the job's failures so far / its hours so far
 
     @property
     def process_id(self) -> int:

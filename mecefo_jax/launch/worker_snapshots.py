@@ -10,6 +10,7 @@ import threading
 
 from mecefo_jax.launch.progress import Progress
 from mecefo_jax.launch.worker_args import WorkerArgs
+from mecefo_jax.snapshot.cadence import MAX_INTERVAL
 
 
 def restore_fn(args: WorkerArgs, info: dict):
@@ -60,7 +61,17 @@ def snapshot_hook(cfg, args: WorkerArgs, progress: Progress):
         keepers[args.worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
         stop_at=args.stop_at or None, hold_after=args.hold_after_snapshot or None,
         on_hold=on_hold, budget_pct=cfg.snapshot.overhead_budget_pct,
+        failures_per_sec=failures_per_hour(cfg, args) / 3600.0,
+        max_interval=cfg.train.checkpoint_every if cfg.train.checkpoint_every > 0 else MAX_INTERVAL,
         log=lambda msg: print(f'[worker {args.worker}] {msg}', flush=True))
+
+
+def failures_per_hour(cfg, args: WorkerArgs) -> float:
+    """The failure rate `snapshot.every=auto` weighs: the config's (`fault.regime` or
+    `fault.mtbf_hours`), else the one the launcher observed in this job so far."""
+    from mecefo_jax.faults.schedule import configured_failures_per_hour
+    return (configured_failures_per_hour(cfg.fault, int(cfg.mesh.data))
+            or args.observed_failures_per_hour)
 
 
 def _parity_pusher(cfg, args: WorkerArgs):

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import multihost
+from mecefo_jax import config_record, multihost
 from mecefo_jax.observers import Observer
 from mecefo_jax.snapshot import (
     AsyncSnapshotter,
@@ -42,20 +42,24 @@ from mecefo_jax.snapshot import (
     pinned_local_copies,
     restore,
 )
-from mecefo_jax.snapshot.cadence import AutoCadence
+from mecefo_jax.snapshot.cadence import MAX_INTERVAL, AutoCadence
+from mecefo_jax.snapshot.jax_io import SnapshotMismatchError
 
 
 class SnapshotHook(Observer):
     """Snapshot the train state into this worker's keeper: every `every` steps, or 'auto'.
 
     With `every='auto'` an `AutoCadence` picks the interval from the measured
-    step time and snapshot cost within `budget_pct` of the step time, agreed
-    across processes, and measures again after every topology change.
+    step time and snapshot cost within `budget_pct` of the step time (shorter
+    where `failures_per_sec` makes that cheaper in expectation, at most
+    `max_interval`), agreed across processes, and measures again after every
+    topology change.
     """
 
     def __init__(self, keeper, every, *, parity: ParityPusher | None = None,
                  before_publish=None, stop_at: int | None = None, budget_pct: float = 2.0,
-                 log=None, hold_after: int | None = None, on_hold=None):
+                 log=None, hold_after: int | None = None, on_hold=None,
+                 failures_per_sec: float = 0.0, max_interval: int = MAX_INTERVAL):
         self._client = KeeperClient(keeper)
         self._snapshotter = AsyncSnapshotter(
             SnapshotWriter(self._client, parity=parity, before_publish=before_publish))
@@ -64,7 +68,9 @@ class SnapshotHook(Observer):
             # On the CPU backend the snapshot's work runs on the cores the step uses.
             self.cadence = AutoCadence(budget_pct, flush=self._flush,
                                        agree=multihost.process_zero_int, log=log,
-                                       shares_cores=jax.default_backend() == 'cpu')
+                                       shares_cores=jax.default_backend() == 'cpu',
+                                       failures_per_sec=failures_per_sec,
+                                       max_interval=max_interval)
             self.every = None
         elif isinstance(every, int) and every >= 1:
             self.every = every
@@ -200,7 +206,10 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
                         'Orbax checkpoint in the workdir (written every train.checkpoint_every '
                         'steps).')
                 return None
-            state, data_state, report = restore(abstract, snaps, step=chosen)
+            try:
+                state, data_state, report = restore(abstract, snaps, step=chosen)
+            except SnapshotMismatchError as error:  # name the config field and its fix
+                raise config_record.explain_mismatch(error, run.workdir, run.cfg) from error
             jax.block_until_ready(state)
         finally:
             for s in snaps:

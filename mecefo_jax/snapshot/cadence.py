@@ -1,13 +1,26 @@
-"""How often to snapshot: as often as a budget on the training slowdown allows.
+"""How often to snapshot: what costs least in expectation, within a budget on the slowdown.
 
 REFT (Wang et al., arXiv 2310.12670) snapshots as often as its saving cost
 allows, because the work lost to a crash is about half an interval. A fixed
 `snapshot.every` is either wasteful (a tiny model whose step is shorter than
 its snapshot) or loses more than it must (a large model whose snapshot hides
-behind its step). `AutoCadence` measures both and picks the smallest interval
-`k` whose modelled cost stays within `budget_pct` of `k` steps:
+behind its step). `AutoCadence` measures both. With `k` steps between
+snapshots, a snapshot's modelled cost is
 
     cost(k) = snapshot_sec + max(0, write_sec - k * step_sec)
+
+and the interval (`choose_interval`) is the smallest `k` whose cost stays
+within `budget_pct` of `k` steps, shortened where failures make a shorter one
+cheaper in expectation: per second of training, the snapshots cost
+`cost(k) / (k * step_sec)` and failures cost `failures_per_sec * (k *
+step_sec / 2 + recovery)`, half an interval redone plus the recovery. The
+`k` that minimises their sum is Young and Daly's optimum (Young 1974, Daly
+2006: about `sqrt(2 * cost / failures_per_sec)` seconds); the recovery term
+is the same at every `k`, so it does not move the choice. The failure rate
+is the one the config states (`fault.regime` or `fault.mtbf_hours`), else
+the one the launcher observed so far, else none (the budget alone). Last, the
+interval is never longer than the disk checkpoint's (`max_interval`): the
+memory tier is never staler than the disk tier under it.
 
 `step_sec` is the plain step, timed as training runs it (dispatched ahead,
 synchronised only at the end of a `WINDOW`-step window). `snapshot_sec` is
@@ -49,16 +62,36 @@ PROBE_STEPS = 2 * PAIRS * WINDOW
 MAX_INTERVAL = 10_000
 
 
+def snapshot_cost(k: int, step_sec: float, snapshot_sec: float, write_sec: float) -> float:
+    """Seconds one snapshot costs at `k` steps apart: its own time plus the write's back-pressure."""
+    return snapshot_sec + max(0.0, write_sec - k * step_sec)
+
+
+def expected_waste(k: int, step_sec: float, snapshot_sec: float, write_sec: float,
+                   failures_per_sec: float, recovery_sec: float = 0.0) -> float:
+    """Seconds lost per second of training at `k` steps apart: snapshots, and failures
+    redoing half an interval and recovering (see the module docstring)."""
+    period = k * step_sec
+    return (snapshot_cost(k, step_sec, snapshot_sec, write_sec) / period
+            + failures_per_sec * (period / 2 + recovery_sec))
+
+
 def choose_interval(step_sec: float, snapshot_sec: float, write_sec: float,
-                    budget_pct: float) -> int:
-    """The smallest interval whose modelled snapshot cost is within budget (see module doc)."""
+                    budget_pct: float, *, failures_per_sec: float = 0.0,
+                    max_interval: int = MAX_INTERVAL) -> int:
+    """The interval in steps: the smallest within budget, shortened to the Young/Daly
+    optimum where failures make that cheaper, at most `max_interval` (module docstring)."""
     if step_sec <= 0:
         return 1
     budget = budget_pct / 100.0
-    for k in range(1, MAX_INTERVAL + 1):
-        if snapshot_sec + max(0.0, write_sec - k * step_sec) <= budget * k * step_sec:
-            return k
-    return MAX_INTERVAL
+    within = next((k for k in range(1, MAX_INTERVAL + 1)
+                   if snapshot_cost(k, step_sec, snapshot_sec, write_sec)
+                   <= budget * k * step_sec), MAX_INTERVAL)
+    chosen = within
+    if failures_per_sec > 0:
+        chosen = min(range(1, within + 1), key=lambda k: expected_waste(
+            k, step_sec, snapshot_sec, write_sec, failures_per_sec))
+    return max(1, min(chosen, max_interval))
 
 
 class AutoCadence:
@@ -77,13 +110,15 @@ class AutoCadence:
 
     def __init__(self, budget_pct: float, *, flush: Callable[[], tuple[float, int, float]],
                  agree: Callable[[int], int] = lambda k: k,
-                 log: Callable[[str], None] | None = None, shares_cores: bool = False):
+                 log: Callable[[str], None] | None = None, shares_cores: bool = False,
+                 failures_per_sec: float = 0.0, max_interval: int = MAX_INTERVAL):
         if budget_pct <= 0:
             raise ValueError(f'snapshot.overhead_budget_pct={budget_pct}: use a percentage > 0, '
                              'e.g. --config.snapshot.overhead_budget_pct=2.')
         self.budget_pct = budget_pct
         self._flush, self._agree, self._log = flush, agree, log
         self.shares_cores = shares_cores
+        self.failures_per_sec, self.max_interval = failures_per_sec, max(1, max_interval)
         self.history: list[dict] = []  # every choice made: step, interval, its inputs
         self._topology = None
         self._reset()
@@ -151,8 +186,11 @@ class AutoCadence:
             floor = statistics.median(self._blocked) + max(0.0, total - waited) / max(count, 1)
         figures = {'step_sec': step_sec, 'write_sec': write, 'measured_sec': measured,
                    'floor_sec': floor, 'snapshot_sec': max(measured, floor)}
+        figures.update(failures_per_sec=self.failures_per_sec, max_interval=self.max_interval)
         local = choose_interval(figures['step_sec'], figures['snapshot_sec'],
-                                figures['write_sec'], self.budget_pct)
+                                figures['write_sec'], self.budget_pct,
+                                failures_per_sec=self.failures_per_sec,
+                                max_interval=self.max_interval)
         self.interval = int(self._agree(local))
         self.history.append({'step': step, 'interval': self.interval, **figures})
         if self._log is not None:
@@ -160,4 +198,7 @@ class AutoCadence:
                       f'(step {figures["step_sec"] * 1e3:.1f} ms, a snapshot adds '
                       f'{figures["measured_sec"] * 1e3:.1f} ms, costs at least '
                       f'{figures["floor_sec"] * 1e3:.1f} ms of shared cores, its write takes '
-                      f'{figures["write_sec"] * 1e3:.1f} ms, budget {self.budget_pct:g}%)')
+                      f'{figures["write_sec"] * 1e3:.1f} ms, budget {self.budget_pct:g}%, '
+                      f'{self.failures_per_sec * 3600:.3g} failures/h'
+                      + (f", at most the disk checkpoint's {self.max_interval}"
+                         if self.max_interval < MAX_INTERVAL else '') + ')')
