@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from mecefo_jax import atomic_file
-from mecefo_jax.checkpoint import CheckpointMismatchError
 
 CONFIG_FILENAME = 'config.json'
 ABSENT = object()  # a field the other config does not have
@@ -98,23 +97,24 @@ def _show(value: Any) -> str:
     return 'absent' if value is ABSENT else json.dumps(value)
 
 
-def explain_mismatch(error: CheckpointMismatchError, workdir: str,
-                     cfg: Any) -> CheckpointMismatchError:
-    """`error` with the config fields that differ from the run's record, and the fix."""
+def explain_mismatch(error: Exception, workdir: str, cfg: Any) -> Exception:
+    """`error` (a checkpoint's or a snapshot's mismatch) with the config fields that differ
+    from the run's record, and the fix: an error of the same type."""
+    kind = type(error)
     record = read_config_record(workdir)
     path = os.path.join(os.fspath(workdir), CONFIG_FILENAME)
     if record is None:
         note = (f'There is no readable {path} to compare with, so the differing fields are '
                 'unknown; use the config the run was started with, or another --workdir.')
-        return CheckpointMismatchError(f'{error}\n{note}')
+        return kind(f'{error}\n{note}')
     diffs = config_differences(record, cfg)
     if not diffs:
         note = (f"The config equals the run's record {path}; the checkpoint was written by "
                 'other code or another config. Use another --workdir for a new run.')
-        return CheckpointMismatchError(f'{error}\n{note}')
+        return kind(f'{error}\n{note}')
     lines = [f'  {k}: {_show(old)} in the run, {_show(new)} now' for k, old, new in diffs]
     flags = [override_flag(k, old) for k, old, _ in diffs if old is not ABSENT]
     note = (f"The config differs from the run's record {path} in:\n" + '\n'.join(lines)
             + '\nTo resume that run, add: ' + ' '.join(flags)
             + '\nTo start a new run with this config, pass another --workdir.')
-    return CheckpointMismatchError(f'{error}\n{note}')
+    return kind(f'{error}\n{note}')

@@ -68,3 +68,18 @@ def test_without_a_record_the_message_says_so(tmp_path):
     error = checkpoint.CheckpointMismatchError('shapes differ')
     message = str(config_record.explain_mismatch(error, str(tmp_path), get_config()))
     assert message.startswith('shapes differ') and 'no readable' in message
+
+
+def test_a_snapshot_mismatch_names_the_config_field_and_its_fix_too(tmp_path):
+    """A keeper's snapshot written with d_model=32, restored with 64: the same explanation
+    as a checkpoint's, and the same error type (the worker's restore raises it)."""
+    from mecefo_jax.snapshot.jax_io import SnapshotMismatchError
+    old = get_config()
+    config_record.write_config_record(str(tmp_path), old)
+    new = get_config()
+    new.model.d_model = 2 * old.model.d_model
+    error = SnapshotMismatchError('params/embed was saved as float32[256, 32]')
+    explained = config_record.explain_mismatch(error, str(tmp_path), new)
+    assert isinstance(explained, SnapshotMismatchError)
+    assert str(explained).startswith(str(error))
+    assert f'--config.model.d_model={old.model.d_model}' in str(explained)
