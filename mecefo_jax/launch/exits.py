@@ -18,6 +18,26 @@ NODE_DIED = 'its node died'  # the cause of a worker whose node was lost
 # the node is gone, whichever of Ray's reports (the actor's or the node's) comes first.
 NODE_LOSS_INJECTED = 'the loss of its node'
 _TAIL_LINES = 20
+# What a healthy process prints when JAX's distributed runtime ends it because
+# another process died (the coordinator, or a peer it was waiting on).
+JAX_ABORT_MARKER = 'the JAX distributed service detected fatal errors'
+ABORTED_BY_JAX = 'ended by jax.distributed after a peer died'
+_ABORT_TAIL_BYTES = 64 * 1024
+
+
+def aborted_by_jax(log_path: str) -> bool:
+    """Whether a dead worker's log ends with JAX terminating it for another process's death.
+
+    Such a worker is healthy: it is an echo of the death that caused it, relaunched as a
+    survivor with its own keeper's snapshots, not a failure.
+    """
+    try:
+        with open(log_path, 'rb') as f:
+            f.seek(max(0, os.path.getsize(log_path) - _ABORT_TAIL_BYTES))
+            tail = f.read().decode(errors='replace')
+    except OSError:
+        return False
+    return JAX_ABORT_MARKER in tail
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,15 @@ import signal as signal_lib
 import time
 
 from mecefo_jax.launch import actors
-from mecefo_jax.launch.exits import CRASH, NODE_DIED, NODE_LOSS_INJECTED, PROGRAM_ERROR, Death
+from mecefo_jax.launch.exits import (
+    ABORTED_BY_JAX,
+    CRASH,
+    NODE_DIED,
+    NODE_LOSS_INJECTED,
+    PROGRAM_ERROR,
+    Death,
+    aborted_by_jax,
+)
 from mecefo_jax.launch.progress import parse_report
 from mecefo_jax.launch.worker import Worker, this_host
 from mecefo_jax.launch.worker_args import WorkerArgs
@@ -120,10 +128,12 @@ def poll_progress(gen: Generation) -> None:
             gen.asked[w], gen.asked_at[w] = gen.actors[w].progress.remote(), now
 
 
-def exits(gen: Generation, now: float, injected: dict) -> list[Death]:
+def exits(gen: Generation, now: float, injected: dict, log_dir: str | None = None) -> list[Death]:
     """Every worker whose run ended in an error or a crash (finished runs join `gen.ends`).
 
-    `injected[w]` names a signal the launcher sent worker w, for its cause.
+    `injected[w]` names a signal the launcher sent worker w, for its cause; a
+    worker whose log (in `log_dir`) shows JAX ended it for a peer's death is
+    named so (ABORTED_BY_JAX), to be told apart from the death that caused it.
     """
     import ray
     from ray.exceptions import RayActorError, RayError, RayTaskError
@@ -138,15 +148,26 @@ def exits(gen: Generation, now: float, injected: dict) -> list[Death]:
             gen.ends[w] = ray.get(ref)
         except RayTaskError as e:  # its own code raised (RayActorError is a crash)
             if isinstance(e, RayActorError):
-                deaths.append(Death(w, crash_cause(e, injected.get(w)), CRASH, now))
+                deaths.append(Death(w, _crash_or_abort(e, injected.get(w), log_dir, gen, w),
+                                    CRASH, now))
             elif isinstance(e.cause, KeeperLost):  # its keeper died: the memory tier crashed
                 deaths.append(Death(w, 'its keeper died', CRASH, now))
             else:
                 deaths.append(Death(w, f'{type(e.cause).__name__}: {e.cause}', PROGRAM_ERROR, now))
         except RayError as e:
-            deaths.append(Death(w, crash_cause(e, injected.get(w)), CRASH, now))
+            deaths.append(Death(w, _crash_or_abort(e, injected.get(w), log_dir, gen, w),
+                                CRASH, now))
     gen.dead.update(d.worker for d in deaths)
     return deaths
+
+
+def _crash_or_abort(error, injected: str | None, log_dir: str | None, gen: Generation,
+                    worker: int) -> str:
+    """The crash's cause; ABORTED_BY_JAX for an uninjected death that JAX's runtime caused."""
+    if injected is None and log_dir is not None and aborted_by_jax(
+            os.path.join(log_dir, f'g{gen.number}_w{worker}.log')):
+        return ABORTED_BY_JAX
+    return crash_cause(error, injected)
 
 
 def crash_cause(error, injected: str | None) -> str:

@@ -12,7 +12,7 @@ import dataclasses
 import time
 
 from mecefo_jax.launch import generation
-from mecefo_jax.launch.exits import CRASH
+from mecefo_jax.launch.exits import ABORTED_BY_JAX, CRASH
 from mecefo_jax.launch.generation import Generation
 from mecefo_jax.launch.job_state import JobState
 
@@ -80,7 +80,7 @@ def decided(job: JobState, gen: Generation, deaths: list, now: float) -> bool:
         if not gen.settled:
             gen.settled = True
             time.sleep(_SETTLE_SEC)
-            deaths += generation.exits(gen, now, job.injector.injected)
+            deaths += generation.exits(gen, now, job.injector.injected, job.injector.out_dir)
         return True
     ended = {d.worker for d in deaths} | set(gen.ends)
     return len(ended) == len(gen.members) or now - min(d.failed_at for d in deaths) > _ERROR_GRACE_SEC
@@ -90,6 +90,13 @@ def failed(job: JobState, gen: Generation, deaths: list, now: float) -> Outcome:
     """Every death at once, detected at `now`. With a crash, the workers that raised are
     its echo, not failed."""
     crashed = [d for d in deaths if d.kind == CRASH]
+    # Workers JAX ended because a peer died are that death's echo: relaunched as
+    # survivors (unless every crash is such an abort: then the cause is unknown).
+    aborted = [d for d in crashed if d.cause == ABORTED_BY_JAX]
+    if len(aborted) < len(crashed):
+        crashed = [d for d in crashed if d.cause != ABORTED_BY_JAX]
+    else:
+        aborted = []
     injected = job.injector.kill_time
     job.injector.kill_time = None
     failed_at = injected if injected is not None and crashed else min(
@@ -102,7 +109,8 @@ def failed(job: JobState, gen: Generation, deaths: list, now: float) -> Outcome:
     job.log(f'[launch] worker(s) {workers} '
             f"{'failed' if crashed else 'stopped with a program error'} ({cause}); "
             f'generation {gen.number} at step {gen.completed()}')
-    echoes = {str(d.worker): d.cause for d in deaths if crashed and d.kind != CRASH}
+    echoes = {str(d.worker): d.cause for d in deaths
+              if crashed and (d.kind != CRASH or d in aborted)}
     return Outcome(kind, workers, cause, failed_at, now, gen.completed(), deaths=lost,
                    echoes=echoes)
 
