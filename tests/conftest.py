@@ -56,7 +56,8 @@ jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 # then one that starts a cluster under a fresh HOME (a module not listed runs
 # last in the second group). The groups take about as long as each other.
 RAY_GROUPS = {
-    'ray-a': ('snapshot_keeper_test', 'snapshot_test', 'parity_test', 'launch_test'),
+    'ray-a': ('snapshot_keeper_test', 'snapshot_test', 'parity_test', 'launch_test',
+              'launch_deaths_test'),
     'ray-b': ('launcher_process_test', 'compile_ahead_test', 'node_loss_test',
               'sim_cluster_test'),
 }

@@ -269,3 +269,4 @@ def test_a_generation_that_completes_no_step_within_the_start_timeout_has_failed
     assert not glob.glob(os.path.join(tmp_path, 'launch', 'g0_w*_start.json'))
     (row,) = read(str(tmp_path), 'summary.json')['recoveries']
     assert row['kind'] == 'gave_up' and row['cause'].startswith('no step completed')
+

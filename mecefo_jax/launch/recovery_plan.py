@@ -7,7 +7,9 @@ when the job rejoins or the survivors no longer hold a whole replica; with
 `launch.recovery=disk` every worker restarts from the Orbax checkpoint.
 Workers whose node was lost go to another node (a replacement first: the
 one hosting fewest workers) with a new, empty keeper; a lost keeper's
-snapshot is rebuilt from its parity group where one is configured.
+snapshot is rebuilt from its parity group where one is configured. Where no
+keeper left holds a step (every worker and keeper lost at once), the job
+falls back to the disk tier, saying so.
 """
 from __future__ import annotations
 
@@ -58,8 +60,28 @@ def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, G
         holders = [w for w in (survivors + rebuilt or members)
                    if w not in fresh and job.keepers.alive(w)]
         resume_step = job.keepers.common_step(holders)
+        if resume_step == 0 and row['completed_steps'] > 0:
+            members, resume, returns = workers, 'disk', 0
+            _fall_back_to_disk(job, members, holders, row)
     stop_at = resume_step + returns if returns > 0 else 0
     return row, Generation(gen.number + 1, members, resume, stop_at, resume_step)
+
+
+def _fall_back_to_disk(job: JobState, workers, holders, row: dict) -> None:
+    """No keeper left holds a step every member can restore: every worker restarts from
+    the disk tier, each with a keeper for the snapshots to come; said, and recorded."""
+    _place(job, workers)
+    _replace_lost_keepers(job, workers, row)
+    every = job.cfg.train.checkpoint_every
+    row['fallback'] = (
+        f"no copy of the job's state is left in memory (the keepers of workers "
+        f"{sorted(holders) or 'none'} live, sharing no step after {row['completed_steps']} "
+        f'completed): every worker restarts from the newest Orbax checkpoint in the workdir '
+        f'(train.checkpoint_every={every}); if none was written yet, nothing is left to resume '
+        f'from and the workers stop with the way to start over')
+    row.update(members=list(workers), resume='disk',
+               nodes={str(w): job.nodes[w] for w in workers})
+    job.log(f"[launch] {row['fallback']}")
 
 
 def _opened_row(job: JobState, gen: Generation, outcome: Outcome) -> dict:
@@ -81,7 +103,9 @@ def _opened_row(job: JobState, gen: Generation, outcome: Outcome) -> dict:
     if outcome.kind == 'failed':
         row['detect_sec'] = outcome.detected_at - outcome.failed_at
         if job.uses_keepers:
-            survivors = [w for w in gen.members if w not in outcome.failed]
+            # Echoes (workers a peer's death ended) are dead too: they publish nothing more.
+            survivors = [w for w in gen.members
+                         if w not in outcome.failed and str(w) not in outcome.echoes]
             if outcome.failed:  # a known death; a hang's workers publish nothing more
                 row['completed_steps'] = _await_snapshots(job, survivors, outcome.completed_steps)
             row['newest_held_by_worker'] = {str(w): job.keepers.newest(w)
