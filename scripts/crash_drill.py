@@ -25,7 +25,12 @@ _KILL = flags.DEFINE_integer(
     'snapshot at or after it once every keeper holds that snapshot (memory): a measured '
     'way back, with the expected loss of a random kill reported beside it (interval / 2).')
 _RETURN = flags.DEFINE_integer('return_after', 10, 'Steps until the killed worker rejoins.')
-_CKPT = flags.DEFINE_integer('checkpoint_every', 10, 'Orbax period of the disk job (steps).')
+_CKPT = flags.DEFINE_integer('checkpoint_every', 10, 'Orbax period of the disk job and of the '
+                             'random-kill jobs (steps).')
+_RANDOM = flags.DEFINE_integer('random_kills', 3, 'Jobs whose worker 1 is SIGKILLed at a '
+                               'uniformly random step under the default snapshot cadence '
+                               '(0: none).', lower_bound=0)
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the random kill steps.')
 flags.mark_flags_as_required(['config', 'out'])
 
 
@@ -43,7 +48,7 @@ def main(argv):
     path = config_flags.get_config_filename(flags.FLAGS['config'])  # recorded in the report
     run_drill(cfg, os.path.abspath(path), os.path.abspath(_OUT.value), workers=_WORKERS.value,
               nodes=_NODES.value, kill_step=_KILL.value, return_after=_RETURN.value,
-              checkpoint_every=_CKPT.value)
+              checkpoint_every=_CKPT.value, random_kills=_RANDOM.value, seed=_SEED.value)
     print(open(os.path.join(_OUT.value, 'crash_drill.md')).read())
 
 

@@ -59,3 +59,45 @@ def test_a_preempted_job_ends_the_drill(monkeypatch, tmp_path):
     with pytest.raises(crash_drill_jobs.DrillStopped, match='memory job .* saved step 7'):
         crash_drill_jobs.run_job(resolve(get_config()), {}, str(tmp_path / 'memory'), 4,
                                  log=lambda _: None)
+
+
+def test_random_kill_steps_are_uniform_over_the_range_and_the_same_for_a_seed():
+    from mecefo_jax.experiments import crash_drill_random as rnd
+    steps = rnd.kill_steps(0, 2000, 44, 71)
+    assert steps == rnd.kill_steps(0, 2000, 44, 71) and steps != rnd.kill_steps(1, 2000, 44, 71)
+    assert min(steps) == 44 and max(steps) == 71  # both ends drawn, nothing outside
+    counts = [steps.count(s) for s in range(44, 72)]
+    assert max(counts) < 2 * min(counts)  # 28 values, ~71 draws each: none twice another
+    # Under auto, kills come after its choice (settling and probing snapshot otherwise).
+    assert rnd.first_chosen_step('auto') == 43 and rnd.first_chosen_step(4) == 1
+
+
+def test_random_kills_report_each_kills_loss_and_what_disk_would_lose(monkeypatch, tmp_path):
+    """Jobs faked: each recovery row as the launcher writes it; the drill's figures from them."""
+    from configs.tiny import get_config
+    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.experiments import crash_drill_random as rnd
+    made = []
+
+    def fake_job(cfg, values, workdir, workers, log):
+        step = int(values['launch.kill'].split(':')[0])
+        made.append(values)
+        os.makedirs(os.path.join(workdir, 'launch'))
+        with open(os.path.join(workdir, 'launch', 'g0_w0.log'), 'w') as f:
+            f.write('[worker 0] snapshot.every=auto: every 10 step(s) from step 43 (...)\n')
+        done = step + 1
+        return {'recoveries': [{'kind': 'failure', 'resume_step': done - done % 10,
+                                'completed_steps': done, 'redone_steps': done % 10,
+                                'recovery_sec': 2.0, 'resume': 'memory'}]}
+
+    monkeypatch.setattr(rnd, 'run_job', fake_job)
+    out = rnd.random_kills(resolve(get_config()), {}, str(tmp_path), 2, checkpoint_every=10,
+                           seed=3, kills=3, log=lambda _: None)
+    assert out['steps'] == 43 + 30 and len(out['kills']) == 3
+    for kill, values in zip(out['kills'], made):
+        assert values['train.steps'] == 73 and values['train.checkpoint_every'] == 10
+        assert 44 <= kill['kill_step'] <= 71 and kill['snapshot_every'] == 10
+        assert kill['lost_steps'] == kill['disk_would_lose'] == (kill['kill_step'] + 1) % 10
+    assert out['mean_lost_steps'] == pytest.approx(
+        sum(k['lost_steps'] for k in out['kills']) / 3)
+    assert out['max_lost_steps'] == max(k['lost_steps'] for k in out['kills'])

@@ -19,6 +19,9 @@ nodes on this machine (`sim_cluster`), on `workers` worker actors of
 6. `node_loss` (2 nodes or more): the node of the memory job's worker lost
    whole (worker, keeper and shared memory), the survivors going on from
    their keepers and the worker rejoining on another node;
+7. `random` (`random_kills` jobs): worker 1 SIGKILLed at a uniformly random
+   step under the default cadence, what it lost and how long the way back
+   took, beside the snapshot-aligned kill of (1) (`crash_drill_random`);
 
 and measures the snapshot overhead per step in one process: steps with and
 without snapshots, interleaved block by block. It writes `crash_drill.json`
@@ -38,11 +41,13 @@ import os
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.experiments import crash_drill_jobs as jobs_lib
 from mecefo_jax.experiments.crash_drill_overhead import restore_comparison, snapshot_overhead
+from mecefo_jax.experiments.crash_drill_random import KILLS, random_kills
 from mecefo_jax.experiments.crash_drill_report import markdown
 
 
 def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, nodes: int = 1,
-              kill_step: int, return_after: int, checkpoint_every: int, log=print) -> dict:
+              kill_step: int, return_after: int, checkpoint_every: int,
+              random_kills: int = KILLS, seed: int = 0, log=print) -> dict:
     """Every job on a simulated cluster of `nodes` Ray nodes, the measurements alone; the report."""
     from mecefo_jax.experiments.sim_cluster import SimulatedCluster
     _check_fresh(out_dir)
@@ -56,11 +61,28 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, nodes: i
         report = _report(cfg, config_path, out_dir, workers, nodes, jobs, kill_step=kill_step,
                          return_after=return_after, checkpoint_every=checkpoint_every, log=log)
         report['ray_start_sec'] = cluster.start_sec
+        if random_kills > 0:
+            report['random_kill'] = random_kill_report(cfg, out_dir, workers, report['memory'],
+                                                       checkpoint_every=checkpoint_every,
+                                                       kills=random_kills, seed=seed, log=log)
     with open(os.path.join(out_dir, 'crash_drill.json'), 'w') as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(out_dir, 'crash_drill.md'), 'w') as f:
         f.write(markdown(report))
     return report
+
+
+def random_kill_report(cfg, out_dir: str, workers: int, memory: dict, *, checkpoint_every: int,
+                       kills: int, seed: int, log) -> dict:
+    """The random kills' figures beside the snapshot-aligned kill's (the memory job)."""
+    from mecefo_jax.launch.placement import Placement
+    placement = Placement(workers, cfg.launch.local_devices, cfg.mesh.model)
+    result = random_kills(cfg, jobs_lib.base_values(cfg, out_dir, placement.replicas), out_dir,
+                          workers, checkpoint_every=checkpoint_every, seed=seed, kills=kills,
+                          log=log)
+    result['snapshot_aligned'] = {'lost_steps': memory['lost_steps'],
+                                  'recovery_sec': memory['recovery_sec']}
+    return result
 
 
 def _check_fresh(out_dir: str) -> None:

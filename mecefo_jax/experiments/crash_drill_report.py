@@ -3,7 +3,8 @@
 One table of the recoveries' components (a column per job that recovered),
 then a sentence each on the restores, the snapshot interval and overhead,
 the parameters against the simulated failure, compiling ahead, parity, the
-launcher restart and, on 2 nodes or more, the lost node.
+launcher restart and, on 2 nodes or more, the lost node; last, a table of
+the random kills.
 """
 from __future__ import annotations
 
@@ -99,7 +100,28 @@ def markdown(r: dict) -> str:
               f"{r['parity_rebuild_bitwise']}; resumed at step {r['parity']['resume_step']}, "
               f"{r['parity']['lost_steps']} step(s) redone."]
     lines += _restart_and_node_loss_lines(r)
+    lines += _random_kill_lines(r.get('random_kill'))
     return '\n'.join(lines) + '\n'
+
+
+def _random_kill_lines(rk: dict | None) -> list[str]:
+    """A row per random kill, beside the snapshot-aligned kill of the memory job."""
+    if not rk:
+        return []
+    aligned = rk['snapshot_aligned']
+    lines = ['', f"Random kills (seed {rk['seed']}, {rk['steps']} steps, Orbax every "
+             f"{rk['checkpoint_every']}): worker 1 SIGKILLed at a uniformly random step under "
+             f"the default cadence. Lost {fmt(rk['mean_lost_steps'], '.2f')} steps on average "
+             f"(at most {rk['max_lost_steps']}); the disk tier would have lost "
+             f"{fmt(rk['disk_mean_would_lose'], '.2f')} at the same points. The "
+             f"snapshot-aligned kill above: {aligned['lost_steps']} lost, "
+             f"{fmt(aligned['recovery_sec'])} s.", '',
+             '| kill step | interval at the kill | lost steps | disk would lose | recovery (s) '
+             '| resumed from |', '| --- | --- | --- | --- | --- | --- |']
+    for k in rk['kills']:
+        lines.append(f"| {k['kill_step']} | {k['snapshot_every']} | {k['lost_steps']} | "
+                     f"{k['disk_would_lose']} | {fmt(k['recovery_sec'])} | {k['resume']} |")
+    return lines
 
 
 def _restart_and_node_loss_lines(r: dict) -> list[str]:
