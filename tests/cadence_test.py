@@ -172,3 +172,17 @@ def test_auto_chooses_with_the_failure_rate_and_the_disk_cap_and_records_both():
     assert chosen['failures_per_sec'] == 0.5 and chosen['max_interval'] == 30
     assert auto.interval == choose_interval(0.010, 0.0091, 0.005, 2.0, failures_per_sec=0.5,
                                             max_interval=30) < 30
+
+
+def test_a_workers_cadence_options_come_from_the_config_then_the_observed_rate():
+    from configs.tiny import get_config
+    from mecefo_jax.config_resolve import resolve, updated
+    from mecefo_jax.launch.worker_snapshots import cadence_options
+    cfg = resolve(get_config())  # no failure process; Orbax every 20 steps
+    assert cadence_options(cfg) == {'budget_pct': 2.0, 'failures_per_sec': 0.0,
+                                    'max_interval': 20}
+    assert cadence_options(cfg, 36.0)['failures_per_sec'] == pytest.approx(0.01)  # observed
+    high = updated(cfg, {'fault.regime': 'high', 'train.checkpoint_every': 0})
+    assert cadence_options(high, 36.0) == {'budget_pct': 2.0,
+                                           'failures_per_sec': pytest.approx(2.0 / 3600),
+                                           'max_interval': cadence.MAX_INTERVAL}

@@ -74,6 +74,7 @@ def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
 
     from mecefo_jax import resume
     from mecefo_jax import train as train_lib
+    from mecefo_jax.launch.worker_snapshots import cadence_options
     from mecefo_jax.launch.worker_state import SnapshotHook
     from mecefo_jax.layout import assemble, full_layout
     from mecefo_jax.snapshot import start_keeper, stop_keeper
@@ -90,8 +91,7 @@ def snapshot_overhead(cfg, workdir: str, *, every='auto', blocks: int = 40,
     choice, hook = None, None
     try:
         if every == 'auto':
-            auto = SnapshotHook(keeper, 'auto',
-                                budget_pct=cfg.snapshot.overhead_budget_pct)
+            auto = SnapshotHook(keeper, 'auto', **cadence_options(cfg))  # as a worker's
             every, state, choice = _auto_interval_here(auto, step_fn, state, host, topology,
                                                        plan, run)
         # Whole intervals per block, and `blocks` of them whatever the interval:

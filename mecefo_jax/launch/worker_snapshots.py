@@ -60,18 +60,21 @@ def snapshot_hook(cfg, args: WorkerArgs, progress: Progress):
     return worker_state.SnapshotHook(
         keepers[args.worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
         stop_at=args.stop_at or None, hold_after=args.hold_after_snapshot or None,
-        on_hold=on_hold, budget_pct=cfg.snapshot.overhead_budget_pct,
-        failures_per_sec=failures_per_hour(cfg, args) / 3600.0,
-        max_interval=cfg.train.checkpoint_every if cfg.train.checkpoint_every > 0 else MAX_INTERVAL,
+        on_hold=on_hold, **cadence_options(cfg, args.observed_failures_per_hour),
         log=lambda msg: print(f'[worker {args.worker}] {msg}', flush=True))
 
 
-def failures_per_hour(cfg, args: WorkerArgs) -> float:
-    """The failure rate `snapshot.every=auto` weighs: the config's (`fault.regime` or
-    `fault.mtbf_hours`), else the one the launcher observed in this job so far."""
+def cadence_options(cfg, observed_failures_per_hour: float = 0.0) -> dict:
+    """What `snapshot.every=auto` weighs besides its measurements: the overhead budget, the
+    failure rate (the config's `fault.regime` or `fault.mtbf_hours`, else the one the
+    launcher observed in this job so far) and, as its longest interval, the disk
+    checkpoint's (`train.checkpoint_every`)."""
     from mecefo_jax.faults.schedule import configured_failures_per_hour
-    return (configured_failures_per_hour(cfg.fault, int(cfg.mesh.data))
-            or args.observed_failures_per_hour)
+    rate = (configured_failures_per_hour(cfg.fault, int(cfg.mesh.data))
+            or observed_failures_per_hour)
+    every = cfg.train.checkpoint_every
+    return {'budget_pct': cfg.snapshot.overhead_budget_pct, 'failures_per_sec': rate / 3600.0,
+            'max_interval': every if every > 0 else MAX_INTERVAL}
 
 
 def _parity_pusher(cfg, args: WorkerArgs):
