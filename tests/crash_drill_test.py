@@ -91,9 +91,12 @@ def test_random_kills_report_each_kills_loss_and_what_disk_would_lose(monkeypatc
                                 'recovery_sec': 2.0, 'resume': 'memory'}]}
 
     monkeypatch.setattr(rnd, 'run_job', fake_job)
+    ahead = []
+    monkeypatch.setattr(rnd, 'compile_ahead', lambda cfg, values, *a: ahead.append(values))
     out = rnd.random_kills(resolve(get_config()), {}, str(tmp_path), 2, checkpoint_every=10,
                            seed=3, kills=3, log=lambda _: None)
     assert out['steps'] == 43 + 30 and len(out['kills']) == 3
+    assert len(ahead) == 1 and ahead[0]['train.steps'] == 73  # the jobs' programs, once
     for kill, values in zip(out['kills'], made):
         assert values['train.steps'] == 73 and values['train.checkpoint_every'] == 10
         assert 44 <= kill['kill_step'] <= 71 and kill['snapshot_every'] == 10

@@ -7,7 +7,8 @@ the config's snapshot cadence (`snapshot.every=auto` by default), each
 SIGKILLing worker `VICTIM` at a step drawn uniformly (seeded) from those
 after auto has chosen its interval, and reports what each lost
 (`lost_steps`: steps redone) and how long its way back took
-(`recovery_sec`). Beside each: what the disk tier would have lost at the
+(`recovery_sec`), the survivors' programs compiled ahead first as for the
+memory job. Beside each: what the disk tier would have lost at the
 same point, the steps since its newest checkpoint (every `checkpoint_every`
 steps, which these jobs also write and which caps auto's interval).
 """
@@ -18,7 +19,7 @@ import random
 import re
 import statistics
 
-from mecefo_jax.experiments.crash_drill_jobs import VICTIM, job_recovery, run_job
+from mecefo_jax.experiments.crash_drill_jobs import VICTIM, compile_ahead, job_recovery, run_job
 from mecefo_jax.snapshot.cadence import PROBE_STEPS, SETTLE_STEPS
 
 KILLS = 3
@@ -51,13 +52,16 @@ def random_kills(cfg, base: dict, out_dir: str, workers: int, *, checkpoint_ever
     """`kills` jobs, each killed at a random step: their rows and the summary figures."""
     first = first_chosen_step(cfg.snapshot.every)
     steps = first + 3 * checkpoint_every  # three disk periods after auto has chosen
+    values = dict(base, **{'train.steps': steps, 'train.checkpoint_every': checkpoint_every,
+                           'launch.compile_ahead': False})
+    # The survivors' programs compiled ahead into the jobs' cache first, as before the
+    # snapshot-aligned kill: the way back is measured as the launcher runs it by default.
+    compile_ahead(cfg, values, os.path.join(out_dir, 'random0'), workers, log)
     rows = []
     for i, step in enumerate(kill_steps(seed, kills, first + 1, steps - 2)):
         workdir = os.path.join(out_dir, f'random{i}')
-        summary = run_job(cfg, dict(base, **{
-            'train.steps': steps, 'train.checkpoint_every': checkpoint_every,
-            'launch.kill': f'{step}:{VICTIM}', 'launch.compile_ahead': False}), workdir,
-            workers, log)
+        summary = run_job(cfg, dict(values, **{'launch.kill': f'{step}:{VICTIM}'}), workdir,
+                          workers, log)
         row = job_recovery(summary)
         rows.append({'kill_step': step, 'lost_steps': row['lost_steps'],
                      'recovery_sec': row['recovery_sec'], 'resume': row['resume'],
