@@ -189,6 +189,14 @@ def ray_cluster(_clusters):
 
 
 @pytest.fixture(scope='module')
+def cluster(ray_cluster):
+    """The launcher tests' cluster: the shared one, a worker on each node (a module
+    that needs another defines its own `cluster`)."""
+    assert len(ray_cluster.nodes) == SHARED_CLUSTER_NODES
+    return ray_cluster
+
+
+@pytest.fixture(scope='module')
 def private_ray_cluster(_clusters, request):
     """A cluster of the module's own `CLUSTER_NODES` nodes, which it may damage."""
     with _clusters.private(request.module.CLUSTER_NODES) as cluster:

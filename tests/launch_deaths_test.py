@@ -13,24 +13,14 @@ from mecefo_jax.launch.supervisor import Launcher
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
 
 
-@pytest.fixture(scope='module')
-def cluster(ray_cluster):
-    return ray_cluster  # the session's shared cluster (tests/conftest.py)
-
-
-@pytest.fixture(scope='module')
-def caches(launcher_caches):
-    return launcher_caches
-
-
 def test_with_every_worker_and_keeper_lost_the_job_falls_back_to_disk_and_says_so(
-        cluster, caches, tmp_path):
+        cluster, launcher_caches, tmp_path):
     """Both workers SIGKILLed with their keepers at step 6: no copy is left in memory.
     The launcher says so and restarts every worker from the newest Orbax checkpoint
     (every 2 steps; the save of step 4 starts only once step 2's is complete, so step 2
     at least is on disk by then)."""
     logs = []
-    cfg = config(overrides(caches, **{'launch.kill': '6:0:KILL:keeper,6:1:KILL:keeper',
+    cfg = config(overrides(launcher_caches, **{'launch.kill': '6:0:KILL:keeper,6:1:KILL:keeper',
                                       'train.steps': 10, 'train.checkpoint_every': 2}))
     summary = Launcher(cfg, str(tmp_path), WORKERS, log=logs.append).run()
     (failure,) = summary['recoveries']
@@ -45,12 +35,12 @@ def test_with_every_worker_and_keeper_lost_the_job_falls_back_to_disk_and_says_s
 
 
 
-def test_the_coordinators_death_fails_worker_0_alone_and_the_rest_go_on(cluster, caches,
+def test_the_coordinators_death_fails_worker_0_alone_and_the_rest_go_on(cluster, launcher_caches,
                                                                         tmp_path):
     """Worker 0 hosts jax.distributed's coordinator. SIGKILLed at step 4, it takes the
     service with it and JAX may end worker 1 too; worker 1 is relaunched as the survivor
     (its keeper holds its state) and worker 0 rejoins 2 steps later."""
-    summary = Launcher(config(overrides(caches, **{
+    summary = Launcher(config(overrides(launcher_caches, **{
         'launch.kill': '4:0:KILL', 'train.steps': 10, 'launch.return_after_steps': 2})),
         str(tmp_path), WORKERS, log=lambda _: None).run()
     failure, rejoin = summary['recoveries']

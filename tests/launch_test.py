@@ -33,18 +33,7 @@ HELD_STEP = 3
 
 
 @pytest.fixture(scope='module')
-def cluster(ray_cluster):
-    assert len(ray_cluster.nodes) == WORKERS  # a worker on each node
-    return ray_cluster  # the session's shared cluster (tests/conftest.py)
-
-
-@pytest.fixture(scope='module')
-def caches(launcher_caches):
-    return launcher_caches
-
-
-@pytest.fixture(scope='module')
-def crashed(cluster, caches, tmp_path_factory):
+def crashed(cluster, launcher_caches, tmp_path_factory):
     """Worker 1 SIGKILLed inside its publish of step 3, back 2 steps after the relaunch.
 
     The worker stops after copying step 3's bytes into its keeper and before
@@ -52,20 +41,20 @@ def crashed(cluster, caches, tmp_path_factory):
     there: the kill lands at the same point in every run.
     """
     workdir = str(tmp_path_factory.mktemp('crashed'))
-    summary = launch(overrides(caches, **{'launch.kill': f'{HELD_STEP}:1:KILL:publish',
+    summary = launch(overrides(launcher_caches, **{'launch.kill': f'{HELD_STEP}:1:KILL:publish',
                                           'launch.return_after_steps': 2,
                                           'launch.standby_workers': True}), workdir)
     return summary, workdir
 
 
 def test_a_kill_after_a_snapshot_lands_on_the_snapshotted_step_whatever_the_interval(
-        cluster, caches, tmp_path):
+        cluster, launcher_caches, tmp_path):
     """Asked for at step 4 with snapshots every 3 steps: worker 1 holds its loop after
     publishing step 6, the launcher waits until both keepers hold 6 and kills it there,
     and the survivor resumes at 6 with nothing redone. A kill at plain step 4 would
     have redone 1 step (the crash drill's memory job kills this way)."""
     workdir = str(tmp_path)
-    summary = launch(overrides(caches, **{'launch.kill': '4:1:KILL:snapshot',
+    summary = launch(overrides(launcher_caches, **{'launch.kill': '4:1:KILL:snapshot',
                                           'snapshot.every': 3, 'train.steps': 8}), workdir)
     (failure,) = summary['recoveries']
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
@@ -75,9 +64,9 @@ def test_a_kill_after_a_snapshot_lands_on_the_snapshotted_step_whatever_the_inte
     assert read(workdir, 'g1_w0_end.json')['final_step'] == 8
 
 
-def test_a_kill_after_a_snapshot_needs_snapshots(cluster, caches, tmp_path):
+def test_a_kill_after_a_snapshot_needs_snapshots(cluster, launcher_caches, tmp_path):
     with pytest.raises(ValueError, match='needs snapshots'):
-        launch(overrides(caches, **{'launch.kill': '4:1:KILL:snapshot', 'snapshot.every': 0}),
+        launch(overrides(launcher_caches, **{'launch.kill': '4:1:KILL:snapshot', 'snapshot.every': 0}),
                str(tmp_path))
 
 
@@ -112,21 +101,21 @@ def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed)
     assert_nothing_left(workdir)
 
 
-def test_every_sample_of_every_step_is_computed_exactly_once(crashed, caches):
+def test_every_sample_of_every_step_is_computed_exactly_once(crashed, launcher_caches):
     _, workdir = crashed
-    final = final_provenance(workdir, overrides(caches))
+    final = final_provenance(workdir, overrides(launcher_caches))
     failure = json.load(open(os.path.join(workdir, 'launch', 'summary.json')))['recoveries'][0]
     down = range(failure['resume_step'], failure['resume_step'] + 2)
     for step in down:  # worker 1's replicas were absent and their shards were adopted
         assert final[step]['replicas'] == [0, 1], step
 
 
-def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashed, caches,
+def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashed, launcher_caches,
                                                                           tmp_path):
     summary, workdir = crashed
     start = summary['recoveries'][0]['resume_step']
     # Worker 1's replicas, down for 2 steps.
-    cfg = updated(config(overrides(caches)), {'fault.events': f'{start}:2:2,{start}:3:2'})
+    cfg = updated(config(overrides(launcher_caches)), {'fault.events': f'{start}:2:2,{start}:3:2'})
     assert_params_equal_simulated(workdir, cfg, tmp_path, replicas=4)
 
 
@@ -158,9 +147,9 @@ def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
     ray.kill(warm)
 
 
-def test_a_hung_worker_is_detected_by_its_silence(cluster, caches, tmp_path):
+def test_a_hung_worker_is_detected_by_its_silence(cluster, launcher_caches, tmp_path):
     timeout = 3.0
-    summary = launch(overrides(caches, **{'launch.kill': '2:1:STOP', 'train.steps': 4,
+    summary = launch(overrides(launcher_caches, **{'launch.kill': '2:1:STOP', 'train.steps': 4,
                                           'launch.heartbeat_timeout_sec': timeout}),
                      str(tmp_path))
     (failure,) = summary['recoveries']
@@ -172,7 +161,7 @@ def test_a_hung_worker_is_detected_by_its_silence(cluster, caches, tmp_path):
     assert read(str(tmp_path), 'g1_w0_end.json')['finished']
 
 
-def test_a_job_that_completes_no_step_is_restarted(cluster, caches, tmp_path):
+def test_a_job_that_completes_no_step_is_restarted(cluster, launcher_caches, tmp_path):
     """Worker 0 stopped, its silence not yet past a long heartbeat timeout: the
     other worker blocks in a collective while its own threads keep answering.
     Only the stalled step count shows the job is stuck. (16 steps: the stop
@@ -180,7 +169,7 @@ def test_a_job_that_completes_no_step_is_restarted(cluster, caches, tmp_path):
     # Long enough that a loaded 2-core machine's compile of a later step in the
     # relaunched generation is not taken for a stall.
     stall = 8.0
-    summary = launch(overrides(caches, **{'launch.kill': '2:0:STOP', 'train.steps': 16,
+    summary = launch(overrides(launcher_caches, **{'launch.kill': '2:0:STOP', 'train.steps': 16,
                                           'launch.heartbeat_timeout_sec': 1000,
                                           'launch.stall_timeout_sec': stall}), str(tmp_path))
     (stuck,) = summary['recoveries']
@@ -195,14 +184,14 @@ def test_a_job_that_completes_no_step_is_restarted(cluster, caches, tmp_path):
     assert read(str(tmp_path), 'g1_w0_end.json')['finished']
 
 
-def test_a_program_error_stops_the_job_at_once_with_the_workers_error(cluster, caches, tmp_path):
+def test_a_program_error_stops_the_job_at_once_with_the_workers_error(cluster, launcher_caches, tmp_path):
     """Every worker raises the same FileNotFoundError (a data path that does not
     exist): a relaunch would fail again, so the launcher stops after one
     generation and shows the traceback's end from the worker's log."""
     from mecefo_jax.launch.exits import WorkerProgramError
     missing = str(tmp_path / 'no_such_corpus.txt')
     with pytest.raises(WorkerProgramError, match='matches no files') as raised:
-        launch(overrides(caches, **{'data.source': 'text', 'data.text_files': missing}),
+        launch(overrides(launcher_caches, **{'data.source': 'text', 'data.text_files': missing}),
                str(tmp_path))
     assert 'program error (FileNotFoundError' in str(raised.value)
     summary = read(str(tmp_path), 'summary.json')
@@ -213,14 +202,14 @@ def test_a_program_error_stops_the_job_at_once_with_the_workers_error(cluster, c
 
 
 def test_a_dead_keeper_is_a_crash_of_its_worker_and_the_job_goes_on_from_the_peers(
-        cluster, caches, tmp_path):
+        cluster, launcher_caches, tmp_path):
     """Worker 1's keeper alone is SIGKILLed after step 3. Its worker meets the loss at its
     next snapshot and ends as a crash ('its keeper died'), not a program error: once that
     stopped the job and removed every other keeper. Worker 0 goes on from its own keeper
     under MeCeFO; worker 1 comes back 2 steps later with a new keeper and heals from its
     peer's."""
     workdir = str(tmp_path)
-    summary = launch(overrides(caches, **{'launch.kill': '3:1:keeper', 'train.steps': 10,
+    summary = launch(overrides(launcher_caches, **{'launch.kill': '3:1:keeper', 'train.steps': 10,
                                           'launch.return_after_steps': 2}), workdir)
     failure, rejoin = summary['recoveries']
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
@@ -235,10 +224,10 @@ def test_a_dead_keeper_is_a_crash_of_its_worker_and_the_job_goes_on_from_the_pee
     assert summary['program_error'] is None
 
 
-def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(cluster, caches,
+def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(cluster, launcher_caches,
                                                                             tmp_path):
     """Both workers held inside their publish of HELD_STEP and SIGKILLed together."""
-    summary = launch(overrides(caches, **{
+    summary = launch(overrides(launcher_caches, **{
         'launch.kill': f'{HELD_STEP}:0:KILL:publish,{HELD_STEP}:1:KILL:publish',
         'train.steps': 6}), str(tmp_path))
     (failure,) = summary['recoveries']
@@ -251,14 +240,14 @@ def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(clust
 
 
 def test_a_generation_that_completes_no_step_within_the_start_timeout_has_failed(
-        cluster, caches, tmp_path):
+        cluster, launcher_caches, tmp_path):
     """Worker 1 SIGSTOPped at its first progress report, while it is still starting;
     its silence is not yet past a long heartbeat timeout, and worker 0 waits for it
     in jax.distributed. No step ever completes: launch.start_timeout_sec ends it
     (max_relaunches=0 stops the job there, so the test waits for one timeout only)."""
     start_timeout = 3.0
     logs = []
-    cfg = config(overrides(caches, **{'launch.kill': '0:1:STOP',
+    cfg = config(overrides(launcher_caches, **{'launch.kill': '0:1:STOP',
                                       'launch.heartbeat_timeout_sec': 1000,
                                       'launch.start_timeout_sec': start_timeout,
                                       'launch.max_relaunches': 0}))

@@ -34,19 +34,9 @@ from mecefo_jax.snapshot import shm
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes, workers, launchers
 
 
-@pytest.fixture(scope='module')
-def cluster(ray_cluster):
-    return ray_cluster  # the session's shared cluster (tests/conftest.py)
-
-
-@pytest.fixture(scope='module')
-def caches(launcher_caches):
-    return launcher_caches
-
-
-def start_launcher(caches, workdir, *, address=None, **extra):
+def start_launcher(launcher_caches, workdir, *, address=None, **extra):
     """The launcher as a process (as a user or a scheduler runs it)."""
-    values = overrides(caches, **extra)
+    values = overrides(launcher_caches, **extra)
     args = [sys.executable, '-m', 'mecefo_jax.launch', f'--nprocs={WORKERS}',
             f'--workdir={workdir}', '--config=' + os.path.join(REPO, 'configs', 'tiny.py')]
     args += [f'--address={address}'] if address else []
@@ -81,10 +71,10 @@ def rerun(args, steps):
     return done
 
 
-def test_ctrl_c_saves_a_step_and_leaves_no_worker_keeper_or_shared_memory(cluster, caches,
+def test_ctrl_c_saves_a_step_and_leaves_no_worker_keeper_or_shared_memory(cluster, launcher_caches,
                                                                           tmp_path):
     workdir = str(tmp_path)
-    launcher, _ = start_launcher(caches, workdir, address=cluster.address, **{'train.steps': 2000})
+    launcher, _ = start_launcher(launcher_caches, workdir, address=cluster.address, **{'train.steps': 2000})
     wait_for(os.path.join(workdir, 'launch', 'g0_w*_start.json'), launcher)
     keepers = live_keeper_pids(workdir)
     assert len(keepers) == WORKERS
@@ -96,13 +86,13 @@ def test_ctrl_c_saves_a_step_and_leaves_no_worker_keeper_or_shared_memory(cluste
     assert_nothing_left(workdir, keepers)
 
 
-def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(cluster, caches,
+def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(cluster, launcher_caches,
                                                                              tmp_path):
     """Every worker stops at the step JAX's preemption sync picks, saves it to disk
     and ends; the keepers stay until then; the launcher exits with EXIT_PREEMPTED."""
     from mecefo_jax.preemption import EXIT_PREEMPTED
     workdir = str(tmp_path)
-    launcher, args = start_launcher(caches, workdir, address=cluster.address, **{
+    launcher, args = start_launcher(launcher_caches, workdir, address=cluster.address, **{
         'train.steps': 2000, 'train.log_every': 1, 'train.checkpoint_every': 1000})
     wait_for(os.path.join(workdir, 'launch', 'g0_w*_start.json'), launcher)
     launcher.send_signal(signal.SIGTERM)
@@ -118,7 +108,7 @@ def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(clus
     assert steps == sorted(set(steps)) and steps[-1] == saved + 2  # one row per step
 
 
-def test_a_stop_that_a_worker_cannot_reach_ends_after_the_stop_timeout(cluster, caches, tmp_path):
+def test_a_stop_that_a_worker_cannot_reach_ends_after_the_stop_timeout(cluster, launcher_caches, tmp_path):
     """Worker 1 is SIGSTOPped before the launcher gets SIGTERM, so it never reaches the
     preemption sync and worker 0 waits there for it. The launcher kills them after
     launch.stop_timeout_sec and exits preempted, naming the workers that saved
@@ -126,7 +116,7 @@ def test_a_stop_that_a_worker_cannot_reach_ends_after_the_stop_timeout(cluster, 
     end this job.)"""
     from mecefo_jax.preemption import EXIT_PREEMPTED
     workdir = str(tmp_path)
-    launcher, _ = start_launcher(caches, workdir, address=cluster.address, **{
+    launcher, _ = start_launcher(launcher_caches, workdir, address=cluster.address, **{
         'train.steps': 2000, 'launch.stop_timeout_sec': 3.0,
         'launch.heartbeat_timeout_sec': 1000, 'launch.stall_timeout_sec': 1000})
     wait_for(os.path.join(workdir, 'launch', 'g0_w1_start.json'), launcher)
@@ -158,7 +148,7 @@ def assert_mistaken_reruns_are_refused_and_leave_the_job(args, workdir, host):
             assert f.read() == record
 
 
-def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(caches, tmp_path):
+def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(launcher_caches, tmp_path):
     """On the default local cluster: the launcher kills itself once every keeper holds
     the snapshot worker 0 was held after (step 6). Its workers go with it; its keepers
     and the local cluster stay. Two mistaken reruns (fewer --nprocs; a config that does
@@ -169,7 +159,7 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(cac
     the end."""
     from mecefo_jax.launch import ray_cluster
     workdir = str(tmp_path)
-    launcher, args = start_launcher(caches, workdir, **{
+    launcher, args = start_launcher(launcher_caches, workdir, **{
         'train.steps': 10, 'train.log_every': 1, 'snapshot.every': 3,
         'launch.kill': '5:launcher:KILL:snapshot'})
     output = launcher.communicate(timeout=600)[0]
@@ -195,7 +185,7 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(cac
     assert {'event': 'resumed', 'step': 6, 'source': 'memory'} in rows
     assert steps == list(range(1, 11))  # one loss row per step
     assert ray_cluster.local_cluster(workdir) is None and not shm.alive(host['pid'])
-    values = overrides(caches, **{'train.steps': 10, 'snapshot.every': 3})
+    values = overrides(launcher_caches, **{'train.steps': 10, 'snapshot.every': 3})
     final = final_provenance(workdir, values)
     assert all(row['replicas'] == [0, 1, 2, 3] for row in final.values())  # none was down
     (tmp_path / 'simulated').mkdir()
@@ -203,11 +193,11 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(cac
 
 
 def test_cleanup_removes_what_a_killed_launcher_left_and_the_rerun_resumes_from_disk(
-        cluster, caches, tmp_path):
+        cluster, launcher_caches, tmp_path):
     """Memory mode writes the disk tier too: with the keepers removed (--cleanup), the
     rerun of the same command resumes from the newest Orbax checkpoint."""
     workdir = str(tmp_path)
-    launcher, args = start_launcher(caches, workdir, address=cluster.address, **{
+    launcher, args = start_launcher(launcher_caches, workdir, address=cluster.address, **{
         'train.steps': 2000, 'train.log_every': 1, 'train.checkpoint_every': 3})
     wait_for(os.path.join(workdir, 'checkpoints', '6'), launcher)
     launcher.kill()
