@@ -71,7 +71,7 @@ def _fall_back_to_disk(job: JobState, workers, holders, row: dict) -> None:
     """No keeper left holds a step every member can restore: every worker restarts from
     the disk tier, each with a keeper for the snapshots to come; said, and recorded."""
     _place(job, workers)
-    _replace_lost_keepers(job, workers, row)
+    _replace_lost_keepers(job, workers, row, rebuild=False)  # disk restores: nothing to rebuild
     every = job.cfg.train.checkpoint_every
     row['fallback'] = (
         f"no copy of the job's state is left in memory (the keepers of workers "
@@ -156,8 +156,10 @@ def _await_snapshots(job: JobState, survivors, completed: int, *, limit_sec: flo
     return progress
 
 
-def _replace_lost_keepers(job: JobState, members, row: dict) -> tuple[set, float | None]:
-    """Fresh keepers for members whose keeper is gone, rebuilt from parity where configured.
+def _replace_lost_keepers(job: JobState, members, row: dict, *,
+                          rebuild: bool = True) -> tuple[set, float | None]:
+    """Fresh keepers for members whose keeper is gone, rebuilt from parity where configured
+    (and `rebuild`: not for a restart from disk, which reads no keeper).
 
     Returns (the members whose new keeper is empty, seconds spent).
     """
@@ -170,7 +172,7 @@ def _replace_lost_keepers(job: JobState, members, row: dict) -> tuple[set, float
     for w in lost:
         keepers.start(w, job.nodes[w])
     fresh = set(lost)
-    if job.cfg.snapshot.parity:
+    if job.cfg.snapshot.parity and rebuild:
         for w in lost:
             _rebuild_from_parity(job, w, old, row)
             fresh.discard(w)

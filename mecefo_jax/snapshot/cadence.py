@@ -68,12 +68,12 @@ def snapshot_cost(k: int, step_sec: float, snapshot_sec: float, write_sec: float
 
 
 def expected_waste(k: int, step_sec: float, snapshot_sec: float, write_sec: float,
-                   failures_per_sec: float, recovery_sec: float = 0.0) -> float:
+                   failures_per_sec: float) -> float:
     """Seconds lost per second of training at `k` steps apart: snapshots, and failures
-    redoing half an interval and recovering (see the module docstring)."""
+    redoing half an interval (their recovery costs the same at every `k`: left out)."""
     period = k * step_sec
     return (snapshot_cost(k, step_sec, snapshot_sec, write_sec) / period
-            + failures_per_sec * (period / 2 + recovery_sec))
+            + failures_per_sec * period / 2)
 
 
 def choose_interval(step_sec: float, snapshot_sec: float, write_sec: float,
