@@ -37,6 +37,10 @@ layout), the abstract inputs (shapes, dtypes, shardings, tree structure),
 the devices, this process's place in the job, and the JAX/XLA versions,
 flags and config. A hit there loads the executable with no trace at all;
 a miss takes the path above and records the program under both keys.
+
+On CPU a loaded program's first call is checked (`_FirstCallCheck`): one
+that fails as a bad entry does is compiled again, with a warning, and the
+worker goes on.
 """
 from __future__ import annotations
 
@@ -138,10 +142,14 @@ def _digest(parts) -> str:
     return digest.hexdigest()
 
 
+# Entries are fresh compiles from format 2 on; older ones may hold bytes that fail to run.
+_FORMAT = '2'
+
+
 def _process_parts(devices) -> tuple:
     """This process, its devices and its JAX/XLA build: the same program text differs by these."""
     backend = jax.devices()[0].client
-    return (jax.__version__, jaxlib.__version__, backend.platform, backend.platform_version,
+    return (_FORMAT, jax.__version__, jaxlib.__version__, backend.platform, backend.platform_version,
             os.environ.get('XLA_FLAGS', ''), repr((jax.process_index(), jax.process_count())),
             repr([(d.id, d.process_index) for d in devices]))
 
@@ -185,13 +193,18 @@ def load_or_compile(jitted, args, devices, name: str, identity: str = ''):
     if compiled is not None:
         _count_hit(name, time.perf_counter() - start)
         stats.untraced_hits += 1
-        return compiled
+        return _checked_on_first_call(compiled, lambda: _store_fresh(
+            jitted.lower(*args), devices, name, path), path)
     lowered = jitted.lower(*args)
-    compiled, payload = _compile_or_load(lowered, devices, name)
+    compiled, payload = _compile_or_load(lowered, devices, name, untraced_path=path)
     if payload is not None:
-        _, in_tree = jax.tree_util.tree_flatten(lowered.args_info)
-        atomic_file.write_bytes(path, pickle.dumps((payload, in_tree, lowered.out_tree)))
+        _store_untraced(path, payload, lowered)
     return compiled
+
+
+def _store_untraced(path: str, payload: bytes, lowered) -> None:
+    _, in_tree = jax.tree_util.tree_flatten(lowered.args_info)
+    atomic_file.write_bytes(path, pickle.dumps((payload, in_tree, lowered.out_tree)))
 
 
 @functools.cache
@@ -232,7 +245,7 @@ def compile(lowered, devices, name: str = 'program'):  # noqa: A001 (mirrors Low
     return _compile_or_load(lowered, devices, name)[0]
 
 
-def _compile_or_load(lowered, devices, name: str):
+def _compile_or_load(lowered, devices, name: str, untraced_path: str | None = None):
     """(executable, its serialised bytes or None): loaded by the lowered key, or compiled and stored.
 
     The bytes are always those of a fresh compile: an executable that was
@@ -240,7 +253,7 @@ def _compile_or_load(lowered, devices, name: str):
     serialises into bytes that load but fail to run on CPU ("Function ...
     not found", jax 0.10.2), so it is never serialised again.
     """
-    path = os.path.join(_directory, f'{name}-{program_key(lowered, devices)}.bin')
+    path = _lowered_path(lowered, devices, name)
     start = time.perf_counter()
     try:
         with open(path, 'rb') as f:
@@ -253,8 +266,19 @@ def _compile_or_load(lowered, devices, name: str):
                       stacklevel=3)
     else:
         _count_hit(name, time.perf_counter() - start)
-        return compiled, payload
-    with _jax_cache_off():
+        return _checked_on_first_call(compiled, lambda: _store_fresh(
+            lowered, devices, name, untraced_path), path), payload
+    return _fresh(lowered, devices, path, name)
+
+
+def _lowered_path(lowered, devices, name: str) -> str:
+    return os.path.join(_directory, f'{name}-{program_key(lowered, devices)}.bin')
+
+
+def _fresh(lowered, devices, path: str, name: str):
+    """(executable, its bytes or None): compiled for real and stored at `path`."""
+    start = time.perf_counter()
+    with _jax_cache_off(devices[0].client):
         compiled = lowered.compile()
     seconds = time.perf_counter() - start
     stats.misses += 1
@@ -266,6 +290,14 @@ def _compile_or_load(lowered, devices, name: str):
     return compiled, payload
 
 
+def _store_fresh(lowered, devices, name: str, untraced_path: str | None):
+    """A fresh compile stored under its keys, in place of the entries that failed."""
+    compiled, payload = _fresh(lowered, devices, _lowered_path(lowered, devices, name), name)
+    if payload is not None and untraced_path is not None:
+        _store_untraced(untraced_path, payload, lowered)
+    return compiled
+
+
 def _count_hit(name: str, seconds: float) -> None:
     stats.hits += 1
     stats.load_sec += seconds
@@ -273,9 +305,17 @@ def _count_hit(name: str, seconds: float) -> None:
 
 
 @contextlib.contextmanager
-def _jax_cache_off():
-    """Compile for real, not from JAX's persistent cache (see `_compile_or_load`)."""
-    from jax._src import config as jax_config  # the thread-local switch; no public one
+def _jax_cache_off(backend):
+    """Compile for real, not from JAX's persistent cache (see `_compile_or_load`).
+
+    JAX decides once per process, at its first compile, whether its cache is
+    used (`is_cache_used`): deciding it here, with the cache still on, keeps
+    a process whose first compile is this one from losing JAX's cache for
+    every later program.
+    """
+    from jax._src import compilation_cache  # no public switches for either
+    from jax._src import config as jax_config
+    compilation_cache.is_cache_used(backend)
     with jax_config.enable_compilation_cache(False):
         yield
 
@@ -297,3 +337,57 @@ def _serialise(compiled, path: str) -> bytes | None:
                       stacklevel=4)
         return None
 
+
+
+def _checked_on_first_call(loaded, recompile, path: str):
+    """`loaded`, or on CPU a `_FirstCallCheck` of it: no stored program can fail a recovery."""
+    if loaded.runtime_executable().client.platform != 'cpu':
+        return loaded
+    return _FirstCallCheck(loaded, recompile, path)
+
+
+class _FirstCallCheck:
+    """A loaded program whose first call fails as a bad entry does is compiled again, and called.
+
+    XLA:CPU resolves a loaded program's kernels by name when it first runs:
+    bytes that lack one load fine, then fail that call with NOT_FOUND
+    ("Function ... not found"). Bytes serialised from an executable that was
+    itself loaded lack them (see `_compile_or_load`); an entry written so by
+    an older version, or by anything else, must still never stop a worker.
+    A failed call has already consumed the inputs it donates, so the first
+    call keeps copies of those to call the fresh compile with.
+    """
+
+    def __init__(self, loaded, recompile, path: str):
+        self._compiled, self._recompile, self._path = loaded, recompile, path
+        self._checked = False
+
+    def __call__(self, *args):
+        if self._checked:
+            return self._compiled(*args)
+        kept = _copies_of_donated(self._compiled, args)
+        try:  # the failure may come with the call or, dispatched asynchronously, in its outputs
+            out = jax.block_until_ready(self._compiled(*args))
+        except jax.errors.JaxRuntimeError as error:
+            if 'NOT_FOUND' not in str(error):
+                raise
+            warnings.warn(f'program cache: {self._path} loaded but failed its first call '
+                          f'({error}); compiling it again.', stacklevel=2)
+            self._compiled = self._recompile()
+            out = self._compiled(*kept)
+        self._checked = True
+        return out
+
+    def __getattr__(self, attribute):  # the rest of `jax.stages.Compiled`
+        return getattr(self._compiled, attribute)
+
+
+def _copies_of_donated(compiled, args) -> tuple:
+    """`args` with a copy of every leaf the program donates (a failed call deletes those)."""
+    infos = jax.tree.leaves(compiled.args_info[0])
+    leaves, tree = jax.tree.flatten(args)
+    if len(infos) != len(leaves):
+        return args
+    return jax.tree.unflatten(tree, [
+        jax.device_put(x, x.sharding, may_alias=False) if info.donated else x
+        for x, info in zip(leaves, infos)])

@@ -124,6 +124,100 @@ def test_a_program_in_jaxs_own_cache_is_stored_from_a_fresh_compile(cache):
     np.testing.assert_array_equal(np.asarray(loaded(x)), want)
 
 
+_BAD_ENTRY = """
+import json, pickle, sys, warnings
+from pathlib import Path
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import serialize_executable
+from mecefo_jax import program_cache
+mode, directory = sys.argv[1], Path(sys.argv[2])
+jax.config.update('jax_compilation_cache_dir', str(directory / 'jax'))
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+f = lambda x, y: (jnp.tanh(x) @ y.T + 1, y * 2)
+args = (jax.ShapeDtypeStruct((4, 3), jnp.float32),) * 2
+def lowered():  # a new function each time: JAX's cache on disk, not its memo, finds it
+    return jax.jit(lambda x, y: f(x, y), donate_argnums=(1,)).lower(*args)
+lowered().compile()  # into JAX's cache; run nothing before the entry's first call
+bad = serialize_executable.serialize(lowered().compile())[0]  # from an executable JAX loaded
+devices = jax.devices()[:1]
+program_cache.enable(str(directory / 'programs'), context='bad entry' if mode == 'untraced' else '')
+if mode == 'untraced':
+    entry = directory / 'programs' / f"g-untraced-{program_cache.untraced_key('g:', args, devices)}.bin"
+    _, in_tree = jax.tree_util.tree_flatten(lowered().args_info)
+    entry.write_bytes(pickle.dumps((bad, in_tree, lowered().out_tree)))
+    program = program_cache.load_or_compile(jax.jit(f, donate_argnums=(1,)), args, devices, 'g')
+    stored = lambda: pickle.loads(entry.read_bytes())[0]
+else:
+    entry = directory / 'programs' / f'g-{program_cache.program_key(lowered(), devices)}.bin'
+    entry.write_bytes(bad)
+    program = program_cache.compile(lowered(), devices, 'g')
+    stored = entry.read_bytes
+inputs = lambda: (jnp.arange(12, dtype=jnp.float32).reshape(4, 3) / 7, jnp.ones((4, 3)))
+hits = program_cache.stats.hits
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    got = program(*inputs())  # y is donated: the failed call has deleted it
+again = program(*inputs())
+want = [np.asarray(a) for a in jax.jit(f)(*inputs())]  # only now: a kernel run here first
+print(json.dumps({'hits': hits, 'misses': program_cache.stats.misses,
+                  'warned': [str(w.message) for w in caught],
+                  'same': all(np.array_equal(np.asarray(a), b) for a, b in zip(got, want)),
+                  'again_same': all(np.array_equal(np.asarray(a), b) for a, b in zip(again, want)),
+                  'stored_afresh': stored() != bad}))
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize('mode', ['lowered', 'untraced'])
+def test_an_entry_that_fails_its_first_call_is_compiled_again_and_computes_the_same(
+        mode, tmp_path):
+    """What a fresh clone's cache once held (issue: "Function wrapped_tanh not found"):
+    bytes serialised from an executable JAX had loaded from its own persistent cache.
+    On CPU (jax 0.10.2) they load, then fail the first call with NOT_FOUND, having
+    deleted the inputs it donates. The worker warns, compiles, calls again with the
+    inputs kept for that call, stores the fresh bytes, and goes on. A fresh process:
+    one that already ran a kernel of the same name finds that one instead."""
+    import json
+    import subprocess
+    import sys
+    root = str(Path(__file__).resolve().parents[1])
+    run = subprocess.run([sys.executable, '-c', _BAD_ENTRY, mode, str(tmp_path)], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out['hits'] == 1 and out['misses'] == 1, out
+    (warning,) = out['warned']
+    assert 'failed its first call' in warning and 'NOT_FOUND' in warning
+    assert out['same'] and out['again_same'] and out['stored_afresh'], out
+
+
+_FIRST_COMPILE_A_MISS = """
+import os, sys
+import jax, jax.numpy as jnp
+from mecefo_jax import program_cache
+jax.config.update('jax_compilation_cache_dir', sys.argv[1] + '/jax')
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+program_cache.enable(sys.argv[1] + '/programs')
+spec = jax.ShapeDtypeStruct((4, 3), jnp.float32)
+program_cache.compile(jax.jit(jnp.sin).lower(spec), jax.devices()[:1], 'f')  # compiled afresh
+jax.jit(jnp.cos).lower(spec).compile()  # JAX's own path
+print(sorted(name.split('-')[0] for name in os.listdir(sys.argv[1] + '/jax')))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_process_whose_first_compile_is_a_miss_keeps_jaxs_own_cache(tmp_path):
+    """JAX decides once per process, at its first compile, whether its cache is used: a
+    first compile made with it switched off (a miss here) switched it off for good."""
+    import subprocess
+    import sys
+    root = str(Path(__file__).resolve().parents[1])
+    run = subprocess.run([sys.executable, '-c', _FIRST_COMPILE_A_MISS, str(tmp_path)], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "['jit_cos']"
+
+
 _LOAD_QR = """
 import sys
 import jax, jax.numpy as jnp, numpy as np
