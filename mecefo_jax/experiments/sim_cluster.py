@@ -35,7 +35,10 @@ class SimulatedCluster:
             ensure_token()  # a fresh machine has none, and Cluster's head would not start
         from ray.cluster_utils import Cluster
         start = time.perf_counter()
-        node_args = {'num_cpus': 1, 'object_store_memory': object_store_mb << 20}
+        # No log monitor: it streams worker logs to drivers, and every driver here
+        # connects with log_to_driver=False.
+        node_args = {'num_cpus': 1, 'object_store_memory': object_store_mb << 20,
+                     'include_log_monitor': False}
         self._node_args = node_args
         self._joining: list[subprocess.Popen] = []  # replacement nodes (`ray start --block`)
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
@@ -75,7 +78,7 @@ class SimulatedCluster:
             self._joining.append(subprocess.Popen(
                 [sys.executable, '-m', 'ray.scripts.scripts', 'start', f'--address={self.address}',
                  '--num-cpus=1', f"--object-store-memory={self._node_args['object_store_memory']}",
-                 '--block'], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 '--include-log-monitor=False', '--block'], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True))
 
     def shutdown(self) -> None:
