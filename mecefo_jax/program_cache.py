@@ -338,7 +338,6 @@ def _serialise(compiled, path: str) -> bytes | None:
         return None
 
 
-
 def _checked_on_first_call(loaded, recompile, path: str):
     """`loaded`, or on CPU a `_FirstCallCheck` of it: no stored program can fail a recovery."""
     if loaded.runtime_executable().client.platform != 'cpu':

@@ -124,6 +124,14 @@ def test_a_program_in_jaxs_own_cache_is_stored_from_a_fresh_compile(cache):
     np.testing.assert_array_equal(np.asarray(loaded(x)), want)
 
 
+def _python(script: str, *argv: str):
+    """`script` run by a fresh Python process in the repository: nothing compiled or run before."""
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, '-c', script, *argv], cwd=str(Path(__file__).resolve().parents[1]),
+                          capture_output=True, text=True, timeout=120)
+
+
 _BAD_ENTRY = """
 import json, pickle, sys, warnings
 from pathlib import Path
@@ -178,11 +186,7 @@ def test_an_entry_that_fails_its_first_call_is_compiled_again_and_computes_the_s
     inputs kept for that call, stores the fresh bytes, and goes on. A fresh process:
     one that already ran a kernel of the same name finds that one instead."""
     import json
-    import subprocess
-    import sys
-    root = str(Path(__file__).resolve().parents[1])
-    run = subprocess.run([sys.executable, '-c', _BAD_ENTRY, mode, str(tmp_path)], cwd=root,
-                         capture_output=True, text=True, timeout=120)
+    run = _python(_BAD_ENTRY, mode, str(tmp_path))
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.splitlines()[-1])
     assert out['hits'] == 1 and out['misses'] == 1, out
@@ -209,11 +213,7 @@ print(sorted(name.split('-')[0] for name in os.listdir(sys.argv[1] + '/jax')))
 def test_a_process_whose_first_compile_is_a_miss_keeps_jaxs_own_cache(tmp_path):
     """JAX decides once per process, at its first compile, whether its cache is used: a
     first compile made with it switched off (a miss here) switched it off for good."""
-    import subprocess
-    import sys
-    root = str(Path(__file__).resolve().parents[1])
-    run = subprocess.run([sys.executable, '-c', _FIRST_COMPILE_A_MISS, str(tmp_path)], cwd=root,
-                         capture_output=True, text=True, timeout=120)
+    run = _python(_FIRST_COMPILE_A_MISS, str(tmp_path))
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-1] == "['jit_cos']"
 
@@ -233,11 +233,7 @@ print(program_cache.stats.untraced_hits, float(c(np.eye(8, 4, dtype=np.float32))
 @pytest.mark.subprocess
 def test_a_program_calling_lapack_runs_when_loaded_untraced_in_a_fresh_process(tmp_path):
     """A fresh process that never lowered a LAPACK op crashed running one it loaded (SIGSEGV)."""
-    import subprocess
-    import sys
-    root = str(Path(__file__).resolve().parents[1])
-    runs = [subprocess.run([sys.executable, '-c', _LOAD_QR, str(tmp_path)], cwd=root,
-                           capture_output=True, text=True, timeout=120) for _ in range(2)]
+    runs = [_python(_LOAD_QR, str(tmp_path)) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     # Stored by the first process, found untraced by the second; Q of eye(8, 4) sums to 4.

@@ -250,7 +250,7 @@ def _build_dataset(
 
 
 def _prefetch_documents(global_batch_size: int) -> int:
-    """Documents tokenized ahead of the batch being packed: two per row, at most 256.
+    """Documents tokenized ahead of the batch being packed: two per row, from 32 to 256.
 
     Enough to keep a batch's rows fed, and no more: every process builds a
     train and a validation pipeline, and a tiny run that prefetched 256

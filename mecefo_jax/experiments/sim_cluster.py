@@ -78,8 +78,9 @@ class SimulatedCluster:
             self._joining.append(subprocess.Popen(
                 [sys.executable, '-m', 'ray.scripts.scripts', 'start', f'--address={self.address}',
                  '--num-cpus=1', f"--object-store-memory={self._node_args['object_store_memory']}",
-                 '--include-log-monitor=False', '--block'], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True))
+                 '--include-log-monitor=False', '--block'],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True))
 
     def shutdown(self) -> None:
         for joining in self._joining:  # `ray start --block` stops its node's processes on SIGTERM
