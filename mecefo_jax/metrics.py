@@ -25,16 +25,42 @@ METRICS_FILENAME = 'metrics.jsonl'
 RESUME_SOURCES = ('memory', 'disk')
 
 
-def resumed_row(step: int, source: str) -> dict:
-    """The row written on every resume: from which step, and from which tier."""
+def resumed_row(step: int, source: str, dropped_through: int | None = None) -> dict:
+    """The row written on every resume: from which step, and from which tier.
+
+    `dropped_through`: the newest loss row the resume cut (the crashed run got
+    that far; with `train.log_every=1`, minus `step` it is the steps redone).
+    """
     if source not in RESUME_SOURCES:
         raise ValueError(f'resume source must be one of {RESUME_SOURCES}, got {source!r}.')
-    return {'event': 'resumed', 'step': int(step), 'source': source}
+    row = {'event': 'resumed', 'step': int(step), 'source': source}
+    if dropped_through is not None:
+        row['dropped_through'] = int(dropped_through)
+    return row
 
 
 def preempted_row(step: int) -> dict:
     """The row written once a preemption save of `step` has completed."""
     return {'event': 'preempted', 'step': int(step)}
+
+
+def newest_loss_step(path: str) -> int | None:
+    """The newest step with a loss row in a metrics file; None for none or no file.
+    Lines that are not rows (one cut off by a crash) are passed over in silence."""
+    newest = None
+    try:
+        with open(os.fspath(path), encoding='utf-8') as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and 'loss' in row and isinstance(row.get('step'), int):
+            newest = row['step'] if newest is None else max(newest, row['step'])
+    return newest
 
 
 def truncate_rows_after(path: str, step: int) -> int:

@@ -18,7 +18,7 @@ from mecefo_jax import checkpoint as ckpt_lib
 from mecefo_jax import config_record
 from mecefo_jax import state as state_lib
 from mecefo_jax.checkpoint_damage import restore_newest_intact
-from mecefo_jax.metrics import read_metrics, resumed_row
+from mecefo_jax.metrics import newest_loss_step, read_metrics, resumed_row
 
 
 def restore_onto(run, checkpointer: ckpt_lib.Checkpointer, topology):
@@ -77,11 +77,16 @@ def _refuse_fresh_start_over_a_run(run) -> None:
 
 def _record_start(run, step: int, source: str | None) -> None:
     """Once the state is restored (or built) and checked: the config record, then the
-    metrics cut back to `step` (a curve never has two values for one step)."""
+    metrics cut back to `step` (a curve never has two values for one step), saying in
+    the resumed row how far the cut rows went."""
+    dropped_through = None
     if jax.process_index() == 0:
         config_record.write_config_record(run.workdir, run.cfg)
+        newest = newest_loss_step(run.metrics.path)
         run.metrics.truncate_after(step)
+        if newest is not None and newest > step:
+            dropped_through = newest
     if source is not None:
         if jax.process_index() == 0:
             print(f'resumed from step {step} ({source})', flush=True)
-        run.metrics.write(resumed_row(step, source))
+        run.metrics.write(resumed_row(step, source, dropped_through))

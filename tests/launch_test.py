@@ -22,6 +22,7 @@ from simulated_params import assert_params_equal_simulated
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch import generation
 from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.metrics import read_metrics
 from mecefo_jax.snapshot import shm
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
@@ -62,6 +63,26 @@ def test_a_kill_after_a_snapshot_lands_on_the_snapshotted_step_whatever_the_inte
     assert failure['resume_step'] == failure['completed_steps'] == 6
     assert failure['redone_steps'] == 0
     assert read(workdir, 'g1_w0_end.json')['final_step'] == 8
+
+
+def test_the_steps_a_plain_kill_redoes_are_the_loss_rows_its_resume_cut(
+        cluster, launcher_caches, tmp_path):
+    """SIGKILLed wherever the step the launcher sees as done finds it (snapshots every 3
+    steps): the launcher's redone_steps must equal what worker 0, which survives and
+    writes metrics.jsonl (a loss row per completed step), had recorded past the resumed
+    step, as its resume's cut reports it. Worker 1 may die a step or two past that
+    step, after joining the collectives of a step the survivor then finishes: the
+    launcher's routine reports could miss it, and redone_steps fell one short."""
+    workdir = str(tmp_path)
+    summary = launch(overrides(launcher_caches, **{'launch.kill': '3:1', 'snapshot.every': 3,
+                                                   'train.steps': 8, 'train.log_every': 1}),
+                     workdir)
+    (failure,) = summary['recoveries']
+    assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
+    (resumed,) = [r for r in read_metrics(workdir) if r.get('event') == 'resumed']
+    assert resumed['step'] == failure['resume_step']
+    assert failure['completed_steps'] == resumed.get('dropped_through', resumed['step'])
+    assert failure['redone_steps'] == failure['completed_steps'] - failure['resume_step']
 
 
 def test_a_kill_after_a_snapshot_needs_snapshots(cluster, launcher_caches, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 from mecefo_jax.metrics import (
     MetricsWriter,
+    newest_loss_step,
     preempted_row,
     read_metrics,
     resumed_row,
@@ -126,6 +127,14 @@ def test_resume_truncates_rows_past_the_resumed_step(tmp_path):
     assert os.listdir(tmp_path) == ['metrics.jsonl']  # no temporary file left
 
 
+def test_the_newest_loss_step_passes_over_other_rows_and_a_cut_line(tmp_path):
+    path = tmp_path / 'metrics.jsonl'
+    assert newest_loss_step(str(path)) is None  # no file
+    path.write_text('{"step": 4, "loss": 1.0}\n{"step": 5, "val_loss": 1.0}\n'
+                    '{"event": "failure", "step": 9}\n{"step": 3, "loss": 1.0}\n{"step": 7, "lo')
+    assert newest_loss_step(str(path)) == 4
+
+
 def test_truncation_keeps_rows_without_a_step_and_ignores_a_missing_file(tmp_path):
     path = tmp_path / 'provenance.jsonl'
     assert truncate_rows_after(str(path), 3) == 0 and not path.exists()
@@ -136,6 +145,8 @@ def test_truncation_keeps_rows_without_a_step_and_ignores_a_missing_file(tmp_pat
 
 def test_event_row_helpers():
     assert resumed_row(12, 'memory') == {'event': 'resumed', 'step': 12, 'source': 'memory'}
+    assert resumed_row(12, 'disk', np.int64(14)) == {'event': 'resumed', 'step': 12,
+                                                     'source': 'disk', 'dropped_through': 14}
     assert preempted_row(np.int32(7)) == {'event': 'preempted', 'step': 7}
     with pytest.raises(ValueError, match='memory'):
         resumed_row(1, 'keepers')

@@ -35,6 +35,7 @@ from mecefo_jax.snapshot.keeper_actor import KeeperLost
 PROGRESS_SEC = 0.2  # how often each worker is asked how far it got
 _TEARDOWN_SEC = 30.0  # Ray kills a worker within this (SIGKILL from its raylet)
 _EXIT_POLL_SEC = 0.02
+_FINAL_REPORT_SEC = 2.0  # a survivor answers from a thread within milliseconds
 
 
 @dataclasses.dataclass
@@ -126,6 +127,28 @@ def poll_progress(gen: Generation) -> None:
         if (w not in gen.asked and w not in gen.ends and w not in gen.dead
                 and now - gen.asked_at.get(w, 0.0) >= PROGRESS_SEC):
             gen.asked[w], gen.asked_at[w] = gen.actors[w].progress.remote(), now
+
+
+def final_progress(gen: Generation, workers, timeout: float = _FINAL_REPORT_SEC) -> int:
+    """Ask `workers` how far they got, now, and wait for their answers (up to `timeout`).
+
+    After a death the routine reports can be a step behind: a survivor
+    finishes a step whose collectives the dead worker joined before it died,
+    after the poll before the death was decided (an echo, whose collective
+    failed next, answers too: its actor lives on). Returns `gen.completed()`.
+    """
+    import ray
+    from ray.exceptions import RayError
+    refs = {gen.actors[w].progress.remote(): w for w in workers if w in gen.actors}
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout) if refs else ([], [])
+    for ref in ready:
+        try:
+            report = parse_report(ray.get(ref))
+        except RayError:  # it died meanwhile
+            continue
+        if report is not None:
+            gen.progress[refs[ref]] = report
+    return gen.completed()
 
 
 def exits(gen: Generation, now: float, injected: dict, log_dir: str | None = None) -> list[Death]:

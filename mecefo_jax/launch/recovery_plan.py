@@ -102,12 +102,18 @@ def _opened_row(job: JobState, gen: Generation, outcome: Outcome) -> dict:
         row['injected_at'], job.injector.where = job.injector.where, None
     if outcome.kind == 'failed':
         row['detect_sec'] = outcome.detected_at - outcome.failed_at
+        # Echoes (workers a peer's death ended) publish nothing more, but an echo's
+        # actor still says which steps it completed before its collective failed.
+        unfailed = [w for w in gen.members if w not in outcome.failed]
+        if outcome.failed:  # a known death (a hang's workers may not answer)
+            row['completed_steps'] = max(outcome.completed_steps,
+                                         generation.final_progress(gen, unfailed))
         if job.uses_keepers:
-            # Echoes (workers a peer's death ended) are dead too: they publish nothing more.
-            survivors = [w for w in gen.members
-                         if w not in outcome.failed and str(w) not in outcome.echoes]
-            if outcome.failed:  # a known death; a hang's workers publish nothing more
-                row['completed_steps'] = _await_snapshots(job, survivors, outcome.completed_steps)
+            survivors = [w for w in unfailed if str(w) not in outcome.echoes]
+            if outcome.failed:
+                completed = _await_snapshots(job, survivors, row['completed_steps'])
+                # Asked again once the snapshots landed: a step that ended meanwhile counts.
+                row['completed_steps'] = max(completed, generation.final_progress(gen, unfailed))
             row['newest_held_by_worker'] = {str(w): job.keepers.newest(w)
                                             for w in range(job.placement.workers)}
     return row
