@@ -2,7 +2,8 @@
 
 When a process of a `jax.distributed` job dies (worker 0 hosts its
 coordinator), JAX's runtime terminates healthy processes too, printing
-JAX_ABORT_MARKER to their logs. Such a worker is relaunched as a survivor
+JAX_ABORT_MARKER to their logs; the CPU collectives' transport (gloo) may end
+them too, printing GLOO_ABORT_MARKER. Such a worker is relaunched as a survivor
 with its own keeper's snapshots, not recorded as failed. (No processes here:
 the launcher's classification of deaths it has been told about.)
 """
@@ -18,6 +19,10 @@ from mecefo_jax.launch.supervisor import Launcher
 JAX_TERMINATING = ('F external/xla/xla/pjrt/distributed/client.cc] Terminating process '
                    'because the JAX distributed service detected fatal errors. This most '
                    'likely indicates that another task died; see the other task logs.\n')
+# A healthy worker of the tiny crash drill, 0.16 s after its peer was SIGKILLed.
+GLOO_TERMINATING = ('logging.cc:118: Unhandled exception: N4gloo13EnforceNotMetE. what(): '
+                    '[enforce fail at external/gloo/gloo/transport/tcp/pair.cc:459] '
+                    'op.preamble.length <= op.nbytes. 8 vs 4\n*** SIGABRT received ***\n')
 
 
 @pytest.fixture
@@ -29,6 +34,8 @@ def launcher(tmp_path):
 def test_a_log_ending_in_jax_terminating_the_process_is_an_abort(tmp_path):
     log = tmp_path / 'g0_w2.log'
     log.write_text('step 5\n' * 20_000 + JAX_TERMINATING)  # past the tail's 64 KiB: the end counts
+    assert exits.aborted_by_jax(str(log))
+    log.write_text('step 5\n' + GLOO_TERMINATING)
     assert exits.aborted_by_jax(str(log))
     log.write_text('step 5\nTraceback (most recent call last):\nValueError: boom\n')
     assert not exits.aborted_by_jax(str(log))

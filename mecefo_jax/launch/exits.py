@@ -21,12 +21,16 @@ _TAIL_LINES = 20
 # What a healthy process prints when JAX's distributed runtime ends it because
 # another process died (the coordinator, or a peer it was waiting on).
 JAX_ABORT_MARKER = 'the JAX distributed service detected fatal errors'
-ABORTED_BY_JAX = 'ended by jax.distributed after a peer died'
+# What one prints when the CPU collectives' transport (gloo) fails on a message cut
+# off by a peer's death: an exception its own thread cannot raise ends the process.
+GLOO_ABORT_MARKER = 'Unhandled exception: N4gloo'
+ABORTED_BY_JAX = "ended by JAX's runtime after a peer died"
 _ABORT_TAIL_BYTES = 64 * 1024
 
 
 def aborted_by_jax(log_path: str) -> bool:
-    """Whether a dead worker's log ends with JAX terminating it for another process's death.
+    """Whether a dead worker's log ends with JAX's runtime terminating it for another
+    process's death (its distributed service, or its collectives' transport).
 
     Such a worker is healthy: it is an echo of the death that caused it, relaunched as a
     survivor with its own keeper's snapshots, not a failure.
@@ -37,7 +41,7 @@ def aborted_by_jax(log_path: str) -> bool:
             tail = f.read().decode(errors='replace')
     except OSError:
         return False
-    return JAX_ABORT_MARKER in tail
+    return JAX_ABORT_MARKER in tail or GLOO_ABORT_MARKER in tail
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,9 +45,7 @@ def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, G
     else:
         members, resume = survivors, 'memory'
         returns = job.cfg.launch.return_after_steps
-    _place(job, members)
-    row.update(members=members, resume=resume,
-               nodes={str(w): job.nodes[w] for w in members})
+    _place_and_record(job, members, resume, row)
     resume_step = 0
     if resume == 'memory' and job.uses_keepers:
         fresh, row['parity_rebuild_sec'] = _replace_lost_keepers(job, members, row)
@@ -70,7 +68,7 @@ def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, G
 def _fall_back_to_disk(job: JobState, workers, holders, row: dict) -> None:
     """No keeper left holds a step every member can restore: every worker restarts from
     the disk tier, each with a keeper for the snapshots to come; said, and recorded."""
-    _place(job, workers)
+    _place_and_record(job, workers, 'disk', row)
     _replace_lost_keepers(job, workers, row, rebuild=False)  # disk restores: nothing to rebuild
     every = job.cfg.train.checkpoint_every
     row['fallback'] = (
@@ -79,8 +77,6 @@ def _fall_back_to_disk(job: JobState, workers, holders, row: dict) -> None:
         f'completed): every worker restarts from the newest Orbax checkpoint in the workdir '
         f'(train.checkpoint_every={every}); if none was written yet, nothing is left to resume '
         f'from and the workers stop with the way to start over')
-    row.update(members=list(workers), resume='disk',
-               nodes={str(w): job.nodes[w] for w in workers})
     job.log(f"[launch] {row['fallback']}")
 
 
@@ -117,6 +113,13 @@ def _opened_row(job: JobState, gen: Generation, outcome: Outcome) -> dict:
             row['newest_held_by_worker'] = {str(w): job.keepers.newest(w)
                                             for w in range(job.placement.workers)}
     return row
+
+
+def _place_and_record(job: JobState, members, resume: str, row: dict) -> None:
+    """Place `members` (`_place`) and record them, their nodes and the resume tier in `row`."""
+    _place(job, members)
+    row.update(members=list(members), resume=resume,
+               nodes={str(w): job.nodes[w] for w in members})
 
 
 def _place(job: JobState, members) -> None:
