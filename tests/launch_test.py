@@ -65,24 +65,34 @@ def test_a_kill_after_a_snapshot_lands_on_the_snapshotted_step_whatever_the_inte
     assert read(workdir, 'g1_w0_end.json')['final_step'] == 8
 
 
-def test_the_steps_a_plain_kill_redoes_are_the_loss_rows_its_resume_cut(
+def test_a_plain_kill_resumes_from_the_newer_tier_and_counts_what_it_redoes(
         cluster, launcher_caches, tmp_path):
-    """SIGKILLed wherever the step the launcher sees as done finds it (snapshots every 3
-    steps): the launcher's redone_steps must equal what worker 0, which survives and
-    writes metrics.jsonl (a loss row per completed step), had recorded past the resumed
-    step, as its resume's cut reports it. Worker 1 may die a step or two past that
-    step, after joining the collectives of a step the survivor then finishes: the
-    launcher's routine reports could miss it, and redone_steps fell one short."""
+    """SIGKILLed wherever the step the launcher sees as done finds it (7 to 9), with
+    snapshots every 5 steps and Orbax checkpoints every 2: the survivor resumes from
+    whichever tier holds the newer step (the disk's 6 or 8 over the keepers' 5, unless
+    the kill lands past step 10).
+
+    redone_steps must equal what worker 0, which survives and writes metrics.jsonl (a
+    loss row per completed step), had recorded past the resumed step, as its resume's
+    cut reports it. Worker 1 may die a step or two past the step the launcher saw,
+    after joining the collectives of a step the survivor then finishes: the launcher's
+    routine reports could miss it, and redone_steps fell one short."""
     workdir = str(tmp_path)
-    summary = launch(overrides(launcher_caches, **{'launch.kill': '3:1', 'snapshot.every': 3,
-                                                   'train.steps': 8, 'train.log_every': 1}),
-                     workdir)
+    values = overrides(launcher_caches, **{'launch.kill': '7:1', 'snapshot.every': 5,
+                                           'train.checkpoint_every': 2, 'train.steps': 12,
+                                           'train.log_every': 1})
+    summary = launch(values, workdir)
     (failure,) = summary['recoveries']
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
+    held = failure['newest_held_by_worker']['0']
+    assert failure['resume_step'] == max(held, failure['newest_checkpoint'])
+    assert failure['resume'] == ('disk' if failure['newest_checkpoint'] > held else 'memory')
     (resumed,) = [r for r in read_metrics(workdir) if r.get('event') == 'resumed']
-    assert resumed['step'] == failure['resume_step']
+    assert (resumed['step'], resumed['source']) == (failure['resume_step'], failure['resume'])
     assert failure['completed_steps'] == resumed.get('dropped_through', resumed['step'])
     assert failure['redone_steps'] == failure['completed_steps'] - failure['resume_step']
+    final = final_provenance(workdir, values)  # every step once, on the right batch
+    assert final[failure['resume_step']]['replicas'] == [0, 1]  # worker 1's are down
 
 
 def test_a_kill_after_a_snapshot_needs_snapshots(cluster, launcher_caches, tmp_path):

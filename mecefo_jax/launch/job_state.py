@@ -26,6 +26,7 @@ class JobState:
     ahead: CompileAhead
     log: Callable[[str], None]
     lost_nodes: list[str] = dataclasses.field(default_factory=list)
+    workdir: str = ''  # the job's real path: its Orbax checkpoints are under it
 
     @property
     def recovery(self) -> str:

@@ -13,6 +13,7 @@ falls back to the disk tier, saying so.
 """
 from __future__ import annotations
 
+import os
 import time
 
 from mecefo_jax.launch import generation, recovery_report
@@ -58,11 +59,35 @@ def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, G
         holders = [w for w in (survivors + rebuilt or members)
                    if w not in fresh and job.keepers.alive(w)]
         resume_step = job.keepers.common_step(holders)
+        row['newest_checkpoint'] = newest_checkpoint(job.workdir)
         if resume_step == 0 and row['completed_steps'] > 0:
             members, resume, returns = workers, 'disk', 0
             _fall_back_to_disk(job, members, holders, row)
+        elif (row['newest_checkpoint'] or 0) > resume_step:
+            resume, resume_step = _restore_newer_checkpoint(job, resume_step, row)
     stop_at = resume_step + returns if returns > 0 else 0
     return row, Generation(gen.number + 1, members, resume, stop_at, resume_step)
+
+
+def _restore_newer_checkpoint(job: JobState, held: int, row: dict) -> tuple[str, int]:
+    """The tiers' steps need not line up (snapshots every k steps, checkpoints every
+    `train.checkpoint_every`): where the disk's is newer, the members restore it."""
+    step = row['newest_checkpoint']
+    row['newer_on_disk'] = (f'the newest Orbax checkpoint, step {step}, is newer than the '
+                            f'step every keeper holds, {held}')
+    row['resume'] = 'disk'
+    job.log(f"[launch] {row['newer_on_disk']}: the members restore it")
+    return 'disk', step
+
+
+def newest_checkpoint(workdir: str) -> int | None:
+    """The newest step of the job's Orbax checkpoints (a finished one: Orbax names a step's
+    directory by its number only once it is complete), or None."""
+    try:
+        names = os.listdir(os.path.join(workdir, 'checkpoints'))
+    except OSError:
+        return None
+    return max((int(n) for n in names if n.isdigit()), default=None)
 
 
 def _fall_back_to_disk(job: JobState, workers, holders, row: dict) -> None:

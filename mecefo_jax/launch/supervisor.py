@@ -100,7 +100,8 @@ class Launcher:
         self._progress_rejected = 0
         # What the recovery planner reads and changes between generations.
         self.job = JobState(cfg, placement, keepers, nodes, injector,
-                            CompileAhead(cfg, self.workdir, placement, log=log), log)
+                            CompileAhead(cfg, self.workdir, placement, log=log), log,
+                            workdir=self.workdir)
         self.standbys = Standbys()
         self.adopted: dict = {}  # the keepers an earlier launcher left, found at the start
         self.stepped = False  # a generation of this launcher completed a step
