@@ -19,8 +19,9 @@ step_sec / 2 + recovery)`, half an interval redone plus the recovery. The
 is the same at every `k`, so it does not move the choice. The failure rate
 is the one the config states (`fault.regime` or `fault.mtbf_hours`), else
 the one the launcher observed so far, else none (the budget alone). Last, the
-interval is never longer than the disk checkpoint's (`max_interval`): the
-memory tier is never staler than the disk tier under it.
+interval is never longer than the disk checkpoint's (`max_interval`). The two
+need not fall on the same steps; a recovery restores whichever tier holds the
+newer step (the launcher's `recovery_plan`).
 
 `step_sec` is the plain step, timed as training runs it (dispatched ahead,
 synchronised only at the end of a `WINDOW`-step window). `snapshot_sec` is
