@@ -44,23 +44,30 @@ def preempted_row(step: int) -> dict:
     return {'event': 'preempted', 'step': int(step)}
 
 
+def _lines(path) -> list[str] | None:
+    """A JSON-lines file's lines; None where it does not exist."""
+    try:
+        with open(os.fspath(path), encoding='utf-8') as f:
+            return f.readlines()
+    except FileNotFoundError:
+        return None
+
+
+def _parsed(lines):
+    """(line, value) for each line that parses: one cut off by a crash does not."""
+    for line in lines:
+        try:
+            yield line, json.loads(line)
+        except json.JSONDecodeError:
+            continue
+
+
 def newest_loss_step(path: str) -> int | None:
     """The newest step with a loss row in a metrics file; None for none or no file.
     Lines that are not rows (one cut off by a crash) are passed over in silence."""
-    newest = None
-    try:
-        with open(os.fspath(path), encoding='utf-8') as f:
-            lines = f.readlines()
-    except FileNotFoundError:
-        return None
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and 'loss' in row and isinstance(row.get('step'), int):
-            newest = row['step'] if newest is None else max(newest, row['step'])
-    return newest
+    steps = [row['step'] for _, row in _parsed(_lines(path) or [])
+             if isinstance(row, dict) and 'loss' in row and isinstance(row.get('step'), int)]
+    return max(steps, default=None)
 
 
 def truncate_rows_after(path: str, step: int) -> int:
@@ -73,23 +80,16 @@ def truncate_rows_after(path: str, step: int) -> int:
     (metrics.jsonl rows name the steps done, so pass the resumed step;
     provenance.jsonl rows name the 0-based step being run: pass it minus one.)
     """
-    path = os.fspath(path)
-    try:
-        with open(path, encoding='utf-8') as f:
-            lines = f.readlines()
-    except FileNotFoundError:
+    lines = _lines(path)
+    if lines is None:
         return 0
     kept = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a row cut off by a crash: it belongs to no finished step
+    for line, row in _parsed(lines):  # a row cut off by a crash belongs to no finished step
         if not (isinstance(row, dict) and isinstance(row.get('step'), (int, float))
                 and row['step'] > step):
             kept.append(line if line.endswith('\n') else line + '\n')
     dropped = sum(1 for line in lines if line.strip()) - len(kept)
-    atomic_file.write_text(path, ''.join(kept))
+    atomic_file.write_text(os.fspath(path), ''.join(kept))
     return dropped
 
 
