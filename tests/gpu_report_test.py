@@ -88,11 +88,13 @@ def test_smoke_runs_every_section_ok_or_skipped_where_a_cpu_cannot(smoke):
 def test_smoke_step_figures_are_plausible_and_the_simulator_reads_them(smoke):
     result, out, _ = smoke
     s = result['sections']['step']
-    assert list(s['modes']) == list(step.MODES) and not s['skipped_modes']
+    assert list(s['modes']) == list(step.SHAPES['step']['smoke']['modes']) and not s['skipped_modes']
     for mode, v in s['modes'].items():
         assert v['step_ms'] > 0 and v['peak_bytes'] > 0 and v['flops_xla_raw'] > 0
         assert math.isfinite(s['ratios'][mode]['step_ms'])
     assert s['details']['mecefo_planned']['rows'] == 3 * s['batch'] // 2
+    assert s['details']['mecefo_mixed']['rows'] == 3 * s['batch'] // 2
+    assert s['details']['mecefo_mixed_eighth']['rows'] == s['batch'] + 1
     assert s['modes']['normal']['flops'] > 0 and s['mfu']['achieved_tflops_xla'] > 0
     # Blocks are identical, so the count is linear in depth: the 1-2 layer
     # extrapolation matches the full unrolled count up to XLA's rounding.

@@ -9,6 +9,11 @@ mode layouts and plain DP step, `step_measure.py`'s interleaved timer,
     rows=1.5 B)` (its own shard and half an adopted one), beside `normal`,
     `mecefo` (two shards joined), `mecefo_per_batch`, `ndb_naive` and
     `plain_dp`;
+  * the capped plan's mixed helpers (350M only): `mecefo_mixed`, its own
+    shard exact and half an adopted one in neighbour mode (the rows of
+    `mecefo_planned`), and `mecefo_mixed_eighth`, its own shard and an
+    eighth of one (2 rows at the paper's 16 per shard: 16 orphaned rows
+    spread over 8 helpers of a 32-replica cluster);
   * the batch is halved until XLA's memory plan of the largest program
     (`ndb_naive`, two shards exact) fits the device, and the result says so;
   * modes are compiled in priority order and no new one is started past
@@ -41,15 +46,18 @@ from mecefo_jax.experiments.gpu import configs
 from mecefo_jax.experiments.gpu.child import write_json
 
 MODES = ('normal', 'mecefo', 'ndb_naive', 'mecefo_planned', 'plain_dp', 'mecefo_per_batch')
+MIXED_MODES = {'mecefo_mixed': 2, 'mecefo_mixed_eighth': 8}  # adopted rows: ceil(batch / n)
+# 350M's priority order: the mixed helpers before the baselines' plain DP and per-batch neighbour.
+MODES_350M = MODES[:4] + tuple(MIXED_MODES) + MODES[4:]
 LARGEST = 'ndb_naive'  # two shards, exact backward: the largest memory plan
 COMPILE_SHARE = 0.55  # no new compile past this fraction of the section's time
 FIT_FRACTION = 0.9  # a plan fits when its peak is under this share of the device's limit
 SHAPES = {
     'step': {
         'full': {'config': 'llama_350m', 'overrides': {}, 'batch': 16, 'warmup': 2, 'iters': 10,
-                 'modes': MODES, 'flops_modes': MODES},
+                 'modes': MODES_350M, 'flops_modes': MODES + tuple(MIXED_MODES)},
         'smoke': {'config': 'tiny', 'overrides': {'model.num_layers': 3, 'model.attention': 'xla'},
-                  'batch': 2, 'warmup': 1, 'iters': 3, 'modes': MODES,
+                  'batch': 2, 'warmup': 1, 'iters': 3, 'modes': MODES_350M,
                   'flops_modes': ('normal',)}},
     'step_1b': {
         'full': {'config': 'llama_1b', 'overrides': {}, 'batch': 16, 'warmup': 2, 'iters': 6,
@@ -65,12 +73,17 @@ BENCH_FILES = {'step': step_cost.OUTPUT_FILE, 'step_1b': 'bench_step_1b.json'}
 
 
 def mode_layout(mode: str, batch: int):
-    """step_modes' one-replica layouts, plus the planned-style neighbour (1.5 shards)."""
-    from mecefo_jax.layout import ROLE_NEIGHBOUR, Layout, Piece
-    if mode != 'mecefo_planned':
+    """step_modes' one-replica layouts, plus the planned-style neighbour (1.5 shards)
+    and the mixed helpers (own shard exact, part of an adopted one approximate)."""
+    from mecefo_jax.layout import ROLE_MIXED, ROLE_NEIGHBOUR, Layout, Piece
+    if mode == 'mecefo_planned':
+        role, adopted = ROLE_NEIGHBOUR, math.ceil(batch / 2)
+    elif mode in MIXED_MODES:
+        role, adopted = ROLE_MIXED, math.ceil(batch / MIXED_MODES[mode])
+    else:
         return step_modes.mode_layout(mode, batch)
-    pieces = (Piece(0, 0, batch), Piece(1, 0, math.ceil(batch / 2)))
-    return Layout(replicas=(0,), roles=(ROLE_NEIGHBOUR,), pieces=(pieces,))
+    pieces = (Piece(0, 0, batch), Piece(1, 0, adopted))
+    return Layout(replicas=(0,), roles=(role,), pieces=(pieces,))
 
 
 @dataclasses.dataclass
