@@ -32,7 +32,7 @@ def _model_section() -> ConfigDict:
 def _data_section() -> ConfigDict:
     """Where documents come from and how they are batched."""
     section = ConfigDict()
-    section.source = 'embedded'  # 'embedded' (CPython's docs, offline) | 'tfds' | 'text'
+    section.source = 'embedded'  # 'embedded' (CPython's docs, offline) | 'python_docs' | 'tfds' | 'text'
     section.tfds_name = 'c4/en'  # TFDS dataset name when source='tfds'
     section.data_dir = ''  # local TFDS data_dir (required for source='tfds')
     section.tfds_text_key = 'text'  # feature holding the document text in TFDS records
@@ -92,6 +92,9 @@ def _mecefo_section() -> ConfigDict:
     # pass; no V and no refresh, 2t(n+m)r more FLOPs per kernel and the full FFN
     # inputs kept for backward). docs/algorithm.md, "Gradient-sketched projection".
     section.projection = 'weights'
+    # The neighbour's attention branch is identity in backward (the paper's rule). False
+    # computes it exactly and counts its attention gradient (an ablation, not a saving).
+    section.skip_attention = True
     # How V is refreshed: 'subspace' (randomized subspace iteration warm-started
     # from the held V, a few matmuls) | 'svd' (exact full SVD, the reference).
     # docs/algorithm.md, "Cheap projection refresh".

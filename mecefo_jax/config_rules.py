@@ -15,7 +15,7 @@ from mecefo_jax.settings import PROJECTION_RULES, Config, ConfigError
 
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
 DTYPES = ('float32', 'bfloat16')
-DATA_SOURCES = ('embedded', 'tfds', 'text')
+DATA_SOURCES = ('embedded', 'python_docs', 'tfds', 'text')
 PARITY_CODES = ('', 'xor')
 RECOVERIES = ('memory', 'disk')
 
@@ -96,6 +96,7 @@ def _check_mecefo(cfg: Config) -> None:
     _require(m.rank > 0 and (m.rank <= 1.0 or m.rank.is_integer()), 'mecefo.rank', m.rank,
              'must be a fraction in (0, 1] or a whole rank >= 1', 0.25)
     _one_of('mecefo.projection', m.projection, PROJECTION_RULES)
+    _one_of('mecefo.skip_attention', m.skip_attention, (True, False))
     _one_of('mecefo.refresh', m.refresh, ('subspace', 'svd'))
     _require(m.refresh_iters >= 1, 'mecefo.refresh_iters', m.refresh_iters, 'must be >= 1', 3)
     _require(m.refresh_split_min_elements >= 0, 'mecefo.refresh_split_min_elements',
@@ -117,12 +118,12 @@ def _check_events(cfg: Config) -> None:
 
 
 def _check_fault(cfg: Config) -> None:
-    from mecefo_jax.faults.strategies import STRATEGIES
+    from mecefo_jax.faults.strategies import CONTROLS, STRATEGIES
     f = cfg.fault
     _require(f.strategy != 'mecefo_spread', 'fault.strategy', f.strategy,
              'was retired: mecefo_planned splits each failed shard over the helpers a fixed '
              'k would pick, or better ones', 'mecefo_planned')
-    _one_of('fault.strategy', f.strategy, STRATEGIES)
+    _one_of('fault.strategy', f.strategy, STRATEGIES + CONTROLS)
     _check_events(cfg)
     from mecefo_jax.faults.schedule import REGIMES
     _one_of('fault.regime', f.regime.strip().lower(), ('',) + tuple(sorted(REGIMES)), "''")

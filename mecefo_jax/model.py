@@ -52,14 +52,15 @@ class ModelConfig(ModelSection):
     remat_ffn: bool = False  # neighbour-mode FFN recomputation (mecefo.remat_ffn)
     unroll_loops: bool = False  # straight-line layers and loss chunks (FLOP counting)
     projection: str = 'weights'  # the neighbour's FFN gradient rule (mecefo.projection)
+    skip_attention: bool = True  # the neighbour's attention is identity in backward
     rank: float = 0.25  # mecefo.rank: the 'gradient' rule's r ('weights' reads r off V)
 
     @classmethod
     def from_config(cls, cfg: Config) -> ModelConfig:
-        """From the resolved Config: its model section plus mecefo's remat_ffn, projection, rank."""
+        """From the resolved Config: its model section plus mecefo's neighbour rules."""
         m = cfg.mecefo
         return cls(**dataclasses.asdict(cfg.model), remat_ffn=m.remat_ffn,
-                   projection=m.projection, rank=m.rank)
+                   projection=m.projection, rank=m.rank, skip_attention=m.skip_attention)
 
     @property
     def head_dim(self) -> int:
@@ -189,7 +190,7 @@ class FFNLinear(nn.Module):
         kernel_nm = _param(self, 'kernel', nn.initializers.normal(stddev=n ** -0.5),
                            (n, self.features), self.logical_axes)
         x_bln = x_bln.astype(self.dtype)
-        if not self.neighbour:
+        if not self.neighbour or self.projection == 'exact':
             return x_bln @ kernel_nm.astype(self.dtype)
         if self.projection not in PROJECTION_RULES:
             raise ValueError(f'mecefo.projection={self.projection!r}: use one of '
@@ -229,7 +230,7 @@ class Block(nn.Module):
     def __call__(self, x_bld, _=None):
         c = self.cfg
         attn_bld = Attention(c, name='attn')(RMSNorm(c.norm_eps, name='attn_norm')(x_bld))
-        if self.neighbour:
+        if self.neighbour and c.skip_attention:
             # Identity in backward: the cotangent takes the residual path only.
             # stop_gradient makes the branch's linearisation dead code, so XLA
             # keeps none of its activations and runs none of its backward.

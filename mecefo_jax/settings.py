@@ -90,6 +90,7 @@ class TrainSection:
 PROJECTION_RULES = {
     'weights': "the kernel's top-r singular directions V (the paper's; lowrank_dense)",
     'gradient': "a range finder on the batch's own kernel gradient (sketched_dense)",
+    'exact': 'no projection: the exact kernel gradient (an ablation, not a saving)',
 }
 
 
@@ -98,6 +99,7 @@ class MecefoSection:
     rank: float  # an integral value > 1 is an absolute rank (see projections.resolve_rank)
     tau: int
     projection: str
+    skip_attention: bool
     refresh: str
     refresh_iters: int
     refresh_split_min_elements: int

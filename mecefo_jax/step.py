@@ -69,7 +69,7 @@ def _plain_grads(model: Llama, params, projections, batch):
 
 
 def _program_grads(model: Llama, program, params, projections, tokens_ct, weights_c):
-    """(gradient sum, loss sum, exact tokens) of one device program over its first
+    """(gradient sum, loss sum, attention tokens) of one device program over its first
     `rows` rows: the first `exact_rows` exactly, the rest in neighbour mode."""
     exact = program.exact_rows
     parts = [(start, stop, neighbour) for start, stop, neighbour in
@@ -81,7 +81,10 @@ def _program_grads(model: Llama, program, params, projections, tokens_ct, weight
                    for start, stop, neighbour in parts)
 
     loss, grads = jax.value_and_grad(loss_sum)(params)
-    return grads, loss, _token_count(tokens_ct[:exact], weights_c[:exact])
+    # Attention gradients come from the exact rows, and from the neighbour's too when it
+    # computes its attention backward (mecefo.skip_attention=False).
+    attn_rows = exact if model.cfg.skip_attention else program.rows
+    return grads, loss, _token_count(tokens_ct[:attn_rows], weights_c[:attn_rows])
 
 
 def _device_grads(model: Llama, programs, params, projections, tokens_ct, weights_c,

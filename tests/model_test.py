@@ -577,3 +577,53 @@ def test_full_rank_projection_gives_exact_ffn_input_grads(setup):
         g_down = grads[f'layers_{i}']['ffn']['w_down']['kernel']
         r_down = ref[f'layers_{i}']['ffn']['w_down']['kernel']
         assert np.max(np.abs(g_down - r_down)) > 1e-3 * np.max(np.abs(r_down))
+
+
+# ---------------------------------------------------------------------------
+# The ablation switches: each neighbour gradient against the reference's jax.grad.
+# ---------------------------------------------------------------------------
+
+def _projected_ffn(v, ref, *, zero_attention: bool):
+    """The reference gradient with every FFN kernel's projected onto V (V V^T g) and,
+    if `zero_attention`, the attention branch's zeroed: what the neighbour computes."""
+    def expected(path, g_ref):
+        if zero_attention and is_attention_branch(path):
+            return jnp.zeros_like(g_ref)
+        if _ffn_kernel_name(path):
+            v_nr = _at(v, path)
+            return v_nr @ (v_nr.T @ g_ref)
+        return g_ref
+    return jax.tree_util.tree_map_with_path(expected, ref)
+
+
+def test_attention_backward_on_gives_exact_attention_and_projected_ffn(setup):
+    """mecefo.skip_attention=False: jax.grad of the exact reference (no stop_gradient),
+    with only the FFN kernels projected."""
+    _, _, params, tokens = setup
+    v = _projections(params, RANK)
+    grads = _grads(_model(skip_attention=False), True, params, v, tokens)
+    ref = _ref_grads(False, params, tokens)
+    # Tolerance: float32 reassociation through 2 blocks, relative to each leaf's max.
+    assert_tree_close(grads, _projected_ffn(v, ref, zero_attention=False), 1e-4,
+                      'skip_attention=False ')
+    assert np.max(np.abs(grads['layers_0']['attn']['wq'])) > 0  # attention learns
+
+
+def test_exact_projection_gives_the_stop_gradient_reference(setup):
+    """mecefo.projection='exact': jax.grad of the reference with the attention branch
+    stop-gradiented, FFN kernels unprojected."""
+    _, _, params, tokens = setup
+    v = _projections(params, RANK)
+    grads = _grads(_model(projection='exact'), True, params, v, tokens)
+    ref = _ref_grads(True, params, tokens)
+    expected = jax.tree_util.tree_map_with_path(
+        lambda path, g: jnp.zeros_like(g) if is_attention_branch(path) else g, ref)
+    assert_tree_close(grads, expected, 1e-4, "projection='exact' ")
+
+
+def test_both_switches_off_give_the_exact_gradient(setup):
+    _, _, params, tokens = setup
+    v = _projections(params, RANK)
+    model = _model(skip_attention=False, projection='exact')
+    assert_tree_close(_grads(model, True, params, v, tokens), _ref_grads(False, params, tokens),
+                      1e-4, 'both off ')

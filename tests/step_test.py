@@ -444,3 +444,32 @@ def test_a_single_live_replica_under_tensor_parallelism(setup, reference, role):
                       'single TP replica ')
     np.testing.assert_allclose(stats['loss'], reference['loss'], rtol=1e-6)
     assert float(stats['attn_tokens']) == (TOKENS_PER_SHARD if role == ROLE_MIXED else 0.0)
+
+
+def test_a_neighbour_with_both_ablation_switches_off_gives_the_exact_global_grad(setup,
+                                                                                  reference):
+    """mecefo.skip_attention=False and projection='exact': the neighbour computes exactly,
+    and its attention gradient counts, so the combined gradient is the global one."""
+    _, params, projections, tokens_nbt = setup
+    model = MODEL.variant(skip_attention=False, projection='exact')
+    layout = _failure_layout(neighbour_row=2)
+    mesh, _ = _mesh_and_step(LIVE_ROWS, layout.programs)
+    fn = _jit(step.make_grad_fn(model, mesh, layout.programs))
+    grads, stats = fn(params, projections, _put(assemble(layout, tokens_nbt), mesh))
+    assert_tree_close(grads, reference['grads'], REL, 'both switches off ')
+    assert float(stats['attn_tokens']) == N_SHARDS * TOKENS_PER_SHARD
+
+
+def test_drop_adopters_drops_the_failed_shard_and_its_adopters_own(setup, reference):
+    """The control: the rows mecefo would approximate are dropped, the rest exact."""
+    from mecefo_jax.faults.strategies import adopters, layout_for
+    live = [r != FAILED for r in range(N_SHARDS)]
+    adopter = adopters(live)[FAILED]
+    layout = layout_for('drop_adopters', live, SHARD_BATCH)
+    assert layout.shards_covered() == {s: SHARD_BATCH for s in range(N_SHARDS)
+                                       if s not in (FAILED, adopter)}
+    _, grads, stats = _run(LIVE_ROWS, layout, setup)
+    kept = [s for s in range(N_SHARDS) if s not in (FAILED, adopter)]
+    expected = jax.tree.map(lambda g: np.asarray(g)[kept].mean(0), reference['exact'])
+    assert_tree_close(grads, expected, REL, 'drop_adopters ')
+    assert float(stats['tokens']) == float(stats['attn_tokens']) == len(kept) * TOKENS_PER_SHARD

@@ -13,22 +13,27 @@ Sources (``data.source``):
   Python standard-library modules (about 0.65 MB on CPython 3.11). The
   docstrings are read from source with `tokenize`, never by importing modules
   (importing e.g. ``antigravity`` has side effects).
+* ``'python_docs'``: the docstrings at every level and the comments of the
+  standard library and of this project's installed dependencies, about 23 MB,
+  each paragraph once (`mecefo_jax.data.python_docs`): for runs that must not
+  repeat their data. Offline too; its text depends on the installed versions,
+  and its fingerprint says which.
 * ``'tfds'``: a TFDS dataset already prepared in ``array_record`` format under
   ``data.data_dir`` (the documented target is ``c4/en``), read through
   ``tfds.data_source`` without TensorFlow. Its own ``validation`` split is used.
 * ``'text'``: UTF-8 text files named by ``data.text_files`` (comma-separated
   paths or globs).
 
-Documents of the embedded and text sources are *chunks of paragraphs*: each
-file (or help topic, or docstring) is split on blank lines and consecutive
-paragraphs are grouped greedily until a chunk holds at least
+Documents of the embedded, python_docs and text sources are *chunks of
+paragraphs*: each file (or help topic, or docstring) is split on blank lines
+and consecutive paragraphs are grouped greedily until a chunk holds at least
 ``DOCUMENT_TARGET_CHARS`` characters (a file's last chunk may be shorter; a
 chunk never spans two files). Chunking keeps a single large file from being one
 indivisible document, so the validation split holds roughly
 ``data.val_fraction`` of the *text*, not just of the files, while chunks stay
 long enough that an EOS between them is rare.
 
-For the embedded and text sources, a document belongs to the validation split
+For these three sources, a document belongs to the validation split
 iff a hash of its *content* falls below ``data.val_fraction``. Deciding by
 content (not by position) keeps the split stable when documents are added or
 reordered, and sends exact duplicates to the same side, so train and
@@ -48,6 +53,7 @@ import tokenize
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from mecefo_jax.data import python_docs
 from mecefo_jax.settings import DataSection
 
 SPLITS = ('train', 'validation')
@@ -128,9 +134,13 @@ def load_documents(data_cfg: DataSection, split: str) -> Sequence[str]:
     elif source == 'text':
         corpus = _text_file_corpus(_text_file_identity(data_cfg))
         corpus_name = 'text'
+    elif source == 'python_docs':
+        corpus = python_docs.python_docs_corpus(paragraph_chunks)
+        corpus_name = 'python_docs'
     else:
         raise ValueError(
-            f"data.source must be 'embedded', 'tfds' or 'text', got {source!r}."
+            "data.source must be 'embedded', 'python_docs', 'tfds' or 'text', got"
+            f' {source!r}.'
         )
     return _split_by_content_hash(corpus, corpus_name, split, data_cfg.val_fraction)
 

@@ -3,9 +3,8 @@
 This module owns the *cost table* that both the placement planner
 (`faults/planner.py`) and the cluster simulator read: for each role a device
 can run, the cost of computing `x` batch shards, relative to one normal
-(exact) shard, plus the seconds of one fault-free step. It lives in the
-library, not beside the simulator, because the planner needs it at run time.
-Pure numpy: no jax import.
+(exact) shard, plus the seconds of one fault-free step. In the library, as
+the planner needs it at run time; pure numpy (no jax import).
 
 Three sources, whichever is given:
 
@@ -23,20 +22,18 @@ Three sources, whichever is given:
     * a normal backward is twice the forward;
     * the head costs ``2dV`` forward and ``4dV`` backward per token, in every
       role (the neighbour runs it exactly on all its shards);
-    * in neighbour mode the MHA backward disappears, the FFN forward runs a
-      second time when `recompute_ffn` (the memory-saving recompute of the
-      paper's rule 3, `mecefo.remat_ffn`, off by default), the FFN
-      activation gradient ``6dh`` stays exact and each FFN weight gradient of
-      an m x n kernel costs ``2r(m+n) + 2rmn/b`` instead of ``2mn`` per token
-      (``G_y (x^T V) V^T``; the last product is paid once per batch of b
-      tokens). Under `mecefo.projection='gradient'` (`lowrank.sketched_dense`)
-      it costs ``4r(m+n) + (2rmn + QR)/b``: the sketch ``x^T (G_y Omega)``
-      adds ``2r(m+n)`` per token, and the thin QR of the [n, r] sketch is
-      paid once per batch (`ffn_wgrad_flops`).
+    * in neighbour mode the MHA backward disappears (unless
+      `mecefo.skip_attention` is off), the FFN forward runs again when
+      `recompute_ffn` (`mecefo.remat_ffn`), the FFN activation gradient
+      ``6dh`` stays exact and each m x n FFN weight gradient costs
+      ``2r(m+n) + 2rmn/b`` instead of ``2mn`` per token (``G_y (x^T V) V^T``,
+      the last product once per batch of b tokens); ``4r(m+n) + (2rmn +
+      QR)/b`` under `mecefo.projection='gradient'`, ``2mn`` under 'exact'
+      (`ffn_wgrad_flops`).
 
     Elementwise work (norms, SwiGLU gate, softmax, RoPE, the embedding
-    gather) is left out: about 1% of a block. Two shards on one device are
-    one joined batch (b doubles), as in the reworked step.
+    gather, about 1% of a block) is left out. Two shards on one device are
+    one joined batch (b doubles).
 
 ``bench``
     `bench_step.json` from `scripts/bench_step.py` (ideally run on a GPU):
@@ -61,7 +58,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 from typing import Any
 
@@ -98,21 +94,27 @@ def ffn_wgrad_flops(n: int, m: int, *, rank: int, tokens: float, projection: str
     'weights' (`lowrank.lowrank_dense`): x V, (x V)^T G_y, V (.): ``2t(n+m)r + 2nmr``.
     'gradient' (`lowrank.sketched_dense`): G_y Omega, x^T (.), a thin QR, x Q, (x Q)^T G_y,
     Q (.): ``4t(n+m)r + 2nmr + QR(n, r)``; drawing Omega is elementwise, left out.
+    'exact' (no projection, an ablation): x^T G_y, ``2tnm``.
     """
     if projection not in PROJECTION_RULES:
         raise ValueError(f"projection={projection!r}: use one of {', '.join(PROJECTION_RULES)}.")
+    if projection == 'exact':
+        return 2.0 * tokens * n * m
     sketch = 2.0 * tokens * (n + m) * rank + thin_qr_flops(n, rank) if projection == 'gradient' else 0.0
     return 2.0 * tokens * (n + m) * rank + 2.0 * n * m * rank + sketch
 
 
 def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int,
                           batch_tokens: float, recompute_ffn: bool,
-                          causal_scores: bool = False, projection: str = 'weights') -> float:
+                          causal_scores: bool = False, projection: str = 'weights',
+                          skip_attention: bool = True) -> float:
     """FLOPs of one transformer block per token, forward + backward, in `mode`.
 
     `mode` is 'normal' (exact) or 'neighbour' (MeCeFO's approximate backward);
     `batch_tokens` is the b of the low-rank product paid once per batch;
-    `projection` the neighbour's FFN gradient rule (`mecefo.projection`).
+    `projection` the neighbour's FFN gradient rule (`mecefo.projection`);
+    `skip_attention` False charges the neighbour the attention branch's exact
+    backward (`mecefo.skip_attention`), twice its forward.
     """
     d, h, L = shape.d_model, shape.ffn_hidden, seq_len
     ffn_fwd = 2 * 3 * d * h
@@ -129,13 +131,14 @@ def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: i
                          for n, m in ffn_kernels(shape)) / batch_tokens
     ffn_act_grad = 2 * 3 * d * h
     recompute = ffn_fwd if recompute_ffn else 0.0
-    return forward + recompute + ffn_act_grad + low_rank_wgrad
+    attention_backward = 0.0 if skip_attention else 2.0 * (2 * 4 * d * d + scores)
+    return forward + recompute + ffn_act_grad + low_rank_wgrad + attention_backward
 
 
 def flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int = 128,
                     batch_tokens: float = 1.0, recompute_ffn: bool = True,
                     causal_scores: bool = False, num_layers: int | None = None,
-                    projection: str = 'weights') -> float:
+                    projection: str = 'weights', skip_attention: bool = True) -> float:
     """Forward + backward FLOPs per token of the whole model (blocks + head).
 
     `num_layers` overrides the shape's depth (the CPU benchmark used 4 blocks).
@@ -144,7 +147,8 @@ def flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int = 1
     head = 6.0 * shape.d_model * shape.vocab_size  # 2dV forward + 4dV backward
     return layers * block_flops_per_token(
         shape, mode=mode, seq_len=seq_len, rank=rank, batch_tokens=batch_tokens,
-        recompute_ffn=recompute_ffn, causal_scores=causal_scores, projection=projection) + head
+        recompute_ffn=recompute_ffn, causal_scores=causal_scores, projection=projection,
+        skip_attention=skip_attention) + head
 
 
 def interpolate(points, x) -> np.ndarray:
@@ -225,12 +229,14 @@ def mfu_step_sec(shape: ModelShape, *, seq_len: int, replica_seqs: int, mfu: flo
 def analytic_table(shape: ModelShape, *, seq_len: int, replica_seqs: int, rank: int,
                    recompute_ffn: bool, mfu: float,
                    peak_flops: float = PEAK_FLOPS_A100_BF16,
-                   causal_scores: bool = False, projection: str = 'weights') -> CostTable:
+                   causal_scores: bool = False, projection: str = 'weights',
+                   skip_attention: bool = True) -> CostTable:
     """The FLOP model's table for `shape` with `replica_seqs` sequences per shard, the
-    neighbour's FFN gradient under the `projection` rule (`mecefo.projection`)."""
+    neighbour's FFN gradient under the `projection` rule (`mecefo.projection`) and its
+    attention backward skipped or not (`mecefo.skip_attention`)."""
     b = replica_seqs * seq_len
     kw = dict(seq_len=seq_len, rank=rank, recompute_ffn=recompute_ffn,
-              causal_scores=causal_scores, projection=projection)
+              causal_scores=causal_scores, projection=projection, skip_attention=skip_attention)
     normal = flops_per_token(shape, mode='normal', **kw)
     one = flops_per_token(shape, mode='neighbour', batch_tokens=b, **kw) / normal
     two = 2 * flops_per_token(shape, mode='neighbour', batch_tokens=2 * b, **kw) / normal
@@ -243,7 +249,8 @@ def analytic_table(shape: ModelShape, *, seq_len: int, replica_seqs: int, rank: 
         step_sec_source=f'analytic FLOPs at MFU {mfu:g} of {peak_flops / 1e12:g} TFLOP/s',
         note=(f'FLOP model, recompute_ffn={recompute_ffn}, '
               f'{"causal" if causal_scores else "full"} attention scores, r={rank}, '
-              f'projection={projection}, b={b} tokens per shard'))
+              f'projection={projection}, skip_attention={skip_attention}, '
+              f'b={b} tokens per shard'))
 
 
 def _matches(config: dict, shape: ModelShape) -> bool:
@@ -369,13 +376,6 @@ def load_json(path: str, flag: str) -> dict:
         raise ValueError(f'{flag}={path}: no such file.') from None
     except json.JSONDecodeError as err:
         raise ValueError(f'{flag}={path}: not valid JSON ({err}).') from None
-
-
-def paper_implied_mfu(shape: ModelShape, tokens_per_sec: float, gpus: int, *, seq_len: int,
-                      peak_flops: float = PEAK_FLOPS_A100_BF16, **flop_kw) -> float:
-    """The MFU at which the paper's fault-free throughput would run these FLOPs."""
-    flops = flops_per_token(shape, mode='normal', seq_len=seq_len, **flop_kw)
-    return tokens_per_sec * flops / (gpus * peak_flops) if math.isfinite(flops) else math.nan
 
 
 def role_cost(table: CostTable, shard_rows: int):

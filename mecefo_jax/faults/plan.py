@@ -30,7 +30,8 @@ def cost_table(cfg, spec: str, shard: int) -> costs_lib.CostTable:
     shape = costs_lib.shape_of(cfg.model)
     rank = _rank(cfg)
     common = dict(seq_len=cfg.data.seq_len, replica_seqs=shard, mfu=1.0, rank=rank,
-                  recompute_ffn=cfg.mecefo.remat_ffn, projection=cfg.mecefo.projection)
+                  recompute_ffn=cfg.mecefo.remat_ffn, projection=cfg.mecefo.projection,
+                  skip_attention=cfg.mecefo.skip_attention)
     if kind == 'analytic' and not path:
         return costs_lib.analytic_table(shape, **common)
     if kind == 'bench' and path:

@@ -344,6 +344,7 @@ def config_planner(cfg, shard: int) -> Planner:
     rank = resolve_rank(cfg.mecefo.rank, cfg.model.d_model, cfg.model.ffn_hidden)
     table = costs_lib.analytic_table(
         costs_lib.shape_of(cfg.model), seq_len=cfg.data.seq_len, replica_seqs=shard, rank=rank,
-        recompute_ffn=cfg.mecefo.remat_ffn, mfu=1.0, projection=cfg.mecefo.projection)
+        recompute_ffn=cfg.mecefo.remat_ffn, mfu=1.0, projection=cfg.mecefo.projection,
+        skip_attention=cfg.mecefo.skip_attention)
     return Planner(shard, costs_lib.role_cost(table, shard),
                    max_neighbour_rows=cfg.fault.max_neighbour_rows)

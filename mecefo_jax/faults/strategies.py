@@ -15,6 +15,8 @@ global batch and its order never change; only where shards are computed.
 | elastic             | split evenly over every live replica    | normal           |
 | drop                | nowhere (its samples are skipped)       | -                |
 | checkpoint_restart  | as elastic, after a restore             | normal           |
+| drop_adopters       | nowhere, and mecefo's adopter skips its | - (a control)    |
+|                     | own shard too                           |                  |
 
 `REGISTRY` holds one `StrategySpec` per row: where failed shards go
 (`Orphans`), whether adopters compute in neighbour mode, and whether a
@@ -22,6 +24,14 @@ failure restores from a checkpoint. Everything that treats strategies
 differently (`layout_for` here, the cluster projection's step costs and
 recovery, the controller's choice) reads these fields, never the names: a
 new strategy is one new entry.
+
+`drop_adopters` is a control, not a strategy to train with: it drops exactly
+the rows `mecefo` approximates (each failed shard and its adopter's own), so
+`mecefo` against it is the value of an approximated row over a dropped one.
+Its adopters compute nothing (their rows carry weight 0); a step in which
+every live replica adopts has no row left and takes AdamW's step on a zero
+gradient. Controls are valid `fault.strategy` values but stay out of
+`STRATEGIES`, the list every comparison runs by default.
 
 `mecefo` stays the paper's rule (the faithful row). Splitting each failed
 shard over a fixed k nearest neighbours is one of the plans `mecefo_planned`
@@ -44,6 +54,7 @@ class Orphans(enum.Enum):
     PLANNER = 'split as the planner chooses (`faults/planner.py`); it sets the roles too'
     SPLIT_EVENLY = 'split evenly over every live replica'
     NOWHERE = 'nowhere: its samples are skipped'
+    NOWHERE_NOR_ADOPTERS = 'nowhere, and the replica that would adopt it skips its own shard'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +64,12 @@ class StrategySpec:
     orphans: Orphans  # where failed shards go
     neighbour_mode: bool  # adopters run MeCeFO's neighbour program, else the exact one
     restores_at_failure: bool = False  # each failure restores the last checkpoint
+    control: bool = False  # a control for an experiment, not a strategy to train with
 
     def __post_init__(self):
         # The planner sets neighbour mode itself; under NOWHERE no replica adopts.
-        required = {Orphans.PLANNER: True, Orphans.NOWHERE: False}.get(self.orphans)
+        required = {Orphans.PLANNER: True, Orphans.NOWHERE: False,
+                    Orphans.NOWHERE_NOR_ADOPTERS: False}.get(self.orphans)
         if required is not None and self.neighbour_mode != required:
             raise ValueError(f'strategy {self.name!r}: Orphans.{self.orphans.name} needs '
                              f'neighbour_mode={required}.')
@@ -71,15 +84,19 @@ REGISTRY = (
     StrategySpec('drop', Orphans.NOWHERE, neighbour_mode=False),
     StrategySpec('checkpoint_restart', Orphans.SPLIT_EVENLY, neighbour_mode=False,
                  restores_at_failure=True),
+    StrategySpec('drop_adopters', Orphans.NOWHERE_NOR_ADOPTERS, neighbour_mode=False,
+                 control=True),
 )
 SPECS = {spec.name: spec for spec in REGISTRY}
-STRATEGIES = tuple(SPECS)
+STRATEGIES = tuple(spec.name for spec in REGISTRY if not spec.control)
+CONTROLS = tuple(spec.name for spec in REGISTRY if spec.control)
 NEIGHBOUR_MODE_STRATEGIES = tuple(spec.name for spec in REGISTRY if spec.neighbour_mode)
 
 
 def validate_strategy(name: str) -> str:
     if name not in SPECS:
-        raise ValueError(f'fault.strategy={name!r} is unknown; use one of {", ".join(STRATEGIES)}.')
+        raise ValueError(f'fault.strategy={name!r} is unknown; use one of {", ".join(STRATEGIES)} '
+                         f'(or a control: {", ".join(CONTROLS)}).')
     return name
 
 
@@ -167,6 +184,10 @@ def layout_for(strategy: str, live_mask, shard_batch: int, *,
         return planner.layout(live_mask)
     failed = [r for r, up in enumerate(live_mask) if not up]
     extra: dict[int, list[Piece]] = {r: [] for r in live}
+    if spec.orphans is Orphans.NOWHERE_NOR_ADOPTERS:
+        idle = set(adopters(live_mask).values())
+        pieces = tuple(() if r in idle else (Piece(r, 0, shard_batch),) for r in live)
+        return Layout(replicas=tuple(live), roles=(ROLE_NORMAL,) * len(live), pieces=pieces)
     if spec.orphans is Orphans.NEAREST_NEIGHBOUR:
         for shard, adopter in adopters(live_mask).items():
             extra[adopter].append(Piece(shard, 0, shard_batch))

@@ -190,7 +190,7 @@ def _cost_section(result) -> list[str]:
     for name, t in result['cost_tables'].items():
         shape = costs_lib.PAPER_MODELS[name]
         tok = cfg['global_batch'] * cfg['seq_len']
-        mfu = (costs_lib.paper_implied_mfu(
+        mfu = (paper_implied_mfu(
             shape, PAPER[name]['none'] * 1e3, traces_lib.CALIBRATION_REPLICAS,
             seq_len=cfg['seq_len'],
             rank=cfg['rank'], recompute_ffn=cfg['recompute_ffn'],
@@ -288,3 +288,11 @@ def markdown(result: dict[str, Any]) -> str:
     lines += _recovery_section(result)
     lines += _assumptions(result)
     return '\n'.join(lines)
+
+
+def paper_implied_mfu(shape: costs_lib.ModelShape, tokens_per_sec: float, gpus: int, *,
+                      seq_len: int, peak_flops: float = costs_lib.PEAK_FLOPS_A100_BF16,
+                      **flop_kw) -> float:
+    """The MFU at which the paper's fault-free throughput would run these FLOPs."""
+    flops = costs_lib.flops_per_token(shape, mode='normal', seq_len=seq_len, **flop_kw)
+    return tokens_per_sec * flops / (gpus * peak_flops) if math.isfinite(flops) else math.nan

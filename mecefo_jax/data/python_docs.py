@@ -1,0 +1,126 @@
+"""The `python_docs` corpus: the prose inside installed Python code, offline and large.
+
+`data.source='python_docs'` is for runs that must not repeat their data: the
+embedded corpus (0.65 MB of module docstrings) is read about five times over
+by `configs/small.py`'s 300 steps, and a run four times longer over-learns
+it. This corpus holds, in a fixed order:
+
+* the standard library's docstrings at every level (module, class, function)
+  and its comments (about 3.4 MB on CPython 3.11), then
+* the same from the installed packages named in `PACKAGES`, this project's
+  own dependencies (about 20 MB at the versions this project was developed
+  with).
+
+Files are read in sorted order, never imported. A file's text is its
+docstrings (at least `MIN_DOCSTRING_CHARS` each), then its runs of
+consecutive comment lines, one paragraph each. A paragraph seen before
+anywhere in the corpus (a licence header, a repeated "pylint: disable"
+note) is dropped, so no text comes back within one pass. Each file's text
+is cut into the same paragraph chunks as the other sources.
+
+The text depends on the Python version and the installed package versions:
+`data_sources.corpus_fingerprint` hashes it, and every run's metrics record
+that hash, so two runs on different installs are never silently compared.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import io
+import os
+import sysconfig
+import tokenize
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+# This project's dependencies (pyproject.toml) and the larger packages they install.
+PACKAGES = ('absl', 'etils', 'flax', 'grain', 'jax', 'matplotlib', 'ml_collections', 'numpy',
+            'optax', 'orbax', 'ray', 'tensorflow_datasets')
+MIN_DOCSTRING_CHARS = 40  # "Returns x." adds nothing; a sentence or two does
+_SKIP_DIRS = frozenset({
+    'test', 'tests', 'testing', '__pycache__', 'idlelib', 'lib2to3', 'site-packages',
+    'dist-packages', 'turtledemo', 'ensurepip', 'pydoc_data', 'lib-dynload', '_vendor',
+    'encodings',  # codec tables: their comments are character names, one per line
+})
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def source_roots(packages: Sequence[str] = PACKAGES) -> list[str]:
+    """The standard library's folder, then each installed package's (missing ones skipped)."""
+    roots = [sysconfig.get_paths()['stdlib']]
+    purelib, platlib = sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']
+    for package in packages:
+        for lib in dict.fromkeys((purelib, platlib)):
+            if os.path.isdir(os.path.join(lib, package)):
+                roots.append(os.path.join(lib, package))
+                break
+    return roots
+
+
+def python_files(root: str) -> Iterator[str]:
+    """`root`'s .py files in a fixed (sorted) order, without tests or vendored code."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames
+                             if d not in _SKIP_DIRS and not d.startswith('config-'))
+        for filename in sorted(filenames):
+            if filename.endswith('.py') and not filename.startswith('test_'):
+                yield os.path.join(dirpath, filename)
+
+
+def prose_of(source: bytes) -> list[str]:
+    """A file's docstrings (every level), then its comment blocks, as paragraphs."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    paragraphs = [doc for node in ast.walk(tree) if isinstance(node, _DOCUMENTED)
+                  for doc in [ast.get_docstring(node, clean=True)]
+                  if doc and len(doc) >= MIN_DOCSTRING_CHARS]
+    return paragraphs + list(_comment_blocks(source))
+
+
+def _comment_blocks(source: bytes) -> Iterator[str]:
+    """Runs of comments on consecutive lines, joined; shebangs and pragmas left out."""
+    block, last_line = [], -2
+    try:
+        for token in tokenize.tokenize(io.BytesIO(source).readline):
+            if token.type != tokenize.COMMENT:
+                continue
+            text = token.string.lstrip('#').strip()
+            if not text or text.startswith('!') or text.startswith(('type:', 'noqa', 'pylint:')):
+                continue
+            if token.start[0] != last_line + 1 and block:
+                yield ' '.join(block)
+                block = []
+            block.append(text)
+            last_line = token.start[0]
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    if block:
+        yield ' '.join(block)
+
+
+def corpus_texts(roots: Iterable[str], chunk: Callable[[str], list[str]]) -> tuple[str, ...]:
+    """Every file's new paragraphs under `roots`, cut by `chunk`, in order."""
+    seen: set[str] = set()
+    documents = []
+    for root in roots:
+        for path in python_files(root):
+            try:
+                with open(path, 'rb') as source_file:
+                    source = source_file.read()
+            except OSError:
+                continue
+            fresh = []
+            for paragraph in prose_of(source):
+                if paragraph not in seen:
+                    seen.add(paragraph)
+                    fresh.append(paragraph)
+            if fresh:
+                documents.extend(chunk('\n\n'.join(fresh)))
+    return tuple(documents)
+
+
+@functools.lru_cache(maxsize=1)
+def python_docs_corpus(chunk: Callable[[str], list[str]]) -> tuple[str, ...]:
+    """The whole corpus of this install (about 40 s to read; cached per process)."""
+    return corpus_texts(source_roots(), chunk)
