@@ -95,6 +95,12 @@ def _mecefo_section() -> ConfigDict:
     # The neighbour's attention branch is identity in backward (the paper's rule). False
     # computes it exactly and counts its attention gradient (an ablation, not a saving).
     section.skip_attention = True
+    # The weight of a neighbour-mode row's gradient where it is trusted: 1.0 is the
+    # paper's rule, 0.0 treats the row as dropped (mecefo_jax/combination.py).
+    section.neighbour_weight = 1.0
+    # Trust the neighbour in the top K blocks, the final norm and the head only
+    # (below, and in the embedding, its rows count as dropped); 0: every block.
+    section.trust_top_blocks = 0
     # How V is refreshed: 'subspace' (randomized subspace iteration warm-started
     # from the held V, a few matmuls) | 'svd' (exact full SVD, the reference).
     # docs/algorithm.md, "Cheap projection refresh".

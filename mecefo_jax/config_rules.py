@@ -97,6 +97,11 @@ def _check_mecefo(cfg: Config) -> None:
              'must be a fraction in (0, 1] or a whole rank >= 1', 0.25)
     _one_of('mecefo.projection', m.projection, PROJECTION_RULES)
     _one_of('mecefo.skip_attention', m.skip_attention, (True, False))
+    _require(0.0 <= m.neighbour_weight <= 1.0, 'mecefo.neighbour_weight', m.neighbour_weight,
+             "must be in [0, 1] (1: the paper's rule, 0: the row counts as dropped)", 1.0)
+    _require(0 <= m.trust_top_blocks <= cfg.model.num_layers, 'mecefo.trust_top_blocks',
+             m.trust_top_blocks, f'must be in [0, model.num_layers={cfg.model.num_layers}] '
+             '(0: every block)', 0)
     _one_of('mecefo.refresh', m.refresh, ('subspace', 'svd'))
     _require(m.refresh_iters >= 1, 'mecefo.refresh_iters', m.refresh_iters, 'must be >= 1', 3)
     _require(m.refresh_split_min_elements >= 0, 'mecefo.refresh_split_min_elements',

@@ -53,6 +53,8 @@ class ModelConfig(ModelSection):
     unroll_loops: bool = False  # straight-line layers and loss chunks (FLOP counting)
     projection: str = 'weights'  # the neighbour's FFN gradient rule (mecefo.projection)
     skip_attention: bool = True  # the neighbour's attention is identity in backward
+    neighbour_weight: float = 1.0  # the combination's trust (combination.py)
+    trust_top_blocks: int = 0
     rank: float = 0.25  # mecefo.rank: the 'gradient' rule's r ('weights' reads r off V)
 
     @classmethod
@@ -60,7 +62,8 @@ class ModelConfig(ModelSection):
         """From the resolved Config: its model section plus mecefo's neighbour rules."""
         m = cfg.mecefo
         return cls(**dataclasses.asdict(cfg.model), remat_ffn=m.remat_ffn,
-                   projection=m.projection, rank=m.rank, skip_attention=m.skip_attention)
+                   projection=m.projection, rank=m.rank, skip_attention=m.skip_attention,
+                   neighbour_weight=m.neighbour_weight, trust_top_blocks=m.trust_top_blocks)
 
     @property
     def head_dim(self) -> int:
@@ -192,6 +195,8 @@ class FFNLinear(nn.Module):
         x_bln = x_bln.astype(self.dtype)
         if not self.neighbour or self.projection == 'exact':
             return x_bln @ kernel_nm.astype(self.dtype)
+        if self.projection == 'none':  # exact activation gradient, no kernel gradient
+            return x_bln @ jax.lax.stop_gradient(kernel_nm).astype(self.dtype)
         if self.projection not in PROJECTION_RULES:
             raise ValueError(f'mecefo.projection={self.projection!r}: use one of '
                              f'{", ".join(PROJECTION_RULES)}.')

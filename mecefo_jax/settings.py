@@ -91,6 +91,7 @@ PROJECTION_RULES = {
     'weights': "the kernel's top-r singular directions V (the paper's; lowrank_dense)",
     'gradient': "a range finder on the batch's own kernel gradient (sketched_dense)",
     'exact': 'no projection: the exact kernel gradient (an ablation, not a saving)',
+    'none': 'no kernel gradient: its rows count as dropped for the FFN kernels (a rule)',
 }
 
 
@@ -100,6 +101,8 @@ class MecefoSection:
     tau: int
     projection: str
     skip_attention: bool
+    neighbour_weight: float
+    trust_top_blocks: int
     refresh: str
     refresh_iters: int
     refresh_split_min_elements: int

@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from mecefo_jax import optim, sharding
 from mecefo_jax import projections as proj_lib
+from mecefo_jax.combination import combine, scale_cotangents, trust_tree
 from mecefo_jax.layout import ROLE_NORMAL
 from mecefo_jax.model import PROJECTIONS, Llama, is_attention_branch
 
@@ -69,22 +70,35 @@ def _plain_grads(model: Llama, params, projections, batch):
 
 
 def _program_grads(model: Llama, program, params, projections, tokens_ct, weights_c):
-    """(gradient sum, loss sum, attention tokens) of one device program over its first
-    `rows` rows: the first `exact_rows` exactly, the rest in neighbour mode."""
+    """(gradient sum, loss sum, exact tokens, neighbour tokens) of one device program over
+    its first `rows` rows: the first `exact_rows` exactly, the rest in neighbour mode,
+    their gradients weighted by the neighbour's trust (combination.py)."""
     exact = program.exact_rows
     parts = [(start, stop, neighbour) for start, stop, neighbour in
              ((0, exact, False), (exact, program.rows, True)) if stop > start]
+    trust = trust_tree(model.cfg, params)
 
     def loss_sum(p):
-        return sum(token_loss_sum(model, p, projections, tokens_ct[start:stop],
-                                  weights_c[start:stop], neighbour=neighbour)
+        return sum(token_loss_sum(model, scale_cotangents(p, trust) if neighbour else p,
+                                  projections, tokens_ct[start:stop], weights_c[start:stop],
+                                  neighbour=neighbour)
                    for start, stop, neighbour in parts)
 
     loss, grads = jax.value_and_grad(loss_sum)(params)
-    # Attention gradients come from the exact rows, and from the neighbour's too when it
-    # computes its attention backward (mecefo.skip_attention=False).
-    attn_rows = exact if model.cfg.skip_attention else program.rows
-    return grads, loss, _token_count(tokens_ct[:attn_rows], weights_c[:attn_rows])
+    return (grads, loss, _token_count(tokens_ct[:exact], weights_c[:exact]),
+            _token_count(tokens_ct[exact:program.rows], weights_c[exact:program.rows]))
+
+
+def _stats(model: Llama, loss_sum, exact_tokens, neighbour_tokens) -> dict:
+    """The step's loss and counts; `attn_tokens`: the rows that gave an attention gradient."""
+    tokens = exact_tokens + neighbour_tokens
+    attn = exact_tokens if model.cfg.skip_attention else tokens
+    return {'loss': loss_sum / jnp.maximum(tokens, 1.0), 'tokens': tokens, 'attn_tokens': attn}
+
+
+def _combined(model: Llama, params, grad_sums, exact_tokens, neighbour_tokens):
+    return combine(grad_sums, exact_tokens, neighbour_tokens, trust_tree(model.cfg, params),
+                   model.cfg.skip_attention)
 
 
 def _device_grads(model: Llama, programs, params, projections, tokens_ct, weights_c,
@@ -96,19 +110,9 @@ def _device_grads(model: Llama, programs, params, projections, tokens_ct, weight
     params, projections = lax.pcast((params, projections), DATA, to='varying')
     branches = [functools.partial(_program_grads, model, p, params, projections, tokens_ct,
                                   weights_c) for p in programs]
-    grads, loss_sum, attn_tokens = (branches[0]() if len(branches) == 1
-                                    else lax.switch(program_1[0], branches))
-    tokens = _token_count(tokens_ct, weights_c)  # rows past the program are padding (weight 0)
-    return lax.psum((grads, loss_sum, tokens, attn_tokens), DATA)
-
-
-def combine(grad_sums, tokens, attn_tokens):
-    """Divide summed gradients by the tokens of the devices that produced them."""
-    def average(path, g):
-        count = attn_tokens if is_attention_branch(path) else tokens
-        # With no normal device left, attention gets no gradient this step.
-        return jnp.where(count > 0, g / jnp.maximum(count, 1.0), 0.0).astype(g.dtype)
-    return jax.tree_util.tree_map_with_path(average, grad_sums)
+    # Rows past a program are padding (weight 0): they count nowhere.
+    out = branches[0]() if len(branches) == 1 else lax.switch(program_1[0], branches)
+    return lax.psum(out, DATA)
 
 
 def attention_mask(params):
@@ -133,12 +137,10 @@ def make_grad_fn(model: Llama, mesh, programs):
         (program,) = programs
 
         def single_replica_grad_fn(params, projections, batch):
-            grad_sums, loss_sum, attn_tokens = _program_grads(
+            grad_sums, loss_sum, exact, neighbour = _program_grads(
                 model, program, params, projections, batch['tokens'], batch['weights'])
-            tokens = _token_count(batch['tokens'], batch['weights'])
-            stats = {'loss': loss_sum / jnp.maximum(tokens, 1.0), 'tokens': tokens,
-                     'attn_tokens': attn_tokens}
-            return combine(grad_sums, tokens, attn_tokens), stats
+            return (_combined(model, params, grad_sums, exact, neighbour),
+                    _stats(model, loss_sum, exact, neighbour))
         return single_replica_grad_fn
     device_grads = jax.shard_map(
         lambda p, v, tok, w, prog: _device_grads(model, programs, p, v, tok, w, prog),
@@ -146,12 +148,10 @@ def make_grad_fn(model: Llama, mesh, programs):
         out_specs=P(), axis_names={DATA})
 
     def grad_fn(params, projections, batch):
-        grad_sums, loss_sum, tokens, attn_tokens = device_grads(
+        grad_sums, loss_sum, exact, neighbour = device_grads(
             params, projections, batch['tokens'], batch['weights'], batch['programs'])
-        grads = combine(grad_sums, tokens, attn_tokens)
-        stats = {'loss': loss_sum / jnp.maximum(tokens, 1.0), 'tokens': tokens,
-                 'attn_tokens': attn_tokens}
-        return grads, stats
+        return (_combined(model, params, grad_sums, exact, neighbour),
+                _stats(model, loss_sum, exact, neighbour))
 
     return grad_fn
 

@@ -627,3 +627,15 @@ def test_both_switches_off_give_the_exact_gradient(setup):
     model = _model(skip_attention=False, projection='exact')
     assert_tree_close(_grads(model, True, params, v, tokens), _ref_grads(False, params, tokens),
                       1e-4, 'both off ')
+
+
+def test_no_projection_gives_the_stop_gradient_reference_without_ffn_kernels(setup):
+    """mecefo.projection='none' (a rule): every gradient of the stop-gradient reference
+    but the FFN kernels', which the neighbour does not compute."""
+    _, _, params, tokens = setup
+    grads = _grads(_model(projection='none'), True, params, {}, tokens)
+    ref = _ref_grads(True, params, tokens)
+    expected = jax.tree_util.tree_map_with_path(
+        lambda path, g: jnp.zeros_like(g) if is_attention_branch(path) or _ffn_kernel_name(path)
+        else g, ref)
+    assert_tree_close(grads, expected, 1e-4, "projection='none' ")

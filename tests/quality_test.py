@@ -183,13 +183,16 @@ def test_summary_without_fault_free_leaves_the_target_unevaluated():
 
 def test_runs_flag_is_checked():
     assert quality.parse_runs('fault_free, mecefo:high, mecefo_planned:high:cap=8') == (
-        ('fault_free', '', 0, 0, ''), ('mecefo', 'high', 0, 0, ''),
-        ('mecefo_planned', 'high', 8, 0, ''))
+        quality.Run('fault_free', ''), quality.Run('mecefo', 'high'),
+        quality.Run('mecefo_planned', 'high', 8))
+    assert quality.parse_runs('mecefo:high:attn=exact:w=0.25:top=2:proj=none') == (
+        quality.Run('mecefo', 'high', projection='none', attention='exact', weight=0.25, top=2),)
     for bad, words in (('mecefo', 'needs a regime'), ('mecefo:extreme', 'needs a regime'),
                        ('fault_free:high', 'takes no regime'), ('magic:high', 'unknown'),
                        ('mecefo:high:cap=8', 'mecefo_planned plans only'),
                        ('mecefo_planned:high:cap=0', 'cap=N'),
-                       ('mecefo_planned:high:8', 'cap=N'), ('', 'empty')):
+                       ('mecefo_planned:high:8', 'cap=N'), ('mecefo:high:w=1.5', 'w=W'),
+                       ('mecefo:high:attn=skip', 'attn=exact'), ('', 'empty')):
         with pytest.raises(ValueError, match=words):
             quality.parse_runs(bad)
 

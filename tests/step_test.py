@@ -473,3 +473,65 @@ def test_drop_adopters_drops_the_failed_shard_and_its_adopters_own(setup, refere
     expected = jax.tree.map(lambda g: np.asarray(g)[kept].mean(0), reference['exact'])
     assert_tree_close(grads, expected, REL, 'drop_adopters ')
     assert float(stats['tokens']) == float(stats['attn_tokens']) == len(kept) * TOKENS_PER_SHARD
+
+
+def test_the_neighbours_trust_weighs_its_rows_gradient_and_count(setup, reference):
+    """mecefo.neighbour_weight w and trust_top_blocks K (combination.py), against the
+    per-shard references: g = (S_exact + w S_neighbour) / (T_exact + w T_neighbour)
+    where the neighbour is trusted (the one block, K = 1, and the head), the exact rows
+    alone in the embedding (below the top K) and the attention branch (skipped)."""
+    _, params, projections, tokens_nbt = setup
+    w = 0.25
+    model = MODEL.variant(neighbour_weight=w, trust_top_blocks=1)
+    layout = _failure_layout(neighbour_row=2)
+    mesh, _ = _mesh_and_step(LIVE_ROWS, layout.programs)
+    fn = _jit(step.make_grad_fn(model, mesh, layout.programs))
+    grads, stats = fn(params, projections, _put(assemble(layout, tokens_nbt), mesh))
+    neighbour = np.zeros(N_SHARDS, bool)
+    neighbour[[2, FAILED]] = True
+
+    def expected(path, exact_n, neigh_n):
+        exact_n, neigh_n = np.asarray(exact_n), np.asarray(neigh_n)
+        weight = 0.0 if is_attention_branch(path) or path[0].key == 'embedding' else w
+        total = exact_n[~neighbour].sum(0) + weight * neigh_n[neighbour].sum(0)
+        return total / ((~neighbour).sum() + weight * neighbour.sum())
+
+    assert_tree_close(grads, jax.tree_util.tree_map_with_path(
+        expected, reference['exact'], reference['neighbour']), REL, 'trust ')
+    assert float(stats['tokens']) == N_SHARDS * TOKENS_PER_SHARD
+
+
+def test_the_trust_tree_trusts_the_top_blocks_only():
+    from mecefo_jax.combination import trust_tree
+    model = build_model(resolve(tiny.get_config()), num_layers=3, neighbour_weight=0.5,
+                        trust_top_blocks=2)
+    params = jax.eval_shape(lambda: nn.unbox(init_params(model, jax.random.key(0))))
+    trust = trust_tree(model.cfg, params)
+    np.testing.assert_array_equal(np.ravel(trust['layers']['ffn']['w_up']['kernel']),
+                                  [0.0, 0.5, 0.5])
+    assert np.all(np.asarray(trust['layers']['attn']['wq']) == 0.0)  # skipped: no gradient
+    assert trust['embedding'] == 0.0 and trust['head'] == 0.5
+    assert trust_tree(MODEL.cfg, params) is None  # the paper's rule: nothing to weigh
+
+
+def test_without_ffn_kernel_gradients_the_neighbour_counts_as_dropped_for_them(setup,
+                                                                                reference):
+    """mecefo.projection='none': the FFN kernels average the exact rows only; the rest
+    follows the paper's rule."""
+    _, params, projections, tokens_nbt = setup
+    model = MODEL.variant(projection='none')
+    layout = _failure_layout(neighbour_row=2)
+    mesh, _ = _mesh_and_step(LIVE_ROWS, layout.programs)
+    fn = _jit(step.make_grad_fn(model, mesh, layout.programs))
+    grads, _ = fn(params, projections, _put(assemble(layout, tokens_nbt), mesh))
+    roles = [ROLE_NORMAL] * N_SHARDS
+    roles[2] = roles[FAILED] = ROLE_NEIGHBOUR
+    normal = [s for s in range(N_SHARDS) if roles[s] == ROLE_NORMAL]
+    paper = _hand_average(reference, roles)
+    exact_only = jax.tree.map(lambda g: np.asarray(g)[normal].mean(0), reference['exact'])
+
+    def expected(path, p, e):
+        names = [str(getattr(k, 'key', k)) for k in path]
+        return e if names[-1] == 'kernel' and 'ffn' in names else p
+    assert_tree_close(grads, jax.tree_util.tree_map_with_path(expected, paper, exact_only), REL,
+                      "projection='none' ")

@@ -28,8 +28,8 @@ machine, and no timing taken during the run enters it.
 * Every projection refresh the controller did (MeCeFO strategies: at a
   failure onset, and every `mecefo.tau` steps while a neighbour is active)
   costs what `faults/refresh_costs.py` charges a replica for the config's
-  shape (its products split over the live replicas). Under
-  `mecefo.projection='gradient'` the controller does none, and records none.
+  shape (its products split over the live replicas). Under any
+  `mecefo.projection` but 'weights' the controller does none, and records none.
 * Every checkpoint checkpoint/restart saves blocks training for
   `TimeCosts.checkpoint_save_sec`; the steps it redoes after a restore are
   executed steps like any other.
@@ -140,9 +140,10 @@ class TimeModel:
             self._cost = role_cost(table, self.shard)
             self.step_cost_source = f'measured wall-time ratios, {table.note}'
         self._normal = self._cost(ROLE_NORMAL, self.shard)
-        if cfg.mecefo.projection == 'gradient':  # the controller refreshes nothing
+        if cfg.mecefo.projection != 'weights':  # the controller refreshes nothing
             self.refresh = {'refresh_sec': 0.0, 'refresh_split_sec': 0.0, 'refresh_source':
-                            'none: mecefo.projection=gradient holds no projections to refresh'}
+                            f'none: mecefo.projection={cfg.mecefo.projection} reads no '
+                            'projections'}
         else:
             self.refresh = refresh_costs.refresh_charge(
                 shape_of(m), method=cfg.mecefo.refresh, rank=rank,

@@ -102,3 +102,52 @@ def grad_rel_error(approx, exact) -> dict[str, float]:
 def grad_rel_error_by_param(approx, exact) -> dict[str, float]:
     """||approx - exact|| / ||exact|| per parameter ('/'-joined path)."""
     return {name: _ratio(e2, r2) for name, (_, e2, r2) in _squared(approx, exact).items()}
+
+
+LAYER_GROUPS = ('attention', 'ffn', 'ffn_norm')  # per block; the rest: 'embedding', 'top'
+
+
+def _layer_slices(path, leaf):
+    """[(layer or None, group, array)]: a stacked block leaf split per layer."""
+    names = path_names(path)
+    leaf = np.asarray(leaf, np.float64)
+    if names[0] == 'layers':  # scanned: [L, ...]
+        group = param_group(path) if param_group(path) != 'other' else 'ffn_norm'
+        return [(i, group, leaf[i]) for i in range(leaf.shape[0])]
+    if names[0].startswith('layers_'):
+        group = param_group(path) if param_group(path) != 'other' else 'ffn_norm'
+        return [(int(names[0][len('layers_'):]), group, leaf)]
+    return [(None, 'embedding' if names[0] == 'embedding' else 'top', leaf)]  # head, final_norm
+
+
+def by_layer(approx, exact) -> dict:
+    """Relative error and cosine of `approx` against `exact`, per block and group.
+
+    {'layers': [{group: {'rel_error', 'cosine'}} per block, bottom first],
+     'embedding': {...}, 'top': {...} (final norm and head)}; float64 on host.
+    """
+    sums: dict = {}
+    flat_a = jax.tree_util.tree_flatten_with_path(approx)[0]
+    flat_e = jax.tree_util.tree_leaves(exact)
+    for (path, a), e in zip(flat_a, flat_e):
+        for (layer, group, a_part), (_, _, e_part) in zip(_layer_slices(path, a),
+                                                           _layer_slices(path, e)):
+            acc = sums.setdefault((layer, group), [0.0, 0.0, 0.0])
+            acc[0] += float(np.sum((a_part - e_part) ** 2))
+            acc[1] += float(np.sum(e_part ** 2))
+            acc[2] += float(np.sum(a_part * e_part))
+
+    def figures(err2, ref2, dot, app2):
+        cosine = dot / np.sqrt(app2 * ref2) if app2 > 0 and ref2 > 0 else 0.0
+        return {'rel_error': _ratio(err2, ref2), 'cosine': float(cosine)}
+    out = {'layers': []}
+    for (layer, group), (err2, ref2, dot) in sorted(sums.items(), key=lambda kv: (
+            -1 if kv[0][0] is None else kv[0][0], kv[0][1])):
+        app2 = err2 + 2 * dot - ref2  # ||a||^2 from ||a - e||^2, <a, e> and ||e||^2
+        if layer is None:
+            out[group] = figures(err2, ref2, dot, app2)
+            continue
+        while len(out['layers']) <= layer:
+            out['layers'].append({})
+        out['layers'][layer][group] = figures(err2, ref2, dot, app2)
+    return out

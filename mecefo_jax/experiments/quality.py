@@ -32,14 +32,11 @@ import json
 import math
 import os
 import time
-from typing import NamedTuple
 
-from mecefo_jax.config_resolve import updated
 from mecefo_jax.experiments.grad_error import GROUPS
 from mecefo_jax.experiments.report import distinct_seeds, format_spread, pyplot, stats
+from mecefo_jax.experiments.runs import Run, parse_runs, run_config, run_name  # noqa: F401
 from mecefo_jax.faults.schedule import REGIMES
-from mecefo_jax.faults.strategies import validate_strategy
-from mecefo_jax.settings import PROJECTION_RULES
 
 # Validation perplexity (Hu et al., NeurIPS 2025, Table 3) without failures and under
 # the low, mid and high regimes.
@@ -51,94 +48,13 @@ TARGET_SIZE, TARGET_REGIME = '350M', 'high'
 OUTPUT = 'quality'  # quality.{json,md,png}
 
 
-class Run(NamedTuple):
-    """One run of the report: a strategy under a regime ('' is no failures), for
-    mecefo_planned an optional cap on its rows in neighbour mode (fault.max_neighbour_rows),
-    an optional projection rank of its own (mecefo.rank; 0: the config's) and an optional
-    projection rule of its own (mecefo.projection; '': the config's)."""
-    strategy: str
-    regime: str
-    cap: int = 0
-    rank: int = 0
-    projection: str = ''
-
-
 DEFAULT_RUNS = (Run('fault_free', ''), Run('mecefo', 'low'), Run('mecefo', 'mid'),
                 Run('mecefo', 'high'), Run('mecefo_planned', 'high'), Run('drop', 'high'),
                 Run('ndb_naive', 'high'))
-_OPTIONS = ("the fields after the regime are 'cap=N' (N >= 1, fault.max_neighbour_rows; "
-            "mecefo_planned only), 'rank=R' (R >= 1, mecefo.rank) and 'proj=P' (P one of "
-            f"{', '.join(PROJECTION_RULES)}, mecefo.projection), e.g. "
-            'mecefo_planned:high:cap=8, mecefo:high:rank=64 or mecefo:high:proj=gradient')
-
-
-def run_name(strategy: str, regime: str, cap: int = 0, rank: int = 0, projection: str = '') -> str:
-    if strategy == 'fault_free':
-        return 'fault_free'
-    return (f'{strategy}_{regime}' + (f'_cap{cap}' if cap else '')
-            + (f'_rank{rank}' if rank else '') + (f'_proj{projection}' if projection else ''))
-
-
-def parse_runs(text: str) -> tuple[Run, ...]:
-    """'fault_free,mecefo:high,mecefo_planned:high:cap=8,mecefo:high:rank=64' -> (Run, ...)."""
-    runs = []
-    for item in (x.strip() for x in text.split(',') if x.strip()):
-        strategy, _, rest = item.partition(':')
-        regime, _, options = rest.partition(':')
-        if strategy == 'fault_free':
-            if regime:
-                raise ValueError(f'--runs: {item!r}: fault_free takes no regime.')
-        else:
-            try:
-                validate_strategy(strategy)
-            except ValueError as e:
-                raise ValueError(f'--runs: {item!r}: {e}') from None
-            if regime not in REGIMES:
-                raise ValueError(f'--runs: {item!r} needs a regime, one of '
-                                 f'{", ".join(REGIMES)} (e.g. mecefo:high).')
-        runs.append(Run(strategy, regime, **_parse_options(item, strategy, options)))
-    if not runs:
-        raise ValueError('--runs is empty; e.g. fault_free,mecefo:high.')
-    return tuple(runs)
-
-
-def _parse_options(item: str, strategy: str, text: str) -> dict:
-    """The `cap=N`, `rank=R` and `proj=P` fields after the regime, as Run's keyword arguments."""
-    options = {}
-    for field in (x for x in text.split(':') if x) if text else ():
-        key, _, value = field.partition('=')
-        if key == 'proj' and 'projection' not in options:
-            if value not in PROJECTION_RULES:
-                raise ValueError(f"--runs: {item!r}: 'proj={value}': the projection rule "
-                                 f"(mecefo.projection) is one of {', '.join(PROJECTION_RULES)}.")
-            options['projection'] = value
-        elif key in ('cap', 'rank') and value.isdigit() and int(value) >= 1 and key not in options:
-            options[key] = int(value)
-        else:
-            raise ValueError(f'--runs: {item!r}: {_OPTIONS}.')
-    if options.get('cap') and strategy != 'mecefo_planned':
-        raise ValueError(f'--runs: {item!r}: a cap limits mecefo_planned plans only; '
-                         f'drop it or use mecefo_planned:REGIME:cap=N.')
-    return options
-
-
 def paper_increase_pct() -> dict:
     """{size: {regime: % perplexity increase over no failures}} from PAPER_TABLE3."""
     return {size: {r: 100.0 * (ppl / row[0] - 1.0) for r, ppl in zip(PAPER_REGIMES[1:], row[1:])}
             for size, row in PAPER_TABLE3.items()}
-
-
-def run_config(cfg, run: Run, seed: int, evals: int):
-    """`cfg` for one run of one seed: its strategy, regime, cap, rank, projection rule and
-    seeds; no checkpoints."""
-    return updated(cfg, {
-        'train.seed': seed, 'fault.seed': seed, 'fault.events': '', 'fault.regime': run.regime,
-        'fault.strategy': 'mecefo' if run.strategy == 'fault_free' else run.strategy,
-        'fault.max_neighbour_rows': run.cap,
-        'mecefo.rank': run.rank or cfg.mecefo.rank,
-        'mecefo.projection': run.projection or cfg.mecefo.projection,
-        'train.checkpoint_every': 0,  # quality only: no checkpoint cost needed
-        'train.eval_every': max(1, cfg.train.steps // max(1, evals))})
 
 
 def _curves(workdir: str) -> tuple[list, list]:

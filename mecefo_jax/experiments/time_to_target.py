@@ -41,9 +41,9 @@ import time
 
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.experiments.goodput import LayoutBook
-from mecefo_jax.experiments.quality import Run, run_config, run_name
 from mecefo_jax.experiments.replay import DERIVED, replay
 from mecefo_jax.experiments.report import write_json
+from mecefo_jax.experiments.runs import Run, run_config, run_name
 from mecefo_jax.experiments.time_to_target_settings import (
     MAX_EVAL_BATCHES,
     Settings,
@@ -163,6 +163,7 @@ class _Seed:
         record = {'run': name, 'strategy': run.strategy, 'regime': run.regime, 'cap': run.cap,
                   'rank': run.rank or self.cfg.mecefo.rank,
                   'projection': run.projection or self.cfg.mecefo.projection,
+                  'skip_attention': run_cfg.mecefo.skip_attention,
                   'seed': self.seed, 'how': how, 'schedule': format_events(events),
                   'first_failure': first, **record, 'wall_sec': time.perf_counter() - start,
                   'cpu_sec': time.process_time() - cpu}

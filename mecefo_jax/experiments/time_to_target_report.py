@@ -59,18 +59,20 @@ def _seed_figures(record: dict, model: TimeModel, steps: int, free: dict) -> dic
 
 
 def time_models(cfg, replicas: int, costs, bench: dict | None = None):
-    """record -> the `TimeModel` of the record's own rank and projection rule (a run of
-    its own weighs its neighbour's step by its own FFN gradient's FLOPs); one per pair.
+    """record -> the `TimeModel` of the record's own rank, projection rule and attention
+    backward (a run of its own weighs its neighbour's step by its own FLOPs); one per key.
     Records written before `mecefo.projection` existed are of the 'weights' rule. With
     `bench` every record's steps cost the bench's measured ratios (the bench's own rule)."""
     models = {}
 
     def model_for(record: dict) -> TimeModel:
-        key = (float(record.get('rank', cfg.mecefo.rank)), record.get('projection', 'weights'))
+        key = (float(record.get('rank', cfg.mecefo.rank)), record.get('projection', 'weights'),
+               record.get('skip_attention', True))
         if key not in models:
             models[key] = TimeModel(updated(cfg, {'mecefo.rank': key[0],
-                                                  'mecefo.projection': key[1]}), replicas, costs,
-                                    bench)
+                                                  'mecefo.projection': key[1],
+                                                  'mecefo.skip_attention': key[2]}),
+                                    replicas, costs, bench)
         return models[key]
     return model_for
 

@@ -11,7 +11,7 @@ import math
 
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.experiments.goodput import TimeCosts
-from mecefo_jax.experiments.quality import Run, parse_runs, run_name  # noqa: F401 (the script's)
+from mecefo_jax.experiments.runs import Run, parse_runs, run_name  # noqa: F401 (the script's)
 
 DEFAULT_CAP = 8  # mecefo_planned's neighbour-row cap on configs/small.py (mixed helpers)
 MAX_EVAL_BATCHES = 16  # the default validation set: the whole split once, at most this

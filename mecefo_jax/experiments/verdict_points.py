@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mecefo_jax.experiments.quality import Run
+from mecefo_jax.experiments.runs import Run
 
 FRESH = {'data.source': 'python_docs'}
 WIDE = {'mesh.num_cpu_devices': 32}  # 32 replicas of one sequence: the same tokens per step
@@ -34,6 +34,19 @@ SERIAL = {'fault.max_concurrent': 1}
 LONG = {'train.steps': 1200, 'fault.step_time_sec': 15.0}
 # Evaluations at 4x the steps: as many, at the same fractions of the run.
 LONG_EVALS = {'eval_every': 200, 'dense_eval_every': 40}
+
+CAP = 8  # mecefo_planned's neighbour-row cap: a quarter of the batch at every point
+# The control that drops exactly the rows mecefo approximates, the two ablations
+# (attention backward exact; FFN kernel gradients exact) and the rules that keep the
+# approximated rows' progress without their bias (docs/verdict.md).
+CONTROL = (Run('drop_adopters', 'high'),)
+ABLATIONS = (Run('mecefo', 'high', attention='exact'), Run('mecefo', 'high', projection='exact'))
+RULES = (Run('mecefo', 'high', projection='none'), Run('mecefo', 'high', top=2),
+         Run('mecefo', 'high', weight=0.5))
+# What every point compares (elastic and checkpoint_restart are replays: free).
+CORE_RUNS = (Run('fault_free', ''), Run('mecefo', 'high'), Run('mecefo_planned', 'high', CAP),
+             Run('drop', 'high'), Run('elastic', 'high'), Run('checkpoint_restart', 'high'))
+DEFAULT = 'drop_high'  # the paired differences are drop's goodput minus each run's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +61,7 @@ class Point:
 
 
 POINTS = {p.name: p for p in (
-    Point('small', {}, 'the baseline: configs/small.py'),
+    Point('small', {}, 'the baseline: configs/small.py', extra_runs=CONTROL + ABLATIONS + RULES),
     Point('replicas32', WIDE, 'granularity: 32 replicas of 1 sequence (from small)'),
     Point('replicas32_serial', {**WIDE, **SERIAL},
           "granularity with the paper's one failure at a time (from replicas32)"),
@@ -56,14 +69,8 @@ POINTS = {p.name: p for p in (
     Point('horizon4x', {**FRESH, **LONG}, 'horizon: 1,200 steps (from fresh_data)',
           settings=LONG_EVALS),
     Point('paper_like', {**FRESH, **LONG, **WIDE, **SERIAL}, 'every axis at once',
-          settings=LONG_EVALS, min_seeds=6),
+          settings=LONG_EVALS, min_seeds=6, extra_runs=CONTROL + RULES[:1]),
 )}
-
-CAP = 8  # mecefo_planned's neighbour-row cap: a quarter of the batch at every point
-# What every point compares (elastic and checkpoint_restart are replays: free).
-CORE_RUNS = (Run('fault_free', ''), Run('mecefo', 'high'), Run('mecefo_planned', 'high', CAP),
-             Run('drop', 'high'), Run('elastic', 'high'), Run('checkpoint_restart', 'high'))
-DEFAULT = 'drop_high'  # the paired differences are drop's goodput minus each run's
 
 
 def point_config(base, point: Point):

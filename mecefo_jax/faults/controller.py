@@ -7,8 +7,8 @@ model stays), moves the train state there, re-derives the layout from the
 strategy, and precompiles the step for it; a topology seen before is reused,
 never recompiled. Under MeCeFO strategies the SVD projections are refreshed
 at every failure onset and every `mecefo.tau` steps while a neighbour is
-active, unless `mecefo.projection='gradient'`, whose neighbour reads no
-projections: then none is refreshed, timed or recorded. `checkpoint_restart`
+active, unless `mecefo.projection` is not 'weights' (its neighbour reads no
+projections): then none is refreshed, timed or recorded. `checkpoint_restart`
 recovers differently: faults/restart.py.
 
 Timeline: the schedule is indexed by executed steps (`clock`), which keeps

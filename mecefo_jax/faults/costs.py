@@ -28,8 +28,8 @@ Three sources, whichever is given:
       ``6dh`` stays exact and each m x n FFN weight gradient costs
       ``2r(m+n) + 2rmn/b`` instead of ``2mn`` per token (``G_y (x^T V) V^T``,
       the last product once per batch of b tokens); ``4r(m+n) + (2rmn +
-      QR)/b`` under `mecefo.projection='gradient'`, ``2mn`` under 'exact'
-      (`ffn_wgrad_flops`).
+      QR)/b`` under `mecefo.projection='gradient'`, ``2mn`` under 'exact', 0
+      under 'none' (`ffn_wgrad_flops`).
 
     Elementwise work (norms, SwiGLU gate, softmax, RoPE, the embedding
     gather, about 1% of a block) is left out. Two shards on one device are
@@ -98,8 +98,8 @@ def ffn_wgrad_flops(n: int, m: int, *, rank: int, tokens: float, projection: str
     """
     if projection not in PROJECTION_RULES:
         raise ValueError(f"projection={projection!r}: use one of {', '.join(PROJECTION_RULES)}.")
-    if projection == 'exact':
-        return 2.0 * tokens * n * m
+    if projection in ('exact', 'none'):
+        return 2.0 * tokens * n * m if projection == 'exact' else 0.0
     sketch = 2.0 * tokens * (n + m) * rank + thin_qr_flops(n, rank) if projection == 'gradient' else 0.0
     return 2.0 * tokens * (n + m) * rank + 2.0 * n * m * rank + sketch
 
