@@ -1,0 +1,190 @@
+"""The verdict study's report: every point's time-to-target figures side by side.
+
+Reads what `scripts/verdict.py` has stored under its work directory (one
+`time_to_target` experiment per point, `<point>/seed<s>/<run>.json`), and for
+each point summarises the seeds whose fault-free run is done and the runs
+every such seed has (`time_to_target_report.summarise`: goodput, steps to
+target and perplexity increase, each a mean over seeds with a 95% percentile
+bootstrap interval), twice: step costs from the analytic FLOP model, and from
+the measured GPU step ratios of `BENCH` (`--cost bench`). Beside `drop`'s
+paired differences it gives each MeCeFO run's paired difference against the
+`drop_adopters` control (the value of an approximated row over a dropped
+one), and whether the fault-free validation loss still fell at its last
+evaluation (a target in over-fitting would mean nothing). Writes
+verdict.{json,md,png}.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+
+from mecefo_jax.experiments import time_to_target_report as ttt_report
+from mecefo_jax.experiments import verdict_points as vp
+from mecefo_jax.experiments.report import bootstrap_mean, pyplot, write_json
+from mecefo_jax.experiments.runs import run_name
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(REPO, 'docs', 'results', 'gpu', 'bench_step.json')  # the H200's, 350M
+CONTROL = 'drop_adopters_high'
+FIGURES = ('goodput', 'steps_to_target', 'ppl_increase_pct')
+
+
+def load_records(point_dir: str, order=()) -> dict:
+    """{seed: {run: record}}: seeds with a fault-free record, runs that every such seed has,
+    in the order of the names in `order`, then the others sorted."""
+    seeds = {}
+    for seed_dir in sorted(glob.glob(os.path.join(point_dir, 'seed*')),
+                           key=lambda d: int(os.path.basename(d)[4:])):
+        runs = {}
+        for path in sorted(glob.glob(os.path.join(seed_dir, '*.json'))):
+            with open(path) as f:
+                runs[os.path.basename(path)[:-5]] = json.load(f)
+        if 'fault_free' in runs:
+            seeds[int(os.path.basename(seed_dir)[4:])] = runs
+    if not seeds:
+        return {}
+    common = set.intersection(*(set(r) for r in seeds.values()))
+    order = [n for n in order if n in common] + sorted(common - set(order))
+    return {s: {name: runs[name] for name in order} for s, runs in seeds.items()}
+
+
+def _interval(values) -> dict | None:
+    """{mean, lo, hi, per_seed} over the seeds with a value (None: not reached)."""
+    kept = [v for v in values if v is not None]
+    boot = bootstrap_mean(kept, **ttt_report.BOOTSTRAP) if kept else None
+    return None if boot is None else dict(boot, per_seed=list(values), seeds_with_value=len(kept))
+
+
+def _paired(runs: dict, base: str, sign: int = 1) -> dict:
+    """{run: sign * (base's goodput - run's), paired per seed, with its interval}."""
+    if base not in runs:
+        return {}
+    ours = runs[base]['goodput']['per_seed']
+    out = {}
+    for name, r in runs.items():
+        if name in (base, 'fault_free'):
+            continue
+        diffs = [sign * (a - b) for a, b in zip(ours, r['goodput']['per_seed'])]
+        boot = bootstrap_mean(diffs, **ttt_report.BOOTSTRAP)
+        out[name] = {k: boot[k] for k in ('mean', 'lo', 'hi')}
+        out[name]['seeds_needed'] = ttt_report.seeds_to_separate(diffs)
+    return out
+
+
+def _fault_free_falls(records: dict) -> list[bool]:
+    """Per seed: the fault-free run's last evaluation is below the one before it."""
+    falls = []
+    for runs in records.values():
+        curve = runs['fault_free']['val_curve']
+        falls.append(len(curve) > 1 and curve[-1][1] < curve[-2][1])
+    return falls
+
+
+def summarise_point(point: vp.Point, records: dict, bench: dict | None) -> dict:
+    """One point's figures (module docstring), under analytic and bench step costs."""
+    from configs.small import get_config
+    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.experiments.time_to_target_settings import Settings
+    cfg = resolve(vp.point_config(get_config(), point))
+    out = {'moves': point.moves, 'overrides': point.overrides, 'seeds': list(records),
+           'fault_free_falls_at_last_eval': _fault_free_falls(records)}
+    for label, costs in (('analytic', None), ('bench', bench)):
+        if label == 'bench' and bench is None:
+            continue
+        settings = Settings(**point.settings, bench=costs)
+        summary = ttt_report.summarise(records, cfg=cfg, settings=settings, default=vp.DEFAULT,
+                                       val_split_batches=math.nan, config_name=point.name)
+        runs = {name: {'goodput': r['goodput'],
+                       'steps_to_target': _interval(r['steps_to_target']),
+                       'ppl_increase_pct': r['ppl_increase_pct']}
+                for name, r in summary['runs'].items()}
+        entry = {'runs': runs, 'paired': _paired(runs, vp.DEFAULT),
+                 'vs_control': _paired(runs, CONTROL, sign=-1), 'step_costs': summary['step_costs']}
+        if label == 'analytic':
+            out.update(entry, steps=summary['steps'], replicas=summary['replicas'])
+        else:
+            out['bench'] = entry
+    return out
+
+
+def build(work: str, bench_path: str = BENCH) -> dict:
+    bench = None
+    if bench_path and os.path.exists(bench_path):
+        with open(bench_path) as f:
+            bench = json.load(f)
+    points = {}
+    for name, point in vp.POINTS.items():
+        names = [run_name(*r) for r in vp.runs_of(point)]
+        records = load_records(os.path.join(work, name), order=names)
+        if records:
+            points[name] = summarise_point(point, records, bench)
+    return {'default': vp.DEFAULT, 'control': CONTROL, 'bench': os.path.relpath(bench_path, REPO)
+            if bench else None, 'bootstrap': ttt_report.BOOTSTRAP, 'points': points}
+
+
+def _cell(s: dict | None, spec: str = '.3f') -> str:
+    if s is None:
+        return 'n/a'
+    return f"{format(s['mean'], spec)} [{format(s['lo'], spec)}, {format(s['hi'], spec)}]"
+
+
+def markdown(report: dict) -> str:
+    lines = ['# The verdict: drop against MeCeFO, point by point', '',
+             "Goodput: the fault-free run's modelled time to its final validation loss over "
+             "each run's (1.0 is fault-free), mean over seeds [95% bootstrap interval]; paired: "
+             f"`{report['default']}`'s goodput minus the run's, per seed (above 0: drop is "
+             f"sooner); vs control: the run's goodput minus `{report['control']}`'s (above 0: an "
+             'approximated row is worth more than a dropped one).', '']
+    for name, p in report['points'].items():
+        seeds = ', '.join(map(str, p['seeds']))
+        lines += [f"## {name}: {p['moves']}", '',
+                  f"{p['replicas']} replicas, {p['steps']} steps, seeds {seeds}; fault-free "
+                  'validation loss fell at its last evaluation in '
+                  f"{sum(p['fault_free_falls_at_last_eval'])} of {len(p['seeds'])} seeds.", '',
+                  '| run | goodput | paired (drop − run) | vs control | steps to target | '
+                  'ppl increase % | goodput, GPU step costs |', '|---|---|---|---|---|---|---|']
+        bench = p.get('bench', {}).get('runs', {})
+        for run, r in p['runs'].items():
+            paired, control = p['paired'].get(run), p['vs_control'].get(run)
+            lines.append(f"| `{run}` | {_cell(r['goodput'])} | {_cell(paired, '+.3f')} | "
+                         f"{_cell(control, '+.3f')} | {_cell(r['steps_to_target'], '.1f')} | "
+                         f"{_cell(r['ppl_increase_pct'], '+.2f')} | "
+                         f"{_cell((bench.get(run) or {}).get('goodput'))} |")
+        lines.append('')
+    return '\n'.join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    plt = pyplot()
+    points = list(report['points'])
+    if not points:
+        return
+    fig, axes = plt.subplots(1, len(points), figsize=(4 * len(points), 4.5), squeeze=False,
+                             sharey=True)
+    for ax, name in zip(axes[0], points):
+        runs = [(r, v['goodput']) for r, v in report['points'][name]['runs'].items()
+                if r != 'fault_free' and v['goodput']]
+        ys = range(len(runs))
+        means = [g['mean'] for _, g in runs]
+        errs = [[g['mean'] - g['lo'] for _, g in runs], [g['hi'] - g['mean'] for _, g in runs]]
+        ax.errorbar(means, list(ys), xerr=errs, fmt='o', capsize=3)
+        ax.set_yticks(list(ys), [r for r, _ in runs], fontsize=7)
+        ax.set_title(name)
+        ax.set_xlabel('goodput')
+        ax.axvline(1.0, color='grey', lw=0.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(work: str, out_dir: str) -> dict:
+    report = build(work)
+    os.makedirs(out_dir, exist_ok=True)
+    write_json(os.path.join(out_dir, 'verdict.json'), report)
+    with open(os.path.join(out_dir, 'verdict.md'), 'w') as f:
+        f.write(markdown(report))
+    plot(report, os.path.join(out_dir, 'verdict.png'))
+    print(f"verdict: {len(report['points'])} point(s) -> {out_dir}/verdict.{{json,md,png}}")
+    return report
