@@ -156,6 +156,9 @@ def _snapshot_section() -> ConfigDict:
     section.every = config_dict.FieldReference('auto', field_type=object)
     section.overhead_budget_pct = 2.0  # snapshot.every=auto: most training slowdown, in %
     section.slots = 3  # snapshots each keeper holds (>= 3 so every worker shares a step)
+    # Workers holding the same replicated state each write a different 1/n of it (REFT);
+    # a restore reads every keeper, and a lost keeper's part needs parity.
+    section.shard = False
     section.parity = ''  # '' | 'xor': erasure-code snapshots across keepers
     section.parity_group = 4  # keepers per parity group (one lost member recoverable)
     return section

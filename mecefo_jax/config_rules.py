@@ -155,6 +155,7 @@ def _check_snapshot(cfg: Config) -> None:
              'must be a percentage > 0', 2)
     _at_least(s, 'snapshot', 2, {'slots': 3, 'parity_group': 4})
     _one_of('snapshot.parity', s.parity, PARITY_CODES, "''")
+    _one_of('snapshot.shard', s.shard, (True, False))
 
 
 def _check_launch(cfg: Config) -> None:

@@ -130,6 +130,7 @@ class SnapshotSection:
     every: IntOrAuto
     overhead_budget_pct: float
     slots: int
+    shard: bool
     parity: str
     parity_group: int
 

@@ -61,6 +61,7 @@ def snapshot_hook(cfg, args: WorkerArgs, progress: Progress):
         keepers[args.worker], cfg.snapshot.every, parity=parity, before_publish=before_publish,
         stop_at=args.stop_at or None, hold_after=args.hold_after_snapshot or None,
         on_hold=on_hold, **cadence_options(cfg, args.observed_failures_per_hour),
+        shard=cfg.snapshot.shard, generation=args.generation,
         log=lambda msg: print(f'[worker {args.worker}] {msg}', flush=True))
 
 

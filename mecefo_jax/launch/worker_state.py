@@ -43,7 +43,7 @@ from mecefo_jax.snapshot import (
     restore,
 )
 from mecefo_jax.snapshot.cadence import MAX_INTERVAL, AutoCadence
-from mecefo_jax.snapshot.jax_io import SnapshotMismatchError
+from mecefo_jax.snapshot.jax_io import SnapshotMismatchError, newest_writer_only
 
 
 class SnapshotHook(Observer):
@@ -59,10 +59,14 @@ class SnapshotHook(Observer):
     def __init__(self, keeper, every, *, parity: ParityPusher | None = None,
                  before_publish=None, stop_at: int | None = None, budget_pct: float = 2.0,
                  log=None, hold_after: int | None = None, on_hold=None,
-                 failures_per_sec: float = 0.0, max_interval: int = MAX_INTERVAL):
+                 failures_per_sec: float = 0.0, max_interval: int = MAX_INTERVAL,
+                 shard: bool = False, generation: int = 0):
         self._client = KeeperClient(keeper)
+        # The generation tells a restore which writer's parts of a redone step belong together.
         self._snapshotter = AsyncSnapshotter(
-            SnapshotWriter(self._client, parity=parity, before_publish=before_publish))
+            SnapshotWriter(self._client, parity=parity, before_publish=before_publish),
+            meta={'generation': int(generation), 'sharded': bool(shard)})
+        self.shard = shard  # write only this process's part of each replicated box
         self.cadence = None
         if every == 'auto':
             # On the CPU backend the snapshot's work runs on the cores the step uses.
@@ -118,8 +122,16 @@ class SnapshotHook(Observer):
             self._window_start = now
 
     def _snapshot(self, done, step: int) -> None:
+        # The step never waits for a slow write: while the previous snapshot is still being
+        # written this one is dropped (and counted), unless the way back needs it.
+        # auto's measuring windows time every due snapshot, so it drops none while measuring.
+        must = (step == self.stop_at or (self.hold_after is not None and step >= self.hold_after)
+                or (self.cadence is not None and self.cadence.interval is None))
+        if not must and self._snapshotter.busy:
+            self._snapshotter.drop()
+            return
         start = time.perf_counter()
-        copies = pinned_local_copies(done.state)
+        copies = pinned_local_copies(done.state, shard_over_replicas=self.shard)
         self._snapshotter.submit(step, copies, done.data_position)
         blocked = time.perf_counter() - start
         self.blocked_sec += blocked
@@ -157,6 +169,15 @@ class RestoreInfo:
         return sum(n for source, n in self.bytes_by_source.items() if source.startswith('peer:'))
 
 
+def _newest_writers(snaps: list) -> list:
+    """`jax_io.newest_writer_only`, closing the snapshots it leaves out (they pin a slot)."""
+    kept = newest_writer_only(snaps)
+    for s in snaps:
+        if all(s is not k for k in kept):
+            s.close()
+    return kept
+
+
 def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None = None):
     """A `train(restore=...)` callback restoring from the keepers' snapshots.
 
@@ -175,13 +196,15 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
         abstract = ckpt_lib.abstract_like(run.abstract_state, topology.state_shardings)
         start = time.perf_counter()
         marks = [start]
-        snaps = open_sources(keepers[worker])
+        snaps = _newest_writers(open_sources(keepers[worker]))
         try:
             marks.append(time.perf_counter())
             if step is not None:
                 chosen = step
                 if chosen not in feasible_steps(abstract, snaps):
-                    snaps += open_sources(None, peers)  # heal from peers what the own keeper lacks
+                    # Heal from peers what the own keeper lacks (all of it but its own
+                    # part, where snapshots are sharded over the workers).
+                    snaps = _newest_writers(snaps + open_sources(None, peers))
                 if chosen not in feasible_steps(abstract, snaps):
                     raise SnapshotMissingError(
                         f'Worker {worker} cannot assemble the snapshot of step {chosen} from its '
@@ -195,7 +218,7 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
                     # keeper (a rejoined or replaced worker's is empty or stale):
                     # every process got the same pair, so all open the peers'
                     # keepers and agree again.
-                    snaps += open_sources(None, peers)
+                    snaps = _newest_writers(snaps + open_sources(None, peers))
                     chosen, _ = multihost.agreed_step(set(feasible_steps(abstract, snaps)))
             marks.append(time.perf_counter())
             if chosen is None:

@@ -13,7 +13,9 @@ keeper's shared memory and publishes, then pushes parity if configured.
 
 At most one snapshot is in flight: `submit` blocks until the previous one
 is published. That back-pressure is real overhead, so it is measured
-(`stats.blocked_sec`) next to the background work (`stats.write_sec`).
+(`stats.blocked_sec`) next to the background work (`stats.write_sec`); a
+caller that must never wait asks `busy` first and drops the snapshot
+(`drop`, counted in `stats.dropped`) instead.
 An error in the background surfaces, once, on the next `submit`/`wait`
 (a `submit` that raises it does not queue its own step; call it again to
 go on).
@@ -32,7 +34,7 @@ import numpy as np
 
 from mecefo_jax.snapshot import blob
 from mecefo_jax.snapshot.client import SnapshotWriter
-from mecefo_jax.snapshot.jax_io import host_shards
+from mecefo_jax.snapshot.jax_io import ShareCopy, host_shards
 from mecefo_jax.snapshot.keeper_actor import KeeperLost, KeeperUnreachable
 
 
@@ -45,6 +47,7 @@ class SnapshotStats:
     submitted: int = 0
     published: int = 0
     failed: int = 0
+    dropped: int = 0  # snapshots skipped because the previous one was still being written
     last_published_step: int | None = None
     blocked_sec: float = 0.0  # caller time spent in submit/wait
     write_sec: float = 0.0  # background: materialise + copy + publish + parity
@@ -57,8 +60,11 @@ def _materialize(job) -> list[blob.HostShard]:
     """Host shards with numpy data, from a tree of arrays or a list of HostShards.
 
     A list comes from `jax_io.pinned_local_copies`: its data are pinned-host
-    jax Arrays still being copied, and reading them waits for the copy.
+    jax Arrays still being copied, and reading them waits for the copy; a
+    `ShareCopy` gives only the part this process writes.
     """
+    if isinstance(job, list) and all(isinstance(s, ShareCopy) for s in job):
+        return [s.materialize() for s in job]
     if isinstance(job, list) and all(isinstance(s, blob.HostShard) for s in job):
         return [dataclasses.replace(s, data=np.asarray(s.data)) for s in job]
     return host_shards(job)
@@ -91,6 +97,17 @@ class AsyncSnapshotter:
             self.stats.submitted += 1
             self._cond.notify_all()
         return self._blocked(start)
+
+    @property
+    def busy(self) -> bool:
+        """A snapshot is still being written: a `submit` now would wait for it."""
+        with self._cond:
+            return self._job is not None
+
+    def drop(self) -> None:
+        """Count a snapshot skipped because the writer was `busy`."""
+        with self._cond:
+            self.stats.dropped += 1
 
     def wait(self) -> float:
         """Block until nothing is in flight; raise a background error. Returns seconds blocked."""

@@ -2,7 +2,11 @@
 
 `host_shards` lists the unique shards this process holds of each leaf
 (replicas deduplicated by index), keyed by (leaf path, index bounds): what
-a snapshot stores. `restore` rebuilds a pytree from an abstract tree of
+a snapshot stores. `pinned_local_copies(..., shard_over_replicas=True)`
+stores less: where k processes hold the same box (data-parallel replicas),
+each writes only its 1/k part of it (`share_of`), as REFT (arXiv
+2310.12670) shards a snapshot over the data-parallel ranks; a restore then
+tiles each box from every keeper's parts. `restore` rebuilds a pytree from an abstract tree of
 `jax.ShapeDtypeStruct`s with target shardings, on any mesh whose shards can
 be found: each needed shard comes from the first snapshot that holds it
 (the own keeper's first, then peers': "heal from peer"), or is assembled
@@ -15,8 +19,10 @@ which steps qualify, so that processes can agree on one before restoring.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,8 +80,52 @@ def host_shards(tree: Any) -> list[blob.HostShard]:
     return out
 
 
-def pinned_local_copies(tree: Any) -> list[blob.HostShard]:
+def share_of(box: blob.Index, rank: int, count: int, path: str) -> blob.Index | None:
+    """Holder `rank` of `count`'s part of `box`: a contiguous slab along its longest axis
+    (None where the slab is empty); a scalar goes whole to one holder, chosen by its path.
+
+    Every holder computes the same partition from the same sharding, so the parts tile
+    the box exactly once.
+    """
+    if count == 1:
+        return box
+    if not box:
+        return box if zlib.crc32(path.encode()) % count == rank else None
+    axis = max(range(len(box)), key=lambda a: (box[a][1] - box[a][0], -a))
+    lo, hi = box[axis]
+    start, stop = lo + (hi - lo) * rank // count, lo + (hi - lo) * (rank + 1) // count
+    if stop <= start:
+        return None
+    return box[:axis] + ((start, stop),) + box[axis + 1:]
+
+
+@functools.lru_cache(maxsize=4096)
+def _holders(sharding, shape: tuple) -> dict[blob.Index, tuple[int, ...]]:
+    """{box: the processes holding it}, from the sharding's global device map."""
+    out: dict[blob.Index, set] = {}
+    for device, index in sharding.devices_indices_map(shape).items():
+        out.setdefault(index_bounds(index, shape), set()).add(device.process_index)
+    return {box: tuple(sorted(ps)) for box, ps in out.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShareCopy:
+    """A pinned host copy of a whole box, of which this process writes `part` (a sub-box)."""
+    shard: blob.HostShard
+    part: blob.Index
+
+    def materialize(self) -> blob.HostShard:
+        """The part as a numpy view of the finished copy (waits for it)."""
+        whole = np.asarray(self.shard.data)
+        cut = tuple(slice(a - s0, b - s0) for (a, b), (s0, _) in zip(self.part, self.shard.index))
+        return blob.HostShard(self.shard.path, self.shard.shape, self.part, whole[cut])
+
+
+def pinned_local_copies(tree: Any, *, shard_over_replicas: bool = False) -> list:
     """This process's unique shards of `tree`, each being copied to pinned host memory.
+
+    With `shard_over_replicas`, `ShareCopy`s of the boxes this process writes a part of
+    (`share_of`; boxes whose part is empty are not copied); else `blob.HostShard`s.
 
     The copies are dispatched, not finished: each is a device-local transfer
     into the shard's own device's pinned host memory, ordered before any later
@@ -89,20 +139,48 @@ def pinned_local_copies(tree: Any) -> list[blob.HostShard]:
     42 leaves: 7.5 ms against 1.9 ms per snapshot on CPU).
     """
     found, sources, targets = [], [], []
+    me = jax.process_index()
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         name = path_str(path)
+        holders = _holders(leaf.sharding, tuple(leaf.shape)) if shard_over_replicas else {}
         seen = set()
         for shard in leaf.addressable_shards:
             bounds = index_bounds(shard.index, leaf.shape)
-            if bounds not in seen:
-                seen.add(bounds)
-                found.append((name, tuple(leaf.shape), bounds))
-                sources.append(shard.data)
-                targets.append(jax.sharding.SingleDeviceSharding(shard.device,
-                                                                 memory_kind='pinned_host'))
+            if bounds in seen:
+                continue
+            seen.add(bounds)
+            part = bounds
+            if shard_over_replicas:
+                ranks = holders[bounds]
+                part = share_of(bounds, ranks.index(me), len(ranks), name)
+                if part is None:
+                    continue
+            found.append((name, tuple(leaf.shape), bounds, part))
+            sources.append(shard.data)
+            targets.append(jax.sharding.SingleDeviceSharding(shard.device,
+                                                             memory_kind='pinned_host'))
     copies = jax.device_put(sources, targets) if sources else []
-    return [blob.HostShard(name, shape, bounds, data)
-            for (name, shape, bounds), data in zip(found, copies)]
+    shards = [(blob.HostShard(name, shape, bounds, data), part)
+              for (name, shape, bounds, part), data in zip(found, copies)]
+    if shard_over_replicas:
+        return [ShareCopy(shard, part) for shard, part in shards]
+    return [shard for shard, _ in shards]
+
+
+def newest_writer_only(snapshots: Sequence[Snapshot]) -> list[Snapshot]:
+    """Per step, the snapshots of the newest generation that wrote it.
+
+    A step redone after a recovery is written again, by other processes and with
+    other parts; its older copies (in the keepers of workers no longer members)
+    must not be tiled together with the newer ones. Snapshots written without a
+    generation (`meta`) count as the oldest.
+    """
+    def generation(s):
+        return int((s.header.meta or {}).get('generation', -1))
+    newest: dict[int, int] = {}
+    for s in snapshots:
+        newest[s.step] = max(newest.get(s.step, -1), generation(s))
+    return [s for s in snapshots if generation(s) == newest[s.step]]
 
 
 def pinned_host_shardings(shardings: Any) -> Any:
