@@ -11,8 +11,10 @@ held by *keeper* processes that outlive the workers (REFT, arXiv
 | `keeper_requests` | the keeper's request schema (`check_request`) and its refusals |
 | `keeper_sessions` | each session's pins and replies; a keeper in this process (`LocalKeeper`) |
 | `keeper_actor` | the keeper as a Ray actor: `start_keeper`, `find_keeper`, `stop_keeper`, `KeeperHandle` |
-| `blob` | the byte format of one snapshot: shard bytes, JSON header, crc32s |
-| `client` | `KeeperClient`, `SnapshotWriter`, the `Snapshot` readers (shm, remote, in-memory) |
+| `blob` | the byte format of one snapshot: shard bytes, JSON header, checksums |
+| `checksum` | xxh3_64 hash lists over cache-sized chunks, fused with the copy, on a few threads |
+| `client` | `KeeperClient`, the `Snapshot` readers (shm, remote, in-memory: views, verified in place) |
+| `writer` | `SnapshotWriter`: begin a slot, copy and checksum, publish, push parity |
 | `jax_io` | `host_shards`, `pinned_local_copies`, `pinned_host_shardings`, `restore`, `feasible_steps` |
 | `async_writer` | `AsyncSnapshotter`: materialise, copy, publish in a background thread |
 | `erasure`, `parity` | the erasure-code interface (`XorCode`) and RAID-5 parity across a group |

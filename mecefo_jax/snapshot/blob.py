@@ -5,18 +5,20 @@ and how a blob is checked and read back. The same bytes sit in a keeper's
 shared memory, travel over TCP to a peer, and are rebuilt by parity, so
 every reader goes through `parse` and `check_entry` here.
 
-    [0, 64)                      preamble: magic, step, header offset/length, header crc32
+    [0, 64)                      preamble: magic, step, header offset/length, header checksum, format
     [64, header_offset)          each shard's raw bytes, 64-byte aligned
-    [header_offset, nbytes)      JSON header: step, data_state, meta, manifest
+    [header_offset, nbytes)      JSON header: step, data_state, meta, checksum chunk, manifest
 
-The header comes after the data because it records each shard's crc32,
-known only once the bytes are copied; the preamble is written last.
+The header comes after the data because it records each shard's
+checksum, known only once the bytes are copied; the preamble is written
+last.
 
-The snapshot's checksum is the header's crc32. The header lists every
-shard's crc32, so that one number pins down every byte a reader uses,
-while a peer that fetches only a few shards can still verify each of them
-without reading the rest. (Alignment padding is covered by nothing: no
-reader uses it.)
+The snapshot's checksum is the header's (`checksum.digest`, xxh3_64). The
+header lists every shard's checksum (`checksum.sums`: a hash list over
+`chunk`-byte pieces), so that one number pins down every byte a reader
+uses, while a peer that fetches only a few shards can still verify each
+of them without reading the rest. (Alignment padding is covered by
+nothing: no reader uses it.) Format 1 (crc32s) is refused by name.
 
 No jax here: the keeper process and the parity code import this module.
 """
@@ -25,22 +27,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
+from mecefo_jax.snapshot import checksum as checksums
+
 MAGIC = b'MCFSNAP1'
-FORMAT = 1
+# 2: xxh3_64 hash lists instead of crc32s, and the format in the preamble.
+FORMAT = 2
 PREAMBLE_BYTES = 64
 ALIGN = 64
-# magic, step, header_offset, header_len, header_crc
-_PREAMBLE = struct.Struct('<8sqQQI')
-# The widest value a crc32 can print as; used to bound the header size
-# before the crcs are known.
-_MAX_CRC = 0xFFFFFFFF
+# magic, step, header_offset, header_len, header checksum, format (format 1
+# wrote a crc32 and nothing after it: zeros there)
+_PREAMBLE = struct.Struct('<8sqQQQI')
+# The widest value a checksum can print as; used to bound the header size
+# before the checksums are known.
+_MAX_CHECKSUM = (1 << 64) - 1
 
 Index = tuple[tuple[int, int], ...]
 ShardKey = tuple[str, Index]
@@ -76,7 +81,7 @@ class Entry:
     index: Index
     offset: int
     nbytes: int
-    crc: int = 0
+    checksum: int = 0
 
     @property
     def key(self) -> ShardKey:
@@ -89,13 +94,13 @@ class Entry:
     def to_json(self) -> dict:
         return {'path': self.path, 'shape': list(self.shape), 'dtype': self.dtype,
                 'index': [list(b) for b in self.index], 'offset': self.offset,
-                'nbytes': self.nbytes, 'crc': self.crc}
+                'nbytes': self.nbytes, 'checksum': self.checksum}
 
     @classmethod
     def from_json(cls, d: dict) -> Entry:
         return cls(path=d['path'], shape=tuple(d['shape']), dtype=d['dtype'],
                    index=tuple((int(a), int(b)) for a, b in d['index']),
-                   offset=int(d['offset']), nbytes=int(d['nbytes']), crc=int(d['crc']))
+                   offset=int(d['offset']), nbytes=int(d['nbytes']), checksum=int(d['checksum']))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +112,7 @@ class Header:
     entries: tuple[Entry, ...]
     checksum: int
     nbytes: int
+    chunk: int = checksums.CHUNK  # the bytes behind each digest of an entry's hash list
 
 
 def dtype_from_name(name: str) -> np.dtype:
@@ -125,7 +131,7 @@ def _aligned(n: int) -> int:
 
 
 def layout(shards: Sequence[HostShard]) -> tuple[list[Entry], int]:
-    """Entries (crc still 0) placing each shard's bytes; and where data ends."""
+    """Entries (checksum still 0) placing each shard's bytes; and where data ends."""
     entries, offset, seen = [], PREAMBLE_BYTES, set()
     for s in shards:
         if s.key in seen:
@@ -144,59 +150,64 @@ def layout(shards: Sequence[HostShard]) -> tuple[list[Entry], int]:
 
 
 def header_bytes(step: int, data_state: dict, entries: Iterable[Entry], meta: dict | None = None) -> bytes:
-    doc = {'format': FORMAT, 'step': int(step), 'data_state': data_state,
-           'meta': meta or {}, 'entries': [e.to_json() for e in entries]}
+    doc = {'format': FORMAT, 'step': int(step), 'data_state': data_state, 'meta': meta or {},
+           'chunk': checksums.CHUNK, 'entries': [e.to_json() for e in entries]}
     return json.dumps(doc, separators=(',', ':'), allow_nan=False).encode()
 
 
 def header_bound(step: int, data_state: dict, entries: Sequence[Entry], meta: dict | None = None) -> int:
-    """An upper bound on the header's length before the crcs are known."""
-    widest = [dataclasses.replace(e, crc=_MAX_CRC) for e in entries]
+    """An upper bound on the header's length before the checksums are known."""
+    widest = [dataclasses.replace(e, checksum=_MAX_CHECKSUM) for e in entries]
     return len(header_bytes(step, data_state, widest, meta))
 
 
-def write_preamble(buf, step: int, header_offset: int, header_len: int, header_crc: int) -> None:
-    _PREAMBLE.pack_into(buf, 0, MAGIC, int(step), header_offset, header_len, header_crc)
+def write_preamble(buf, step: int, header_offset: int, header_len: int, header_checksum: int) -> None:
+    _PREAMBLE.pack_into(buf, 0, MAGIC, int(step), header_offset, header_len, header_checksum, FORMAT)
+
+
+def _refuse_format(written) -> None:
+    if written != FORMAT:
+        raise SnapshotCorruptError(f'Snapshot format {written} is not {FORMAT}; it was written by '
+                                   'another version of mecefo_jax.')
 
 
 def read_preamble(buf) -> tuple[int, int, int, int]:
-    """(step, header_offset, header_len, header_crc) of a blob."""
+    """(step, header_offset, header_len, header_checksum) of a blob."""
     if len(buf) < PREAMBLE_BYTES:
         raise SnapshotCorruptError(f'Snapshot of {len(buf)} bytes is shorter than its preamble.')
-    magic, step, h_off, h_len, h_crc = _PREAMBLE.unpack_from(buf, 0)
+    magic, step, h_off, h_len, h_sum, written = _PREAMBLE.unpack_from(buf, 0)
     if magic != MAGIC:
         raise SnapshotCorruptError(f'Bad snapshot magic {magic!r} (expected {MAGIC!r}): the '
                                    'slot was never completely written.')
+    _refuse_format(written or 1)
     if h_off < PREAMBLE_BYTES or h_off + h_len > len(buf):
         raise SnapshotCorruptError(f'Snapshot header [{h_off}, {h_off + h_len}) lies outside '
                                    f'the {len(buf)} bytes available.')
-    return step, h_off, h_len, h_crc
+    return step, h_off, h_len, h_sum
 
 
 def parse_header(raw, checksum: int, nbytes: int) -> Header:
     """Verify `raw` header bytes against `checksum` and decode them."""
-    got = zlib.crc32(raw)
+    got = checksums.digest(raw)
     if got != checksum:
-        raise SnapshotCorruptError(f'Snapshot header crc32 {got:#010x} != recorded {checksum:#010x}.')
+        raise SnapshotCorruptError(f'Snapshot header checksum {got:#018x} != recorded {checksum:#018x}.')
     doc = json.loads(bytes(raw))
-    if doc.get('format') != FORMAT:
-        raise SnapshotCorruptError(f"Snapshot format {doc.get('format')} is not {FORMAT}; "
-                                   "it was written by another version of mecefo_jax.")
+    _refuse_format(doc.get('format'))
     entries = tuple(Entry.from_json(e) for e in doc['entries'])
     for e in entries:
         if e.offset < PREAMBLE_BYTES or e.offset + e.nbytes > nbytes:
             raise SnapshotCorruptError(f"Entry {e.path} lies outside the snapshot's {nbytes} bytes.")
     return Header(step=int(doc['step']), data_state=doc['data_state'], meta=doc['meta'],
-                  entries=entries, checksum=checksum, nbytes=nbytes)
+                  entries=entries, checksum=checksum, nbytes=nbytes, chunk=int(doc['chunk']))
 
 
 def parse(buf, expect_checksum: int | None = None) -> Header:
     """Header of a whole blob; `expect_checksum` is the one recorded at publish."""
-    step, h_off, h_len, h_crc = read_preamble(buf)
-    if expect_checksum is not None and h_crc != expect_checksum:
-        raise SnapshotCorruptError(f'Snapshot preamble names checksum {h_crc:#010x}, but '
-                                   f'{expect_checksum:#010x} was recorded.')
-    header = parse_header(memoryview(buf)[h_off:h_off + h_len], h_crc, h_off + h_len)
+    step, h_off, h_len, h_sum = read_preamble(buf)
+    if expect_checksum is not None and h_sum != expect_checksum:
+        raise SnapshotCorruptError(f'Snapshot preamble names checksum {h_sum:#018x}, but '
+                                   f'{expect_checksum:#018x} was recorded.')
+    header = parse_header(memoryview(buf)[h_off:h_off + h_len], h_sum, h_off + h_len)
     if header.step != step:
         raise SnapshotCorruptError(f'Snapshot preamble says step {step}, header says {header.step}.')
     return header
@@ -208,12 +219,12 @@ def entry_array(raw, entry: Entry) -> np.ndarray:
                          count=int(np.prod(entry.local_shape, dtype=np.int64))).reshape(entry.local_shape)
 
 
-def check_entry(raw, entry: Entry, source: str = 'snapshot') -> None:
-    """Raise unless `raw` (the entry's bytes) matches the recorded crc32."""
-    got = zlib.crc32(raw)
-    if got != entry.crc:
-        raise SnapshotCorruptError(f'{source}: shard {entry.path} {list(entry.index)} has crc32 '
-                                   f'{got:#010x}, recorded {entry.crc:#010x}.')
+def check_entries(raws: Sequence, entries: Sequence[Entry], chunk: int, source: str = 'snapshot') -> None:
+    """Raise unless each of `raws` (an entry's bytes, read in place) matches its recorded checksum."""
+    for e, got in zip(entries, checksums.sums(raws, chunk), strict=True):
+        if got != e.checksum:
+            raise SnapshotCorruptError(f'{source}: shard {e.path} {list(e.index)} has checksum '
+                                       f'{got:#018x}, recorded {e.checksum:#018x}.')
 
 
 def fill(buf, shards: Sequence[HostShard], entries: Sequence[Entry], step: int,
@@ -221,24 +232,22 @@ def fill(buf, shards: Sequence[HostShard], entries: Sequence[Entry], step: int,
     """Write `shards` at `entries`' offsets, then header and preamble.
 
     Returns (nbytes, checksum, header_offset). `buf` must hold at least the
-    data end plus `header_bound(...)` bytes. Each crc is taken over the
-    bytes just written into `buf` (still in cache), so the checksum covers
-    what a reader will see, not the source.
+    data end plus `header_bound(...)` bytes. The bytes are copied and
+    checksummed chunk by chunk on a few threads (`checksum.copy_and_sum`),
+    each chunk's checksum taken over what was just written into `buf`
+    (still in cache): it covers what a reader will see, not the source.
     """
-    final = []
-    for shard, entry in zip(shards, entries, strict=True):
-        if entry.nbytes:
-            dst = np.ndarray(entry.local_shape, dtype=shard.data.dtype, buffer=buf, offset=entry.offset)
-            np.copyto(dst, shard.data, casting='no')
-            del dst  # release the export on buf before anyone closes it
-        crc = zlib.crc32(memoryview(buf)[entry.offset:entry.offset + entry.nbytes])
-        final.append(dataclasses.replace(entry, crc=crc))
+    out = checksums.flat_bytes(buf)
+    sums = checksums.copy_and_sum([checksums.flat_bytes(s.data) for s in shards],
+                                  [out[e.offset:e.offset + e.nbytes] for e in entries])
+    del out  # release the export on buf before anyone closes it
+    final = [dataclasses.replace(e, checksum=c) for e, c in zip(entries, sums, strict=True)]
     h_off = _aligned(final[-1].offset + final[-1].nbytes) if final else PREAMBLE_BYTES
     raw = header_bytes(step, data_state, final, meta)
     if h_off + len(raw) > len(buf):
         raise ValueError(f'Snapshot needs {h_off + len(raw)} bytes, buffer has {len(buf)}.')
     memoryview(buf)[h_off:h_off + len(raw)] = raw
-    checksum = zlib.crc32(raw)
+    checksum = checksums.digest(raw)
     write_preamble(buf, step, h_off, len(raw), checksum)
     return h_off + len(raw), checksum, h_off
 

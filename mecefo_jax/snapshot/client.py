@@ -2,21 +2,26 @@
 
 `KeeperClient` speaks the keeper protocol (`keeper_requests.REQUESTS`) to one
 keeper, a Ray actor (`KeeperHandle`) or one in this process
-(`LocalKeeper`), as one session. `SnapshotWriter` turns host shards into a
-published snapshot: begin a slot, copy and checksum into shared memory,
-publish, then (optionally) push parity to the group. `Snapshot`s read one
+(`LocalKeeper`), as one session. `SnapshotWriter` (`writer`) turns host
+shards into a published snapshot through one. `Snapshot`s read one
 published step back, verified shard by shard:
 
-* `ShmSnapshot`: the own keeper's, mapped from shared memory on its node
-  (no transfer, no intermediate bytes object);
+* `ShmSnapshot`: the own keeper's, read in place from shared memory on its
+  node (no transfer, no copy);
 * `RemoteSnapshot`: any keeper's, through its actor, fetching only the
-  shards asked for (a peer healing a few missing shards);
+  shards asked for (a peer healing a few missing shards) and a few small
+  ones after them (one call, not one per tiny leaf);
 * `BlobSnapshot`: bytes already in this process (e.g. rebuilt by parity).
 
-A `Snapshot` from a keeper pins its step in its own session, so the keeper
-cannot reuse that slot while it is open; close it when done. `read`
-returns private copies: restored device arrays must never alias memory a
-keeper may overwrite or unmap.
+`read` returns read-only views of the bytes where they lie (the mapping,
+Ray's object store, the blob), each verified against its checksum in
+place: no copy. A `Snapshot` from a keeper pins its step in its own
+session, so the keeper cannot reuse that slot while it is open; close it
+when done. On CPU, `jax.device_put` of an aligned host array aliases it
+instead of copying, so arrays restored from a `ShmSnapshot` may live in
+the keeper's slot: `close` then keeps the pin until the last array read
+from it is gone, and the keeper never overwrites memory a restored array
+still reads.
 
 No jax here (see `jax_io` for pytrees).
 """
@@ -25,15 +30,16 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import sys
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from mecefo_jax.snapshot import blob, shm
 from mecefo_jax.snapshot.keeper_actor import KeeperError, KeeperHandle, new_session
 from mecefo_jax.snapshot.keeper_sessions import LocalKeeper
+from mecefo_jax.snapshot.writer import SnapshotWriter, WriteInfo
 
 Keeper = KeeperHandle | LocalKeeper  # whatever a client can reach a keeper through
 
@@ -68,15 +74,15 @@ class KeeperClient:
         self.timeout = timeout
         self.session = new_session()
         self._lock = threading.Lock()
-        self._segments: dict[int, object] = {}  # slot -> SharedMemory
 
-    def request(self, op: str, payload=None, **fields) -> tuple[dict, np.ndarray | None]:
+    def request(self, op: str, payload=None, **fields) -> tuple[dict, list[np.ndarray]]:
+        """The reply and its byte arrays (one per range or buffer the keeper sent)."""
         with self._lock:
             reply, data = self.keeper.call(self.session, {'op': op, **fields}, payload,
                                            timeout=self.timeout)
         if not reply.get('ok'):
             raise KeeperError(reply.get('error', f'keeper refused {op!r}'))
-        return reply, data
+        return reply, data or []
 
     # --------------------------------------------------------------- requests
 
@@ -106,10 +112,14 @@ class KeeperClient:
     def unpin(self, record: SnapshotRecord) -> None:
         self.request('unpin', slot=record.slot)
 
+    def read_ranges(self, step: int, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        """The byte ranges [offset, offset + n) of a published step, one read-only array each."""
+        return self.request('read', step=int(step), ranges=[[int(o), int(n)] for o, n in ranges])[1]
+
     def read(self, step: int, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """The concatenated byte ranges [offset, offset + n) of a published step."""
-        _, data = self.request('read', step=int(step), ranges=[[int(o), int(n)] for o, n in ranges])
-        return data if data is not None else np.zeros(0, np.uint8)
+        parts = self.read_ranges(step, ranges)
+        return parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, np.uint8), *parts])
 
     def parity_put(self, chunk, **fields) -> bool:
         return self.request('parity_put', np.frombuffer(chunk, np.uint8), **fields)[0]['complete']
@@ -119,100 +129,23 @@ class KeeperClient:
 
     def parity_get(self, group: str, step: int) -> tuple[dict, np.ndarray]:
         reply, data = self.request('parity_get', group=group, step=int(step))
-        return reply['info'], data if data is not None else np.zeros(0, np.uint8)
+        return reply['info'], data[0] if data else np.zeros(0, np.uint8)
 
     # ------------------------------------------------------------ shared memory
 
     def segment(self, name: str, slot: int = -1):
-        """The keeper's segment `name` (of `slot`), mapped into this process.
-
-        Mappings stay cached per slot: a fresh mapping page-faults on every
-        first touch, which for a large snapshot costs more than the copy.
-        """
-        cached = self._segments.get(slot)
-        if cached is not None and cached.name == name:
-            return cached
-        if cached is not None:  # the keeper regrew this slot; the old segment is unlinked
-            shm.close(cached)
-        seg = self._segments[slot] = shm.attach(name)
-        return seg
+        """The keeper's segment `name` (of `slot`), mapped into this process once (`shm.mapped`)."""
+        return shm.mapped(str(self.keeper), slot, name)
 
     def close(self) -> None:
-        """End the session (its pins go) and unmap the segments."""
+        """End the session (its pins go); the mappings stay for the process's next use."""
         self.keeper.close_session(self.session)
-        for seg in self._segments.values():
-            shm.close(seg)
-        self._segments.clear()
 
     def __enter__(self) -> KeeperClient:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# -------------------------------------------------------------------- writing
-
-@dataclasses.dataclass(frozen=True)
-class WriteInfo:
-    step: int
-    nbytes: int
-    checksum: int
-    copy_sec: float  # begin (slot allocation, if it grows) + copy + crc into shared memory
-    publish_sec: float
-    parity_sec: float
-    parity_bytes: int
-
-
-class SnapshotWriter:
-    """Writes snapshots into one keeper's slots and publishes them.
-
-    `parity` (a `parity.ParityPusher`) sends this member's parity chunks to
-    the group after each publish. `before_publish(step)` runs after the
-    bytes are written and before publish (tests use it to die there).
-    """
-
-    def __init__(self, client: KeeperClient, *, parity=None,
-                 before_publish: Callable[[int], None] | None = None):
-        self.client = client
-        self.parity = parity
-        self.before_publish = before_publish
-
-    def write(self, step: int, shards: Sequence[blob.HostShard], data_state: dict,
-              meta: dict | None = None) -> WriteInfo:
-        step = int(step)
-        data_state = blob.normalise_data_state(data_state, step)
-        entries, data_end = blob.layout(shards)
-        bound = data_end + blob.header_bound(step, data_state, entries, meta)
-        t0 = time.perf_counter()
-        slot = self.client.begin(bound)
-        buf = self.client.segment(slot['shm'], slot['slot']).buf
-        nbytes, checksum, h_off = blob.fill(buf, shards, entries, step, data_state, meta)
-        t1 = time.perf_counter()
-        if self.before_publish is not None:
-            self.before_publish(step)
-        self.client.publish(slot['slot'], slot['token'], step=step, nbytes=nbytes, checksum=checksum,
-                            header_offset=h_off, header_len=nbytes - h_off)
-        t2 = time.perf_counter()
-        parity_bytes = 0
-        if self.parity is not None:
-            # The slot stays intact until this writer's next begin().
-            try:
-                parity_bytes = self.parity.push(step, buf[:nbytes], checksum)
-            except KeeperError as e:
-                raise KeeperError(f'Step {step} is published, but pushing its parity failed: {e}') from e
-        return WriteInfo(step=step, nbytes=nbytes, checksum=checksum, copy_sec=t1 - t0,
-                         publish_sec=t2 - t1, parity_sec=time.perf_counter() - t2,
-                         parity_bytes=parity_bytes)
-
-    def write_blob(self, raw) -> SnapshotRecord:
-        """Publish a complete blob as is (e.g. one rebuilt from parity)."""
-        header = blob.parse(raw)
-        slot = self.client.begin(header.nbytes)
-        self.client.segment(slot['shm'], slot['slot']).buf[:header.nbytes] = memoryview(raw)[:header.nbytes]
-        _, h_off, h_len, _ = blob.read_preamble(raw)
-        return self.client.publish(slot['slot'], slot['token'], step=header.step, nbytes=header.nbytes,
-                                   checksum=header.checksum, header_offset=h_off, header_len=h_len)
 
 
 # -------------------------------------------------------------------- reading
@@ -236,28 +169,18 @@ class Snapshot(abc.ABC):
         return self.header.entries
 
     def read(self, entries: Sequence[blob.Entry]) -> list[np.ndarray]:
-        """Private, crc-checked copies of the given entries' arrays."""
-        out = []
-        for e, raw in zip(entries, self._raw(entries), strict=True):
-            arr = blob.entry_array(raw, e)
-            if self._shared:
-                arr = arr.copy()
-            # Checked after the copy: what is returned is what was verified.
-            blob.check_entry(arr.reshape(-1).view(np.uint8), e, self.source)
-            out.append(arr)
-        return out
+        """The given entries' arrays: read-only views of the bytes, each checked in place."""
+        raws = self._raw(entries)
+        blob.check_entries(raws, entries, self.header.chunk, self.source)
+        return [blob.entry_array(raw, e) for raw, e in zip(raws, entries)]
 
     def verify(self) -> None:
-        """Check every shard's crc without keeping copies."""
-        for e, raw in zip(self.entries, self._raw(self.entries), strict=True):
-            blob.check_entry(raw, e, self.source)
-
-    # True where the raw bytes live in memory that someone else may reuse.
-    _shared = True
+        """Check every shard's checksum without keeping the bytes."""
+        blob.check_entries(self._raw(self.entries), self.entries, self.header.chunk, self.source)
 
     @abc.abstractmethod
     def _raw(self, entries: Sequence[blob.Entry]) -> list:
-        """Each entry's bytes."""
+        """Each entry's bytes, read-only."""
 
     def close(self) -> None:  # noqa: B027  (optional: most sources hold nothing)
         pass
@@ -274,7 +197,7 @@ class Snapshot(abc.ABC):
 
 class BlobSnapshot(Snapshot):
     def __init__(self, raw, source: str = 'blob', expect_checksum: int | None = None):
-        self._buf = memoryview(raw)
+        self._buf = memoryview(raw).toreadonly()
         self.source = source
         self.header = blob.parse(self._buf, expect_checksum)
 
@@ -310,52 +233,75 @@ class _KeeperSnapshot(Snapshot):
 
 
 class ShmSnapshot(_KeeperSnapshot):
-    """A snapshot of a keeper on this node, mapped from its shared memory."""
+    """A snapshot of a keeper on this node, read in place from its shared memory."""
 
     def _open(self):
         self.source = f'shm:{self.source}'
         seg = self._client.segment(self.record.shm, self.record.slot)
-        self._buf = seg.buf[:self.record.nbytes]
-        self.header = blob.parse(self._buf, self.record.checksum)
+        # Every array read is a view of this one: while any lives, so does it, and the pin.
+        self._base = np.frombuffer(seg.buf, np.uint8, count=self.record.nbytes)
+        self._base.flags.writeable = False
+        self.header = blob.parse(self._base, self.record.checksum)
 
     def _raw(self, entries):
-        return [self._buf[e.offset:e.offset + e.nbytes] for e in entries]
+        return [self._base[e.offset:e.offset + e.nbytes] for e in entries]
 
     def close(self):
-        buf = self.__dict__.pop('_buf', None)
-        if buf is not None:
-            try:
-                buf.release()
-            except BufferError:  # a caller still holds a view; the map dies with it
-                pass
+        """Unpin now; or, where arrays read from it still live, once the last one is gone."""
+        base = self.__dict__.pop('_base', None)
+        client = self.__dict__.get('_client')
+        # Beyond `base` and getrefcount's own argument: views (restored arrays) alias the slot.
+        if base is not None and client is not None and sys.getrefcount(base) > 2:
+            shm.when_unused(base, client.close)  # the session's pins go with it
+            del self.__dict__['_client']
+            self.__dict__.pop('record', None)
+        del base
         super().close()
 
-    def __del__(self):
-        # Unclosed: release the view before the mapping goes, or
-        # SharedMemory.__del__ complains that exports still exist.
-        try:
-            self.close()
-        except Exception:  # at interpreter exit anything may be half torn down
-            pass
+
+# Entries fetched after the ones asked for, up to this many bytes, in the same call: a
+# restore asks leaf by leaf, and each call pays Ray's per-object cost (a real train state
+# has hundreds of tiny leaves). A peer heal may fetch up to this much that it does not use.
+READ_AHEAD_BYTES = 32 << 20
 
 
 class RemoteSnapshot(_KeeperSnapshot):
     """A snapshot of any keeper (another node's too), fetched range by range through it."""
-    _shared = False  # each read lands in a fresh private buffer
 
     def _open(self):
         self.source = f'peer:{self.source}'
         r = self.record
-        raw = self._client.read(r.step, [(r.header_offset, r.header_len)])
+        (raw,) = self._client.read_ranges(r.step, [(r.header_offset, r.header_len)])
         self.header = blob.parse_header(raw, r.checksum, r.nbytes)
+        self._order = {e.key: i for i, e in enumerate(self.header.entries)}
+        self._ahead: dict[blob.ShardKey, np.ndarray] = {}  # fetched, not yet read
 
     def _raw(self, entries):
-        data = memoryview(self._client.read(self.step, [(e.offset, e.nbytes) for e in entries]))
-        out, pos = [], 0
+        fetch = list({e.key: e for e in entries if e.key not in self._ahead}.values())
+        if fetch:
+            fetch += self._after(fetch)
+            parts = self._client.read_ranges(self.step, [(e.offset, e.nbytes) for e in fetch])
+            self._ahead.update((e.key, raw) for e, raw in zip(fetch, parts))
+        out = [self._ahead[e.key] for e in entries]
         for e in entries:
-            out.append(data[pos:pos + e.nbytes])
-            pos += e.nbytes
+            self._ahead.pop(e.key, None)
         return out
+
+    def _after(self, fetch: list[blob.Entry]) -> list[blob.Entry]:
+        """Entries after the last one fetched, not yet fetched, within READ_AHEAD_BYTES."""
+        asked, out, total = {e.key for e in fetch}, [], 0
+        for e in self.header.entries[max(self._order[e.key] for e in fetch) + 1:]:
+            if e.key in asked or e.key in self._ahead:
+                continue
+            total += e.nbytes
+            if total > READ_AHEAD_BYTES:
+                break
+            out.append(e)
+        return out
+
+    def close(self):
+        self.__dict__.pop('_ahead', None)
+        super().close()
 
 
 def open_snapshots(keeper: Keeper, *, via: str = 'remote', timeout: float = 120.0) -> list[Snapshot]:

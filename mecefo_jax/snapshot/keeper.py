@@ -10,7 +10,7 @@ State: `slots` snapshot slots (POSIX shared memory, grown on demand) and,
 per parity group, the XOR parity that peers' writers push to it. A writer
 `begin`s a slot that holds neither the newest snapshot nor one a reader has
 pinned, fills it, then `publish`es it; only publish makes it visible, and
-publish first checks the slot's preamble and header crc, so a step is never
+publish first checks the slot's preamble and header checksum, so a step is never
 listed before its bytes and checksum are complete (the Orbax
 emergency-checkpoint pitfall, maxtext issue 5260). A writer that dies
 mid-copy leaves only an unpublished slot behind.
@@ -39,6 +39,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mecefo_jax.snapshot import blob, erasure, shm
+from mecefo_jax.snapshot import checksum as checksums
 from mecefo_jax.snapshot.keeper_requests import (
     MAX_PAYLOAD_BYTES,
     PayloadTooLarge,
@@ -227,15 +228,15 @@ class Keeper:
         """Refuse a slot whose preamble and header do not say what publish claims."""
         buf = slot.seg.buf
         try:
-            p_step, p_off, p_len, p_crc = blob.read_preamble(buf[:h_off + h_len])
-            header_crc = zlib.crc32(buf[h_off:h_off + h_len])
+            p_step, p_off, p_len, p_sum = blob.read_preamble(buf[:h_off + h_len])
+            header_sum = checksums.digest(buf[h_off:h_off + h_len])
         except blob.SnapshotCorruptError as e:
             raise RequestError(f'Keeper {self.name}: refusing to publish step {step}: {e}') from None
-        if (p_step, p_off, p_len, p_crc, header_crc) != (step, h_off, h_len, checksum, checksum):
+        if (p_step, p_off, p_len, p_sum, header_sum) != (step, h_off, h_len, checksum, checksum):
             raise RequestError(
                 f"Keeper {self.name}: refusing to publish step {step}: the slot's preamble says step "
-                f"{p_step}, header {p_off}+{p_len}, crc {p_crc:#010x}; the header's crc is "
-                f"{header_crc:#010x}; publish claimed crc {checksum:#010x}. Write the whole "
+                f"{p_step}, header {p_off}+{p_len}, checksum {p_sum:#018x}; the header's checksum is "
+                f"{header_sum:#018x}; publish claimed checksum {checksum:#018x}. Write the whole "
                 "snapshot (blob.fill) before publishing.")
 
     def _find(self, step: int) -> _Slot:

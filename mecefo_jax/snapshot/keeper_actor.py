@@ -17,10 +17,28 @@ import dataclasses
 import os
 import uuid
 
+import numpy as np
+
 from mecefo_jax.snapshot import shm
 from mecefo_jax.snapshot.keeper import Keeper
 from mecefo_jax.snapshot.keeper_requests import MAX_PAYLOAD_BYTES
-from mecefo_jax.snapshot.keeper_sessions import Sessions
+from mecefo_jax.snapshot.keeper_sessions import Sessions, copied
+
+# Replies up to this size go back inline with the call; larger ones through the object store.
+_INLINE_BYTES = 1 << 20
+
+
+def _put(views: list):
+    """A reply's views, copied once into Ray's object store while their slot is pinned.
+
+    Returned as a reference, so the bytes cross to the caller's node as one
+    object in Ray's own chunked transfer, not pickled into the reply; the
+    caller gets them back as read-only arrays over its node's object store.
+    """
+    if sum(memoryview(v).nbytes for v in views) <= _INLINE_BYTES:
+        return copied(views)
+    import ray
+    return ray.put([np.frombuffer(v, np.uint8) for v in views])
 
 
 class KeeperActor:
@@ -30,7 +48,7 @@ class KeeperActor:
         self.name = name
         self.keeper = Keeper(name, slots=slots, pin_timeout=pin_timeout, max_payload=max_payload,
                              job=job)
-        self._sessions = Sessions(self.keeper)
+        self._sessions = Sessions(self.keeper, pack=_put)
 
     def request(self, session, msg, payload=None):
         return self._sessions.request(session, msg, payload)
@@ -86,10 +104,13 @@ class KeeperHandle:
 
     def call(self, session: str, msg: dict, payload=None, timeout: float | None = None):
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
         try:
-            return ray.get(self.actor.request.remote(session, msg, payload), timeout=timeout)
-        except (RayActorError, GetTimeoutError) as e:
+            reply, data = ray.get(self.actor.request.remote(session, msg, payload), timeout=timeout)
+            if isinstance(data, ray.ObjectRef):  # a large reply (`_put`)
+                data = ray.get(data, timeout=timeout)
+            return reply, data
+        except (RayActorError, GetTimeoutError, ObjectLostError) as e:
             raise KeeperUnreachable(f'Keeper {self.name} is unreachable ({type(e).__name__}); it or '
                                     'its node is gone. Fix: restore from another keeper or parity, '
                                     'or from the disk checkpoint.') from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
@@ -20,16 +21,27 @@ from mecefo_jax.snapshot.keeper_requests import MAX_PAYLOAD_BYTES, MAX_TEXT, Req
 log = logging.getLogger('mecefo_jax.snapshot.keeper')
 
 
-class Sessions:
-    """Pins per session: a session's pins are released when it closes or is ended."""
+def copied(views: list) -> list[np.ndarray]:
+    """Private copies of a reply's views: once its pin goes, the keeper may reuse their slot."""
+    return [np.frombuffer(v, np.uint8).copy() for v in views]
 
-    def __init__(self, keeper: Keeper):
+
+class Sessions:
+    """Pins per session: a session's pins are released when it closes or is ended.
+
+    `pack(views)` turns a reply's views of shared memory into what the
+    transport sends, while the slot is still pinned (`copied` in process;
+    the actor puts them into Ray's object store).
+    """
+
+    def __init__(self, keeper: Keeper, pack: Callable[[list], object] = copied):
         self.keeper = keeper
+        self._pack = pack
         self._lock = threading.Lock()
         self._pins: dict[str, Counter] = {}
 
-    def request(self, session, msg, payload) -> tuple[dict, np.ndarray | None]:
-        """The reply ({'ok': ...}) and its payload copied out of shared memory, if any."""
+    def request(self, session, msg, payload) -> tuple[dict, object]:
+        """The reply ({'ok': ...}) and its payload packed out of shared memory, if any."""
         if type(session) is not str or len(session) > MAX_TEXT:
             self.keeper.rejected += 1
             return {'ok': False, 'error': 'A keeper session id must be a short string.'}, None
@@ -43,7 +55,7 @@ class Sessions:
             log.exception('Request %r failed', msg.get('op'))
             return {'ok': False, 'error': f'{type(e).__name__}: {e}'}, None
         try:
-            data = (np.concatenate([np.frombuffer(v, np.uint8) for v in out]) if out else None)
+            data = self._pack(out) if out else None
         finally:
             if release is not None:
                 release()

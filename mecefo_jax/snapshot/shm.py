@@ -23,7 +23,11 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import queue
 import sys
+import threading
+import weakref
+from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 
 log = logging.getLogger(__name__)
@@ -93,6 +97,77 @@ def attach(name: str):
     seg = shared_memory.SharedMemory(name=name)
     resource_tracker.unregister(seg._name, 'shared_memory')  # noqa: SLF001 (no public API before 3.13)
     return seg
+
+
+# This process's mappings, one per (keeper, slot): see `mapped`.
+_MAPPED: dict[tuple[str, int], object] = {}
+_MAPPED_LOCK = threading.Lock()
+
+
+def mapped(keeper: str, slot: int, name: str):
+    """Segment `name` (slot `slot` of `keeper`), mapped once in this process and kept.
+
+    A fresh mapping page-faults on every first touch and costs an unmap at
+    the end: for a large snapshot more than the copy. Writers and readers of
+    one process share the mapping, so a relaunched worker that reads its
+    keeper's slot writes its next snapshots there without mapping it again.
+    A slot the keeper regrew (a new segment) replaces its old mapping, and
+    mappings of segments unlinked since (a stopped keeper's) are dropped.
+    """
+    with _MAPPED_LOCK:
+        seg = _MAPPED.get((keeper, slot))
+        if seg is not None and seg.name == name:
+            return seg
+        if seg is not None:
+            close(_MAPPED.pop((keeper, slot)))
+        if os.path.isdir(SHM_DIR):
+            for key in [k for k, s in _MAPPED.items() if not os.path.exists(os.path.join(SHM_DIR, s.name))]:
+                close(_MAPPED.pop(key))
+        seg = _MAPPED[(keeper, slot)] = attach(name)
+        return seg
+
+
+def unmap_all() -> None:
+    """Forget this process's mappings (`mapped`): the next use maps afresh, as a new process would."""
+    with _MAPPED_LOCK:
+        for seg in _MAPPED.values():
+            close(seg)
+        _MAPPED.clear()
+
+
+def when_unused(anchor, then: Callable[[], None]) -> None:
+    """Run `then` once `anchor` is garbage, on a thread of its own.
+
+    The anchor dies inside the garbage collector, in whichever thread let go
+    of it last, which must not wait there (on a keeper, say).
+    """
+    weakref.finalize(anchor, _Later.queue().put, then)
+
+
+class _Later:
+    """One daemon thread per process running `when_unused` callbacks."""
+    _queue: queue.SimpleQueue | None = None
+    _pid = -1
+    _lock = threading.Lock()
+
+    @classmethod
+    def queue(cls) -> queue.SimpleQueue:
+        with cls._lock:
+            if cls._pid != os.getpid():  # first use, or a forked child without the thread
+                cls._queue, cls._pid = queue.SimpleQueue(), os.getpid()
+                threading.Thread(target=cls._run, args=(cls._queue,), daemon=True,
+                                 name='shm-when-unused').start()
+            return cls._queue
+
+    @staticmethod
+    def _run(work: queue.SimpleQueue) -> None:
+        while True:
+            then = work.get()
+            try:
+                then()
+            except Exception:  # noqa: BLE001 (e.g. the keeper is gone, and its pins with it)
+                log.debug('A deferred callback failed', exc_info=True)
+            del then
 
 
 def close(seg) -> None:
