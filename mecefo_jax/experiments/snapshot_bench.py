@@ -4,35 +4,52 @@
 
 On a simulated Ray cluster of two nodes on this machine, writes a float32
 pytree of `--mb` MiB (one CPU device) into a keeper on this process's node
-and reports medians of: the snapshot write (copy + crc + publish; cold =
-the first, which allocates the segment), reading it back through shared
+and reports medians of: the snapshot write (copy + checksum + publish; cold
+= the first, which allocates the segment), reading it back through shared
 memory and from a keeper on the other node through Ray, the way a worker
 heals from a peer (raw shards, then a full `restore` to jax arrays), the
 async writer's cost per step (its `device_put` to pinned_host included) and
 the caller's blocked time when fed back to back or with a step 1.5x longer
 than a write, and with `--group` g > 1: the parity push per member (members
-spread over both nodes) and the rebuild of one lost member. Prints one JSON
-object.
+spread over both nodes) and the rebuild of one lost member.
+
+The same bytes are also moved the plainest ways, in the same run, since
+this machine's timings vary with its load: `copy_sec`, `np.copyto` into a
+preallocated buffer; `tcp_sec`, a loopback TCP transfer between two
+threads (large sends into a preallocated buffer); `ray_transfer_sec`, an
+actor on the other node handing them over through Ray's object store, the
+most a remote read through Ray can reach. Every figure's `<name>_vs_copy`
+is `copy_sec` over its time (1.0: as fast as the copy), the remote reads'
+`_vs_tcp` and `_vs_ray` likewise. `checksum_sec` and `zlib_crc32_sec`
+checksum the bytes (the snapshot's xxh3 hash lists, and the crc32 they
+replaced). Reads and restores are medians after one warm-up; `_cold` ones
+map the keeper's slot afresh, as a relaunched worker does. Prints one
+JSON object.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import socket
 import statistics
+import threading
 import time
+import zlib
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax.snapshot import async_writer, jax_io, parity
+from mecefo_jax.snapshot import async_writer, checksum, jax_io, parity, shm
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter, open_snapshots
 from mecefo_jax.snapshot.keeper_actor import start_keeper, stop_keeper
 
 
-def _median(fn, repeats):
+def _median(fn, repeats, warmup=0):
+    for _ in range(warmup):  # first touches of fresh memory (the object stores' too) are not the steady state
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -47,6 +64,74 @@ def _tree(mb, leaves):
     sharding = NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',)), P())
     values = {f'leaf{i}': rng.standard_normal(n, dtype=np.float32) for i in range(leaves)}
     return jax.device_put(values, sharding), sharding
+
+
+def _tcp(parts: list[np.ndarray]) -> float:
+    """Seconds to send `parts` over one loopback TCP connection to another thread."""
+    total = sum(p.nbytes for p in parts)
+    dst = memoryview(np.empty(total, np.uint8))
+    with socket.create_server(('127.0.0.1', 0)) as server:
+        def send():
+            conn, _ = server.accept()
+            with conn:
+                for p in parts:
+                    conn.sendall(p)
+        start = time.perf_counter()
+        sender = threading.Thread(target=send)
+        sender.start()
+        with socket.create_connection(server.getsockname()) as conn:
+            got = 0
+            while got < total:
+                n = conn.recv_into(dst[got:], min(total - got, 16 << 20))
+                if not n:
+                    raise ConnectionError(f'Loopback sender stopped after {got} of {total} bytes.')
+                got += n
+        sender.join()
+        return time.perf_counter() - start
+
+
+def _baselines(shards, far_node, repeats) -> dict:
+    """The same bytes copied, checksummed, sent over loopback TCP and handed over by Ray."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    parts = [checksum.flat_bytes(s.data) for s in shards]
+    dst = np.empty(sum(p.nbytes for p in parts), np.uint8)
+    offsets = np.cumsum([0] + [p.nbytes for p in parts])
+
+    def copy():
+        for p, lo in zip(parts, offsets):
+            np.copyto(dst[lo:lo + p.nbytes], p)
+    out = {}
+    for name, fn in (('copy', copy), ('checksum', lambda: checksum.sums(parts)),
+                     ('zlib_crc32', lambda: [zlib.crc32(p) for p in parts])):
+        out[f'{name}_sec'], _ = _median(fn, repeats, warmup=1)
+    out['tcp_sec'] = statistics.median([_tcp(parts) for _ in range(repeats + 1)][1:])  # after a warm-up
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def __init__(self, parts):
+            self.parts = [p.copy() for p in parts]
+
+        def get(self):
+            return [ray.put(self.parts)]
+    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(far_node, soft=False)
+                            ).remote(parts)
+    ray.get(holder.get.remote())
+    out['ray_transfer_sec'], _ = _median(lambda: ray.get(ray.get(holder.get.remote())[0]), repeats, warmup=1)
+    ray.kill(holder)
+    return out
+
+
+def _ratios(out: dict) -> dict:
+    """Each figure against the copy, and the remote reads against TCP and Ray's own transfer."""
+    ratios = {}
+    for key, sec in out.items():
+        if key.endswith('_sec') and 'blocked' not in key and key != 'copy_sec' and sec:
+            ratios[key.replace('_sec', '_vs_copy')] = round(out['copy_sec'] / sec, 3)
+    for key in ('read_remote', 'restore_remote'):
+        for base in ('tcp', 'ray_transfer'):
+            ratios[f'{key}_vs_{base.split("_")[0]}'] = round(out[f'{base}_sec'] / out[f'{key}_sec'], 3)
+    return ratios
 
 
 def _reads(own, far, abstract, repeats) -> dict:
@@ -64,8 +149,12 @@ def _reads(own, far, abstract, repeats) -> dict:
             jax.block_until_ready(jax_io.restore(abstract, snaps[:1])[0])
             for s in snaps:
                 s.close()
-        out[f'read_{via}_sec'], _ = _median(read_raw, repeats)
-        out[f'restore_{via}_sec'], _ = _median(restore, repeats)
+        if via == 'shm':  # as a relaunched worker reads: its first mapping of the keeper's slots
+            for name, fn in (('read', read_raw), ('restore', restore)):
+                shm.unmap_all()
+                out[f'{name}_shm_cold_sec'], _ = _median(fn, 1)
+        out[f'read_{via}_sec'], _ = _median(read_raw, repeats, warmup=1)
+        out[f'restore_{via}_sec'], _ = _median(restore, repeats, warmup=1)
     return out
 
 
@@ -114,6 +203,7 @@ def main(argv=None) -> dict:
         with KeeperClient(far) as c:
             SnapshotWriter(c).write(1, jax_io.host_shards(tree), {})
         out.update(_reads(own, far, abstract, args.repeats))
+        out.update(_baselines(jax_io.host_shards(tree), there, args.repeats))
 
         host_sh = jax_io.pinned_host_shardings(jax.tree.map(lambda _: sharding, tree))
         with async_writer.AsyncSnapshotter(writer) as snap:
@@ -143,6 +233,7 @@ def main(argv=None) -> dict:
         cluster.shutdown()
     for key in [k for k in out if k.endswith('_sec') and 'blocked' not in k]:
         out[key.replace('_sec', '_gbps')] = round(args.mb / 1024 / out[key], 2) if out[key] else None
+    out.update(_ratios(out))
     print(json.dumps(out, indent=1))
     return out
 
