@@ -152,3 +152,15 @@ def test_a_slow_write_drops_the_next_snapshot_instead_of_stalling_the_step(keepe
         hook.close()
     with KeeperClient(keepers[2]) as c:
         assert 1 in {r.step for r in c.snapshots()} and 2 not in {r.step for r in c.snapshots()}
+
+
+def test_a_node_loss_of_a_sharded_snapshot_needs_parity_even_where_replicas_remain():
+    """Two workers on two nodes each hold a whole replica, so a whole-state snapshot
+    survives either node's loss; sharded, each keeper holds half, and only parity
+    (one member per group on each node) covers the lost half."""
+    from mecefo_jax.launch.placement import Placement, node_loss_problems
+    placement, assignment = Placement(2, 2, 1), {0: 'node-a', 1: 'node-b'}
+    assert node_loss_problems(placement, assignment) == []
+    problems = node_loss_problems(placement, assignment, sharded=True)
+    assert len(problems) == 2 and all('snapshot.shard' in p for p in problems)
+    assert node_loss_problems(placement, assignment, parity_group=2, sharded=True) == []

@@ -115,18 +115,20 @@ def assign_nodes(workers, nodes, keep: dict | None = None) -> dict:
     return assignment
 
 
-def node_loss_problems(placement: Placement, assignment: dict, parity_group: int = 0) -> list[str]:
+def node_loss_problems(placement: Placement, assignment: dict, parity_group: int = 0,
+                       sharded: bool = False) -> list[str]:
     """Why losing a node (its workers and keepers together) would lose state; [] if none would.
 
     A loss is survived when the other nodes' workers still hold a whole
-    replica (every data-parallel copy holds the whole state), or when XOR
-    parity (`parity_group` > 0) loses at most one member of each group.
+    replica (every data-parallel copy holds the whole state; not so where the
+    snapshot is `sharded` over them: each keeper holds only its part), or when
+    XOR parity (`parity_group` > 0) loses at most one member of each group.
     """
     problems = []
     for node in sorted(set(assignment.values())):
         lost = sorted(w for w, n in assignment.items() if n == node)
         rest = [w for w in range(placement.workers) if w not in lost]
-        if placement.survives(rest):
+        if not sharded and placement.survives(rest):
             continue
         if parity_group:
             groups = {w // parity_group for w in lost}
@@ -134,6 +136,10 @@ def node_loss_problems(placement: Placement, assignment: dict, parity_group: int
                 continue
             problems.append(f'node {node[:12]} holds workers {lost}, two or more of one parity '
                             f'group of {parity_group}, and no other node holds a whole replica')
+        elif sharded:
+            problems.append(f'node {node[:12]} holds workers {lost}, whose keepers hold their '
+                            'parts of the sharded snapshot (snapshot.shard), and no parity '
+                            'covers them')
         else:
             problems.append(f'node {node[:12]} holds workers {lost}; without them no whole '
                             'replica of the state is left, and no parity covers them')

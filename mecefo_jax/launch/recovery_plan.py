@@ -49,24 +49,46 @@ def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, G
     _place_and_record(job, members, resume, row)
     resume_step = 0
     if resume == 'memory' and job.uses_keepers:
-        fresh, row['parity_rebuild_sec'] = _replace_lost_keepers(job, members, row)
+        # A sharded snapshot needs every writer's part: a lost keeper of a writer that is
+        # no member now (its node died with it) is rebuilt too, on a live node.
+        writers = [w for w in gen.members if w not in members] if job.cfg.snapshot.shard else []
+        if writers:
+            _place(job, [w for w in writers if not job.keepers.alive(w)])
+        fresh, row['parity_rebuild_sec'] = _replace_lost_keepers(job, list(members) + writers,
+                                                                 row)
         # Every worker restores the same step, chosen here from the keepers
         # that were written to until the end (and any rebuilt from parity):
         # no collective on the way back. A rejoining worker's own keeper may
         # be empty or stale; it heals that step from its peers. With no
         # survivor (every worker died at once), every keeper that lived.
-        rebuilt = row.get('parity_rebuilt_workers', [])
-        holders = [w for w in (survivors + rebuilt or members)
-                   if w not in fresh and job.keepers.alive(w)]
-        resume_step = job.keepers.common_step(holders)
+        holders = _holders(job, gen, survivors, members, fresh, row)
+        resume_step = job.keepers.common_step(holders) if holders is not None else 0
         row['newest_checkpoint'] = newest_checkpoint(job.workdir)
         if resume_step == 0 and row['completed_steps'] > 0:
             members, resume, returns = workers, 'disk', 0
-            _fall_back_to_disk(job, members, holders, row)
+            _fall_back_to_disk(job, members, holders or [], row)
         elif (row['newest_checkpoint'] or 0) > resume_step:
             resume, resume_step = _restore_newer_checkpoint(job, resume_step, row)
     stop_at = resume_step + returns if returns > 0 else 0
     return row, Generation(gen.number + 1, members, resume, stop_at, resume_step)
+
+
+def _holders(job: JobState, gen: Generation, survivors, members, fresh, row: dict):
+    """The keepers whose common step the members restore; None where none can serve.
+
+    A whole-state snapshot: the survivors' keepers (and any rebuilt from parity; with
+    no survivor, every keeper that lived). A sharded one (`snapshot.shard`): every
+    keeper the ended generation wrote its parts to, the failed worker's too; one of
+    them lost and not rebuilt leaves no step whole in memory.
+    """
+    if job.cfg.snapshot.shard:
+        writers = list(gen.members)
+        whole = all(w not in fresh and job.keepers.alive(w) for w in writers)
+        row['shard_writers'] = writers
+        return writers if whole else None
+    rebuilt = row.get('parity_rebuilt_workers', [])
+    return [w for w in (survivors + rebuilt or members)
+            if w not in fresh and job.keepers.alive(w)]
 
 
 def _restore_newer_checkpoint(job: JobState, held: int, row: dict) -> tuple[str, int]:

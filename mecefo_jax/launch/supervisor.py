@@ -268,7 +268,8 @@ class Launcher:
                          '(the disk checkpoint remains)')
             return
         parity = self.job.cfg.snapshot.parity_group if self.job.cfg.snapshot.parity else 0
-        problems = node_loss_problems(self.job.placement, self.job.nodes, parity)
+        problems = node_loss_problems(self.job.placement, self.job.nodes, parity,
+                                      sharded=self.job.cfg.snapshot.shard)
         if problems and not self.job.cfg.launch.accept_node_loss:
             raise ValueError('launch: losing one node would lose the only copy of part of the '
                              'state: ' + '; '.join(problems) + '. Fix: run on more nodes, use '

@@ -35,6 +35,12 @@ def end_record(cfg, args: WorkerArgs, summary: dict, snapshot_hook, *,
            'snapshot_blocked_sec': snapshot_hook.blocked_sec if snapshot_hook else 0.0,
            'snapshots': snapshot_hook.submitted if snapshot_hook else 0,
            'snapshots_dropped': snapshot_hook.stats.dropped if snapshot_hook else 0,
+           # What this worker wrote per snapshot against its whole state: about 1/n of it
+           # where snapshots are sharded over n workers (snapshot.shard).
+           'snapshot_bytes': snapshot_hook.stats.bytes if snapshot_hook else 0,
+           'snapshot_parity_bytes': snapshot_hook.stats.parity_bytes if snapshot_hook else 0,
+           'snapshots_published': snapshot_hook.stats.published if snapshot_hook else 0,
+           'state_bytes': int(sum(x.nbytes for x in jax.tree.leaves(state))),
            'programs_compiled': program_cache.stats.misses,
            'programs_cached': program_cache.stats.hits,
            'median_step_sec': median_step_sec,
