@@ -40,7 +40,12 @@ LAYERS = 'layers'  # the scanned blocks' subtree: leaves [num_layers, ...]
 def is_paper_rule(cfg) -> bool:
     """Every neighbour gradient fully trusted (the paper's rule): no weights are applied."""
     return (cfg.neighbour_weight == 1.0 and cfg.trust_top_blocks == 0
-            and cfg.projection != 'none')
+            and cfg.projection != 'none' and not _attention_per_block(cfg))
+
+
+def _attention_per_block(cfg) -> bool:
+    """Some blocks' attention gets neighbour gradients, others none."""
+    return cfg.skip_attention and cfg.attention_top_blocks > 0
 
 
 def _is_ffn_kernel(path) -> bool:
@@ -62,17 +67,20 @@ def trust_tree(cfg, params):
     w, top, layers = cfg.neighbour_weight, cfg.trust_top_blocks, cfg.num_layers
     trusted = np.array([w if not top or i >= layers - top else 0.0 for i in range(layers)],
                        np.float32)
+    # Attention gradients exist where the neighbour computes its attention backward.
+    computed = np.array([not cfg.skip_attention or i >= layers - cfg.attention_top_blocks
+                         for i in range(layers)], np.float32)
 
     def weight(path, leaf):
-        if ((is_attention_branch(path) and cfg.skip_attention)
-                or (_is_ffn_kernel(path) and cfg.projection == 'none')):
+        if _is_ffn_kernel(path) and cfg.projection == 'none':
             return 0.0
+        per_block = trusted * computed if is_attention_branch(path) else trusted
         name = str(getattr(path[0], 'key', path[0]))
         if name == LAYERS:  # scanned: one weight per block, broadcast over the leaf
-            return trusted.reshape((layers,) + (1,) * (np.ndim(leaf) - 1))
+            return per_block.reshape((layers,) + (1,) * (np.ndim(leaf) - 1))
         block = _block_of(path)
         if block is not None:
-            return float(trusted[block])
+            return float(per_block[block])
         return 0.0 if top and name == 'embedding' else w
     return jax.tree_util.tree_map_with_path(weight, params)
 

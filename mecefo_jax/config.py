@@ -95,6 +95,9 @@ def _mecefo_section() -> ConfigDict:
     # The neighbour's attention branch is identity in backward (the paper's rule). False
     # computes it exactly and counts its attention gradient (an ablation, not a saving).
     section.skip_attention = True
+    # Where it skips: the top K blocks still compute their attention backward exactly
+    # (a rule: the skip below them then corrupts fewer cotangents); 0: the paper's.
+    section.attention_top_blocks = 0
     # The weight of a neighbour-mode row's gradient where it is trusted: 1.0 is the
     # paper's rule, 0.0 treats the row as dropped (mecefo_jax/combination.py).
     section.neighbour_weight = 1.0

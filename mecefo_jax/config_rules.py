@@ -99,6 +99,9 @@ def _check_mecefo(cfg: Config) -> None:
     _one_of('mecefo.skip_attention', m.skip_attention, (True, False))
     _require(0.0 <= m.neighbour_weight <= 1.0, 'mecefo.neighbour_weight', m.neighbour_weight,
              "must be in [0, 1] (1: the paper's rule, 0: the row counts as dropped)", 1.0)
+    _require(0 <= m.attention_top_blocks <= cfg.model.num_layers, 'mecefo.attention_top_blocks',
+             m.attention_top_blocks, f'must be in [0, model.num_layers={cfg.model.num_layers}] '
+             '(0: every block skips it)', 0)
     _require(0 <= m.trust_top_blocks <= cfg.model.num_layers, 'mecefo.trust_top_blocks',
              m.trust_top_blocks, f'must be in [0, model.num_layers={cfg.model.num_layers}] '
              '(0: every block)', 0)

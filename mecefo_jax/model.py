@@ -53,6 +53,7 @@ class ModelConfig(ModelSection):
     unroll_loops: bool = False  # straight-line layers and loss chunks (FLOP counting)
     projection: str = 'weights'  # the neighbour's FFN gradient rule (mecefo.projection)
     skip_attention: bool = True  # the neighbour's attention is identity in backward
+    attention_top_blocks: int = 0  # ... except in the top K blocks
     neighbour_weight: float = 1.0  # the combination's trust (combination.py)
     trust_top_blocks: int = 0
     rank: float = 0.25  # mecefo.rank: the 'gradient' rule's r ('weights' reads r off V)
@@ -63,6 +64,7 @@ class ModelConfig(ModelSection):
         m = cfg.mecefo
         return cls(**dataclasses.asdict(cfg.model), remat_ffn=m.remat_ffn,
                    projection=m.projection, rank=m.rank, skip_attention=m.skip_attention,
+                   attention_top_blocks=m.attention_top_blocks,
                    neighbour_weight=m.neighbour_weight, trust_top_blocks=m.trust_top_blocks)
 
     @property
@@ -232,10 +234,16 @@ class Block(nn.Module):
     neighbour: bool = False
 
     @nn.compact
-    def __call__(self, x_bld, _=None):
+    def __call__(self, x_bld, attention_grad=None):
         c = self.cfg
         attn_bld = Attention(c, name='attn')(RMSNorm(c.norm_eps, name='attn_norm')(x_bld))
-        if self.neighbour and c.skip_attention:
+        if self.neighbour and c.skip_attention and attention_grad is not None:
+            # This block's gate (mecefo.attention_top_blocks): 1 computes the attention
+            # backward exactly, 0 skips it. frozen + g (attn - frozen) is attn, bit for bit,
+            # in forward; in backward the branch's cotangent is scaled by g.
+            frozen_bld = jax.lax.stop_gradient(attn_bld)
+            attn_bld = frozen_bld + attention_grad.astype(attn_bld.dtype) * (attn_bld - frozen_bld)
+        elif self.neighbour and c.skip_attention:
             # Identity in backward: the cotangent takes the residual path only.
             # stop_gradient makes the branch's linearisation dead code, so XLA
             # keeps none of its activations and runs none of its backward.
@@ -250,8 +258,18 @@ class Block(nn.Module):
         return x_bld + ffn_bld, None
 
 
+def attention_gates(cfg: ModelConfig):
+    """Per block, 1.0 where a skipping neighbour still computes the attention backward
+    (the top `attention_top_blocks`), else 0.0; None where no block needs a gate."""
+    if not cfg.skip_attention or not cfg.attention_top_blocks:
+        return None
+    top = cfg.num_layers - cfg.attention_top_blocks
+    return jnp.asarray([float(i >= top) for i in range(cfg.num_layers)], jnp.float32)
+
+
 def _run_blocks(cfg: ModelConfig, neighbour: bool, x_bld):
     """All blocks: scanned (one body, params [N, ...]) or looped (`layers_i`)."""
+    gates = attention_gates(cfg) if neighbour else None
     block = Block
     policy = remat_policy(cfg.remat_policy)
     if policy is not None:
@@ -262,10 +280,11 @@ def _run_blocks(cfg: ModelConfig, neighbour: bool, x_bld):
                           split_rngs={'params': True}, length=cfg.num_layers,
                           unroll=cfg.num_layers if cfg.unroll_loops else 1,
                           metadata_params={nn.PARTITION_NAME: 'layers'})
-        x_bld, _ = scanned(cfg, neighbour, name='layers')(x_bld, None)
+        x_bld, _ = scanned(cfg, neighbour, name='layers')(x_bld, gates)
         return x_bld
     for i in range(cfg.num_layers):
-        x_bld, _ = block(cfg, neighbour, name=f'layers_{i}')(x_bld, None)
+        gate = None if gates is None else gates[i]
+        x_bld, _ = block(cfg, neighbour, name=f'layers_{i}')(x_bld, gate)
     return x_bld
 
 

@@ -101,6 +101,7 @@ class MecefoSection:
     tau: int
     projection: str
     skip_attention: bool
+    attention_top_blocks: int
     neighbour_weight: float
     trust_top_blocks: int
     refresh: str

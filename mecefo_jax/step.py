@@ -92,7 +92,8 @@ def _program_grads(model: Llama, program, params, projections, tokens_ct, weight
 def _stats(model: Llama, loss_sum, exact_tokens, neighbour_tokens) -> dict:
     """The step's loss and counts; `attn_tokens`: the rows that gave an attention gradient."""
     tokens = exact_tokens + neighbour_tokens
-    attn = exact_tokens if model.cfg.skip_attention else tokens
+    skipped = model.cfg.skip_attention and not model.cfg.attention_top_blocks
+    attn = exact_tokens if skipped else tokens
     return {'loss': loss_sum / jnp.maximum(tokens, 1.0), 'tokens': tokens, 'attn_tokens': attn}
 
 

@@ -1,6 +1,7 @@
 """Unit tests of mecefo_jax.experiments.role_timer: which programs a layout runs, and their cost."""
 
 import jax
+import pytest
 
 from configs import tiny
 from mecefo_jax import optim
@@ -61,3 +62,16 @@ def test_measure_times_every_program_alone_on_one_device():
     # A program first met later is measured then (together with the known ones).
     assert timer.seconds(Program(ROLE_NORMAL, 2 * B)) > 0
     assert set(timer.table()) == {'normalx2', 'neighbourx4', 'normalx4'}
+
+
+def test_the_neighbours_attention_backward_costs_twice_its_forward_per_block():
+    """mecefo.skip_attention off (share 1) or in the top K blocks (share K / L): each such
+    block adds the attention branch's backward, twice its forward (projections + scores)."""
+    from mecefo_jax.faults import costs
+    shape = costs.PAPER_MODELS['350M']
+    kw = dict(mode='neighbour', seq_len=256, rank=128, batch_tokens=4096.0, recompute_ffn=False)
+    skipped = costs.flops_per_token(shape, **kw)
+    half = costs.flops_per_token(shape, attention_backward=0.5, **kw)
+    d, scores = shape.d_model, 4 * 256 * shape.d_model
+    per_block = 2.0 * (2 * 4 * d * d + scores)
+    assert half - skipped == pytest.approx(0.5 * shape.num_layers * per_block)

@@ -639,3 +639,26 @@ def test_no_projection_gives_the_stop_gradient_reference_without_ffn_kernels(set
         lambda path, g: jnp.zeros_like(g) if is_attention_branch(path) or _ffn_kernel_name(path)
         else g, ref)
     assert_tree_close(grads, expected, 1e-4, "projection='none' ")
+
+
+def test_attention_backward_in_the_top_blocks_only(setup):
+    """mecefo.attention_top_blocks=1 of 2: the top block's attention branch has its exact
+    backward, the bottom block's is skipped; against jax.grad of the reference with the
+    stop-gradient on block 0 only."""
+    _, _, params, tokens = setup
+    v = _projections(params, RANK)
+    model = _model(attention_top_blocks=1, projection='exact')
+    grads = _grads(model, True, params, v, tokens)
+
+    def loss(p, t, w):
+        x = p['embedding'][t]
+        for i in range(CFG.num_layers):
+            x = _ref_block(x, p[f'layers_{i}'], stop_attention=i == 0)
+        return jnp.sum((_ref_rms(x, p['final_norm']['scale']) @ p['head']) * w)
+    ref = _jit(jax.grad(loss))(params, tokens, _loss_weights())
+    expected = jax.tree_util.tree_map_with_path(
+        lambda path, g: jnp.zeros_like(g) if is_attention_branch(path)
+        and getattr(path[0], 'key', None) == 'layers_0' else g, ref)
+    assert_tree_close(grads, expected, 1e-4, 'attention_top_blocks=1 ')
+    np.testing.assert_array_equal(_apply_fn(model)(params, v, tokens, neighbour=True),
+                                  _apply_fn(model)(params, v, tokens, neighbour=False))

@@ -535,3 +535,14 @@ def test_without_ffn_kernel_gradients_the_neighbour_counts_as_dropped_for_them(s
         return e if names[-1] == 'kernel' and 'ffn' in names else p
     assert_tree_close(grads, jax.tree_util.tree_map_with_path(expected, paper, exact_only), REL,
                       "projection='none' ")
+
+
+def test_attention_in_the_top_blocks_counts_the_neighbours_rows_there():
+    """mecefo.attention_top_blocks: the blocks whose attention backward the neighbour
+    computes average their attention over every row; the others over the exact rows."""
+    from mecefo_jax.combination import trust_tree
+    model = build_model(resolve(tiny.get_config()), num_layers=3, attention_top_blocks=1)
+    params = jax.eval_shape(lambda: nn.unbox(init_params(model, jax.random.key(0))))
+    trust = trust_tree(model.cfg, params)
+    np.testing.assert_array_equal(np.ravel(trust['layers']['attn']['wq']), [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(np.ravel(trust['layers']['ffn']['w_up']['kernel']), [1, 1, 1])

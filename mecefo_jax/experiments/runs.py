@@ -30,24 +30,26 @@ class Run(NamedTuple):
     attention: str = ''
     weight: float = 1.0
     top: int = 0
+    attn_top: int = 0
 
 
 _OPTIONS = ("the fields after the regime are 'cap=N' (N >= 1, fault.max_neighbour_rows; "
             "mecefo_planned only), 'rank=R' (R >= 1, mecefo.rank), 'proj=P' (P one of "
             f"{', '.join(PROJECTION_RULES)}, mecefo.projection), 'attn=exact' "
             "(mecefo.skip_attention=False), 'w=W' (0 <= W < 1, mecefo.neighbour_weight) and "
-            "'top=K' (K >= 1, mecefo.trust_top_blocks), e.g. mecefo_planned:high:cap=8, "
+            "'top=K' (K >= 1, mecefo.trust_top_blocks), 'attn_top=K' (K >= 1, "
+            "mecefo.attention_top_blocks), e.g. mecefo_planned:high:cap=8, "
             'mecefo:high:rank=64, mecefo:high:proj=gradient or mecefo:high:top=2')
 
 
 def run_name(strategy: str, regime: str, cap: int = 0, rank: int = 0, projection: str = '',
-             attention: str = '', weight: float = 1.0, top: int = 0) -> str:
+             attention: str = '', weight: float = 1.0, top: int = 0, attn_top: int = 0) -> str:
     if strategy == 'fault_free':
         return 'fault_free'
     return (f'{strategy}_{regime}' + (f'_cap{cap}' if cap else '')
             + (f'_rank{rank}' if rank else '') + (f'_proj{projection}' if projection else '')
             + (f'_attn{attention}' if attention else '') + (f'_w{weight:g}' if weight != 1.0 else '')
-            + (f'_top{top}' if top else ''))
+            + (f'_top{top}' if top else '') + (f'_attntop{attn_top}' if attn_top else ''))
 
 
 def parse_runs(text: str) -> tuple[Run, ...]:
@@ -83,7 +85,7 @@ def _parse_options(item: str, strategy: str, text: str) -> dict:
                 raise ValueError(f"--runs: {item!r}: 'proj={value}': the projection rule "
                                  f"(mecefo.projection) is one of {', '.join(PROJECTION_RULES)}.")
             options['projection'] = value
-        elif key in ('cap', 'rank', 'top') and value.isdigit() and int(value) >= 1 \
+        elif key in ('cap', 'rank', 'top', 'attn_top') and value.isdigit() and int(value) >= 1 \
                 and key not in options:
             options[key] = int(value)
         elif key == 'attn' and value == 'exact' and 'attention' not in options:
@@ -117,5 +119,6 @@ def run_config(cfg, run: Run, seed: int, evals: int):
         'mecefo.skip_attention': cfg.mecefo.skip_attention and run.attention != 'exact',
         'mecefo.neighbour_weight': run.weight if run.weight != 1.0 else cfg.mecefo.neighbour_weight,
         'mecefo.trust_top_blocks': run.top or cfg.mecefo.trust_top_blocks,
+        'mecefo.attention_top_blocks': run.attn_top or cfg.mecefo.attention_top_blocks,
         'train.checkpoint_every': 0,  # quality only: no checkpoint cost needed
         'train.eval_every': max(1, cfg.train.steps // max(1, evals))})

@@ -164,6 +164,7 @@ class _Seed:
                   'rank': run.rank or self.cfg.mecefo.rank,
                   'projection': run.projection or self.cfg.mecefo.projection,
                   'skip_attention': run_cfg.mecefo.skip_attention,
+                  'attention_top_blocks': run_cfg.mecefo.attention_top_blocks,
                   'seed': self.seed, 'how': how, 'schedule': format_events(events),
                   'first_failure': first, **record, 'wall_sec': time.perf_counter() - start,
                   'cpu_sec': time.process_time() - cpu}

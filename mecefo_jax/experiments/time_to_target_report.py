@@ -67,11 +67,12 @@ def time_models(cfg, replicas: int, costs, bench: dict | None = None):
 
     def model_for(record: dict) -> TimeModel:
         key = (float(record.get('rank', cfg.mecefo.rank)), record.get('projection', 'weights'),
-               record.get('skip_attention', True))
+               record.get('skip_attention', True), record.get('attention_top_blocks', 0))
         if key not in models:
             models[key] = TimeModel(updated(cfg, {'mecefo.rank': key[0],
                                                   'mecefo.projection': key[1],
-                                                  'mecefo.skip_attention': key[2]}),
+                                                  'mecefo.skip_attention': key[2],
+                                                  'mecefo.attention_top_blocks': key[3]}),
                                     replicas, costs, bench)
         return models[key]
     return model_for

@@ -42,7 +42,7 @@ CAP = 8  # mecefo_planned's neighbour-row cap: a quarter of the batch at every p
 CONTROL = (Run('drop_adopters', 'high'),)
 ABLATIONS = (Run('mecefo', 'high', attention='exact'), Run('mecefo', 'high', projection='exact'))
 RULES = (Run('mecefo', 'high', projection='none'), Run('mecefo', 'high', top=2),
-         Run('mecefo', 'high', weight=0.5))
+         Run('mecefo', 'high', weight=0.5), Run('mecefo', 'high', attn_top=2))
 # What every point compares (elastic and checkpoint_restart are replays: free).
 CORE_RUNS = (Run('fault_free', ''), Run('mecefo', 'high'), Run('mecefo_planned', 'high', CAP),
              Run('drop', 'high'), Run('elastic', 'high'), Run('checkpoint_restart', 'high'))

@@ -31,9 +31,8 @@ Three sources, whichever is given:
       QR)/b`` under `mecefo.projection='gradient'`, ``2mn`` under 'exact', 0
       under 'none' (`ffn_wgrad_flops`).
 
-    Elementwise work (norms, SwiGLU gate, softmax, RoPE, the embedding
-    gather, about 1% of a block) is left out. Two shards on one device are
-    one joined batch (b doubles).
+    Elementwise work (norms, gate, softmax, RoPE, gather: about 1% of a block)
+    is left out. Two shards on one device are one joined batch (b doubles).
 
 ``bench``
     `bench_step.json` from `scripts/bench_step.py` (ideally run on a GPU):
@@ -43,10 +42,9 @@ Three sources, whichever is given:
     GSPMD data-parallel step that layouts without a neighbour run).
 
 ``roles``
-    Per-program seconds measured on this machine by the strategy comparison:
-    ``compare_faults.json``'s ``programs`` (``{name: {'seconds': s}}``, or
-    ``{'seconds': {'mean': s, ...}}`` over seeds), or a plain
-    ``{name: seconds}`` table (a controller summary's ``role_seconds``);
+    Per-program seconds measured here by the strategy comparison
+    (``compare_faults.json``'s ``programs``: ``{name: {'seconds': s}}`` or over
+    seeds ``{'seconds': {'mean': s}}``), or a plain ``{name: seconds}`` table;
     names are programs such as ``normalx2`` or ``neighbourx3``.
 
 Between the points a table gives, cost is linear in examples (interpolated
@@ -107,14 +105,14 @@ def ffn_wgrad_flops(n: int, m: int, *, rank: int, tokens: float, projection: str
 def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int,
                           batch_tokens: float, recompute_ffn: bool,
                           causal_scores: bool = False, projection: str = 'weights',
-                          skip_attention: bool = True) -> float:
+                          attention_backward: float = 0.0) -> float:
     """FLOPs of one transformer block per token, forward + backward, in `mode`.
 
     `mode` is 'normal' (exact) or 'neighbour' (MeCeFO's approximate backward);
     `batch_tokens` is the b of the low-rank product paid once per batch;
     `projection` the neighbour's FFN gradient rule (`mecefo.projection`);
-    `skip_attention` False charges the neighbour the attention branch's exact
-    backward (`mecefo.skip_attention`), twice its forward.
+    `attention_backward` the share of blocks whose attention backward the neighbour
+    computes (`attention_share`), each twice the branch's forward.
     """
     d, h, L = shape.d_model, shape.ffn_hidden, seq_len
     ffn_fwd = 2 * 3 * d * h
@@ -131,14 +129,14 @@ def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: i
                          for n, m in ffn_kernels(shape)) / batch_tokens
     ffn_act_grad = 2 * 3 * d * h
     recompute = ffn_fwd if recompute_ffn else 0.0
-    attention_backward = 0.0 if skip_attention else 2.0 * (2 * 4 * d * d + scores)
-    return forward + recompute + ffn_act_grad + low_rank_wgrad + attention_backward
+    attention = attention_backward * 2.0 * (2 * 4 * d * d + scores)
+    return forward + recompute + ffn_act_grad + low_rank_wgrad + attention
 
 
 def flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int = 128,
                     batch_tokens: float = 1.0, recompute_ffn: bool = True,
                     causal_scores: bool = False, num_layers: int | None = None,
-                    projection: str = 'weights', skip_attention: bool = True) -> float:
+                    projection: str = 'weights', attention_backward: float = 0.0) -> float:
     """Forward + backward FLOPs per token of the whole model (blocks + head).
 
     `num_layers` overrides the shape's depth (the CPU benchmark used 4 blocks).
@@ -148,7 +146,7 @@ def flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int = 1
     return layers * block_flops_per_token(
         shape, mode=mode, seq_len=seq_len, rank=rank, batch_tokens=batch_tokens,
         recompute_ffn=recompute_ffn, causal_scores=causal_scores, projection=projection,
-        skip_attention=skip_attention) + head
+        attention_backward=attention_backward) + head
 
 
 def interpolate(points, x) -> np.ndarray:
@@ -230,13 +228,14 @@ def analytic_table(shape: ModelShape, *, seq_len: int, replica_seqs: int, rank: 
                    recompute_ffn: bool, mfu: float,
                    peak_flops: float = PEAK_FLOPS_A100_BF16,
                    causal_scores: bool = False, projection: str = 'weights',
-                   skip_attention: bool = True) -> CostTable:
+                   attention_backward: float = 0.0) -> CostTable:
     """The FLOP model's table for `shape` with `replica_seqs` sequences per shard, the
     neighbour's FFN gradient under the `projection` rule (`mecefo.projection`) and its
-    attention backward skipped or not (`mecefo.skip_attention`)."""
+    attention backward computed in `attention_backward` of the blocks (`attention_share`)."""
     b = replica_seqs * seq_len
     kw = dict(seq_len=seq_len, rank=rank, recompute_ffn=recompute_ffn,
-              causal_scores=causal_scores, projection=projection, skip_attention=skip_attention)
+              causal_scores=causal_scores, projection=projection,
+              attention_backward=attention_backward)
     normal = flops_per_token(shape, mode='normal', **kw)
     one = flops_per_token(shape, mode='neighbour', batch_tokens=b, **kw) / normal
     two = 2 * flops_per_token(shape, mode='neighbour', batch_tokens=2 * b, **kw) / normal
@@ -249,7 +248,8 @@ def analytic_table(shape: ModelShape, *, seq_len: int, replica_seqs: int, rank: 
         step_sec_source=f'analytic FLOPs at MFU {mfu:g} of {peak_flops / 1e12:g} TFLOP/s',
         note=(f'FLOP model, recompute_ffn={recompute_ffn}, '
               f'{"causal" if causal_scores else "full"} attention scores, r={rank}, '
-              f'projection={projection}, skip_attention={skip_attention}, '
+              f'projection={projection}, attention backward in {attention_backward:g} of '
+              'the blocks, '
               f'b={b} tokens per shard'))
 
 

@@ -19,7 +19,7 @@ config's own shape, `faults/costs.py`), `bench:PATH` (a bench_step.json) or
 from __future__ import annotations
 
 from mecefo_jax.faults import costs as costs_lib
-from mecefo_jax.faults.planner import Planner, program_cost
+from mecefo_jax.faults.planner import Planner, attention_share, program_cost
 from mecefo_jax.faults.strategies import STRATEGIES, layout_for
 from mecefo_jax.layout import ROLE_NAMES, ROLE_NORMAL, Layout
 
@@ -31,7 +31,7 @@ def cost_table(cfg, spec: str, shard: int) -> costs_lib.CostTable:
     rank = _rank(cfg)
     common = dict(seq_len=cfg.data.seq_len, replica_seqs=shard, mfu=1.0, rank=rank,
                   recompute_ffn=cfg.mecefo.remat_ffn, projection=cfg.mecefo.projection,
-                  skip_attention=cfg.mecefo.skip_attention)
+                  attention_backward=attention_share(cfg.mecefo, cfg.model.num_layers))
     if kind == 'analytic' and not path:
         return costs_lib.analytic_table(shape, **common)
     if kind == 'bench' and path:

@@ -333,6 +333,11 @@ class Planner:
         return self._budgets[key]
 
 
+def attention_share(mecefo, num_layers: int) -> float:
+    """The share of blocks whose attention backward a neighbour computes (`mecefo` section)."""
+    return 1.0 if not mecefo.skip_attention else mecefo.attention_top_blocks / num_layers
+
+
 def config_planner(cfg, shard: int) -> Planner:
     """The planner a training run uses: the analytic FLOP costs of its own model and of
     its neighbour's FFN gradient rule (`mecefo.projection`).
@@ -345,6 +350,6 @@ def config_planner(cfg, shard: int) -> Planner:
     table = costs_lib.analytic_table(
         costs_lib.shape_of(cfg.model), seq_len=cfg.data.seq_len, replica_seqs=shard, rank=rank,
         recompute_ffn=cfg.mecefo.remat_ffn, mfu=1.0, projection=cfg.mecefo.projection,
-        skip_attention=cfg.mecefo.skip_attention)
+        attention_backward=attention_share(cfg.mecefo, cfg.model.num_layers))
     return Planner(shard, costs_lib.role_cost(table, shard),
                    max_neighbour_rows=cfg.fault.max_neighbour_rows)
