@@ -129,7 +129,10 @@ def test_a_restore_tiles_each_box_from_every_keepers_part(keepers):
 
 @pytest.mark.subprocess  # keepers are Ray actors
 @pytest.mark.ray
-def test_a_slow_write_drops_the_next_snapshot_instead_of_stalling_the_step(keepers):
+def test_under_auto_a_slow_write_never_stalls_the_step_and_the_newest_snapshot_wins(keepers):
+    """The writer is held inside the publish of step 1; steps 2 and 3 come due meanwhile.
+    Neither waits: 2 waits its turn, 3 replaces it (2 is dropped), and once the writer
+    goes on, 1 and 3 are published."""
     from mecefo_jax.launch.worker_state import SnapshotHook
     mesh = Mesh(np.array(jax.devices()[:2]).reshape(2, 1), ('data', 'model'))
     _, tree, _ = _replicated(mesh)
@@ -138,20 +141,29 @@ def test_a_slow_write_drops_the_next_snapshot_instead_of_stalling_the_step(keepe
     def before_publish(step):
         if step == 1:
             held.set()
-            release.wait()  # the writer holds here: a write slower than any step
+            release.wait()  # a write slower than any step
 
-    hook = SnapshotHook(keepers[2], 1, before_publish=before_publish)
+    def done(step):
+        return types.SimpleNamespace(step=step, state=tree, data_position={'pos': step},
+                                     loss=tree['w'], layout=types.SimpleNamespace(signature='full'))
+
+    hook = SnapshotHook(keepers[2], 'auto', before_publish=before_publish)
     try:
-        hook.on_step(types.SimpleNamespace(step=0, state=tree, data_position={'pos': 0}))
+        hook.cadence.due(0, 'full')  # its topology seen; then an interval, as if measured
+        hook.cadence.interval = 1
+        hook.on_step(done(0))
         assert held.wait(60)
-        for step in (1, 2):  # due, but the write of step 1 is still in flight
-            hook.on_step(types.SimpleNamespace(step=step, state=tree, data_position={'pos': step}))
-        assert (hook.submitted, hook.stats.dropped) == (1, 2)
+        stepping = threading.Thread(target=lambda: [hook.on_step(done(s)) for s in (1, 2)])
+        stepping.start()
+        stepping.join(60)  # returns while the writer is still held: neither step waited
+        assert not stepping.is_alive() and not release.is_set()
+        assert (hook.submitted, hook.stats.dropped) == (3, 1)
     finally:
         release.set()
         hook.close()
     with KeeperClient(keepers[2]) as c:
-        assert 1 in {r.step for r in c.snapshots()} and 2 not in {r.step for r in c.snapshots()}
+        steps = {r.step for r in c.snapshots()}
+    assert {1, 3} <= steps and 2 not in steps
 
 
 def test_a_node_loss_of_a_sharded_snapshot_needs_parity_even_where_replicas_remain():

@@ -122,17 +122,15 @@ class SnapshotHook(Observer):
             self._window_start = now
 
     def _snapshot(self, done, step: int) -> None:
-        # The step never waits for a slow write: while the previous snapshot is still being
-        # written this one is dropped (and counted), unless the way back needs it.
-        # auto's measuring windows time every due snapshot, so it drops none while measuring.
-        must = (step == self.stop_at or (self.hold_after is not None and step >= self.hold_after)
-                or (self.cadence is not None and self.cadence.interval is None))
-        if not must and self._snapshotter.busy:
-            self._snapshotter.drop()
-            return
+        # Under auto's chosen interval the step never waits for a slow write: the newest
+        # snapshot waits its turn and replaces an older waiting one (counted as dropped).
+        # A fixed interval, auto's measuring windows and the steps the way back needs are
+        # each written, waiting for the previous one if need be.
+        must = step == self.stop_at or (self.hold_after is not None and step >= self.hold_after)
+        latest_wins = not must and self.cadence is not None and self.cadence.interval is not None
         start = time.perf_counter()
         copies = pinned_local_copies(done.state, shard_over_replicas=self.shard)
-        self._snapshotter.submit(step, copies, done.data_position)
+        self._snapshotter.submit(step, copies, done.data_position, wait=not latest_wins)
         blocked = time.perf_counter() - start
         self.blocked_sec += blocked
         self.submitted += 1

@@ -13,9 +13,11 @@ keeper's shared memory and publishes, then pushes parity if configured.
 
 At most one snapshot is in flight: `submit` blocks until the previous one
 is published. That back-pressure is real overhead, so it is measured
-(`stats.blocked_sec`) next to the background work (`stats.write_sec`); a
-caller that must never wait asks `busy` first and drops the snapshot
-(`drop`, counted in `stats.dropped`) instead.
+(`stats.blocked_sec`) next to the background work (`stats.write_sec`). A
+caller that must never wait submits with `wait=False`: a snapshot submitted
+while one is in flight is held as the next one, and a newer one replaces
+it (the replaced one is counted in `stats.dropped`), so the newest state is
+always the next written and the caller waits only for the hand-over.
 An error in the background surfaces, once, on the next `submit`/`wait`
 (a `submit` that raises it does not queue its own step; call it again to
 go on).
@@ -78,42 +80,42 @@ class AsyncSnapshotter:
         self.meta = meta
         self.stats = SnapshotStats()
         self._cond = threading.Condition()
-        self._job: tuple | None = None  # (step, tree, data_state) not yet published
+        self._job: tuple | None = None  # (step, tree, data_state) being written
+        self._next: tuple | None = None  # the one to write after it (wait=False)
         self._error: tuple[int, BaseException] | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._run, name='snapshot-writer', daemon=True)
         self._thread.start()
 
-    def submit(self, step: int, host_tree: Any, data_state: dict) -> float:
-        """Queue step's snapshot; blocks while the previous one is in flight. Returns seconds blocked."""
+    def submit(self, step: int, host_tree: Any, data_state: dict, *, wait: bool = True) -> float:
+        """Queue step's snapshot. With `wait`, block while the previous one is in flight;
+        without, hold it as the next one (module docstring). Returns seconds blocked."""
         start = time.perf_counter()
         data_state = blob.normalise_data_state(data_state, step)  # fail here, not in the thread
         with self._cond:
             if self._closed:
                 raise RuntimeError('AsyncSnapshotter is closed.')
-            self._cond.wait_for(lambda: self._job is None)
+            if wait:
+                self._cond.wait_for(self._idle)
             self._raise_pending()
-            self._job = (int(step), host_tree, data_state)
+            job = (int(step), host_tree, data_state)
+            if self._job is None:
+                self._job = job
+            else:
+                self.stats.dropped += self._next is not None
+                self._next = job
             self.stats.submitted += 1
             self._cond.notify_all()
         return self._blocked(start)
 
-    @property
-    def busy(self) -> bool:
-        """A snapshot is still being written: a `submit` now would wait for it."""
-        with self._cond:
-            return self._job is not None
-
-    def drop(self) -> None:
-        """Count a snapshot skipped because the writer was `busy`."""
-        with self._cond:
-            self.stats.dropped += 1
+    def _idle(self) -> bool:
+        return self._job is None and self._next is None
 
     def wait(self) -> float:
         """Block until nothing is in flight; raise a background error. Returns seconds blocked."""
         start = time.perf_counter()
         with self._cond:
-            self._cond.wait_for(lambda: self._job is None)
+            self._cond.wait_for(self._idle)
             self._raise_pending()
         return self._blocked(start)
 
@@ -122,7 +124,7 @@ class AsyncSnapshotter:
         with self._cond:
             if self._closed:
                 return
-            self._cond.wait_for(lambda: self._job is None)
+            self._cond.wait_for(self._idle)
             self._closed = True
             self._cond.notify_all()
         self._thread.join()
@@ -167,7 +169,7 @@ class AsyncSnapshotter:
                 with self._cond:
                     self._error = (step, e)
                     self.stats.failed += 1
-                    self._job = None
+                    self._job, self._next = self._next, None
                     self._cond.notify_all()
                 continue
             del shards, tree
@@ -179,5 +181,5 @@ class AsyncSnapshotter:
                 s.materialize_sec += materialized - start
                 s.bytes += info.nbytes
                 s.parity_bytes += info.parity_bytes
-                self._job = None
+                self._job, self._next = self._next, None
                 self._cond.notify_all()
