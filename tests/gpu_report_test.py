@@ -117,6 +117,9 @@ def test_smoke_other_sections_have_positive_times(smoke):
     snap = sections['snapshot']
     assert snap['bandwidth']['device_get_gbps'] > 0 and snap['step_sec'] > 0
     assert math.isfinite(snap['every_1']['overhead_pct'])
+    assert snap['bandwidth']['host_copy_gbps'] > 0
+    never = snap['every_1_latest_wins']
+    assert never['published'] >= 1 and never['blocked_sec_per_snapshot'] >= 0
     assert sections['compile']['compile_sec'] > 0 and sections['compile']['devices'] == 2
 
 

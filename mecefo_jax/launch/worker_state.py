@@ -60,13 +60,16 @@ class SnapshotHook(Observer):
                  before_publish=None, stop_at: int | None = None, budget_pct: float = 2.0,
                  log=None, hold_after: int | None = None, on_hold=None,
                  failures_per_sec: float = 0.0, max_interval: int = MAX_INTERVAL,
-                 shard: bool = False, generation: int = 0):
+                 shard: bool = False, generation: int = 0, latest_wins: bool | None = None):
         self._client = KeeperClient(keeper)
         # The generation tells a restore which writer's parts of a redone step belong together.
         self._snapshotter = AsyncSnapshotter(
             SnapshotWriter(self._client, parity=parity, before_publish=before_publish),
             meta={'generation': int(generation), 'sharded': bool(shard)})
         self.shard = shard  # write only this process's part of each replicated box
+        # Never stall the step for a write (the newest snapshot waits its turn): None does
+        # so under auto's chosen interval only (see `_snapshot`).
+        self.latest_wins = latest_wins
         self.cadence = None
         if every == 'auto':
             # On the CPU backend the snapshot's work runs on the cores the step uses.
@@ -127,7 +130,8 @@ class SnapshotHook(Observer):
         # A fixed interval, auto's measuring windows and the steps the way back needs are
         # each written, waiting for the previous one if need be.
         must = step == self.stop_at or (self.hold_after is not None and step >= self.hold_after)
-        latest_wins = not must and self.cadence is not None and self.cadence.interval is not None
+        chosen = self.cadence is not None and self.cadence.interval is not None
+        latest_wins = not must and (chosen if self.latest_wins is None else self.latest_wins)
         start = time.perf_counter()
         copies = pinned_local_copies(done.state, shard_over_replicas=self.shard)
         self._snapshotter.submit(step, copies, done.data_position, wait=not latest_wins)

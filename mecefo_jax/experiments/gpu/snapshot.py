@@ -8,9 +8,15 @@ publish is about a millisecond):
   * device-to-host bandwidth of the whole train state: `jax.device_get`, and
     the worker's own path (`pinned_local_copies`, then reading the pinned
     copies), best of a few;
+  * a plain host copy of as many bytes (`np.copyto`), the yardstick of the
+    snapshot's write;
   * snapshot overhead per step: wall time per step of the normal train step
     run back to back, with the worker's `SnapshotHook` at `snapshot.every=1`
-    against none, blocks of steps alternated over rounds (medians);
+    against none, blocks of steps alternated over rounds (medians): waiting
+    for each write (`every_1`), and never waiting, the newest snapshot
+    replacing one still waiting its turn (`every_1_latest_wins`, what
+    `snapshot.every=auto` does at its chosen interval): there the step is
+    blocked only while the device-to-host copies are handed over;
   * at `snapshot.every=auto`, where the config has it
     (`snapshot.overhead_budget_pct`): the smallest interval whose overhead,
     from the every=1 figure, stays within the budget, then measured at that
@@ -34,6 +40,13 @@ from mecefo_jax.experiments.gpu.step import Setup
 RUNS = {'full': {'steps': 3, 'rounds': 2, 'max_auto_steps': 200, 'copies': 3},
         'smoke': {'steps': 3, 'rounds': 2, 'max_auto_steps': 12, 'copies': 2}}
 KEEPER_SLOTS = 2  # one process: the snapshot being written and the last published
+
+
+def host_copy(nbytes: int, repeats: int) -> dict:
+    """A plain host memory copy (`np.copyto`) of `nbytes`, best of `repeats`."""
+    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    sec = best_sec(lambda: np.copyto(dst, src), repeats)
+    return {'host_copy_sec': sec, 'host_copy_gbps': nbytes / sec / 1e9}
 
 
 def best_sec(fn, repeats: int) -> float:
@@ -72,10 +85,10 @@ class Loop:
         self.keeper = keeper
         self.step = 0
 
-    def per_step_sec(self, steps: int, every) -> dict:
+    def per_step_sec(self, steps: int, every, latest_wins: bool | None = None) -> dict:
         """Seconds per step with the worker's hook at `every` (an int, 'auto', or None: off)."""
         from mecefo_jax.launch.worker_state import SnapshotHook
-        hook = SnapshotHook(self.keeper, every) if every else None
+        hook = SnapshotHook(self.keeper, every, latest_wins=latest_wins) if every else None
         layout = types.SimpleNamespace(signature=('one device',))  # one topology throughout
         start = time.perf_counter()
         for _ in range(steps):
@@ -91,25 +104,35 @@ class Loop:
             hook.close()  # the last write finishes outside the timed block
             out.update(blocked_sec=hook.blocked_sec / max(1, hook.submitted),
                        write_sec=hook.stats.write_sec / max(1, hook.stats.published),
+                       write_bytes=hook.stats.bytes / max(1, hook.stats.published),
+                       dropped=hook.stats.dropped, published=hook.stats.published,
                        interval=hook.interval)
         return out
 
 
+MODES = {'none': (None, None), 'every_1': (1, False), 'every_1_latest_wins': (1, True)}
+
+
 def overhead(loop: Loop, runs: dict, ctx) -> dict:
-    """every=1 against no snapshot: medians over alternated blocks."""
+    """every=1 (waiting for writes, and not) against no snapshot: medians over rotated blocks."""
     loop.per_step_sec(KEEPER_SLOTS, 1)  # warm: the keeper allocates its segments
-    blocks = {'none': [], 'every_1': []}
+    blocks = {key: [] for key in MODES}
+    order = list(MODES)
     for r in range(runs['rounds']):
-        for key in (('none', 'every_1') if r % 2 == 0 else ('every_1', 'none')):
-            blocks[key].append(loop.per_step_sec(runs['steps'], 1 if key == 'every_1' else None))
-        ctx.log(f'round {r}: {blocks["none"][-1]["sec"] * 1e3:.2f} ms/step without, '
-                f'{blocks["every_1"][-1]["sec"] * 1e3:.2f} ms/step with a snapshot every step')
+        for key in order[r % 3:] + order[:r % 3]:
+            blocks[key].append(loop.per_step_sec(runs['steps'], *MODES[key]))
+        ctx.log(f'round {r}: ms/step ' + ', '.join(
+            f'{key} {blocks[key][-1]["sec"] * 1e3:.2f}' for key in MODES))
     none = statistics.median(b['sec'] for b in blocks['none'])
-    every = statistics.median(b['sec'] for b in blocks['every_1'])
-    return {'step_sec': none, 'every_1': {
-        'step_sec': every, 'overhead_pct': 100 * (every / none - 1),
-        'blocked_sec_per_snapshot': statistics.median(b['blocked_sec'] for b in blocks['every_1']),
-        'write_sec_per_snapshot': statistics.median(b['write_sec'] for b in blocks['every_1'])}}
+    out = {'step_sec': none}
+    for key in order[1:]:
+        every = statistics.median(b['sec'] for b in blocks[key])
+        out[key] = {'step_sec': every, 'overhead_pct': 100 * (every / none - 1), **{
+            f'{name}_per_snapshot': statistics.median(b[name] for b in blocks[key])
+            for name in ('blocked_sec', 'write_sec', 'write_bytes')},
+            'dropped': sum(b['dropped'] for b in blocks[key]),
+            'published': sum(b['published'] for b in blocks[key])}
+    return out
 
 
 def auto(loop: Loop, cfg, measured: dict, runs: dict) -> dict:
@@ -142,6 +165,7 @@ def run(ctx) -> dict:
                                   rank=cfg.mecefo.rank)
     out = {'config_name': shape['config'], 'batch': batch}
     out['bandwidth'] = bandwidth(state, runs['copies'])
+    out['bandwidth'].update(host_copy(out['bandwidth']['state_bytes'], runs['copies']))
     ctx.log(f'state {out["bandwidth"]["state_bytes"] / 2**20:.1f} MiB: device_get '
             f'{out["bandwidth"]["device_get_gbps"]:.2f} GB/s')
     ctx.partial(out)

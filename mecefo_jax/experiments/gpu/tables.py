@@ -83,18 +83,28 @@ def refresh(r) -> list[str]:
 
 
 def snapshot(r) -> list[str]:
-    b, e, a = r.get('bandwidth') or {}, r.get('every_1') or {}, r.get('auto') or {}
+    b, a = r.get('bandwidth') or {}, r.get('auto') or {}
     rows = [('train state', _scaled(b.get('state_bytes'), MIB) + ' MiB'),
             ('device_get', fmt(b.get('device_get_gbps'), '.2f') + ' GB/s'),
             ('pinned host copy', fmt(b.get('pinned_copy_gbps'), '.2f') + ' GB/s'
              + (f" ({b['pinned_copy_error']})" if 'pinned_copy_error' in b else '')),
-            ('step without snapshots', _scaled(r.get('step_sec'), 1e-3, '.2f') + ' ms'),
-            ('step, snapshot.every=1', _scaled(e.get('step_sec'), 1e-3, '.2f') + ' ms'),
-            ('overhead, every=1', fmt(e.get('overhead_pct'), '.1f') + ' %'),
-            ('blocked per snapshot',
-             _scaled(e.get('blocked_sec_per_snapshot'), 1e-3, '.1f') + ' ms'),
-            ('background write per snapshot', _scaled(e.get('write_sec_per_snapshot'), 1e-3, '.1f')
-             + ' ms')]
+            ('plain host copy (np.copyto)', fmt(b.get('host_copy_gbps'), '.2f') + ' GB/s'),
+            ('step without snapshots', _scaled(r.get('step_sec'), 1e-3, '.2f') + ' ms')]
+    for key, label in (('every_1', 'every=1, waiting for writes'),
+                       ('every_1_latest_wins', 'every=1, never waiting')):
+        e = r.get(key) or {}
+        write_gbps = (e['write_bytes_per_snapshot'] / e['write_sec_per_snapshot'] / 1e9
+                      if e.get('write_sec_per_snapshot') else None)
+        rows += [(f'step, {label}', _scaled(e.get('step_sec'), 1e-3, '.2f') + ' ms'),
+                 (f'overhead, {label}', fmt(e.get('overhead_pct'), '.1f') + ' %'),
+                 (f'blocked per snapshot, {label}',
+                  _scaled(e.get('blocked_sec_per_snapshot'), 1e-3, '.1f') + ' ms'),
+                 (f'background write per snapshot, {label}',
+                  _scaled(e.get('write_sec_per_snapshot'), 1e-3, '.1f') + ' ms ('
+                  + fmt(write_gbps, '.2f') + ' GB/s)')]
+        if key == 'every_1_latest_wins' and e:
+            rows.append(('snapshots written / dropped, never waiting',
+                         f"{e.get('published')} / {e.get('dropped')}"))
     if a.get('status') == 'ok':
         rows.append((f"overhead, every=auto (interval {a['interval']}, budget {a['budget_pct']} %)",
                      fmt(a.get('overhead_pct'), '.2f') + ' %'))
