@@ -160,10 +160,12 @@ def _snapshot_section() -> ConfigDict:
     section.overhead_budget_pct = 2.0  # snapshot.every=auto: most training slowdown, in %
     section.slots = 3  # snapshots each keeper holds (>= 3 so every worker shares a step)
     # Workers holding the same replicated state each write a different 1/n of it (REFT);
-    # a restore reads every keeper, and a lost keeper's part needs parity.
-    section.shard = False
-    section.parity = ''  # '' | 'xor': erasure-code snapshots across keepers
-    section.parity_group = 4  # keepers per parity group (one lost member recoverable)
+    # a restore reads every keeper, and a lost keeper's part comes back from parity.
+    section.shard = True
+    section.parity = 'xor'  # '' | 'xor': erasure-code snapshots across keepers
+    # Keepers per parity group (one lost member each recoverable): 2 keeps a node's loss
+    # survivable on as few as 2 nodes (consecutive workers go to different nodes).
+    section.parity_group = 2
     return section
 
 

@@ -42,9 +42,12 @@ def crashed(cluster, launcher_caches, tmp_path_factory):
     there: the kill lands at the same point in every run.
     """
     workdir = str(tmp_path_factory.mktemp('crashed'))
+    # The whole-state snapshot (snapshot.shard=False): the survivor's own keeper holds
+    # everything. The sharded default's crashes are tests/sharded_launch_test.py's.
     summary = launch(overrides(launcher_caches, **{'launch.kill': f'{HELD_STEP}:1:KILL:publish',
                                           'launch.return_after_steps': 2,
-                                          'launch.standby_workers': True}), workdir)
+                                          'launch.standby_workers': True,
+                                          'snapshot.shard': False}), workdir)
     return summary, workdir
 
 
@@ -241,7 +244,8 @@ def test_a_dead_keeper_is_a_crash_of_its_worker_and_the_job_goes_on_from_the_pee
     peer's."""
     workdir = str(tmp_path)
     summary = launch(overrides(launcher_caches, **{'launch.kill': '3:1:keeper', 'train.steps': 10,
-                                          'launch.return_after_steps': 2}), workdir)
+                                          'launch.return_after_steps': 2,
+                                          'snapshot.shard': False}), workdir)
     failure, rejoin = summary['recoveries']
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
     assert failure['deaths'] == {'1': 'its keeper died'}

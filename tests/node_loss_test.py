@@ -40,7 +40,10 @@ def config(launcher_caches, **extra):
     values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': REPLICAS,
               'fault.strategy': 'mecefo',  # the adoption these tests check
               'launch.local_devices': LOCAL, 'launch.compilation_cache': xla,
-              'data.cache_dir': tokenizer, 'snapshot.every': 2, 'launch.compile_ahead': False}
+              'data.cache_dir': tokenizer, 'snapshot.every': 2, 'launch.compile_ahead': False,
+              # The whole-state snapshot: the survivor restores from its own keeper alone.
+              # The sharded default's node loss is tests/sharded_launch_test.py's.
+              'snapshot.shard': False}
     values.update(extra)
     return updated(resolve(get_config()), values)
 
@@ -97,11 +100,11 @@ def test_a_placement_that_one_lost_node_would_end_is_refused(cluster, tmp_path, 
     """mesh.data=1 with the model over both workers: no worker holds a whole replica, so
     losing either node loses part of the state, unless XOR parity (one member of each
     group per node) can rebuild it."""
-    values = {'mesh.data': 1, 'mesh.model': REPLICAS}
+    values = {'mesh.data': 1, 'mesh.model': REPLICAS, 'snapshot.parity': ''}
     with pytest.raises(ValueError, match='accept_node_loss'):
         Launcher(config(launcher_caches, **values), str(tmp_path / 'a'), WORKERS,
                  log=lambda _: None)._first_generation(0.0)
-    launcher = Launcher(config(launcher_caches, **values, **{'snapshot.parity': 'xor'}),
+    launcher = Launcher(config(launcher_caches, **dict(values, **{'snapshot.parity': 'xor'})),
                         str(tmp_path / 'b'), WORKERS, log=lambda _: None)
     try:
         launcher._first_generation(0.0)  # parity groups spread over the nodes: accepted

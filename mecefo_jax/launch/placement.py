@@ -115,6 +115,19 @@ def assign_nodes(workers, nodes, keep: dict | None = None) -> dict:
     return assignment
 
 
+def parity_group(worker: int, workers: int, size: int) -> range:
+    """The workers of `worker`'s XOR parity group: consecutive runs of `size`, a last run of
+    one joining the run before it (a group of one could rebuild nothing); empty when the
+    job has a single worker."""
+    if workers < 2:
+        return range(0)
+    last = (workers - 1) // size
+    if workers - last * size == 1:
+        last -= 1  # the lone last worker joins the group before it
+    index = min(worker // size, last)
+    return range(index * size, workers if index == last else (index + 1) * size)
+
+
 def node_loss_problems(placement: Placement, assignment: dict, parity_group: int = 0,
                        sharded: bool = False) -> list[str]:
     """Why losing a node (its workers and keepers together) would lose state; [] if none would.
@@ -131,7 +144,7 @@ def node_loss_problems(placement: Placement, assignment: dict, parity_group: int
         if not sharded and placement.survives(rest):
             continue
         if parity_group:
-            groups = {w // parity_group for w in lost}
+            groups = {_group_start(w, placement.workers, parity_group) for w in lost}
             if len(groups) == len(lost):  # one member per group: parity rebuilds each
                 continue
             problems.append(f'node {node[:12]} holds workers {lost}, two or more of one parity '
@@ -144,3 +157,25 @@ def node_loss_problems(placement: Placement, assignment: dict, parity_group: int
             problems.append(f'node {node[:12]} holds workers {lost}; without them no whole '
                             'replica of the state is left, and no parity covers them')
     return problems
+
+
+WHOLE_SNAPSHOTS = ('snapshot.shard: on this placement a lost node would lose parts of the '
+                   'sharded snapshot no parity group covers; every worker writes its whole '
+                   'state instead')
+
+
+def node_loss_plan(placement: Placement, assignment: dict, snapshot) -> tuple[list[str], bool]:
+    """(problems, shard) for the config's `snapshot` section: sharded snapshots where a lost
+    node's parts come back from parity, whole ones where only those survive its loss."""
+    parity = snapshot.parity_group if snapshot.parity else 0
+    problems = node_loss_problems(placement, assignment, parity, sharded=snapshot.shard)
+    if problems and snapshot.shard:
+        whole = node_loss_problems(placement, assignment, parity)
+        if not whole:
+            return whole, False
+    return problems, snapshot.shard
+
+
+def _group_start(worker: int, workers: int, size: int) -> int:
+    group = parity_group(worker, workers, size)
+    return group.start if group else worker

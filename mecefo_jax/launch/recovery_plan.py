@@ -86,6 +86,9 @@ def _holders(job: JobState, gen: Generation, survivors, members, fresh, row: dic
         whole = all(w not in fresh and job.keepers.alive(w) for w in writers)
         row['shard_writers'] = writers
         return writers if whole else None
+    if survivors and job.placement.survives(survivors):
+        # Every survivor's keeper holds its whole replica of the state: they need no other.
+        return [w for w in survivors if w not in fresh and job.keepers.alive(w)]
     rebuilt = row.get('parity_rebuilt_workers', [])
     return [w for w in (survivors + rebuilt or members)
             if w not in fresh and job.keepers.alive(w)]
@@ -230,18 +233,27 @@ def _replace_lost_keepers(job: JobState, members, row: dict, *,
     fresh = set(lost)
     if job.cfg.snapshot.parity and rebuild:
         for w in lost:
-            _rebuild_from_parity(job, w, old, row)
-            fresh.discard(w)
+            if _rebuild_from_parity(job, w, old, row):
+                fresh.discard(w)
     return fresh, time.time() - start
 
 
-def _rebuild_from_parity(job: JobState, worker: int, old: list, row: dict) -> None:
+def _rebuild_from_parity(job: JobState, worker: int, old: list, row: dict) -> bool:
+    """Rebuild `worker`'s newest snapshot its parity group can give into its new keeper;
+    False (said, and recorded) where the group lost more members than parity covers."""
+    from mecefo_jax.launch.placement import parity_group
     from mecefo_jax.snapshot import KeeperClient, SnapshotWriter, rebuild_member
-    size = job.cfg.snapshot.parity_group
-    first = worker - worker % size
-    group = range(first, min(first + size, job.placement.workers))
-    rebuilt = rebuild_member(f'workers{first}-{group[-1]}', [old[m] for m in group],
-                             lost=worker - first)
+    from mecefo_jax.snapshot.parity import ParityLossError, RebuildError
+    group = parity_group(worker, job.placement.workers, job.cfg.snapshot.parity_group)
+    if not group:
+        return False
+    try:
+        rebuilt = rebuild_member(f'workers{group[0]}-{group[-1]}', [old[m] for m in group],
+                                 lost=worker - group[0])
+    except (ParityLossError, RebuildError) as error:
+        row.setdefault('parity_unrecoverable', {})[str(worker)] = str(error)
+        job.log(f"[launch] worker {worker}'s snapshot cannot be rebuilt from parity: {error}")
+        return False
     with KeeperClient(job.keepers.handles[worker]) as client:
         SnapshotWriter(client).write_blob(rebuilt.raw)
     job.log(f"[launch] rebuilt worker {worker}'s snapshot of step {rebuilt.step} from parity")
@@ -253,3 +265,4 @@ def _rebuild_from_parity(job: JobState, worker: int, old: list, row: dict) -> No
         if not same:
             row.setdefault('parity_rebuild_mismatch', {})[str(worker)] = (
                 recovery_report.first_difference(bytes(rebuilt.raw), original))
+    return True

@@ -12,11 +12,10 @@ cannot finish without the dead process) and starts the next one:
   failed workers' replicas marked down, so the fault controller absorbs their
   shards under `fault.strategy` (`drop` by default; MeCeFO pins them on live
   ring neighbours), and the state comes from the keepers' in-memory
-  snapshots (REFT, arXiv 2310.12670), not from disk. With `launch.return_after_steps` the failed
-  workers rejoin that many steps later, on their node or, if it was lost,
-  on another (a replacement node first): the survivors stop at that step and
-  all workers are relaunched, the returning one healing its state from its
-  peers' keepers. When the survivors no longer hold a whole replica
+  snapshots (REFT, arXiv 2310.12670; each keeper holds its worker's part,
+  `snapshot.shard`), not from disk. With `launch.return_after_steps` the
+  failed workers rejoin that many steps later, on their node or on another:
+  the survivors stop at that step and all workers are relaunched. When the survivors no longer hold a whole replica
   (`mesh.data=1` with `mesh.model` spanning workers) the failed worker is
   replaced at once; if its keeper died with it, its snapshot is rebuilt from
   the parity group (`snapshot.parity=xor`).
@@ -46,6 +45,7 @@ import signal
 import threading
 import time
 
+from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch import actors, config_record, generation, ray_cluster, recovery_plan, recovery_report
 from mecefo_jax.launch.compile_ahead import CompileAhead
 from mecefo_jax.launch.exits import WorkerProgramError
@@ -54,7 +54,7 @@ from mecefo_jax.launch.job_state import JobState
 from mecefo_jax.launch.keepers import JobKeepers
 from mecefo_jax.launch.kills import Injector, parse_kills
 from mecefo_jax.launch.outcome import Outcome, decided, failed, hung, preempted
-from mecefo_jax.launch.placement import Placement, assign_nodes, node_loss_problems
+from mecefo_jax.launch.placement import WHOLE_SNAPSHOTS, Placement, assign_nodes, node_loss_plan
 from mecefo_jax.launch.ray_cluster import alive_nodes, namespace_of
 from mecefo_jax.launch.standby import Standbys
 from mecefo_jax.settings import Config
@@ -267,12 +267,13 @@ class Launcher:
             self.job.log('[launch] every worker runs on one node: losing it loses the keepers too '
                          '(the disk checkpoint remains)')
             return
-        parity = self.job.cfg.snapshot.parity_group if self.job.cfg.snapshot.parity else 0
-        problems = node_loss_problems(self.job.placement, self.job.nodes, parity,
-                                      sharded=self.job.cfg.snapshot.shard)
+        problems, shard = node_loss_plan(self.job.placement, self.job.nodes, self.job.cfg.snapshot)
+        if shard != self.job.cfg.snapshot.shard:
+            self.job.cfg = updated(self.job.cfg, {'snapshot.shard': shard})
+            self.job.log(f'[launch] {WHOLE_SNAPSHOTS}')
         if problems and not self.job.cfg.launch.accept_node_loss:
             raise ValueError('launch: losing one node would lose the only copy of part of the '
-                             'state: ' + '; '.join(problems) + '. Fix: run on more nodes, use '
+                             f"state: {'; '.join(problems)}. Fix: run on more nodes, use "
                              '--config.snapshot.parity=xor with groups spread over nodes, or set '
                              '--config.launch.accept_node_loss=True (a lost node then means a '
                              'restart from the disk checkpoint).')

@@ -80,9 +80,10 @@ def cadence_options(cfg, observed_failures_per_hour: float = 0.0) -> dict:
 
 def _parity_pusher(cfg, args: WorkerArgs):
     """The pusher of this worker's parity group (groups of snapshot.parity_group workers)."""
+    from mecefo_jax.launch.placement import parity_group
     from mecefo_jax.snapshot import ParityPusher
-    size = cfg.snapshot.parity_group  # snapshot.parity is 'xor': checked at resolve
-    first = args.worker - args.worker % size
-    group = list(range(first, min(first + size, len(args.keepers))))
-    return ParityPusher(f'workers{first}-{group[-1]}', args.worker - first,
+    group = parity_group(args.worker, len(args.keepers), cfg.snapshot.parity_group)
+    if not group or any(args.keepers[w] is None for w in group):
+        return None  # a single worker, or a member's keeper gone: no parity this generation
+    return ParityPusher(f'workers{group[0]}-{group[-1]}', args.worker - group[0],
                         [args.keepers[w] for w in group], generation=args.generation)

@@ -50,6 +50,7 @@ class SnapshotStats:
     published: int = 0
     failed: int = 0
     dropped: int = 0  # snapshots skipped because the previous one was still being written
+    parity_missed: int = 0  # published without parity: a group member's keeper was gone
     last_published_step: int | None = None
     blocked_sec: float = 0.0  # caller time spent in submit/wait
     write_sec: float = 0.0  # background: materialise + copy + publish + parity
@@ -181,5 +182,6 @@ class AsyncSnapshotter:
                 s.materialize_sec += materialized - start
                 s.bytes += info.nbytes
                 s.parity_bytes += info.parity_bytes
+                s.parity_missed += info.parity_error is not None
                 self._job, self._next = self._next, None
                 self._cond.notify_all()

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from mecefo_jax.snapshot import blob
-from mecefo_jax.snapshot.keeper_actor import KeeperError
+from mecefo_jax.snapshot.keeper_actor import KeeperError, KeeperUnreachable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +24,7 @@ class WriteInfo:
     publish_sec: float
     parity_sec: float
     parity_bytes: int
+    parity_error: str | None = None  # a group member's keeper was gone: this step has no parity
 
 
 class SnapshotWriter:
@@ -56,16 +57,20 @@ class SnapshotWriter:
         self.client.publish(slot['slot'], slot['token'], step=step, nbytes=nbytes, checksum=checksum,
                             header_offset=h_off, header_len=nbytes - h_off)
         t2 = time.perf_counter()
-        parity_bytes = 0
+        parity_bytes, parity_error = 0, None
         if self.parity is not None:
             # The slot stays intact until this writer's next begin().
             try:
                 parity_bytes = self.parity.push(step, buf[:nbytes], checksum)
+            except KeeperUnreachable as e:
+                # A peer's keeper died: its own worker meets that loss; this snapshot stands,
+                # without parity, and the launcher recovers the job.
+                parity_error = str(e)
             except KeeperError as e:
                 raise KeeperError(f'Step {step} is published, but pushing its parity failed: {e}') from e
         return WriteInfo(step=step, nbytes=nbytes, checksum=checksum, copy_sec=t1 - t0,
                          publish_sec=t2 - t1, parity_sec=time.perf_counter() - t2,
-                         parity_bytes=parity_bytes)
+                         parity_bytes=parity_bytes, parity_error=parity_error)
 
     def write_blob(self, raw):
         """Publish a complete blob as is (e.g. one rebuilt from parity)."""
