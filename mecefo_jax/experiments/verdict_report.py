@@ -6,7 +6,8 @@ each point summarises the seeds whose fault-free run is done and the runs
 every such seed has (`time_to_target_report.summarise`: goodput, steps to
 target and perplexity increase, each a mean over seeds with a 95% percentile
 bootstrap interval), twice: step costs from the analytic FLOP model, and from
-the measured GPU step ratios of `BENCH` (`--cost bench`). Beside `drop`'s
+the measured GPU step ratios of `BENCH` (`--cost bench`; not for the runs
+whose neighbour program the bench did not time, `UNMEASURED`). Beside `drop`'s
 paired differences it gives each MeCeFO run's paired difference against the
 `drop_adopters` control (the value of an approximated row over a dropped
 one), and whether the fault-free validation loss still fell at its last
@@ -29,6 +30,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BENCH = os.path.join(REPO, 'docs', 'results', 'gpu', 'bench_step.json')  # the H200's, 350M
 CONTROL = 'drop_adopters_high'
 FIGURES = ('goodput', 'steps_to_target', 'ppl_increase_pct')
+# Runs whose neighbour runs another program than the one the bench timed (its FFN gradient
+# rule or its attention backward): the bench's ratios do not price them.
+UNMEASURED = ('_proj', '_attn')
 
 
 def load_records(point_dir: str, order=()) -> dict:
@@ -99,7 +103,8 @@ def summarise_point(point: vp.Point, records: dict, bench: dict | None) -> dict:
         runs = {name: {'goodput': r['goodput'],
                        'steps_to_target': _interval(r['steps_to_target']),
                        'ppl_increase_pct': r['ppl_increase_pct']}
-                for name, r in summary['runs'].items()}
+                for name, r in summary['runs'].items()
+                if label == 'analytic' or not any(tag in name for tag in UNMEASURED)}
         entry = {'runs': runs, 'paired': _paired(runs, vp.DEFAULT),
                  'vs_control': _paired(runs, CONTROL, sign=-1), 'step_costs': summary['step_costs']}
         if label == 'analytic':
@@ -136,7 +141,10 @@ def markdown(report: dict) -> str:
              "each run's (1.0 is fault-free), mean over seeds [95% bootstrap interval]; paired: "
              f"`{report['default']}`'s goodput minus the run's, per seed (above 0: drop is "
              f"sooner); vs control: the run's goodput minus `{report['control']}`'s (above 0: an "
-             'approximated row is worth more than a dropped one).', '']
+             'approximated row is worth more than a dropped one). GPU step costs: the '
+             f"measured wall-time ratios of `{report['bench']}` (`--cost bench`), n/a for a run "
+             'whose neighbour runs a program the bench did not time (another FFN gradient '
+             'rule, or an attention backward).', '']
     for name, p in report['points'].items():
         seeds = ', '.join(map(str, p['seeds']))
         lines += [f"## {name}: {p['moves']}", '',
