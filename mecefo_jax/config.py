@@ -71,6 +71,9 @@ def _train_section() -> ConfigDict:
     section.eps = 1e-8  # AdamW epsilon (paper)
     section.weight_decay = 0.01  # AdamW decoupled weight decay (paper)
     section.grad_clip = 1.0  # global-norm clipping; 0 disables
+    # Sum the replicas' gradients in one fixed order (gather, then sum): bit for bit the same
+    # in one process and across processes, for verification runs; gathers every replica's.
+    section.ordered_reduction = False
     section.seed = 0  # parameter init seed
     section.log_every = 10  # steps between metrics rows
     section.eval_every = 100  # steps between validation evals; 0 disables periodic eval

@@ -97,6 +97,7 @@ def _check_mecefo(cfg: Config) -> None:
              'must be a fraction in (0, 1] or a whole rank >= 1', 0.25)
     _one_of('mecefo.projection', m.projection, PROJECTION_RULES)
     _one_of('mecefo.skip_attention', m.skip_attention, (True, False))
+    _one_of('train.ordered_reduction', cfg.train.ordered_reduction, (True, False))
     _require(0.0 <= m.neighbour_weight <= 1.0, 'mecefo.neighbour_weight', m.neighbour_weight,
              "must be in [0, 1] (1: the paper's rule, 0: the row counts as dropped)", 1.0)
     _require(0 <= m.attention_top_blocks <= cfg.model.num_layers, 'mecefo.attention_top_blocks',

@@ -56,6 +56,7 @@ class ModelConfig(ModelSection):
     attention_top_blocks: int = 0  # ... except in the top K blocks
     neighbour_weight: float = 1.0  # the combination's trust (combination.py)
     trust_top_blocks: int = 0
+    ordered_reduction: bool = False  # train.ordered_reduction: step.py's fixed-order sum
     rank: float = 0.25  # mecefo.rank: the 'gradient' rule's r ('weights' reads r off V)
 
     @classmethod
@@ -65,7 +66,8 @@ class ModelConfig(ModelSection):
         return cls(**dataclasses.asdict(cfg.model), remat_ffn=m.remat_ffn,
                    projection=m.projection, rank=m.rank, skip_attention=m.skip_attention,
                    attention_top_blocks=m.attention_top_blocks,
-                   neighbour_weight=m.neighbour_weight, trust_top_blocks=m.trust_top_blocks)
+                   neighbour_weight=m.neighbour_weight, trust_top_blocks=m.trust_top_blocks,
+                   ordered_reduction=cfg.train.ordered_reduction)
 
     @property
     def head_dim(self) -> int:

@@ -78,6 +78,7 @@ class TrainSection:
     eps: float
     weight_decay: float
     grad_clip: float
+    ordered_reduction: bool
     seed: int
     log_every: int
     eval_every: int

@@ -113,6 +113,11 @@ def _device_grads(model: Llama, programs, params, projections, tokens_ct, weight
                                   weights_c) for p in programs]
     # Rows past a program are padding (weight 0): they count nowhere.
     out = branches[0]() if len(branches) == 1 else lax.switch(program_1[0], branches)
+    if model.cfg.ordered_reduction:
+        # Every replica's sums gathered (data movement only), then added in replica order:
+        # the same bits whatever the collective's own summation order.
+        return jax.tree.map(lambda x: jnp.sum(lax.all_gather(x, DATA, to='invarying'), axis=0),
+                            out)
     return lax.psum(out, DATA)
 
 
@@ -128,7 +133,7 @@ def is_plain(programs) -> bool:
 def make_grad_fn(model: Llama, mesh, programs):
     """fn(params, projections, batch) -> (grads, stats) for a layout's programs."""
     programs = tuple(programs)
-    if is_plain(programs):
+    if is_plain(programs) and not (model.cfg.ordered_reduction and mesh.shape[DATA] > 1):
         return lambda params, projections, batch: _plain_grads(model, params, projections,
                                                                batch)
     if mesh.shape[DATA] == 1:

@@ -546,3 +546,20 @@ def test_attention_in_the_top_blocks_counts_the_neighbours_rows_there():
     trust = trust_tree(model.cfg, params)
     np.testing.assert_array_equal(np.ravel(trust['layers']['attn']['wq']), [0.0, 0.0, 1.0])
     np.testing.assert_array_equal(np.ravel(trust['layers']['ffn']['w_up']['kernel']), [1, 1, 1])
+
+
+def test_the_ordered_reduction_gives_the_same_gradients(setup, reference):
+    """train.ordered_reduction: every replica's sums gathered and added in replica order,
+    for the full layout (plain programs, routed through it) and a neighbour's."""
+    _, params, projections, tokens_nbt = setup
+    model = MODEL.variant(ordered_reduction=True)
+    for layout, expected, rows in (
+            (full_layout(N_SHARDS, SHARD_BATCH), reference['grads'],
+             tuple((r,) for r in range(N_SHARDS))),
+            (_failure_layout(neighbour_row=2), _hand_average(reference, [
+                ROLE_NEIGHBOUR if s in (2, FAILED) else ROLE_NORMAL for s in range(N_SHARDS)]),
+             LIVE_ROWS)):
+        mesh, _ = _mesh_and_step(rows, layout.programs)
+        fn = _jit(step.make_grad_fn(model, mesh, layout.programs))
+        grads, _ = fn(params, projections, _put(assemble(layout, tokens_nbt), mesh))
+        assert_tree_close(grads, expected, REL, 'ordered reduction ')

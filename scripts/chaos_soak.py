@@ -1,0 +1,46 @@
+"""A chaos soak: one launcher job, many random deaths of every kind, nothing lost or leaked.
+
+  python scripts/chaos_soak.py --config configs/tiny.py --kills 100 --seed 0 --out DIR
+
+See mecefo_jax/experiments/chaos_soak.py (the kills), chaos_verify.py (the checks) and
+chaos_report.py (DIR/chaos_soak.{json,md}).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
+                                          lock_config=True)
+_OUT = flags.DEFINE_string('out', None, 'Output directory (the job, logs, chaos_soak.*).')
+_KILLS = flags.DEFINE_integer('kills', 100, 'Random deaths to inflict.', lower_bound=1)
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the kinds, targets and moments.')
+_NODES = flags.DEFINE_integer('nodes', 3, 'Simulated Ray nodes (the head and the rest).',
+                              lower_bound=2)
+flags.mark_flags_as_required(['config', 'out'])
+
+
+def main(argv):
+    del argv
+    from mecefo_jax.command_line import start
+    from mecefo_jax.config_resolve import updated
+    from mecefo_jax.experiments import chaos_soak
+    values = chaos_soak.job_values(_KILLS.value, os.path.join(_OUT.value, 'cache'),
+                                   os.path.join(_OUT.value, 'xla_cache'))
+    cfg = start(_CONFIG.value)  # fake CPU devices here: the in-process simulation needs them
+    cfg = updated(cfg, values)
+    from mecefo_jax.experiments import chaos_report
+    path = config_flags.get_config_filename(flags.FLAGS['config'])
+    report = chaos_report.run(path, cfg, os.path.abspath(_OUT.value), kills=_KILLS.value,
+                              seed=_SEED.value, nodes=_NODES.value, values=values)
+    print(chaos_report.markdown(report))
+    bad = (report['final_step'] < report['steps'] or report['leaked']
+           or report['max_rel_param_diff'] > chaos_report.chaos_verify.REL_TOL)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == '__main__':
+    app.run(main)
