@@ -70,3 +70,23 @@ def test_a_program_error_beside_a_crash_is_still_its_echo(launcher):
     result = outcome.failed(launcher.job, gen, deaths, 1001.0)
     assert result.failed == [0]
     assert result.echoes == {'1': 'RuntimeError: collective failed', '2': ABORTED_BY_JAX}
+
+
+def test_echoes_alone_wait_for_the_death_they_echo(launcher, monkeypatch):
+    """A node's loss is reported a second or two after the survivors' aborts (a chaos
+    soak's node loss): with only echoes seen, the launcher waits, up to the grace, for a
+    death that explains them, and then tells them apart; after the grace, the echoes
+    themselves are the failure."""
+    monkeypatch.setattr(outcome.time, 'sleep', lambda _: None)
+    later = []
+    monkeypatch.setattr(outcome.generation, 'exits', lambda *a, **k: later)
+    gen = Generation(0, [0, 1, 2, 3], 'fresh', 0, started=990.0)
+    echoes = [Death(1, ABORTED_BY_JAX, CRASH, 1000.0), Death(2, ABORTED_BY_JAX, CRASH, 1000.1)]
+    assert not outcome.decided(launcher.job, gen, list(echoes), 1001.0)
+    node = [Death(0, 'its node died', CRASH, 1001.5), Death(3, 'its node died', CRASH, 1001.5)]
+    deaths = echoes + node
+    assert outcome.decided(launcher.job, gen, deaths, 1002.0)
+    result = outcome.failed(launcher.job, gen, deaths, 1002.0)
+    assert result.failed == [0, 3] and set(result.echoes) == {'1', '2'}
+    alone = Generation(1, [0, 1, 2, 3], 'memory', 0, started=990.0)
+    assert outcome.decided(launcher.job, alone, list(echoes), 1000.0 + outcome._ERROR_GRACE_SEC + 1)

@@ -72,18 +72,25 @@ def decided(job: JobState, gen: Generation, deaths: list, now: float) -> bool:
 
     A crash settles it (after a moment for others of the same event). A
     program error alone waits `_ERROR_GRACE_SEC` for a crash it may only
-    be the echo of, unless every worker has already ended.
+    be the echo of, unless every worker has already ended; so do crashes
+    that are all echoes (JAX ending a worker after a peer died): the death
+    they echo may be a node's, which Ray reports a second or two later
+    than the survivors' aborts (a chaos soak's node loss found it decided
+    on the echoes alone, and took the lost node's workers for survivors).
     """
     if not deaths:
         return False
-    if any(d.kind == CRASH for d in deaths):
+    ended = {d.worker for d in deaths} | set(gen.ends)
+    waiting = len(ended) < len(gen.members) and (
+        now - min(d.failed_at for d in deaths) <= _ERROR_GRACE_SEC)
+    crashes = [d for d in deaths if d.kind == CRASH]
+    if crashes and not (waiting and all(d.cause == ABORTED_BY_JAX for d in crashes)):
         if not gen.settled:
             gen.settled = True
             time.sleep(_SETTLE_SEC)
             deaths += generation.exits(gen, now, job.injector.injected, job.injector.out_dir)
         return True
-    ended = {d.worker for d in deaths} | set(gen.ends)
-    return len(ended) == len(gen.members) or now - min(d.failed_at for d in deaths) > _ERROR_GRACE_SEC
+    return not crashes and not waiting
 
 
 def failed(job: JobState, gen: Generation, deaths: list, now: float) -> Outcome:
