@@ -123,7 +123,8 @@ def build(work: str, bench_path: str = BENCH) -> dict:
     for name, point in vp.POINTS.items():
         names = [run_name(*r) for r in vp.runs_of(point)]
         records = load_records(os.path.join(work, name), order=names)
-        if records:
+        # A point is reported once some seed has its fault-free run and drop's beside it.
+        if records and vp.DEFAULT in next(iter(records.values())):
             points[name] = summarise_point(point, records, bench)
     return {'default': vp.DEFAULT, 'control': CONTROL, 'bench': os.path.relpath(bench_path, REPO)
             if bench else None, 'bootstrap': ttt_report.BOOTSTRAP, 'points': points}
