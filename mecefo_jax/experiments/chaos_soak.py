@@ -133,7 +133,7 @@ class Soak:
         try:
             self._launch()
             for index, kind in enumerate(self._kinds()):
-                if not self._wait_running():
+                if not self._wait_running(need=2 if kind == 'double' else 1):
                     self.log(f'[soak] the job ended before kill {index}')
                     break
                 self.records.append(self._kill(index, kind))
@@ -159,7 +159,7 @@ class Soak:
                                '--cleanup'], capture_output=True, text=True, check=False)
         self.cleanup_output = done.stdout.strip()[-2000:]
 
-    def _wait_running(self, limit_sec: float = 600.0) -> bool:
+    def _wait_running(self, need: int = 1, limit_sec: float = 600.0) -> bool:
         """Wait until a generation newer than the last kill's has done a random number of
         steps; False if the job ended first."""
         last = self._failed_generation
@@ -169,7 +169,9 @@ class Soak:
             if self.launcher.poll() is not None:
                 return False
             p = Progress.read(self.workdir)
-            if p.generation > last and p.step - p.first_step_of_generation >= gap:
+            # Two deaths need two live workers: wait for a generation that has them.
+            enough = need <= 1 or len(self._live_workers(p.generation)) >= need
+            if p.generation > last and p.step - p.first_step_of_generation >= gap and enough:
                 return True
             time.sleep(POLL_SEC)
         raise TimeoutError(f'the job made no progress for {limit_sec:.0f} s after kill '
@@ -234,7 +236,9 @@ class Soak:
         raylets = {node.all_processes['raylet'][0].process.pid: node_id
                    for node_id, node in self.cluster.nodes.items()}
         node_of = {w: raylets.get(_parent(pid)) for w, pid in workers.items()}
-        w = self.rng.choice(sorted(workers))
+        # A worker off the head first: the head cannot be lost (it is the cluster).
+        off_head = sorted(w for w, n in node_of.items() if n not in (None, self.cluster.head))
+        w = self.rng.choice(off_head or sorted(workers))
         node = node_of[w]
         if node is None or node == self.cluster.head:
             os.kill(workers[w], signal.SIGKILL)
