@@ -13,21 +13,16 @@ import json
 import os
 
 import pytest
+from node_jobs import CLUSTER_NODES, REPLICAS, STEPS, WORKERS  # noqa: F401 (the cluster's size)
+from node_jobs import config as job_config
 from simulated_params import assert_params_equal_simulated
 
-from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch.supervisor import Launcher
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
 
-WORKERS, LOCAL = 2, 2
-REPLICAS = WORKERS * LOCAL
-STEPS = 12
 RETURN = 2
-
-
-CLUSTER_NODES = WORKERS + 1  # a node per worker, and the head spare
 
 
 @pytest.fixture(scope='module')
@@ -36,16 +31,9 @@ def cluster(private_ray_cluster):
 
 
 def config(launcher_caches, **extra):
-    tokenizer, xla = launcher_caches
-    values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': REPLICAS,
-              'fault.strategy': 'mecefo',  # the adoption these tests check
-              'launch.local_devices': LOCAL, 'launch.compilation_cache': xla,
-              'data.cache_dir': tokenizer, 'snapshot.every': 2, 'launch.compile_ahead': False,
-              # The whole-state snapshot: the survivor restores from its own keeper alone.
-              # The sharded default's node loss is tests/sharded_launch_test.py's.
-              'snapshot.shard': False}
-    values.update(extra)
-    return updated(resolve(get_config()), values)
+    # The whole-state snapshot: the survivor restores from its own keeper alone. The
+    # sharded default's node loss is tests/sharded_launch_test.py's.
+    return job_config(launcher_caches, **{'snapshot.shard': False, **extra})
 
 
 @pytest.fixture(scope='module')

@@ -14,18 +14,14 @@ import json
 import os
 
 import pytest
+from node_jobs import CLUSTER_NODES, REPLICAS, STEPS, WORKERS  # noqa: F401 (the cluster's size)
+from node_jobs import config as job_config
 from simulated_params import assert_params_equal_simulated
 
-from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch.supervisor import Launcher
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
-
-WORKERS, LOCAL = 2, 2
-REPLICAS = WORKERS * LOCAL
-STEPS = 12
-CLUSTER_NODES = WORKERS + 1  # a node per worker, and the head spare
 
 
 @pytest.fixture(scope='module')
@@ -34,14 +30,8 @@ def cluster(private_ray_cluster):
 
 
 def config(launcher_caches, **extra):
-    tokenizer, xla = launcher_caches
-    values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': REPLICAS,
-              'fault.strategy': 'mecefo', 'launch.local_devices': LOCAL,
-              'launch.compilation_cache': xla, 'data.cache_dir': tokenizer,
-              'snapshot.every': 2, 'launch.compile_ahead': False, 'snapshot.shard': True,
-              'snapshot.parity': 'xor', 'snapshot.parity_group': 2}
-    values.update(extra)
-    return updated(resolve(get_config()), values)
+    return job_config(launcher_caches, **{'snapshot.shard': True, 'snapshot.parity': 'xor',
+                                          'snapshot.parity_group': 2, **extra})
 
 
 RETURN = 2  # after the node loss worker 1 rejoins: the last generation has both workers
