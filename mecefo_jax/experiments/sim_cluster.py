@@ -6,8 +6,10 @@ object store, so the launcher places workers and keepers on distinct nodes
 as it would on K hosts. `lose(node_id)` kills a node abruptly, its raylet and
 every process on it (the worker and keeper there included), as a host that
 dies would; `add()` brings a new node, and `lose(node_id, replace=True)` has
-one join in the background (`ray start --address=...` in a process of its
-own, as a scheduler replacing a lost host would run it). Nodes report dead within about
+a new one join at once, without waiting for it (as `add(wait=False)`, in
+this process, since Ray's nodes start from the main thread only): a
+replacement is a node like the others and can be lost in turn, so a soak of
+many node losses keeps losing hosts rather than running out of them. Nodes report dead within about
 1.5 s (a 500 ms health check, 3 misses), so the launcher sees a lost node in
 well under the 5 s the project aims for.
 
@@ -19,8 +21,6 @@ and unlinks the segments of dead keepers (`shm.remove_stale`).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 from mecefo_jax.launch.ray_host import HEALTH_CHECK
@@ -40,7 +40,6 @@ class SimulatedCluster:
         node_args = {'num_cpus': 1, 'object_store_memory': object_store_mb << 20,
                      'include_log_monitor': False}
         self._node_args = node_args
-        self._joining: list[subprocess.Popen] = []  # replacement nodes (`ray start --block`)
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
             node_args, include_dashboard=False, _system_config=HEALTH_CHECK))
         self.nodes = {self.cluster.head_node.node_id: self.cluster.head_node}
@@ -69,23 +68,19 @@ class SimulatedCluster:
 
     def lose(self, node_id: str, replace: bool = False) -> None:
         """Kill a node abruptly, everything on it with it (the head cannot be lost: it is the
-        cluster); with `replace`, a new node joins in the background."""
+        cluster); with `replace`, a new node starts joining (`settle` waits for it)."""
         if node_id == self.head:
             raise ValueError('Losing the head node ends the whole simulated cluster; '
                              'place what should die on another node.')
         self.cluster.remove_node(self.nodes.pop(node_id), allow_graceful=False)
         if replace:
-            self._joining.append(subprocess.Popen(
-                [sys.executable, '-m', 'ray.scripts.scripts', 'start', f'--address={self.address}',
-                 '--num-cpus=1', f"--object-store-memory={self._node_args['object_store_memory']}",
-                 '--include-log-monitor=False', '--block'],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True))
+            self.add(wait=False)
+
+    def settle(self) -> None:
+        """Wait until every node started has joined."""
+        self.cluster.wait_for_nodes()
 
     def shutdown(self) -> None:
-        for joining in self._joining:  # `ray start --block` stops its node's processes on SIGTERM
-            joining.terminate()
-            joining.wait()
         import ray
         ray.shutdown()
         self.cluster.shutdown()
