@@ -43,7 +43,7 @@ class WorkdirUnusableError(WorkdirError):
     """The workdir is a file, or cannot be created or written."""
 
 
-def _start_ticks(pid: int) -> int | None:
+def start_ticks(pid: int) -> int | None:
     """Process start time in clock ticks since boot (Linux), to spot pid reuse."""
     try:
         with open(f'/proc/{pid}/stat', encoding='ascii') as f:
@@ -53,18 +53,24 @@ def _start_ticks(pid: int) -> int | None:
     return int(fields[19]) if fields[0] != 'Z' else -1  # -1: a zombie, already dead
 
 
-def _alive(holder: dict) -> bool:
-    pid = int(holder['pid'])
+def same_process_alive(pid: int, recorded_ticks: int | None) -> bool:
+    """Whether `pid` still runs as the process whose `start_ticks` were recorded, not as a
+    process or thread that reused its number (a long job wraps pid_max); an unknown start
+    time on either side trusts the pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by another user
         pass
-    ticks, recorded = _start_ticks(pid), holder.get('start_ticks')
+    ticks = start_ticks(pid)
     if ticks == -1:
         return False
-    return ticks is None or recorded is None or ticks == recorded
+    return ticks is None or recorded_ticks is None or ticks == recorded_ticks
+
+
+def _alive(holder: dict) -> bool:
+    return same_process_alive(int(holder['pid']), holder.get('start_ticks'))
 
 
 class WorkdirLock:
@@ -87,7 +93,7 @@ class WorkdirLock:
         record = {'pid': os.getpid(), 'host': socket.gethostname(),
                   'started': datetime.datetime.now(datetime.UTC).isoformat(
                       timespec='seconds'),
-                  'start_ticks': _start_ticks(os.getpid()), 'command': ' '.join(sys.argv),
+                  'start_ticks': start_ticks(os.getpid()), 'command': ' '.join(sys.argv),
                   'token': secrets.token_hex(8)}
         for _ in range(3):  # a stale lock removed by us or by a racing run: try again
             if self._create(record):

@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 
+from mecefo_jax import workdir_lock
 from mecefo_jax.snapshot import shm
 
 # Relative to each leaf's largest magnitude: the cross-process all-reduce sums the
@@ -133,8 +134,9 @@ def leaks(workdir: str, namespace: str, cluster_pids: list[int]) -> list[str]:
     """What the job left behind: processes, keeper segments, the lock, cluster processes."""
     left = []
     for generation in start_records(workdir).values():
+        # A long soak wraps pid_max: a worker's number may be a later process's or thread's.
         left += [f"worker process {s['pid']} (g{s['generation']} w{s['worker']})"
-                 for s in generation if shm.alive(s['pid'])]
+                 for s in generation if workdir_lock.same_process_alive(s['pid'], s.get('start_ticks'))]
     left += [f'shared memory segment {n}' for n in sorted(os.listdir(shm.SHM_DIR))
              if n.startswith('mcf') and f'_{namespace}_' in n]
     if os.path.exists(os.path.join(workdir, 'run.lock')):

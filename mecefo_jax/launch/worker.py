@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from mecefo_jax import atomic_file
+from mecefo_jax import atomic_file, workdir_lock
 from mecefo_jax.launch import worker_records, worker_snapshots
 from mecefo_jax.launch.progress import Progress
 from mecefo_jax.launch.worker_args import WorkerArgs
@@ -167,6 +167,7 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     provenance = (os.path.join(args.out_dir, 'provenance.jsonl')
                   if jax.process_index() == 0 else None)
     start_record = dict(worker=args.worker, generation=args.generation, pid=os.getpid(),
+                        start_ticks=workdir_lock.start_ticks(os.getpid()),  # to tell a reused pid
                         process_start=actor.started, actor_created=actor.created,
                         actor_warm_sec=(actor.warmed or time.time()) - actor.created,
                         distributed_init_sec=distributed_init_sec, resume=args.resume)
