@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.util
 import io
 import os
 import sysconfig
@@ -45,14 +46,17 @@ _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def source_roots(packages: Sequence[str] = PACKAGES) -> list[str]:
-    """The standard library's folder, then each installed package's (missing ones skipped)."""
+    """The standard library's folder, then each installed package's (missing ones skipped).
+
+    A package is found wherever this interpreter imports it from (`find_spec`, which
+    imports nothing): a virtual environment's own site-packages may not hold it.
+    """
     roots = [sysconfig.get_paths()['stdlib']]
-    purelib, platlib = sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']
     for package in packages:
-        for lib in dict.fromkeys((purelib, platlib)):
-            if os.path.isdir(os.path.join(lib, package)):
-                roots.append(os.path.join(lib, package))
-                break
+        spec = importlib.util.find_spec(package)
+        folders = list(spec.submodule_search_locations or ()) if spec is not None else []
+        if folders and os.path.isdir(folders[0]):
+            roots.append(folders[0])
     return roots
 
 
