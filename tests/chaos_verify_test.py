@@ -35,6 +35,10 @@ def test_a_live_worker_is_a_leak_and_a_reused_pid_is_not(tmp_path):
         left = chaos_verify.leaks(str(tmp_path), 'no-such-namespace', [])
         assert sorted(left) == sorted([f'worker process {held.pid} (g3 w0)',
                                        f'worker process {os.getpid()} (g4 w0)'])
+        # A cluster process likewise: named by its pid and its start time, read while it ran.
+        cluster = chaos_verify.leaks(str(tmp_path), 'no-such-namespace',
+                                     [(held.pid, ticks), (held.pid, ticks - 1)])
+        assert cluster.count(f'cluster process {held.pid}') == 1
     finally:
         held.stdin.close()
         held.wait(timeout=30)

@@ -13,6 +13,7 @@ import os
 import statistics
 import time
 
+from mecefo_jax import workdir_lock
 from mecefo_jax.experiments import chaos_soak, chaos_verify
 from mecefo_jax.experiments.report import fmt, write_json
 
@@ -72,8 +73,9 @@ def run(config_path: str, cfg, out_dir: str, *, kills: int, seed: int, nodes: in
     try:
         records = soak.run()
         wall = time.time() - start
-        cluster_pids = [p.process.pid for node in soak.cluster.nodes.values()
-                        for procs in node.all_processes.values() for p in procs]
+        cluster_procs = [(p.process.pid, workdir_lock.start_ticks(p.process.pid))
+                         for node in soak.cluster.nodes.values()
+                         for procs in node.all_processes.values() for p in procs]
     finally:
         soak.shutdown()
     namespace = namespace_of(workdir)
@@ -93,7 +95,7 @@ def run(config_path: str, cfg, out_dir: str, *, kills: int, seed: int, nodes: in
                                       os.path.join(out_dir, 'simulated'), replicas)
     report['max_rel_param_diff'] = chaos_verify.max_rel_param_diff(workdir, simulated)
     report['leaked'] = ([f'keeper actor {k} (after the job)' for k in soak.keepers_after_job]
-                        + chaos_verify.leaks(workdir, namespace, cluster_pids))
+                        + chaos_verify.leaks(workdir, namespace, cluster_procs))
     report['cleanup_output'] = soak.cleanup_output
     report['by_kind'] = by_kind(report['kills'])
     report['defects'] = DEFECTS

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from mecefo_jax.snapshot import shm
+from mecefo_jax import workdir_lock
 
 KINDS = ('worker', 'keeper', 'launcher', 'node', 'hang', 'double')
 WORKERS, LOCAL_DEVICES = 4, 2
@@ -185,7 +185,8 @@ class Soak:
         for path in glob.glob(os.path.join(self.workdir, 'launch', f'g{generation}_w*_start.json')):
             with open(path) as f:
                 record = json.load(f)
-            if shm.alive(record['pid']):
+            # Not a reused pid: the soak must never signal a process that is not the worker.
+            if workdir_lock.same_process_alive(record['pid'], record.get('start_ticks')):
                 out[record['worker']] = record['pid']
         return out
 

@@ -130,8 +130,9 @@ def max_rel_param_diff(workdir: str, simulated: dict) -> float:
     return worst
 
 
-def leaks(workdir: str, namespace: str, cluster_pids: list[int]) -> list[str]:
-    """What the job left behind: processes, keeper segments, the lock, cluster processes."""
+def leaks(workdir: str, namespace: str, cluster_procs: list[tuple[int, int | None]]) -> list[str]:
+    """What the job left behind: processes, keeper segments, the lock, cluster processes
+    (`cluster_procs`: each pid with its `workdir_lock.start_ticks`, read while it ran)."""
     left = []
     for generation in start_records(workdir).values():
         # A long soak wraps pid_max: a worker's number may be a later process's or thread's.
@@ -141,5 +142,6 @@ def leaks(workdir: str, namespace: str, cluster_pids: list[int]) -> list[str]:
              if n.startswith('mcf') and f'_{namespace}_' in n]
     if os.path.exists(os.path.join(workdir, 'run.lock')):
         left.append('the workdir lock run.lock')
-    left += [f'cluster process {p}' for p in cluster_pids if shm.alive(p)]
+    left += [f'cluster process {p}' for p, ticks in cluster_procs
+             if workdir_lock.same_process_alive(p, ticks)]
     return left
