@@ -33,6 +33,8 @@ FIGURES = ('goodput', 'steps_to_target', 'ppl_increase_pct')
 # Runs whose neighbour runs another program than the one the bench timed (its FFN gradient
 # rule or its attention backward): the bench's ratios do not price them.
 UNMEASURED = ('_proj', '_attn')
+# The map's columns: drop's paired goodput difference against each (vp.CORE_RUNS' names).
+CONTENDERS = tuple(run_name(*r) for r in vp.CORE_RUNS if r.strategy not in ('fault_free', 'drop'))
 
 
 def load_records(point_dir: str, order=()) -> dict:
@@ -86,6 +88,31 @@ def _fault_free_falls(records: dict) -> list[bool]:
     return falls
 
 
+def _sign(diff: dict | None) -> str:
+    """Which side a paired difference's interval is on: '+' above 0, '-' below, '=' across."""
+    if diff is None:
+        return 'n/a'
+    return '+' if diff['lo'] > 0 else '-' if diff['hi'] < 0 else '='
+
+
+def point_map(p: dict) -> dict:
+    """The point's row of the map: its best run by mean goodput, drop's paired difference
+    against each contender, and mecefo's against the control, each with its side of 0."""
+    runs = {n: r for n, r in p['runs'].items() if n != 'fault_free' and r['goodput']}
+    best = max(runs, key=lambda n: runs[n]['goodput']['mean']) if runs else None
+    drop_minus = {n: dict(p['paired'][n], side=_sign(p['paired'][n]))
+                  for n in CONTENDERS if n in p['paired']}
+    control = p['vs_control'].get(run_name('mecefo', 'high'))
+    return {'best': best, 'drop_minus': drop_minus,
+            'mecefo_minus_control': dict(control, side=_sign(control)) if control else None}
+
+
+def _hours(records: dict) -> dict:
+    """Wall and CPU hours the point's stored records took to train (replays take none)."""
+    runs = [r for seed in records.values() for r in seed.values()]
+    return {k: sum(r.get(f'{k}_sec', 0.0) for r in runs) / 3600 for k in ('wall', 'cpu')}
+
+
 def summarise_point(point: vp.Point, records: dict, bench: dict | None) -> dict:
     """One point's figures (module docstring), under analytic and bench step costs."""
     from configs.small import get_config
@@ -93,7 +120,7 @@ def summarise_point(point: vp.Point, records: dict, bench: dict | None) -> dict:
     from mecefo_jax.experiments.time_to_target_settings import Settings
     cfg = resolve(vp.point_config(get_config(), point))
     out = {'moves': point.moves, 'overrides': point.overrides, 'seeds': list(records),
-           'fault_free_falls_at_last_eval': _fault_free_falls(records)}
+           'fault_free_falls_at_last_eval': _fault_free_falls(records), 'hours': _hours(records)}
     for label, costs in (('analytic', None), ('bench', bench)):
         if label == 'bench' and bench is None:
             continue
@@ -107,6 +134,7 @@ def summarise_point(point: vp.Point, records: dict, bench: dict | None) -> dict:
                 if label == 'analytic' or not any(tag in name for tag in UNMEASURED)}
         entry = {'runs': runs, 'paired': _paired(runs, vp.DEFAULT),
                  'vs_control': _paired(runs, CONTROL, sign=-1), 'step_costs': summary['step_costs']}
+        entry['map'] = point_map(entry)
         if label == 'analytic':
             out.update(entry, steps=summary['steps'], replicas=summary['replicas'])
         else:
@@ -136,6 +164,30 @@ def _cell(s: dict | None, spec: str = '.3f') -> str:
     return f"{format(s['mean'], spec)} [{format(s['lo'], spec)}, {format(s['hi'], spec)}]"
 
 
+def map_lines(report: dict) -> list[str]:
+    """The map: per point (analytic step costs; GPU ones where measured), the best run and
+    drop's paired difference against each contender, its side of 0 in brackets (+: drop
+    sooner, -: the contender sooner, =: the interval holds 0)."""
+    lines = ['## The map', '',
+             '| point | seeds | best by goodput | '
+             + ' | '.join(f'drop − `{n}`' for n in CONTENDERS)
+             + ' | `mecefo_high` − control | train hours (wall) |',
+             '|---|---|---|' + '---|' * len(CONTENDERS) + '---|---|']
+    for name, p in report['points'].items():
+        for label, entry in (('', p), (', GPU costs', p.get('bench'))):
+            if not entry:
+                continue
+            m = entry['map']
+            cells = [f"{_cell(m['drop_minus'].get(n), '+.3f')} ({m['drop_minus'][n]['side']})"
+                     if n in m['drop_minus'] else 'n/a' for n in CONTENDERS]
+            control = m['mecefo_minus_control']
+            control = f"{_cell(control, '+.3f')} ({control['side']})" if control else 'n/a'
+            hours = f"{p['hours']['wall']:.2f}" if not label else ''
+            lines.append(f"| {name}{label} | {len(p['seeds'])} | `{m['best']}` | "
+                         + ' | '.join(cells) + f' | {control} | {hours} |')
+    return lines
+
+
 def markdown(report: dict) -> str:
     lines = ['# The verdict: drop against MeCeFO, point by point', '',
              "Goodput: the fault-free run's modelled time to its final validation loss over "
@@ -145,7 +197,7 @@ def markdown(report: dict) -> str:
              'approximated row is worth more than a dropped one). GPU step costs: the '
              f"measured wall-time ratios of `{report['bench']}` (`--cost bench`), n/a for a run "
              'whose neighbour runs a program the bench did not time (another FFN gradient '
-             'rule, or an attention backward).', '']
+             'rule, or an attention backward).', '', *map_lines(report), '']
     for name, p in report['points'].items():
         seeds = ', '.join(map(str, p['seeds']))
         lines += [f"## {name}: {p['moves']}", '',

@@ -1,0 +1,81 @@
+"""The verdict study: its points, and its report held to the committed records.
+
+The study's runs take hours (`scripts/verdict.py`); what is tested here is what
+it is made of: each point moves the axes it names and keeps the tokens per
+step, and the committed report (`docs/results/verdict.json`) is exactly what
+the committed records (`docs/results/verdict_runs/`) give, its map included.
+"""
+import json
+import os
+
+import pytest
+
+from configs.small import get_config
+from mecefo_jax.config_resolve import resolve
+from mecefo_jax.experiments import verdict_points as vp
+from mecefo_jax.experiments import verdict_report as vr
+from mecefo_jax.experiments.runs import run_name
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, 'docs', 'results')
+
+
+def _point_cfg(name):
+    return resolve(vp.point_config(get_config(), vp.POINTS[name]))
+
+
+def test_every_point_keeps_the_tokens_per_step_and_moves_what_it_names():
+    small = _point_cfg('small')
+    tokens = small.data.global_batch_size * small.data.seq_len
+    for name, point in vp.POINTS.items():
+        cfg = _point_cfg(name)
+        assert cfg.data.global_batch_size * cfg.data.seq_len == tokens, name
+        assert point.min_seeds >= (6 if name == 'paper_like' else 4), name
+    paper = _point_cfg('paper_like')
+    assert paper.mesh.num_cpu_devices == 32 and paper.fault.max_concurrent == 1
+    assert paper.data.source == 'python_docs' and paper.train.steps == 4 * small.train.steps
+    # 4x the steps, the same failures per fraction of the run
+    assert paper.fault.step_time_sec * 4 == small.fault.step_time_sec
+    for name in ('small', 'paper_like'):  # mecefo against the control at both ends
+        assert vr.CONTROL in [run_name(*r) for r in vp.runs_of(vp.POINTS[name])]
+
+
+@pytest.mark.parametrize('lo, hi, side', [(0.01, 0.2, '+'), (-0.2, -0.01, '-'), (-0.1, 0.1, '=')])
+def test_the_map_says_which_side_of_zero_an_interval_is_on(lo, hi, side):
+    diff = {'mean': (lo + hi) / 2, 'lo': lo, 'hi': hi}
+    entry = {'runs': {'fault_free': {'goodput': {'mean': 1.0}},
+                      'drop_high': {'goodput': {'mean': 0.9}},
+                      'mecefo_high': {'goodput': {'mean': 0.9 - diff['mean']}}},
+             'paired': {'mecefo_high': diff}, 'vs_control': {}}
+    row = vr.point_map(entry)
+    assert row['drop_minus']['mecefo_high']['side'] == side
+    assert row['best'] == ('mecefo_high' if diff['mean'] < 0 else 'drop_high')
+    assert row['mecefo_minus_control'] is None
+
+
+def test_only_the_runs_every_seed_has_are_reported(tmp_path):
+    for seed, runs in ((0, ('fault_free', 'drop_high', 'mecefo_high')),
+                       (1, ('fault_free', 'drop_high')), (2, ('drop_high',))):
+        os.makedirs(tmp_path / f'seed{seed}')
+        for run in runs:
+            (tmp_path / f'seed{seed}' / f'{run}.json').write_text(json.dumps({'run': run}))
+    records = vr.load_records(str(tmp_path), order=('fault_free', 'drop_high'))
+    assert list(records) == [0, 1]  # seed 2 has no fault-free run yet
+    assert all(list(runs) == ['fault_free', 'drop_high'] for runs in records.values())
+
+
+def test_the_committed_report_is_what_the_committed_records_give():
+    with open(os.path.join(RESULTS, 'verdict.json')) as f:
+        committed = json.load(f)
+    built = json.loads(json.dumps(vr.build(os.path.join(RESULTS, 'verdict_runs'))))
+    assert built == committed
+    for name, point in built['points'].items():
+        assert set(point['runs']) >= {'fault_free', vp.DEFAULT}, name
+        for run in point['runs'].values():
+            for figure in vr.FIGURES:
+                if run[figure] is not None:
+                    assert set(run[figure]) >= {'mean', 'lo', 'hi', 'per_seed'}
+        best = point['map']['best']
+        assert point['runs'][best]['goodput']['mean'] == max(
+            r['goodput']['mean'] for n, r in point['runs'].items() if n != 'fault_free')
+        assert point['hours']['wall'] > 0
