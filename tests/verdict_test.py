@@ -40,6 +40,29 @@ def test_every_point_keeps_the_tokens_per_step_and_moves_what_it_names():
         assert vr.CONTROL in [run_name(*r) for r in vp.runs_of(vp.POINTS[name])]
 
 
+def test_the_capped_plan_differs_from_mecefo_at_every_point():
+    """With one failure, each point's capped plan approximates fewer rows than mecefo's two
+    shards: a cap of 8 splits a 4-row shard over helpers; where shards are 1 row (and cap 8
+    would plan mecefo's layout), cap 1 takes a mixed helper that computes its own row exactly."""
+    from mecefo_jax.faults.planner import Planner
+    from mecefo_jax.faults.strategies import layout_for
+    from mecefo_jax.layout import ROLE_NEIGHBOUR
+    for name, point in vp.POINTS.items():
+        cfg = _point_cfg(name)
+        replicas = cfg.mesh.num_cpu_devices
+        shard = cfg.data.global_batch_size // replicas
+        live = [r != 5 for r in range(replicas)]
+
+        def neighbour_rows(layout):
+            return sum(sum(p.stop - p.start for p in pieces)
+                       for role, pieces in zip(layout.roles, layout.pieces) if role == ROLE_NEIGHBOUR)
+
+        plan = Planner(shard, max_neighbour_rows=point.cap).layout(live)
+        assert neighbour_rows(plan) < neighbour_rows(layout_for('mecefo', live, shard)), name
+        if shard == 1:
+            assert neighbour_rows(Planner(shard, max_neighbour_rows=8).layout(live)) == 2
+
+
 @pytest.mark.parametrize('lo, hi, side', [(0.01, 0.2, '+'), (-0.2, -0.01, '-'), (-0.1, 0.1, '=')])
 def test_the_map_says_which_side_of_zero_an_interval_is_on(lo, hi, side):
     diff = {'mean': (lo + hi) / 2, 'lo': lo, 'hi': hi}
@@ -47,8 +70,9 @@ def test_the_map_says_which_side_of_zero_an_interval_is_on(lo, hi, side):
                       'drop_high': {'goodput': {'mean': 0.9}},
                       'mecefo_high': {'goodput': {'mean': 0.9 - diff['mean']}}},
              'paired': {'mecefo_high': diff}, 'vs_control': {}}
-    row = vr.point_map(entry)
-    assert row['drop_minus']['mecefo_high']['side'] == side
+    row = vr.point_map(entry, {'mecefo': 'mecefo_high', 'capped plan': 'not_run'})
+    assert list(row['drop_minus']) == ['mecefo']  # a contender the point has not run is left out
+    assert row['drop_minus']['mecefo']['side'] == side
     assert row['best'] == ('mecefo_high' if diff['mean'] < 0 else 'drop_high')
     assert row['mecefo_minus_control'] is None
 

@@ -35,7 +35,11 @@ LONG = {'train.steps': 1200, 'fault.step_time_sec': 15.0}
 # Evaluations at 4x the steps: as many, at the same fractions of the run.
 LONG_EVALS = {'eval_every': 200, 'dense_eval_every': 40}
 
-CAP = 8  # mecefo_planned's neighbour-row cap: a quarter of the batch at every point
+CAP = 8  # mecefo_planned's neighbour-row cap: a quarter of the batch where shards are 4 rows
+# Where shards are 1 row, cap 8 never binds a single failure: its plan is mecefo's (both rows
+# on one neighbour in neighbour mode, only the adopter differs). Cap 1 takes a mixed helper
+# instead (its own row exact, only the orphaned row approximated; faults/planner.py).
+ONE_ROW_CAP = 1
 # The control that drops exactly the rows mecefo approximates, the two ablations
 # (attention backward exact; FFN kernel gradients exact) and the rules that keep the
 # approximated rows' progress without their bias (docs/verdict.md).
@@ -43,9 +47,10 @@ CONTROL = (Run('drop_adopters', 'high'),)
 ABLATIONS = (Run('mecefo', 'high', attention='exact'), Run('mecefo', 'high', projection='exact'))
 RULES = (Run('mecefo', 'high', projection='none'), Run('mecefo', 'high', top=2),
          Run('mecefo', 'high', weight=0.5), Run('mecefo', 'high', attn_top=2))
-# What every point compares (elastic and checkpoint_restart are replays: free).
-CORE_RUNS = (Run('fault_free', ''), Run('mecefo', 'high'), Run('mecefo_planned', 'high', CAP),
-             Run('drop', 'high'), Run('elastic', 'high'), Run('checkpoint_restart', 'high'))
+# What every point compares, the capped plan (of the point's cap) after mecefo; elastic and
+# checkpoint_restart are replays: free.
+CORE_RUNS = (Run('fault_free', ''), Run('mecefo', 'high'), Run('drop', 'high'),
+             Run('elastic', 'high'), Run('checkpoint_restart', 'high'))
 DEFAULT = 'drop_high'  # the paired differences are drop's goodput minus each run's
 
 
@@ -57,19 +62,21 @@ class Point:
     moves: str  # what changes against the point it moves from
     settings: dict = dataclasses.field(default_factory=dict)
     min_seeds: int = 4
+    cap: int = CAP  # the capped plan's fault.max_neighbour_rows
     extra_runs: tuple = ()  # runs beside CORE_RUNS (the controls and rules, where they are run)
 
 
 POINTS = {p.name: p for p in (
     Point('small', {}, 'the baseline: configs/small.py', extra_runs=CONTROL + ABLATIONS + RULES),
-    Point('replicas32', WIDE, 'granularity: 32 replicas of 1 sequence (from small)'),
+    Point('replicas32', WIDE, 'granularity: 32 replicas of 1 sequence (from small)',
+          cap=ONE_ROW_CAP),
     Point('replicas32_serial', {**WIDE, **SERIAL},
-          "granularity with the paper's one failure at a time (from replicas32)"),
+          "granularity with the paper's one failure at a time (from replicas32)", cap=ONE_ROW_CAP),
     Point('fresh_data', FRESH, 'data: python_docs, read less than once (from small)'),
     Point('horizon4x', {**FRESH, **LONG}, 'horizon: 1,200 steps (from fresh_data)',
           settings=LONG_EVALS),
     Point('paper_like', {**FRESH, **LONG, **WIDE, **SERIAL}, 'every axis at once',
-          settings=LONG_EVALS, min_seeds=6, extra_runs=CONTROL + RULES[-1:]),
+          settings=LONG_EVALS, min_seeds=6, cap=ONE_ROW_CAP, extra_runs=CONTROL + RULES[-1:]),
 )}
 
 
@@ -81,6 +88,18 @@ def point_config(base, point: Point):
     return base
 
 
+def capped_plan(point: Point) -> Run:
+    return Run('mecefo_planned', 'high', point.cap)
+
+
 def runs_of(point: Point) -> tuple[Run, ...]:
-    """CORE_RUNS, then the point's extra runs."""
-    return CORE_RUNS + tuple(point.extra_runs)
+    """CORE_RUNS with the point's capped plan after mecefo, then the point's extra runs."""
+    return CORE_RUNS[:2] + (capped_plan(point),) + CORE_RUNS[2:] + tuple(point.extra_runs)
+
+
+def contenders(point: Point) -> dict[str, str]:
+    """{label: run name}: the runs the map sets against drop at `point`."""
+    from mecefo_jax.experiments.runs import run_name
+    return {'mecefo': run_name('mecefo', 'high'), 'capped plan': run_name(*capped_plan(point)),
+            'elastic': run_name('elastic', 'high'),
+            'checkpoint_restart': run_name('checkpoint_restart', 'high')}

@@ -33,8 +33,6 @@ FIGURES = ('goodput', 'steps_to_target', 'ppl_increase_pct')
 # Runs whose neighbour runs another program than the one the bench timed (its FFN gradient
 # rule or its attention backward): the bench's ratios do not price them.
 UNMEASURED = ('_proj', '_attn')
-# The map's columns: drop's paired goodput difference against each (vp.CORE_RUNS' names).
-CONTENDERS = tuple(run_name(*r) for r in vp.CORE_RUNS if r.strategy not in ('fault_free', 'drop'))
 
 
 def load_records(point_dir: str, order=()) -> dict:
@@ -95,13 +93,14 @@ def _sign(diff: dict | None) -> str:
     return '+' if diff['lo'] > 0 else '-' if diff['hi'] < 0 else '='
 
 
-def point_map(p: dict) -> dict:
+def point_map(p: dict, contenders: dict) -> dict:
     """The point's row of the map: its best run by mean goodput, drop's paired difference
-    against each contender, and mecefo's against the control, each with its side of 0."""
+    against each of `contenders` ({label: run}), and mecefo's against the control, each
+    with its side of 0."""
     runs = {n: r for n, r in p['runs'].items() if n != 'fault_free' and r['goodput']}
     best = max(runs, key=lambda n: runs[n]['goodput']['mean']) if runs else None
-    drop_minus = {n: dict(p['paired'][n], side=_sign(p['paired'][n]))
-                  for n in CONTENDERS if n in p['paired']}
+    drop_minus = {label: dict(p['paired'][n], run=n, side=_sign(p['paired'][n]))
+                  for label, n in contenders.items() if n in p['paired']}
     control = p['vs_control'].get(run_name('mecefo', 'high'))
     return {'best': best, 'drop_minus': drop_minus,
             'mecefo_minus_control': dict(control, side=_sign(control)) if control else None}
@@ -134,7 +133,7 @@ def summarise_point(point: vp.Point, records: dict, bench: dict | None) -> dict:
                 if label == 'analytic' or not any(tag in name for tag in UNMEASURED)}
         entry = {'runs': runs, 'paired': _paired(runs, vp.DEFAULT),
                  'vs_control': _paired(runs, CONTROL, sign=-1), 'step_costs': summary['step_costs']}
-        entry['map'] = point_map(entry)
+        entry['map'] = point_map(entry, vp.contenders(point))
         if label == 'analytic':
             out.update(entry, steps=summary['steps'], replicas=summary['replicas'])
         else:
@@ -168,24 +167,25 @@ def map_lines(report: dict) -> list[str]:
     """The map: per point (analytic step costs; GPU ones where measured), the best run and
     drop's paired difference against each contender, its side of 0 in brackets (+: drop
     sooner, -: the contender sooner, =: the interval holds 0)."""
+    labels = list(vp.contenders(vp.POINTS['small']))
     lines = ['## The map', '',
-             '| point | seeds | best by goodput | '
-             + ' | '.join(f'drop − `{n}`' for n in CONTENDERS)
+             '| point | seeds | best by goodput | ' + ' | '.join(f'drop − {x}' for x in labels)
              + ' | `mecefo_high` − control | train hours (wall) |',
-             '|---|---|---|' + '---|' * len(CONTENDERS) + '---|---|']
+             '|---|---|---|' + '---|' * len(labels) + '---|---|']
     for name, p in report['points'].items():
         for label, entry in (('', p), (', GPU costs', p.get('bench'))):
             if not entry:
                 continue
             m = entry['map']
-            cells = [f"{_cell(m['drop_minus'].get(n), '+.3f')} ({m['drop_minus'][n]['side']})"
-                     if n in m['drop_minus'] else 'n/a' for n in CONTENDERS]
+            cells = [f"{_cell(m['drop_minus'][x], '+.3f')} ({m['drop_minus'][x]['side']})"
+                     if x in m['drop_minus'] else 'n/a' for x in labels]
             control = m['mecefo_minus_control']
             control = f"{_cell(control, '+.3f')} ({control['side']})" if control else 'n/a'
             hours = f"{p['hours']['wall']:.2f}" if not label else ''
             lines.append(f"| {name}{label} | {len(p['seeds'])} | `{m['best']}` | "
                          + ' | '.join(cells) + f' | {control} | {hours} |')
-    return lines
+    caps = ', '.join(f'{n}: `{vp.contenders(pt)["capped plan"]}`' for n, pt in vp.POINTS.items())
+    return lines + ['', f'The capped plan of each point: {caps}.']
 
 
 def markdown(report: dict) -> str:
