@@ -12,6 +12,7 @@ import pytest
 
 from configs.small import get_config
 from mecefo_jax.config_resolve import resolve
+from mecefo_jax.experiments import verdict_model as vm
 from mecefo_jax.experiments import verdict_points as vp
 from mecefo_jax.experiments import verdict_report as vr
 from mecefo_jax.experiments.runs import run_name
@@ -103,3 +104,32 @@ def test_the_committed_report_is_what_the_committed_records_give():
         assert point['runs'][best]['goodput']['mean'] == max(
             r['goodput']['mean'] for n, r in point['runs'].items() if n != 'fault_free')
         assert point['hours']['wall'] > 0
+
+
+@pytest.mark.parametrize('replicas, step', [(8, 1.0), (8, 1.293), (32, 1.042), (32, 1.0 + 1 / 31)])
+def test_at_the_break_even_v_mecefo_progresses_as_fast_as_drop(replicas, step):
+    """The rates of verdict_model's docstring, computed here from their definition."""
+    v = vm.break_even_v(replicas, step)
+    mecefo_rate = (replicas - 2 + 2 * v) / replicas / step
+    drop_rate = (replicas - 1) / replicas
+    assert mecefo_rate == pytest.approx(drop_rate, rel=1e-12)
+    if step == 1.0:
+        assert v == 0.5  # an approximated row must be worth half an exact one
+    if step == 1.0 + 1 / 31:
+        assert v == pytest.approx(1.0)  # 32 replicas: 1/31 slower needs a perfect row
+
+
+def test_v_is_measured_against_the_drop_the_same_rows_control():
+    steps = {'fault_free': 300.0, 'mecefo_high': 310.0, 'drop_adopters_high': 320.0}
+    assert vm.measured_v(steps) == pytest.approx(0.5)
+    assert vm.measured_v({**steps, 'drop_adopters_high': 300.0}) is None  # the control lost none
+    assert vm.measured_v({k: v for k, v in steps.items() if k != 'drop_adopters_high'}) is None
+
+
+def test_one_failure_steps_price_drop_elastic_and_the_neighbour():
+    for name in ('small', 'paper_like'):
+        cfg = _point_cfg(name)
+        n = cfg.mesh.num_cpu_devices
+        steps = vm.one_failure_steps(cfg, n, 'analytic')
+        assert steps['drop'] == 1.0 and steps['elastic'] >= 1 + 1 / (n - 1)
+        assert 1.0 < steps['mecefo'] < 2.0  # two shards, cheaper than two exact ones

@@ -22,6 +22,7 @@ import math
 import os
 
 from mecefo_jax.experiments import time_to_target_report as ttt_report
+from mecefo_jax.experiments import verdict_model
 from mecefo_jax.experiments import verdict_points as vp
 from mecefo_jax.experiments.report import bootstrap_mean, pyplot, write_json
 from mecefo_jax.experiments.runs import run_name
@@ -112,7 +113,8 @@ def _hours(records: dict) -> dict:
     return {k: sum(r.get(f'{k}_sec', 0.0) for r in runs) / 3600 for k in ('wall', 'cpu')}
 
 
-def summarise_point(point: vp.Point, records: dict, bench: dict | None) -> dict:
+def summarise_point(point: vp.Point, records: dict, bench: dict | None,
+                    bench_path: str = BENCH) -> dict:
     """One point's figures (module docstring), under analytic and bench step costs."""
     from configs.small import get_config
     from mecefo_jax.config_resolve import resolve
@@ -134,6 +136,10 @@ def summarise_point(point: vp.Point, records: dict, bench: dict | None) -> dict:
         entry = {'runs': runs, 'paired': _paired(runs, vp.DEFAULT),
                  'vs_control': _paired(runs, CONTROL, sign=-1), 'step_costs': summary['step_costs']}
         entry['map'] = point_map(entry, vp.contenders(point))
+        means = {n: (r['steps_to_target'] or {}).get('mean') for n, r in runs.items()}
+        entry['model'] = verdict_model.model_row(
+            cfg, summary['replicas'], means,
+            'analytic' if label == 'analytic' else f'bench:{bench_path}')
         if label == 'analytic':
             out.update(entry, steps=summary['steps'], replicas=summary['replicas'])
         else:
@@ -152,7 +158,7 @@ def build(work: str, bench_path: str = BENCH) -> dict:
         records = load_records(os.path.join(work, name), order=names)
         # A point is reported once some seed has its fault-free run and drop's beside it.
         if records and vp.DEFAULT in next(iter(records.values())):
-            points[name] = summarise_point(point, records, bench)
+            points[name] = summarise_point(point, records, bench, bench_path)
     return {'default': vp.DEFAULT, 'control': CONTROL, 'bench': os.path.relpath(bench_path, REPO)
             if bench else None, 'bootstrap': ttt_report.BOOTSTRAP, 'points': points}
 
@@ -170,8 +176,8 @@ def map_lines(report: dict) -> list[str]:
     labels = list(vp.contenders(vp.POINTS['small']))
     lines = ['## The map', '',
              '| point | seeds | best by goodput | ' + ' | '.join(f'drop − {x}' for x in labels)
-             + ' | `mecefo_high` − control | train hours (wall) |',
-             '|---|---|---|' + '---|' * len(labels) + '---|---|']
+             + ' | `mecefo_high` − control | v measured | break-even v | train hours (wall) |',
+             '|---|---|---|' + '---|' * len(labels) + '---|---|---|---|']
     for name, p in report['points'].items():
         for label, entry in (('', p), (', GPU costs', p.get('bench'))):
             if not entry:
@@ -182,10 +188,17 @@ def map_lines(report: dict) -> list[str]:
             control = m['mecefo_minus_control']
             control = f"{_cell(control, '+.3f')} ({control['side']})" if control else 'n/a'
             hours = f"{p['hours']['wall']:.2f}" if not label else ''
+            model = entry['model']
+            v = 'n/a' if model['measured_v'] is None else f"{model['measured_v']:.2f}"
             lines.append(f"| {name}{label} | {len(p['seeds'])} | `{m['best']}` | "
-                         + ' | '.join(cells) + f' | {control} | {hours} |')
+                         + ' | '.join(cells) + f" | {control} | {v} | "
+                         f"{model['break_even_v']:.2f} | {hours} |")
     caps = ', '.join(f'{n}: `{vp.contenders(pt)["capped plan"]}`' for n, pt in vp.POINTS.items())
-    return lines + ['', f'The capped plan of each point: {caps}.']
+    return lines + ['', f'The capped plan of each point: {caps}. v: the progress of a row '
+                    "mecefo approximates relative to an exact one, measured as 1 - (mecefo's "
+                    "steps lost) / (the control's), from mean steps to target; break-even v: "
+                    "where mecefo's progress rate would equal drop's with one replica down "
+                    "(`verdict_model.py`: 1/2 + (c - 1)(n - 1)/2, c the neighbour's step)."]
 
 
 def markdown(report: dict) -> str:
