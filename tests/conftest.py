@@ -23,6 +23,9 @@ os.environ['XLA_FLAGS'] = (
     + ' --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0'
 ).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# One BLAS thread per LAPACK call, as every script (sharding.simulate_cpu_devices) and
+# launcher worker runs: the same bits in this process as in theirs.
+os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
 
 import jax  # noqa: E402  (after XLA_FLAGS on purpose)
 
