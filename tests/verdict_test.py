@@ -64,7 +64,8 @@ def test_the_capped_plan_differs_from_mecefo_at_every_point():
             assert neighbour_rows(Planner(shard, max_neighbour_rows=8).layout(live)) == 2
 
 
-@pytest.mark.parametrize('lo, hi, side', [(0.01, 0.2, '+'), (-0.2, -0.01, '-'), (-0.1, 0.1, '=')])
+@pytest.mark.parametrize('lo, hi, side', [(0.01, 0.2, '+'), (-0.2, -0.01, '-'), (-0.1, 0.1, '='),
+                                          (0.1, 0.1, 'one seed')])
 def test_the_map_says_which_side_of_zero_an_interval_is_on(lo, hi, side):
     diff = {'mean': (lo + hi) / 2, 'lo': lo, 'hi': hi}
     entry = {'runs': {'fault_free': {'goodput': {'mean': 1.0}},

@@ -91,6 +91,8 @@ def _sign(diff: dict | None) -> str:
     """Which side a paired difference's interval is on: '+' above 0, '-' below, '=' across."""
     if diff is None:
         return 'n/a'
+    if diff['lo'] == diff['hi']:
+        return 'one seed'  # no interval yet
     return '+' if diff['lo'] > 0 else '-' if diff['hi'] < 0 else '='
 
 
