@@ -88,6 +88,11 @@ def test_only_the_runs_every_seed_has_are_reported(tmp_path):
     records = vr.load_records(str(tmp_path), order=('fault_free', 'drop_high'))
     assert list(records) == [0, 1]  # seed 2 has no fault-free run yet
     assert all(list(runs) == ['fault_free', 'drop_high'] for runs in records.values())
+    # a seed still training (only its fault-free run) does not hide the finished seeds' runs
+    os.makedirs(tmp_path / 'seed3')
+    (tmp_path / 'seed3' / 'fault_free.json').write_text(json.dumps({'run': 'fault_free'}))
+    records = vr.load_records(str(tmp_path), require=('drop_high',))
+    assert list(records) == [0, 1] and list(records[0]) == ['drop_high', 'fault_free']
 
 
 def test_the_committed_report_is_what_the_committed_records_give():

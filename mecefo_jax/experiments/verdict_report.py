@@ -36,9 +36,10 @@ FIGURES = ('goodput', 'steps_to_target', 'ppl_increase_pct')
 UNMEASURED = ('_proj', '_attn')
 
 
-def load_records(point_dir: str, order=()) -> dict:
-    """{seed: {run: record}}: seeds with a fault-free record, runs that every such seed has,
-    in the order of the names in `order`, then the others sorted."""
+def load_records(point_dir: str, order=(), require=()) -> dict:
+    """{seed: {run: record}}: seeds with a fault-free record and one of every run in
+    `require` (a seed still training has only some), runs that every such seed has, in
+    the order of the names in `order`, then the others sorted."""
     seeds = {}
     for seed_dir in sorted(glob.glob(os.path.join(point_dir, 'seed*')),
                            key=lambda d: int(os.path.basename(d)[4:])):
@@ -46,7 +47,7 @@ def load_records(point_dir: str, order=()) -> dict:
         for path in sorted(glob.glob(os.path.join(seed_dir, '*.json'))):
             with open(path) as f:
                 runs[os.path.basename(path)[:-5]] = json.load(f)
-        if 'fault_free' in runs:
+        if all(name in runs for name in ('fault_free', *require)):
             seeds[int(os.path.basename(seed_dir)[4:])] = runs
     if not seeds:
         return {}
@@ -157,7 +158,7 @@ def build(work: str, bench_path: str = BENCH) -> dict:
     points = {}
     for name, point in vp.POINTS.items():
         names = [run_name(*r) for r in vp.runs_of(point)]
-        records = load_records(os.path.join(work, name), order=names)
+        records = load_records(os.path.join(work, name), order=names, require=(vp.DEFAULT,))
         # A point is reported once some seed has its fault-free run and drop's beside it.
         if records and vp.DEFAULT in next(iter(records.values())):
             points[name] = summarise_point(point, records, bench, bench_path)
