@@ -120,6 +120,17 @@ def test_at_the_break_even_v_mecefo_progresses_as_fast_as_drop(replicas, step):
         assert v == pytest.approx(1.0)  # 32 replicas: 1/31 slower needs a perfect row
 
 
+@pytest.mark.parametrize('replicas, v', [(8, 0.46), (32, 0.66), (32, 0.5), (8, 1.0)])
+def test_at_the_break_even_step_mecefo_progresses_as_fast_as_drop(replicas, v):
+    """The step c* read from a measured v, checked on the rates' definitions; it inverts
+    break_even_v, and a row worth under half an exact one needs a neighbour faster than free."""
+    step = vm.break_even_step(replicas, v)
+    assert (replicas - 2 + 2 * v) / replicas / step == pytest.approx((replicas - 1) / replicas,
+                                                                     rel=1e-12)
+    assert vm.break_even_v(replicas, step) == pytest.approx(v, rel=1e-12)
+    assert (step < 1.0) == (v < 0.5)
+
+
 def test_v_is_measured_against_the_drop_the_same_rows_control():
     steps = {'fault_free': 300.0, 'mecefo_high': 310.0, 'drop_adopters_high': 320.0}
     assert vm.measured_v(steps) == pytest.approx(0.5)

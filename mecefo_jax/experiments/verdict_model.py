@@ -15,7 +15,12 @@ a rate (progress per unit of time, the fault-free step being 1 of each):
 
     v* = 1/2 + (c - 1)(n - f) / (2f),
 
-the *break-even v*. `drop` loses f/n of the batch, a share that shrinks with
+the *break-even v*. Read the other way, at a measured v the neighbour's step
+must stay under
+
+    c* = 1 + (2v - 1) f / (n - f),
+
+the *break-even step*, for `mecefo` to keep up with `drop`. `drop` loses f/n of the batch, a share that shrinks with
 n, while the neighbour's slower step holds up all n replicas: at 32
 replicas a neighbour step 4% slower needs v above 1, which no approximation
 reaches. v itself is measured by the `drop_adopters` control, which drops
@@ -34,6 +39,12 @@ STRATEGIES = ('mecefo', 'elastic', 'drop')
 def break_even_v(replicas: int, neighbour_step: float, failed: int = FAILED) -> float:
     """The v at which `mecefo`'s progress rate equals `drop`'s (module docstring)."""
     return 0.5 + (neighbour_step - 1.0) * (replicas - failed) / (2.0 * failed)
+
+
+def break_even_step(replicas: int, v: float, failed: int = FAILED) -> float:
+    """The neighbour step c* at which `mecefo`'s rate equals `drop`'s for a row worth v;
+    below 1 where v < 1/2: `mecefo` falls behind even with a free neighbour."""
+    return 1.0 + (2.0 * v - 1.0) * failed / (replicas - failed)
 
 
 def one_failure_steps(cfg, replicas: int, cost_spec: str) -> dict[str, float]:
@@ -59,8 +70,10 @@ def measured_v(steps_to_target: dict) -> float | None:
 
 def model_row(cfg, replicas: int, steps_to_target: dict, cost_spec: str) -> dict:
     """The point's figures under one step-cost model: the steps of one failure, the
-    break-even v, and v as measured (where the control ran)."""
+    break-even v, v as measured (where the control ran) and the break-even step at it."""
     steps = one_failure_steps(cfg, replicas, cost_spec)
+    v = measured_v(steps_to_target)
     return {'one_failure_steps': steps,
             'break_even_v': break_even_v(replicas, steps['mecefo']),
-            'measured_v': measured_v(steps_to_target)}
+            'measured_v': v,
+            'break_even_step': None if v is None else break_even_step(replicas, v)}

@@ -179,8 +179,9 @@ def map_lines(report: dict) -> list[str]:
     labels = list(vp.contenders(vp.POINTS['small']))
     lines = ['## The map', '',
              '| point | seeds | best by goodput | ' + ' | '.join(f'drop − {x}' for x in labels)
-             + ' | `mecefo_high` − control | v measured | break-even v | train hours (wall) |',
-             '|---|---|---|' + '---|' * len(labels) + '---|---|---|---|']
+             + ' | `mecefo_high` − control | v measured | break-even v | neighbour step '
+             '| break-even step | train hours (wall) |',
+             '|---|---|---|' + '---|' * len(labels) + '---|---|---|---|---|---|']
     for name, p in report['points'].items():
         for label, entry in (('', p), (', GPU costs', p.get('bench'))):
             if not entry:
@@ -192,16 +193,21 @@ def map_lines(report: dict) -> list[str]:
             control = f"{_cell(control, '+.3f')} ({control['side']})" if control else 'n/a'
             hours = f"{p['hours']['wall']:.2f}" if not label else ''
             model = entry['model']
-            v = 'n/a' if model['measured_v'] is None else f"{model['measured_v']:.2f}"
+            v, c_star = ('n/a' if model[k] is None else f'{model[k]:.{d}f}'
+                         for k, d in (('measured_v', 2), ('break_even_step', 3)))
             lines.append(f"| {name}{label} | {len(p['seeds'])} | `{m['best']}` | "
                          + ' | '.join(cells) + f" | {control} | {v} | "
-                         f"{model['break_even_v']:.2f} | {hours} |")
+                         f"{model['break_even_v']:.2f} | {model['one_failure_steps']['mecefo']:.3f} "
+                         f"| {c_star} | {hours} |")
     caps = ', '.join(f'{n}: `{vp.contenders(pt)["capped plan"]}`' for n, pt in vp.POINTS.items())
     return lines + ['', f'The capped plan of each point: {caps}. v: the progress of a row '
                     "mecefo approximates relative to an exact one, measured as 1 - (mecefo's "
                     "steps lost) / (the control's), from mean steps to target; break-even v: "
                     "where mecefo's progress rate would equal drop's with one replica down "
-                    "(`verdict_model.py`: 1/2 + (c - 1)(n - 1)/2, c the neighbour's step)."]
+                    "(`verdict_model.py`: 1/2 + (c - 1)(n - 1)/2, c the neighbour's step); "
+                    "break-even step: the neighbour step under which mecefo would keep up with "
+                    "drop at the measured v (1 + (2v - 1)/(n - 1); below 1: not even a free "
+                    "neighbour would)."]
 
 
 def markdown(report: dict) -> str:
