@@ -127,8 +127,56 @@ def test_at_the_break_even_step_mecefo_progresses_as_fast_as_drop(replicas, v):
     step = vm.break_even_step(replicas, v)
     assert (replicas - 2 + 2 * v) / replicas / step == pytest.approx((replicas - 1) / replicas,
                                                                      rel=1e-12)
-    assert vm.break_even_v(replicas, step) == pytest.approx(v, rel=1e-12)
     assert (step < 1.0) == (v < 0.5)
+    if step >= 1.0:
+        assert vm.break_even_v(replicas, step) == pytest.approx(v, rel=1e-12)
+    else:  # no neighbour is faster than the normal replicas it waits for
+        assert vm.break_even_v(replicas, step) == 0.5 > v
+
+
+@pytest.mark.parametrize('replicas, helpers, step', [(32, 2, 0.877), (32, 2, 1.1), (8, 3, 1.0),
+                                                     (32, 1, 1.042)])
+def test_a_failed_shard_split_over_k_neighbours_breaks_even_where_the_rates_meet(
+        replicas, helpers, step):
+    """(k + 1) shards approximated per failure, at the slower of the neighbour's step and a
+    normal one: the rates of the definition meet at break_even_v(..., helpers=k)."""
+    v = vm.break_even_v(replicas, step, helpers=helpers)
+    approximated = helpers + 1
+    mecefo_rate = (replicas - approximated + approximated * v) / replicas / max(step, 1.0)
+    assert mecefo_rate == pytest.approx((replicas - 1) / replicas, rel=1e-12)
+    if step <= 1.0:
+        assert v == pytest.approx(helpers / (helpers + 1))  # a free split needs k/(k+1)
+
+
+def test_the_best_split_takes_the_fewest_neighbours_that_cost_no_time():
+    from mecefo_jax.faults.costs import CostTable
+    # The H200's 350M ratios: 1 shard 0.663, 2 shards 1.042 in neighbour mode.
+    table = CostTable(source='test', exact=((1.0, 1.0), (2.0, 1.65)),
+                      neighbour=((1.0, 0.663), (2.0, 1.042)), step_sec=1.0, step_sec_source='')
+    best = vm.best_split(table, 32)
+    assert best['helpers'] == 2 and best['break_even_v'] == pytest.approx(2 / 3)
+    assert best['neighbour_step'] == pytest.approx((0.663 + 1.042) / 2)
+    # A neighbour that takes two shards for free needs no second helper.
+    free = CostTable(source='test', exact=((1.0, 1.0), (2.0, 2.0)),
+                     neighbour=((1.0, 0.4), (2.0, 0.9)), step_sec=1.0, step_sec_source='')
+    assert vm.best_split(free, 32) == {'helpers': 1, 'neighbour_step': pytest.approx(0.9),
+                                       'break_even_v': pytest.approx(0.5)}
+
+
+def test_v_has_a_paired_bootstrap_interval_over_the_seeds():
+    boot = {'resamples': 2000, 'seed': 0, 'level': 0.95}
+    per_seed = {'fault_free': [300.0, 290.0, 310.0, 300.0],
+                'mecefo_high': [310.0, 305.0, 318.0, 306.0],
+                'drop_adopters_high': [320.0, 310.0, 330.0, 322.0]}
+    v = vm.measured_v_interval(per_seed, **boot)
+    means = {n: sum(x) / len(x) for n, x in per_seed.items()}
+    assert v['mean'] == pytest.approx(vm.measured_v(means)) and v['seeds'] == 4
+    assert v['lo'] < v['mean'] < v['hi']
+    one = vm.measured_v_interval({n: x[:1] for n, x in per_seed.items()}, **boot)
+    assert one['lo'] == one['mean'] == one['hi'] == pytest.approx(0.5)
+    # A seed where one of the three runs never reached the target is left out, paired.
+    gap = {**per_seed, 'mecefo_high': [None, *per_seed['mecefo_high'][1:]]}
+    assert vm.measured_v_interval(gap, **boot)['seeds'] == 3
 
 
 def test_v_is_measured_against_the_drop_the_same_rows_control():

@@ -139,10 +139,11 @@ def summarise_point(point: vp.Point, records: dict, bench: dict | None,
         entry = {'runs': runs, 'paired': _paired(runs, vp.DEFAULT),
                  'vs_control': _paired(runs, CONTROL, sign=-1), 'step_costs': summary['step_costs']}
         entry['map'] = point_map(entry, vp.contenders(point))
-        means = {n: (r['steps_to_target'] or {}).get('mean') for n, r in runs.items()}
+        per_seed = {n: r['steps_to_target']['per_seed'] for n, r in runs.items()
+                    if r['steps_to_target']}
         entry['model'] = verdict_model.model_row(
-            cfg, summary['replicas'], means,
-            'analytic' if label == 'analytic' else f'bench:{bench_path}')
+            cfg, summary['replicas'], per_seed,
+            'analytic' if label == 'analytic' else f'bench:{bench_path}', ttt_report.BOOTSTRAP)
         if label == 'analytic':
             out.update(entry, steps=summary['steps'], replicas=summary['replicas'])
         else:
@@ -180,8 +181,8 @@ def map_lines(report: dict) -> list[str]:
     lines = ['## The map', '',
              '| point | seeds | best by goodput | ' + ' | '.join(f'drop − {x}' for x in labels)
              + ' | `mecefo_high` − control | v measured | break-even v | neighbour step '
-             '| break-even step | train hours (wall) |',
-             '|---|---|---|' + '---|' * len(labels) + '---|---|---|---|---|---|']
+             '| break-even step | break-even v, split | train hours (wall) |',
+             '|---|---|---|' + '---|' * len(labels) + '---|---|---|---|---|---|---|']
     for name, p in report['points'].items():
         for label, entry in (('', p), (', GPU costs', p.get('bench'))):
             if not entry:
@@ -192,22 +193,27 @@ def map_lines(report: dict) -> list[str]:
             control = m['mecefo_minus_control']
             control = f"{_cell(control, '+.3f')} ({control['side']})" if control else 'n/a'
             hours = f"{p['hours']['wall']:.2f}" if not label else ''
-            model = entry['model']
-            v, c_star = ('n/a' if model[k] is None else f'{model[k]:.{d}f}'
-                         for k, d in (('measured_v', 2), ('break_even_step', 3)))
+            model, split = entry['model'], entry['model']['best_split']
+            v = _cell(model['measured_v_interval'], '.2f')
+            c_star = 'n/a' if model['break_even_step'] is None else f"{model['break_even_step']:.3f}"
             lines.append(f"| {name}{label} | {len(p['seeds'])} | `{m['best']}` | "
                          + ' | '.join(cells) + f" | {control} | {v} | "
                          f"{model['break_even_v']:.2f} | {model['one_failure_steps']['mecefo']:.3f} "
-                         f"| {c_star} | {hours} |")
+                         f"| {c_star} | {split['break_even_v']:.2f} ({split['helpers']} at "
+                         f"{split['neighbour_step']:.2f}) | {hours} |")
     caps = ', '.join(f'{n}: `{vp.contenders(pt)["capped plan"]}`' for n, pt in vp.POINTS.items())
     return lines + ['', f'The capped plan of each point: {caps}. v: the progress of a row '
                     "mecefo approximates relative to an exact one, measured as 1 - (mecefo's "
-                    "steps lost) / (the control's), from mean steps to target; break-even v: "
+                    "steps lost) / (the control's), from mean steps to target [95% bootstrap "
+                    "interval, the seeds resampled]; break-even v: "
                     "where mecefo's progress rate would equal drop's with one replica down "
                     "(`verdict_model.py`: 1/2 + (c - 1)(n - 1)/2, c the neighbour's step); "
                     "break-even step: the neighbour step under which mecefo would keep up with "
                     "drop at the measured v (1 + (2v - 1)/(n - 1); below 1: not even a free "
-                    "neighbour would)."]
+                    "neighbour would); break-even v, split: the same with the failed shard "
+                    "split over the k neighbours that need the least v (k/(k + 1) once their "
+                    "step is under a normal one), k and their step in brackets: a model of "
+                    "the paper's batch, since a one-row shard does not split."]
 
 
 def markdown(report: dict) -> str:
