@@ -107,6 +107,20 @@ def test_the_committed_report_is_what_the_committed_records_give():
         assert point['hours']['wall'] > 0
 
 
+def test_the_readme_leads_its_results_with_the_committed_map():
+    with open(os.path.join(ROOT, 'docs', 'results', 'verdict.json')) as f:
+        report = json.load(f)
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        readme = f.read()
+    lines = vr.readme_map(report)
+    assert len(lines) == 2 + len(report['points'])
+    missing = [line for line in lines if line not in readme]
+    assert not missing, ('README.md lacks the map of docs/results/verdict.json; paste what '
+                         f'`python scripts/verdict.py --report_only` prints: {missing}')
+    results = readme.index('## Results')
+    assert results < readme.index(lines[0]) < readme.index('###', readme.index('###', results) + 1)
+
+
 @pytest.mark.parametrize('replicas, step', [(8, 1.0), (8, 1.293), (32, 1.042), (32, 1.0 + 1 / 31)])
 def test_at_the_break_even_v_mecefo_progresses_as_fast_as_drop(replicas, step):
     """The rates of verdict_model's docstring, computed here from their definition."""

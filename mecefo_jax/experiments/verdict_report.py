@@ -216,6 +216,32 @@ def map_lines(report: dict) -> list[str]:
                     "the paper's batch, since a one-row shard does not split."]
 
 
+def readme_map(report: dict) -> list[str]:
+    """The README's map, a row per point: the best run and drop's paired difference
+    against mecefo under both step costs, against the capped plan, mecefo against the
+    control, v with its interval and the v it needs (one neighbour; the shard split).
+    `tests/verdict_test.py` holds the README to these lines."""
+    lines = ['| point | moves | seeds | best: analytic / H200 costs | `drop` − `mecefo`: '
+             'analytic / H200 costs | `drop` − capped plan | `mecefo` − `drop_adopters` | '
+             'v [95%] | v needed (H200): one neighbour / split |',
+             '|---|---|---|---|---|---|---|---|---|']
+    for name, p in report['points'].items():
+        gpu = p.get('bench') or p
+        m, mg = p['map'], gpu['map']
+
+        def side(d):
+            return f"{_cell(d, '+.3f')} ({d['side']})" if d else 'n/a'
+        mecefo = ' / '.join(side(x['drop_minus'].get('mecefo')) for x in (m, mg))
+        split = gpu['model']['best_split']
+        lines.append(
+            f"| {name} | {p['moves'].split(' (')[0]} | {len(p['seeds'])} | `{m['best']}` / "
+            f"`{mg['best']}` | {mecefo} | {side(m['drop_minus'].get('capped plan'))} | "
+            f"{side(m['mecefo_minus_control'])} | "
+            f"{_cell(p['model']['measured_v_interval'], '.2f')} | "
+            f"{gpu['model']['break_even_v']:.2f} / {split['break_even_v']:.2f} |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     lines = ['# The verdict: drop against MeCeFO, point by point', '',
              "Goodput: the fault-free run's modelled time to its final validation loss over "
@@ -276,4 +302,5 @@ def write(work: str, out_dir: str) -> dict:
         f.write(markdown(report))
     plot(report, os.path.join(out_dir, 'verdict.png'))
     print(f"verdict: {len(report['points'])} point(s) -> {out_dir}/verdict.{{json,md,png}}")
+    print('The README map (README.md, Results):', *readme_map(report), sep='\n')
     return report
