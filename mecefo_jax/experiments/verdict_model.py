@@ -48,6 +48,9 @@ favours `drop`.
 """
 from __future__ import annotations
 
+from mecefo_jax.experiments.verdict_points import CONTROL_RUN, MECEFO_RUN
+
+V_RUNS = ('fault_free', MECEFO_RUN, CONTROL_RUN)  # v: steps lost by mecefo over the control's
 FAILED = 1  # the model's failures at once: the paper's rule of one at a time
 STRATEGIES = ('mecefo', 'elastic', 'drop')
 
@@ -93,8 +96,7 @@ def measured_v(steps_to_target: dict) -> float | None:
     """1 - (mecefo's steps lost) / (the control's), from mean steps to target per run;
     None without the control, or where the control lost no steps."""
     try:
-        free, ours, control = (steps_to_target[n] for n in
-                               ('fault_free', 'mecefo_high', 'drop_adopters_high'))
+        free, ours, control = (steps_to_target[n] for n in V_RUNS)
     except KeyError:
         return None
     if None in (free, ours, control) or control <= free:
@@ -110,7 +112,7 @@ def measured_v_interval(per_seed: dict, *, resamples: int, seed: int, level: flo
     together (paired), and v is computed from each resample's means.
     """
     import numpy as np
-    names = ('fault_free', 'mecefo_high', 'drop_adopters_high')
+    names = V_RUNS
     if not all(n in per_seed for n in names):
         return None
     rows = [seed_row for seed_row in zip(*(per_seed[n] for n in names)) if None not in seed_row]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mecefo_jax.experiments.runs import Run
+from mecefo_jax.experiments.runs import Run, run_name
 
 FRESH = {'data.source': 'python_docs'}
 WIDE = {'mesh.num_cpu_devices': 32}  # 32 replicas of one sequence: the same tokens per step
@@ -44,6 +44,7 @@ ONE_ROW_CAP = 1
 # (attention backward exact; FFN kernel gradients exact) and the rules that keep the
 # approximated rows' progress without their bias (docs/verdict.md).
 CONTROL = (Run('drop_adopters', 'high'),)
+MECEFO_RUN, CONTROL_RUN = run_name('mecefo', 'high'), run_name(*CONTROL[0])  # v's two runs
 ABLATIONS = (Run('mecefo', 'high', attention='exact'), Run('mecefo', 'high', projection='exact'))
 RULES = (Run('mecefo', 'high', projection='none'), Run('mecefo', 'high', top=2),
          Run('mecefo', 'high', weight=0.5), Run('mecefo', 'high', attn_top=2))
@@ -99,7 +100,6 @@ def runs_of(point: Point) -> tuple[Run, ...]:
 
 def contenders(point: Point) -> dict[str, str]:
     """{label: run name}: the runs the map sets against drop at `point`."""
-    from mecefo_jax.experiments.runs import run_name
-    return {'mecefo': run_name('mecefo', 'high'), 'capped plan': run_name(*capped_plan(point)),
+    return {'mecefo': MECEFO_RUN, 'capped plan': run_name(*capped_plan(point)),
             'elastic': run_name('elastic', 'high'),
             'checkpoint_restart': run_name('checkpoint_restart', 'high')}

@@ -29,7 +29,7 @@ from mecefo_jax.experiments.runs import run_name
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(REPO, 'docs', 'results', 'gpu', 'bench_step.json')  # the H200's, 350M
-CONTROL = 'drop_adopters_high'
+CONTROL = vp.CONTROL_RUN
 FIGURES = ('goodput', 'steps_to_target', 'ppl_increase_pct')
 # Runs whose neighbour runs another program than the one the bench timed (its FFN gradient
 # rule or its attention backward): the bench's ratios do not price them.
@@ -105,7 +105,7 @@ def point_map(p: dict, contenders: dict) -> dict:
     best = max(runs, key=lambda n: runs[n]['goodput']['mean']) if runs else None
     drop_minus = {label: dict(p['paired'][n], run=n, side=_sign(p['paired'][n]))
                   for label, n in contenders.items() if n in p['paired']}
-    control = p['vs_control'].get(run_name('mecefo', 'high'))
+    control = p['vs_control'].get(vp.MECEFO_RUN)
     return {'best': best, 'drop_minus': drop_minus,
             'mecefo_minus_control': dict(control, side=_sign(control)) if control else None}
 
