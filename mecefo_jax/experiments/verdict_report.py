@@ -239,7 +239,10 @@ def readme_map(report: dict) -> list[str]:
             f"{side(m['mecefo_minus_control'])} | "
             f"{_cell(p['model']['measured_v_interval'], '.2f')} | "
             f"{gpu['model']['break_even_v']:.2f} / {split['break_even_v']:.2f} |")
-    return lines
+    hours = {name: p['hours']['wall'] for name, p in report['points'].items()}
+    per_point = ', '.join(f'{name} {h:.2f}' for name, h in hours.items())
+    return lines + ['', f'The records above took {sum(hours.values()):.2f} hours of training '
+                    f"on this project's 2-core machine ({per_point})."]
 
 
 def markdown(report: dict) -> str:
