@@ -74,6 +74,22 @@ def test_the_map_says_which_side_of_zero_an_interval_is_on(lo, hi, side):
     assert row['mecefo_minus_control'] is None
 
 
+def test_steps_and_perplexity_are_paired_against_drop_seed_by_seed():
+    """Above 0 means drop is ahead for every figure; a seed where a run never reached the
+    target leaves the steps' pair, not the perplexity's."""
+    def figure(*per_seed):
+        return {'mean': 0.0, 'per_seed': list(per_seed)}
+    runs = {'fault_free': {'steps_to_target': figure(300, 300, 300)},
+            'drop_high': {'steps_to_target': figure(310, 320, 330),
+                          'ppl_increase_pct': figure(1.0, 2.0, 3.0)},
+            'mecefo_high': {'steps_to_target': figure(315, None, 340),
+                            'ppl_increase_pct': figure(2.0, 2.5, 3.0)}}
+    steps = vr._paired(runs, 'drop_high', -1, 'steps_to_target')['mecefo_high']
+    assert steps['mean'] == pytest.approx((5 + 10) / 2)
+    ppl = vr._paired(runs, 'drop_high', -1, 'ppl_increase_pct')['mecefo_high']
+    assert ppl['mean'] == pytest.approx((1.0 + 0.5 + 0.0) / 3) and ppl['lo'] <= ppl['hi']
+
+
 def test_only_the_runs_every_seed_has_are_reported(tmp_path):
     for seed, runs in ((0, ('fault_free', 'drop_high', 'mecefo_high')),
                        (1, ('fault_free', 'drop_high')), (2, ('drop_high',))):

@@ -63,17 +63,21 @@ def _interval(values) -> dict | None:
     return None if boot is None else dict(boot, per_seed=list(values), seeds_with_value=len(kept))
 
 
-def _paired(runs: dict, base: str, sign: int = 1) -> dict:
-    """{run: sign * (base's goodput - run's), paired per seed, with its interval}."""
-    if base not in runs:
+def _paired(runs: dict, base: str, sign: int = 1, figure: str = 'goodput') -> dict:
+    """{run: sign * (base's figure - run's), paired per seed, with its interval}; a seed
+    where either has no value (a target not reached) is left out of that pair."""
+    if base not in runs or not runs[base][figure]:
         return {}
-    ours = runs[base]['goodput']['per_seed']
+    ours = runs[base][figure]['per_seed']
     out = {}
     for name, r in runs.items():
-        if name in (base, 'fault_free'):
+        if name in (base, 'fault_free') or not r[figure]:
             continue
-        diffs = [sign * (a - b) for a, b in zip(ours, r['goodput']['per_seed'])]
-        boot = bootstrap_mean(diffs, **ttt_report.BOOTSTRAP)
+        diffs = [sign * (a - b) for a, b in zip(ours, r[figure]['per_seed'])
+                 if a is not None and b is not None]
+        boot = bootstrap_mean(diffs, **ttt_report.BOOTSTRAP) if diffs else None
+        if boot is None:
+            continue
         out[name] = {k: boot[k] for k in ('mean', 'lo', 'hi')}
         out[name]['seeds_needed'] = ttt_report.seeds_to_separate(diffs)
     return out
@@ -136,7 +140,10 @@ def summarise_point(point: vp.Point, records: dict, bench: dict | None,
                        'ppl_increase_pct': r['ppl_increase_pct']}
                 for name, r in summary['runs'].items()
                 if label == 'analytic' or not any(tag in name for tag in UNMEASURED)}
+        # Steps and perplexity the run's minus drop's: above 0, drop is ahead, as for goodput.
         entry = {'runs': runs, 'paired': _paired(runs, vp.DEFAULT),
+                 'paired_steps': _paired(runs, vp.DEFAULT, -1, 'steps_to_target'),
+                 'paired_ppl': _paired(runs, vp.DEFAULT, -1, 'ppl_increase_pct'),
                  'vs_control': _paired(runs, CONTROL, sign=-1), 'step_costs': summary['step_costs']}
         entry['map'] = point_map(entry, vp.contenders(point))
         per_seed = {n: r['steps_to_target']['per_seed'] for n, r in runs.items()
@@ -250,7 +257,10 @@ def markdown(report: dict) -> str:
              "Goodput: the fault-free run's modelled time to its final validation loss over "
              "each run's (1.0 is fault-free), mean over seeds [95% bootstrap interval]; paired: "
              f"`{report['default']}`'s goodput minus the run's, per seed (above 0: drop is "
-             f"sooner); vs control: the run's goodput minus `{report['control']}`'s (above 0: an "
+             "sooner), and the run's steps to target and perplexity increase at equal steps "
+             "minus drop's (above 0: drop is ahead; a seed where either did not reach the "
+             "target is left out of the steps' pair); vs control: the run's goodput minus "
+             f"`{report['control']}`'s (above 0: an "
              'approximated row is worth more than a dropped one). GPU step costs: the '
              f"measured wall-time ratios of `{report['bench']}` (`--cost bench`), n/a for a run "
              'whose neighbour runs a program the bench did not time (another FFN gradient '
@@ -262,13 +272,16 @@ def markdown(report: dict) -> str:
                   'validation loss fell at its last evaluation in '
                   f"{sum(p['fault_free_falls_at_last_eval'])} of {len(p['seeds'])} seeds.", '',
                   '| run | goodput | paired (drop − run) | vs control | steps to target | '
-                  'ppl increase % | goodput, GPU step costs |', '|---|---|---|---|---|---|---|']
+                  'paired (run − drop) | ppl increase % | paired (run − drop) | '
+                  'goodput, GPU step costs |', '|---|---|---|---|---|---|---|---|---|']
         bench = p.get('bench', {}).get('runs', {})
         for run, r in p['runs'].items():
             paired, control = p['paired'].get(run), p['vs_control'].get(run)
             lines.append(f"| `{run}` | {_cell(r['goodput'])} | {_cell(paired, '+.3f')} | "
                          f"{_cell(control, '+.3f')} | {_cell(r['steps_to_target'], '.1f')} | "
+                         f"{_cell(p['paired_steps'].get(run), '+.1f')} | "
                          f"{_cell(r['ppl_increase_pct'], '+.2f')} | "
+                         f"{_cell(p['paired_ppl'].get(run), '+.2f')} | "
                          f"{_cell((bench.get(run) or {}).get('goodput'))} |")
         lines.append('')
     return '\n'.join(lines)
