@@ -34,6 +34,21 @@ def stats(values) -> dict | None:
             'min': min(values), 'max': max(values), 'values': values}
 
 
+def resampled_means(data, *, resamples: int, seed: int):
+    """`resamples` means of `data`'s rows (seeds) drawn with replacement, from a numpy
+    RNG seeded with `seed`; one row of column means per resample for 2-D `data`."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return data[rng.integers(0, len(data), (resamples, len(data)))].mean(axis=1)
+
+
+def percentile_interval(draws, level: float) -> tuple[float, float]:
+    """The (1 - level) / 2 and (1 + level) / 2 quantiles of bootstrap draws."""
+    import numpy as np
+    lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def bootstrap_mean(values, *, resamples: int = 10_000, seed: int = 0,
                    level: float = 0.95) -> dict | None:
     """The mean over seeds and its percentile-bootstrap interval; None if any value is.
@@ -50,10 +65,8 @@ def bootstrap_mean(values, *, resamples: int = 10_000, seed: int = 0,
     if not values or any(v is None for v in values):
         return None
     data = np.asarray(values, float)
-    rng = np.random.default_rng(seed)
-    means = data[rng.integers(0, data.size, (resamples, data.size))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return {'mean': float(data.mean()), 'lo': float(lo), 'hi': float(hi), 'per_seed': values}
+    lo, hi = percentile_interval(resampled_means(data, resamples=resamples, seed=seed), level)
+    return {'mean': float(data.mean()), 'lo': lo, 'hi': hi, 'per_seed': values}
 
 
 def significance(a: dict | None, b: dict | None) -> dict:

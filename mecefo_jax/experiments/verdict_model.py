@@ -112,6 +112,8 @@ def measured_v_interval(per_seed: dict, *, resamples: int, seed: int, level: flo
     together (paired), and v is computed from each resample's means.
     """
     import numpy as np
+
+    from mecefo_jax.experiments.report import percentile_interval, resampled_means
     names = V_RUNS
     if not all(n in per_seed for n in names):
         return None
@@ -122,13 +124,12 @@ def measured_v_interval(per_seed: dict, *, resamples: int, seed: int, level: flo
     mean = measured_v(dict(zip(names, data.mean(axis=0))))
     if mean is None:
         return None
-    rng = np.random.default_rng(seed)
-    draws = data[rng.integers(0, len(data), (resamples, len(data)))].mean(axis=1)
+    draws = resampled_means(data, resamples=resamples, seed=seed)
     lost_control = draws[:, 2] - draws[:, 0]
     valid = lost_control > 0
     vs = 1.0 - (draws[valid, 1] - draws[valid, 0]) / lost_control[valid]
-    lo, hi = np.quantile(vs, [(1 - level) / 2, (1 + level) / 2])
-    return {'mean': mean, 'lo': float(lo), 'hi': float(hi), 'seeds': len(rows)}
+    lo, hi = percentile_interval(vs, level)
+    return {'mean': mean, 'lo': lo, 'hi': hi, 'seeds': len(rows)}
 
 
 def model_row(cfg, replicas: int, steps_per_seed: dict, cost_spec: str,

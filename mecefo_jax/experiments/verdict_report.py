@@ -75,7 +75,7 @@ def _paired(runs: dict, base: str, sign: int = 1, figure: str = 'goodput') -> di
             continue
         diffs = [sign * (a - b) for a, b in zip(ours, r[figure]['per_seed'])
                  if a is not None and b is not None]
-        boot = bootstrap_mean(diffs, **ttt_report.BOOTSTRAP) if diffs else None
+        boot = bootstrap_mean(diffs, **ttt_report.BOOTSTRAP)  # None where no seed pairs
         if boot is None:
             continue
         out[name] = {k: boot[k] for k in ('mean', 'lo', 'hi')}
@@ -180,6 +180,11 @@ def _cell(s: dict | None, spec: str = '.3f') -> str:
     return f"{format(s['mean'], spec)} [{format(s['lo'], spec)}, {format(s['hi'], spec)}]"
 
 
+def _sided(diff: dict | None) -> str:
+    """A paired difference with its interval and its side of 0 (`_sign`), or n/a."""
+    return f"{_cell(diff, '+.3f')} ({diff['side']})" if diff else 'n/a'
+
+
 def map_lines(report: dict) -> list[str]:
     """The map: per point (analytic step costs; GPU ones where measured), the best run and
     drop's paired difference against each contender, its side of 0 in brackets (+: drop
@@ -195,10 +200,8 @@ def map_lines(report: dict) -> list[str]:
             if not entry:
                 continue
             m = entry['map']
-            cells = [f"{_cell(m['drop_minus'][x], '+.3f')} ({m['drop_minus'][x]['side']})"
-                     if x in m['drop_minus'] else 'n/a' for x in labels]
-            control = m['mecefo_minus_control']
-            control = f"{_cell(control, '+.3f')} ({control['side']})" if control else 'n/a'
+            cells = [_sided(m['drop_minus'].get(x)) for x in labels]
+            control = _sided(m['mecefo_minus_control'])
             hours = f"{p['hours']['wall']:.2f}" if not label else ''
             model, split = entry['model'], entry['model']['best_split']
             v = _cell(model['measured_v_interval'], '.2f')
@@ -235,15 +238,12 @@ def readme_map(report: dict) -> list[str]:
     for name, p in report['points'].items():
         gpu = p.get('bench') or p
         m, mg = p['map'], gpu['map']
-
-        def side(d):
-            return f"{_cell(d, '+.3f')} ({d['side']})" if d else 'n/a'
-        mecefo = ' / '.join(side(x['drop_minus'].get('mecefo')) for x in (m, mg))
+        mecefo = ' / '.join(_sided(x['drop_minus'].get('mecefo')) for x in (m, mg))
         split = gpu['model']['best_split']
         lines.append(
             f"| {name} | {p['moves'].split(' (')[0]} | {len(p['seeds'])} | `{m['best']}` / "
-            f"`{mg['best']}` | {mecefo} | {side(m['drop_minus'].get('capped plan'))} | "
-            f"{side(m['mecefo_minus_control'])} | "
+            f"`{mg['best']}` | {mecefo} | {_sided(m['drop_minus'].get('capped plan'))} | "
+            f"{_sided(m['mecefo_minus_control'])} | "
             f"{_cell(p['model']['measured_v_interval'], '.2f')} | "
             f"{gpu['model']['break_even_v']:.2f} / {split['break_even_v']:.2f} |")
     hours = {name: p['hours']['wall'] for name, p in report['points'].items()}
