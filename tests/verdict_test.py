@@ -6,6 +6,7 @@ step, and the committed report (`docs/results/verdict.json`) is exactly what
 the committed records (`docs/results/verdict_runs/`) give, its map included.
 """
 import json
+import math
 import os
 
 import pytest
@@ -88,6 +89,28 @@ def test_steps_and_perplexity_are_paired_against_drop_seed_by_seed():
     assert steps['mean'] == pytest.approx((5 + 10) / 2)
     ppl = vr._paired(runs, 'drop_high', -1, 'ppl_increase_pct')['mecefo_high']
     assert ppl['mean'] == pytest.approx((1.0 + 0.5 + 0.0) / 3) and ppl['lo'] <= ppl['hi']
+
+
+def test_the_report_says_how_many_seeds_would_separate_a_run_from_drop():
+    """The power formula ((z_0.975 + z_0.8) sd / mean)^2, computed here from NormalDist,
+    rounded up, at least 2; infinite where the mean difference is 0."""
+    import statistics
+    z = statistics.NormalDist().inv_cdf(0.975) + statistics.NormalDist().inv_cdf(0.8)
+
+    def figure(*per_seed):
+        return {'mean': 0.0, 'per_seed': list(per_seed)}
+    runs = {'drop_high': {'goodput': figure(0.9, 0.9, 0.9, 0.9)},
+            'mecefo_high': {'goodput': figure(0.89, 0.87, 0.85, 0.83)},
+            'elastic_high': {'goodput': figure(0.8, 0.8, 0.8, 0.8)},
+            'drop_adopters_high': {'goodput': figure(0.91, 0.89, 0.91, 0.89)}}
+    paired = vr._paired(runs, 'drop_high')
+    diffs = [0.01, 0.03, 0.05, 0.07]
+    expected = math.ceil((z * statistics.stdev(diffs) / statistics.fmean(diffs)) ** 2)
+    assert expected == 4
+    assert vr._seeds_to_separate(paired['mecefo_high']) == str(expected)
+    assert vr._seeds_to_separate(paired['drop_adopters_high']) == '∞'
+    assert vr._seeds_to_separate(paired['elastic_high']) == '2'  # no spread: the floor
+    assert vr._seeds_to_separate(None) == 'n/a'
 
 
 def test_only_the_runs_every_seed_has_are_reported(tmp_path):

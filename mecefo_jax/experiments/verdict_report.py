@@ -185,6 +185,20 @@ def _sided(diff: dict | None) -> str:
     return f"{_cell(diff, '+.3f')} ({diff['side']})" if diff else 'n/a'
 
 
+SEEDS_NOTE = ('Seeds to separate: the seeds a paired difference against drop needs for a '
+              'two-sided 5% test at 80% power at the measured variance, ((z_0.975 + z_0.8) σ / '
+              'δ)², δ and σ the mean and sample std of the per-seed differences (a normal '
+              'approximation; at least 2, the fewest an interval needs; ∞: the mean difference is 0).')
+
+
+def _seeds_to_separate(diff: dict | None) -> str:
+    """A paired difference's `seeds_needed`, rounded up; n/a without one."""
+    need = (diff or {}).get('seeds_needed')
+    if need is None:
+        return 'n/a'
+    return '∞' if math.isinf(need) else str(max(2, math.ceil(need)))
+
+
 def map_lines(report: dict) -> list[str]:
     """The map: per point (analytic step costs; GPU ones where measured), the best run and
     drop's paired difference against each contender, its side of 0 in brackets (+: drop
@@ -273,7 +287,8 @@ def markdown(report: dict) -> str:
                   f"{sum(p['fault_free_falls_at_last_eval'])} of {len(p['seeds'])} seeds.", '',
                   '| run | goodput | paired (drop − run) | vs control | steps to target | '
                   'paired (run − drop) | ppl increase % | paired (run − drop) | '
-                  'goodput, GPU step costs |', '|---|---|---|---|---|---|---|---|---|']
+                  'goodput, GPU step costs | seeds to separate from drop: goodput / steps |',
+                  '|---|---|---|---|---|---|---|---|---|---|']
         bench = p.get('bench', {}).get('runs', {})
         for run, r in p['runs'].items():
             paired, control = p['paired'].get(run), p['vs_control'].get(run)
@@ -282,9 +297,11 @@ def markdown(report: dict) -> str:
                          f"{_cell(p['paired_steps'].get(run), '+.1f')} | "
                          f"{_cell(r['ppl_increase_pct'], '+.2f')} | "
                          f"{_cell(p['paired_ppl'].get(run), '+.2f')} | "
-                         f"{_cell((bench.get(run) or {}).get('goodput'))} |")
+                         f"{_cell((bench.get(run) or {}).get('goodput'))} | "
+                         f"{_seeds_to_separate(paired)} / "
+                         f"{_seeds_to_separate(p['paired_steps'].get(run))} |")
         lines.append('')
-    return '\n'.join(lines)
+    return '\n'.join(lines + [SEEDS_NOTE, ''])
 
 
 def plot(report: dict, path: str) -> None:
