@@ -120,6 +120,12 @@ def test_smoke_other_sections_have_positive_times(smoke):
     assert snap['bandwidth']['host_copy_gbps'] > 0
     never = snap['every_1_latest_wins']
     assert never['published'] >= 1 and never['blocked_sec_per_snapshot'] >= 0
+    interval, chosen = snap['auto']['interval'], snap['auto']['chosen']
+    if 'reason' in chosen:  # an interval longer than the section times (noisy CPU timings)
+        assert chosen['reason'].startswith(f'interval {interval} is longer')
+    else:  # whole intervals, each snapshotted once: written or replaced by the next
+        assert chosen['steps'] % interval == 0 and math.isfinite(chosen['overhead_pct'])
+        assert chosen['published'] + chosen['dropped'] == chosen['steps'] // interval
     assert sections['compile']['compile_sec'] > 0 and sections['compile']['devices'] == 2
 
 

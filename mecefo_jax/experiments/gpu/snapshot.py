@@ -20,7 +20,9 @@ publish is about a millisecond):
   * at `snapshot.every=auto`, where the config has it
     (`snapshot.overhead_budget_pct`): the smallest interval whose overhead,
     from the every=1 figure, stays within the budget, then measured at that
-    interval (estimated when it is longer than the section can run).
+    interval (estimated when it is longer than the section can run), its
+    measuring steps included, then at the chosen interval alone: what the
+    rest of a run pays.
 """
 from __future__ import annotations
 
@@ -37,8 +39,12 @@ from mecefo_jax.experiments.gpu.step import Setup
 
 # Steps per timed block: at 350M one snapshot (4.4 GB copied and checksummed)
 # takes seconds, so every=1 blocks are kept short to fit the section's time.
-RUNS = {'full': {'steps': 3, 'rounds': 2, 'max_auto_steps': 200, 'copies': 3},
-        'smoke': {'steps': 3, 'rounds': 2, 'max_auto_steps': 12, 'copies': 2}}
+# The chosen interval alone is timed over whole intervals within `max_chosen_steps` (twice:
+# snapshotting and plain); a longer interval is left untimed.
+RUNS = {'full': {'steps': 3, 'rounds': 2, 'max_auto_steps': 200, 'max_chosen_steps': 200,
+                 'copies': 3},
+        'smoke': {'steps': 3, 'rounds': 2, 'max_auto_steps': 12, 'max_chosen_steps': 1000,
+                  'copies': 2}}
 KEEPER_SLOTS = 2  # one process: the snapshot being written and the last published
 
 
@@ -136,16 +142,34 @@ def overhead(loop: Loop, runs: dict, ctx) -> dict:
 
 
 def auto(loop: Loop, cfg, measured: dict, runs: dict) -> dict:
-    """snapshot.every=auto as a worker runs it: the hook measures, chooses, then snapshots."""
+    """snapshot.every=auto as a worker runs it: the hook measures, chooses, then snapshots;
+    then the chosen interval alone, as the rest of a run sees it (`chosen`)."""
     from mecefo_jax.snapshot.cadence import PROBE_STEPS, SETTLE_STEPS
     steps = max(runs['max_auto_steps'], 2 * (SETTLE_STEPS + PROBE_STEPS))
     with_snap = loop.per_step_sec(steps, 'auto')
     without = loop.per_step_sec(steps, None)['sec']
-    return {'status': 'ok', 'budget_pct': cfg.snapshot.overhead_budget_pct,
-            'interval': with_snap['interval'], 'steps': steps,
-            'overhead_pct': 100 * (with_snap['sec'] / without - 1),
-            'note': 'includes the measuring steps (settling snapshots every step, then one '
-                    'snapshot per pair of measured windows) before the choice'}
+    out = {'status': 'ok', 'budget_pct': cfg.snapshot.overhead_budget_pct,
+           'interval': with_snap['interval'], 'steps': steps,
+           'overhead_pct': 100 * (with_snap['sec'] / without - 1),
+           'note': 'includes the measuring steps (settling snapshots every step, then one '
+                   'snapshot per pair of measured windows) before the choice'}
+    interval, most = with_snap['interval'], runs['max_chosen_steps']
+    if interval and interval <= most:
+        out['chosen'] = at_interval(loop, interval, most)
+    elif interval:
+        out['chosen'] = {'reason': f'interval {interval} is longer than the {most} steps '
+                                   'the section times'}
+    return out
+
+
+def at_interval(loop: Loop, interval: int, max_steps: int) -> dict:
+    """Overhead at a fixed `interval`, never waiting for a write, over as many whole
+    intervals as fit `max_steps`, against as many plain steps."""
+    steps = interval * (max_steps // interval)
+    snapshotting = loop.per_step_sec(steps, interval, latest_wins=True)
+    plain = loop.per_step_sec(steps, None)['sec']
+    return {'steps': steps, 'overhead_pct': 100 * (snapshotting['sec'] / plain - 1),
+            'published': snapshotting['published'], 'dropped': snapshotting['dropped']}
 
 
 def run(ctx) -> dict:

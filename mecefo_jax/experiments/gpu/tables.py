@@ -108,6 +108,13 @@ def snapshot(r) -> list[str]:
     if a.get('status') == 'ok':
         rows.append((f"overhead, every=auto (interval {a['interval']}, budget {a['budget_pct']} %)",
                      fmt(a.get('overhead_pct'), '.2f') + ' %'))
+        c = a.get('chosen') or {}
+        if 'reason' in c:
+            rows.append(('overhead at the chosen interval alone', f"n/a: {c['reason']}"))
+        elif c:
+            rows.append((f"overhead at the chosen interval alone ({c['steps']} steps, "
+                         f"{c['published']} written, {c['dropped']} dropped)",
+                         fmt(c['overhead_pct'], '.2f') + ' %'))
     elif a:
         rows.append(('every=auto', f"n/a: {a.get('reason')}"))
     return _table(('figure', 'value'), rows)
