@@ -355,8 +355,8 @@ def test_a_planned_stop_is_snapshotted_whatever_the_interval(own):
 
 def test_auto_ends_each_measured_window_with_nothing_in_flight(own):
     """snapshot.every=auto times windows of steps: each ends with the step's output ready
-    and no write in flight, so a window's time holds all its snapshot cost and none of
-    the next window's. Settling snapshots every step, the probe one step per pair."""
+    and no write in flight, so no window holds another's snapshot. Settling snapshots
+    every step, the probe one step per pair."""
     import types
 
     from mecefo_jax.launch.worker_state import SnapshotHook
@@ -382,6 +382,49 @@ def test_auto_ends_each_measured_window_with_nothing_in_flight(own):
         assert hook.interval is not None
     finally:
         hook.close()
+
+
+def test_auto_times_a_window_before_its_snapshots_write_ends(own):
+    """A probed snapshot's write is held at its publish until the window holding the
+    snapshot has been timed: the window's time leaves the write's tail out (awaited
+    between windows), so a long write cannot hide what the snapshot costs the steps.
+    Plain windows have no write in flight when timed."""
+    import threading
+    import types
+
+    from mecefo_jax.launch.worker_state import SnapshotHook
+    from mecefo_jax.snapshot.cadence import PAIRS, PROBE_STEPS, SETTLE_STEPS, WINDOW
+    mesh, values = _mesh(4), _values(5)
+    state = _put(values, mesh)
+    gate, held = threading.Event(), []
+
+    def before_publish(step):
+        if hook.cadence.probing:  # settling's writes run free
+            held.append(step)
+            assert gate.wait(timeout=5), 'the window was not timed before the write ended'
+            gate.clear()
+
+    hook = SnapshotHook(own, 'auto', budget_pct=2.0, before_publish=before_publish)
+    timed, record = [], hook.cadence.record_window
+
+    def record_window(seconds):
+        window = hook.cadence._probe_index // WINDOW if hook.cadence.probing else None
+        if window is not None:
+            timed.append((window, hook._snapshotter._job is not None))
+        record(seconds)
+        if window is not None and window % 2 == 1:  # timed: let its snapshot's write end
+            gate.set()
+    hook.cadence.record_window = record_window
+    try:
+        for step in range(SETTLE_STEPS + PROBE_STEPS):
+            hook.on_step(types.SimpleNamespace(
+                step=step, state=state, data_position={'pos': step}, loss=state['w'],
+                layout=types.SimpleNamespace(signature='full')))
+    finally:
+        gate.set()
+        hook.close()
+    assert len(held) == PAIRS
+    assert timed == [(w, w % 2 == 1) for w in range(2 * PAIRS)]
 
 
 def test_pinned_local_copies_keep_the_values_of_a_donated_step():

@@ -118,11 +118,15 @@ class SnapshotHook(Observer):
         if self._due(step, done):
             self._snapshot(done, step)
         if self.cadence is not None and self.cadence.window_ends:
-            jax.block_until_ready(done.loss)  # auto's windows end with nothing in flight
-            self.blocked_sec += self._snapshotter.wait()
+            # A window times its steps, the snapshot's stall of them included (a device
+            # copy the next step's donation waits for), up to its last step's output. The
+            # write's tail is awaited between windows, untimed: a write longer than the
+            # window would hide that stall, and the model charges it as back-pressure.
+            jax.block_until_ready(done.loss)
             now = time.perf_counter()
             self.cadence.record_window(now - (self._window_start or now))
-            self._window_start = now
+            self.blocked_sec += self._snapshotter.wait()  # the next window starts clean
+            self._window_start = time.perf_counter()
 
     def _snapshot(self, done, step: int) -> None:
         # Under auto's chosen interval the step never waits for a slow write: the newest

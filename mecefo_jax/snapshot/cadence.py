@@ -33,7 +33,14 @@ its own time is a floor under that figure: the training loop's blocked time
 (dispatching the copies, handing them over) plus the write's work (copying
 and checksumming, not waiting for the step's output). `write_sec` is the
 background write: it is free while it fits behind the next `k` steps, and
-back-pressure otherwise (one write in flight at most).
+back-pressure otherwise (one write in flight at most). A window ends at its
+last step's output, before the write's tail, which the caller awaits between
+windows, untimed. Waiting for it inside the window, and taking the tail back
+out, hid the snapshot's real cost on an H200: the next step donates the
+state that the device-to-host copy reads, so it waits for that copy (about
+77 ms of an 84 ms copy behind 36 ms steps), and that wait lay inside a
+417 ms write. The probe read about 10 ms, chose every 15 steps, and those
+cost +14 % against a 2 % budget (docs/gpu.md).
 
 On `configs/tiny.py` (8 to 9 ms steps on 2 cores, 0.4 MiB snapshots) the
 window pairs alone are too noisy: three crash drills read 1.7 to 8.8 ms for
@@ -178,10 +185,10 @@ class AutoCadence:
         write = total / count if count > 0 else 0.0
         plain, snapshotting = self._windows[0::2], self._windows[1::2]
         step_sec = statistics.median(plain) / WINDOW if plain else 0.0
-        added = statistics.median(b - a for a, b in zip(plain, snapshotting)) if plain else 0.0
-        # A write longer than the window made the window wait for its tail; the
-        # model charges that tail as back-pressure instead.
-        measured = max(0.0, added - max(0.0, write - WINDOW * step_sec))
+        # Windows leave the write's tail out (the caller awaits it between windows): what a
+        # snapshotting window adds is the snapshot's cost to the steps alone.
+        measured = max(0.0, statistics.median(b - a for a, b in zip(plain, snapshotting))
+                        if plain else 0.0)
         floor = 0.0
         if self.shares_cores and self._blocked:
             floor = statistics.median(self._blocked) + max(0.0, total - waited) / max(count, 1)
