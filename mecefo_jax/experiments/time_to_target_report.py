@@ -58,18 +58,19 @@ def _seed_figures(record: dict, model: TimeModel, steps: int, free: dict) -> dic
     }
 
 
-def time_models(cfg, replicas: int, costs, bench: dict | None = None):
+def time_models(cfg, replicas: int, costs, bench: dict | None = None, model_cls=TimeModel):
     """record -> the `TimeModel` of the record's own rank, projection rule and attention
     backward (a run of its own weighs its neighbour's step by its own FLOPs); one per key.
     Records written before `mecefo.projection` existed are of the 'weights' rule. With
-    `bench` every record's steps cost the bench's measured ratios (the bench's own rule)."""
+    `bench` every record's steps cost the bench's measured ratios (the bench's own rule).
+    `model_cls` builds each model (a `TimeModel` that prices steps otherwise)."""
     models = {}
 
     def model_for(record: dict) -> TimeModel:
         key = (float(record.get('rank', cfg.mecefo.rank)), record.get('projection', 'weights'),
                record.get('skip_attention', True), record.get('attention_top_blocks', 0))
         if key not in models:
-            models[key] = TimeModel(updated(cfg, {'mecefo.rank': key[0],
+            models[key] = model_cls(updated(cfg, {'mecefo.rank': key[0],
                                                   'mecefo.projection': key[1],
                                                   'mecefo.skip_attention': key[2],
                                                   'mecefo.attention_top_blocks': key[3]}),

@@ -22,7 +22,7 @@ import math
 import os
 
 from mecefo_jax.experiments import time_to_target_report as ttt_report
-from mecefo_jax.experiments import verdict_model
+from mecefo_jax.experiments import verdict_breakeven, verdict_model
 from mecefo_jax.experiments import verdict_points as vp
 from mecefo_jax.experiments.report import bootstrap_mean, pyplot, write_json
 from mecefo_jax.experiments.runs import run_name
@@ -153,6 +153,10 @@ def summarise_point(point: vp.Point, records: dict, bench: dict | None,
             'analytic' if label == 'analytic' else f'bench:{bench_path}', ttt_report.BOOTSTRAP)
         if label == 'analytic':
             out.update(entry, steps=summary['steps'], replicas=summary['replicas'])
+            out['break_even_helper_step'] = {
+                run: verdict_breakeven.break_even_helper_step(
+                    records, run, vp.DEFAULT, cfg, summary['replicas'], summary['steps'])
+                for run in (vp.MECEFO_RUN, run_name(*vp.capped_plan(point))) if run in runs}
         else:
             out['bench'] = entry
     return out
@@ -300,7 +304,11 @@ def markdown(report: dict) -> str:
                          f"{_cell((bench.get(run) or {}).get('goodput'))} | "
                          f"{_seeds_to_separate(paired)} / "
                          f"{_seeds_to_separate(p['paired_steps'].get(run))} |")
-        lines.append('')
+        helper = ', '.join(f'`{run}` ' + ('n/a' if c is None else f'{c:.3f}')
+                           for run, c in p.get('break_even_helper_step', {}).items())
+        lines += ['', f'Break-even helper step (records re-timed, `verdict_breakeven.py`): '
+                  f'{helper}; a run keeps up with drop where its slower layouts cost under '
+                  'that many normal steps.', '']
     return '\n'.join(lines + [SEEDS_NOTE, ''])
 
 
