@@ -132,8 +132,9 @@ def _fault_section() -> ConfigDict:
     """Which replicas fail when, and the strategy that absorbs it."""
     section = ConfigDict()
     # mecefo | mecefo_planned | ndb_naive | elastic | drop | checkpoint_restart.
-    # 'drop' by measurement: it reached the fault-free loss soonest under `high` on
-    # configs/small.py, 8 seeds (docs/time_to_target.md; scripts/time_to_target.py).
+    # 'drop' by measurement: it reached the fault-free loss soonest under `high` at the
+    # verdict study's paper_like point (32 replicas, one failure at a time, one pass over
+    # the data; 6 seeds, docs/verdict.md; scripts/verdict.py), as on configs/small.py.
     section.strategy = 'drop'
     section.events = ''  # explicit failures 'step:replica:duration,...'; overrides regime
     section.regime = ''  # '' | low | mid | high: the paper's MTBF/MTTR presets
