@@ -59,7 +59,7 @@ def test_the_records_and_the_rate_model_agree_on_the_papers_rule(paper_like):
     leaves out what the runs pay besides steps (changes, compiles, refreshes)."""
     records, cfg, replicas, steps = paper_like
     timed = vb.break_even_helper_step(records, vp.MECEFO_RUN, vp.DEFAULT, cfg, replicas, steps)
-    rows = ttt_report._per_seed(records, ttt_report.time_models(cfg, replicas, None), steps)
+    rows = ttt_report.figures_per_seed(records, ttt_report.time_models(cfg, replicas, None), steps)
     v = vm.measured_v({name: statistics.fmean(r['steps_to_target'] for r in runs)
                        for name, runs in rows.items()})
     assert timed == pytest.approx(vm.break_even_step(replicas, v), abs=0.01)

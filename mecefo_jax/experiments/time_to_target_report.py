@@ -79,7 +79,7 @@ def time_models(cfg, replicas: int, costs, bench: dict | None = None, model_cls=
     return model_for
 
 
-def _per_seed(records: dict, model_for, steps: int) -> dict[str, list[dict]]:
+def figures_per_seed(records: dict, model_for, steps: int) -> dict[str, list[dict]]:
     """{run: [its figures per seed, in seed order]}, each timed by `model_for(record)`."""
     out: dict[str, list[dict]] = {}
     for seed_records in records.values():
@@ -146,7 +146,7 @@ def summarise(records: dict, *, cfg, settings, default: str, val_split_batches: 
     replicas = len(first['fault_free']['layouts'][0]['live'])
     model = TimeModel(cfg, replicas, settings.costs, settings.bench)
     steps = cfg.train.steps
-    rows = _per_seed(records, time_models(cfg, replicas, settings.costs, settings.bench), steps)
+    rows = figures_per_seed(records, time_models(cfg, replicas, settings.costs, settings.bench), steps)
     runs = {name: _run_summary(rows[name], first[name]) for name in first}
     level = [r['level_sem'] for r in rows['fault_free']]
     return {

@@ -43,7 +43,7 @@ def mean_goodput(records: dict, run: str, cfg, replicas: int, steps: int,
                                                                   helper_step=helper_step)
     model_for = ttt_report.time_models(cfg, replicas, None, model_cls=cls)
     pairs = {s: {'fault_free': r['fault_free'], run: r[run]} for s, r in records.items()}
-    per_seed = ttt_report._per_seed(pairs, model_for, steps)[run]
+    per_seed = ttt_report.figures_per_seed(pairs, model_for, steps)[run]
     return statistics.fmean(row['goodput'] for row in per_seed)
 
 
