@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mecefo_jax.config.schema import Config
 from mecefo_jax.config_resolve import resolve_or_exit
-from mecefo_jax.settings import Config
 
 
 def start(config: Any, *, cpu_devices: Callable[[Config], int] | None = None) -> Config:
     """The resolved config; fake CPU devices: `cpu_devices(cfg)`, else mesh.num_cpu_devices."""
     from absl import logging
 
-    from mecefo_jax.sharding import simulate_cpu_devices
+    from mecefo_jax.parallel.sharding import simulate_cpu_devices
     cfg = resolve_or_exit(config)
     logging.set_verbosity(logging.WARNING)
     simulate_cpu_devices(cpu_devices(cfg) if cpu_devices else cfg.mesh.num_cpu_devices)

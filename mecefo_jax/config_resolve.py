@@ -4,7 +4,7 @@
 (the one place defaults live), and command lines override it with
 `--config.section.field=value`. Every entry point then calls `resolve` once,
 before any process, device or file is touched: each field gets its declared
-type (`mecefo_jax/settings.py`) and is checked (`mecefo_jax/config_rules.py`),
+type (`mecefo_jax/config/schema.py`) and is checked (`mecefo_jax/config_rules.py`),
 and an error names the field and the fix. The code reads only the result,
 with the same paths (`cfg.train.steps`, `cfg.model.d_model`), and never
 re-supplies defaults or casts.
@@ -17,8 +17,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from mecefo_jax.config.schema import SECTIONS, Config, ConfigError
 from mecefo_jax.config_rules import check
-from mecefo_jax.settings import SECTIONS, Config, ConfigError
 
 _KINDS = {'int': int, 'float': float, 'bool': bool, 'str': str}
 _KIND_NAMES = {int: 'an int', float: 'a number', bool: 'true or false', str: 'a string'}
@@ -61,7 +61,7 @@ def _section(name: str, values: Any) -> Any:
     missing, unknown = sorted(set(declared) - given), sorted(given - set(declared))
     if unknown:
         raise ConfigError(f'{name}.{unknown[0]}: no such config field; every field is '
-                          'defined (and commented) in mecefo_jax/config.py base_config.')
+                          'defined (and commented) in mecefo_jax/config/defaults.py base_config.')
     if missing:
         raise ConfigError(f'{name}.{missing[0]}: missing; build configs on '
                           'mecefo_jax.config.base_config(), which defines every field.')
@@ -76,7 +76,7 @@ def updated(cfg: Config, changes: Mapping[str, Any]) -> Config:
         section, _, name = dotted.partition('.')
         if section not in values or name not in values[section]:
             raise ConfigError(f'{dotted}: no such config field; the fields are those of '
-                              'mecefo_jax/config.py.')
+                              'mecefo_jax/config/defaults.py.')
         values[section][name] = value
     return resolve(values)
 
@@ -87,7 +87,7 @@ def resolve(config: Any) -> Config:
     unknown = sorted(given - set(SECTIONS))
     if unknown:
         raise ConfigError(f'{unknown[0]}: no such config section; sections are '
-                          f'{", ".join(SECTIONS)} (mecefo_jax/config.py).')
+                          f'{", ".join(SECTIONS)} (mecefo_jax/config/defaults.py).')
     missing = sorted(set(SECTIONS) - given)
     if missing:
         raise ConfigError(f'{missing[0]}: section missing; build configs on '

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mecefo_jax.settings import PROJECTION_RULES, Config, ConfigError
+from mecefo_jax.config.schema import PROJECTION_RULES, Config, ConfigError
 
 ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
 DTYPES = ('float32', 'bfloat16')
@@ -38,7 +38,7 @@ def _one_of(dotted: str, value: str, allowed, fix: str | None = None) -> None:
 
 
 def _check_model(cfg: Config) -> None:
-    from mecefo_jax.model import REMAT_POLICIES
+    from mecefo_jax.model.llama import REMAT_POLICIES
     m = cfg.model
     _at_least(m, 'model', 1, {'vocab_size': 512, 'd_model': 64, 'num_layers': 2,
                               'num_heads': 4, 'num_kv_heads': 4, 'ffn_hidden': 172})

@@ -1,4 +1,4 @@
-"""Compile time of a new topology's train step against depth: see mecefo_jax/experiments/compile_time.py.
+"""Compile time of a new topology's train step against depth: see studies/compile_time.py.
 
   python scripts/bench_compile.py --config configs/small.py --depths 2,24 --out /tmp/compile
 """
@@ -26,7 +26,7 @@ def main(argv):
     except ValueError:
         sys.exit(f'--depths={",".join(_DEPTHS.value)}: use comma-separated layer counts, '
                  'e.g. --depths=2,24.')
-    from mecefo_jax.experiments import compile_time as bench_compile
+    from studies import compile_time as bench_compile
     result = bench_compile.run(cfg, depths, _OUT.value)
     for row in result['rows']:
         print(f"scan_layers={row['scan_layers']!s:5} layers={row['num_layers']:3d} "

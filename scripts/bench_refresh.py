@@ -1,4 +1,4 @@
-"""Full SVD against the cheap subspace refresh of V: see mecefo_jax/experiments/refresh_bench.py.
+"""Full SVD against the cheap subspace refresh of V: see studies/refresh_bench.py.
 
 python scripts/bench_refresh.py --config configs/llama_7b.py --out DIR
 """
@@ -27,7 +27,7 @@ flags.mark_flags_as_required(['config', 'out'])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    from mecefo_jax.experiments import refresh_bench
+    from studies import refresh_bench
     result = refresh_bench.run(_CONFIG.value, _OUT.value, full_repeats=_FULL_REPEATS.value,
                                cheap_repeats=_CHEAP_REPEATS.value,
                                checkpoints=_CHECKPOINTS.value)

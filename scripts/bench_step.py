@@ -1,4 +1,4 @@
-r"""Per-device train-step cost of normal / naive NDB / MeCeFO / plain DP: see mecefo_jax/experiments/step_cost.py.
+r"""Per-device train-step cost of normal / naive NDB / MeCeFO / plain DP: see studies/step_cost.py.
 
   python scripts/bench_step.py --config configs/llama_350m.py \
       --config.data.seq_len=256 --config.mecefo.rank=128 --iters 0 --out /tmp/bench
@@ -39,7 +39,7 @@ def main(argv):
     del argv
     from mecefo_jax.command_line import start
     cfg = start(_CONFIG.value)  # and fake CPU devices for the full-mesh overhead check
-    from mecefo_jax.experiments import step_cost as bench
+    from studies import step_cost as bench
     bench.main(cfg, _OUT.value, batch=_BATCH.value, warmup=_WARMUP.value, iters=_ITERS.value,
                overhead=not _NO_OVERHEAD.value, overhead_iters=_OVERHEAD_ITERS.value,
                peak_tflops=_PEAK_TFLOPS.value, seed=_SEED.value)

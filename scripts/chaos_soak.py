@@ -2,7 +2,7 @@
 
   python scripts/chaos_soak.py --config configs/tiny.py --kills 100 --seed 0 --out DIR
 
-See mecefo_jax/experiments/chaos_soak.py (the kills), chaos_verify.py (the checks) and
+See studies/chaos_soak.py (the kills), chaos_verify.py (the checks) and
 chaos_report.py (DIR/chaos_soak.{json,md}).
 """
 import os
@@ -27,12 +27,12 @@ def main(argv):
     del argv
     from mecefo_jax.command_line import start
     from mecefo_jax.config_resolve import updated
-    from mecefo_jax.experiments import chaos_soak
+    from studies import chaos_soak
     values = chaos_soak.job_values(_KILLS.value, os.path.join(_OUT.value, 'cache'),
                                    os.path.join(_OUT.value, 'xla_cache'))
     cfg = start(_CONFIG.value)  # fake CPU devices here: the in-process simulation needs them
     cfg = updated(cfg, values)
-    from mecefo_jax.experiments import chaos_report
+    from studies import chaos_report
     path = config_flags.get_config_filename(flags.FLAGS['config'])
     report = chaos_report.run(path, cfg, os.path.abspath(_OUT.value), kills=_KILLS.value,
                               seed=_SEED.value, nodes=_NODES.value, values=values)

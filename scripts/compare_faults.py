@@ -31,7 +31,7 @@ def main(argv):
     del argv
     from mecefo_jax.command_line import start
     cfg = start(_CONFIG.value)
-    from mecefo_jax.experiments.compare_over_seeds import compare_seeds
+    from studies.compare_over_seeds import compare_seeds
     base = cfg.fault.seed
     report = compare_seeds(cfg, _REGIME.value, _OUT.value,
                            seeds=range(base, base + _SEEDS.value))

@@ -1,5 +1,5 @@
 """The neighbour's FFN gradient under both projection rules: see
-mecefo_jax/experiments/projection_rules.py.
+studies/projection_rules.py.
 
 OPENBLAS_NUM_THREADS=1 python scripts/compare_projection.py --config configs/small.py \
     --out docs/results/projection_rules --ranks 32,64
@@ -32,7 +32,7 @@ def main(argv):
     del argv
     from mecefo_jax.command_line import start
     cfg = start(_CONFIG.value)
-    from mecefo_jax.experiments import projection_rules
+    from studies import projection_rules
     thread_env = ''.join(f'{k}={os.environ[k]} ' for k in ('OPENBLAS_NUM_THREADS',)
                          if k in os.environ)
     report = projection_rules.run(

@@ -1,6 +1,6 @@
 """Real crashes on one machine, recovered from memory, from disk and simulated.
 
-See mecefo_jax/experiments/crash_drill.py.
+See studies/crash_drill.py.
 
   python scripts/crash_drill.py --config configs/small.py --out runs/drill
   python scripts/crash_drill.py --config configs/tiny.py --nodes 4 --out runs/drill_nodes
@@ -44,7 +44,7 @@ def main(argv):
     # simulated run and the overhead measurement run here, on the devices all
     # the workers together have.
     cfg = start(cfg, cpu_devices=lambda c: _WORKERS.value * c.launch.local_devices)
-    from mecefo_jax.experiments.crash_drill import run_drill
+    from studies.crash_drill import run_drill
     path = config_flags.get_config_filename(flags.FLAGS['config'])  # recorded in the report
     run_drill(cfg, os.path.abspath(path), os.path.abspath(_OUT.value), workers=_WORKERS.value,
               nodes=_NODES.value, kill_step=_KILL.value, return_after=_RETURN.value,

@@ -1,4 +1,4 @@
-"""Every GPU figure in one command: see mecefo_jax/experiments/gpu/ and docs/gpu.md.
+"""Every GPU figure in one command: see studies/gpu/ and docs/gpu.md.
 
   python scripts/gpu_report.py --out /tmp/gpu_report [--budget_sec 540]
   python scripts/gpu_report.py --out /tmp/gpu_smoke --smoke   # tiny shapes, any CPU
@@ -24,7 +24,7 @@ _SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes: check the whole report 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-    from mecefo_jax.experiments.gpu import report
+    from studies.gpu import report
     result = report.run(_OUT.value, budget_sec=_BUDGET.value, smoke=_SMOKE.value)
     bad = [name for name, r in result['sections'].items() if r['status'] in ('failed', 'timeout')]
     if bad:

@@ -1,11 +1,11 @@
-"""Per-device train-step memory, normal and neighbour roles: see mecefo_jax/experiments/memory_plan.py.
+"""Per-device train-step memory, normal and neighbour roles: see studies/memory_plan.py.
 
   python scripts/memory_plan.py --config configs/llama_7b.py --num_devices 32 --out /tmp/plan
 
 Compiles ahead of time on fake CPU devices with no parameters materialised.
 One replica's devices (mesh.model of them) would suffice to compile one
 device's program; two replicas are compiled (2 x mesh.model fake devices),
-which adds the real all-reduce (see mecefo_jax/experiments/memory_plan.py).
+which adds the real all-reduce (see studies/memory_plan.py).
 Override any config field with --config.SECTION.FIELD=VALUE.
 """
 import os
@@ -33,8 +33,8 @@ flags.mark_flags_as_required(['config'])
 def main(argv):
     del argv
     from mecefo_jax.command_line import start
-    from mecefo_jax.experiments import memory_plan
-    from mecefo_jax.sharding import mesh_shape
+    from mecefo_jax.parallel.sharding import mesh_shape
+    from studies import memory_plan
 
     def replicas_compiled(cfg) -> int:  # fake CPU devices for the replicas compiled
         try:

@@ -2,7 +2,7 @@
 
   python scripts/neighbour_fidelity.py --config configs/small.py --out DIR
 
-See mecefo_jax/experiments/neighbour_fidelity.py. Writes DIR/neighbour_fidelity.{json,md}.
+See studies/neighbour_fidelity.py. Writes DIR/neighbour_fidelity.{json,md}.
 """
 import os
 import sys
@@ -23,8 +23,8 @@ def main(argv):
     del argv
     from mecefo_jax.command_line import start
     cfg = start(_CONFIG.value)
-    from mecefo_jax.experiments import neighbour_fidelity as fidelity
-    from mecefo_jax.experiments.report import write_json
+    from studies import neighbour_fidelity as fidelity
+    from studies.report import write_json
     os.makedirs(_OUT.value, exist_ok=True)
     result = fidelity.run(cfg, os.path.join(_OUT.value, 'work'), snapshots=_SNAPSHOTS.value)
     result['config'] = config_flags.get_config_filename(flags.FLAGS['config'])

@@ -52,7 +52,7 @@ def gaps(seed: str) -> dict:
 
 def main(argv):
     del argv
-    from mecefo_jax.experiments.report import pyplot, write_json
+    from studies.report import pyplot, write_json
     figures = {seed: gaps(seed) for seed in _SEEDS.value}
     for seed, runs in figures.items():
         print(f"seed {seed}: validation loss minus the fault-free run's")

@@ -1,4 +1,4 @@
-"""The low-rank FFN gradient at the paper's shapes: see mecefo_jax/experiments/rank_fidelity.py.
+"""The low-rank FFN gradient at the paper's shapes: see studies/rank_fidelity.py.
 
 OPENBLAS_NUM_THREADS=1 python scripts/rank_fidelity.py --config configs/small.py --out DIR
 
@@ -43,8 +43,8 @@ def main(argv):
     del argv
     from mecefo_jax.command_line import start
     cfg = start(_CONFIG.value)
-    from mecefo_jax.experiments import rank_fidelity
     from mecefo_jax.faults.costs import PAPER_MODELS
+    from studies import rank_fidelity
     unknown = sorted(set(_MODELS.value) - set(PAPER_MODELS))
     if unknown:
         raise app.UsageError(f'--models: {unknown} not in {sorted(PAPER_MODELS)}.')

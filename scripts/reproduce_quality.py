@@ -42,7 +42,7 @@ def main(argv):
     del argv
     from mecefo_jax.command_line import start
     cfg = start(_CONFIG.value)
-    from mecefo_jax.experiments import quality
+    from studies import quality
     base = cfg.fault.seed
     quality.reproduce_quality(cfg, _OUT.value, seeds=range(base, base + _SEEDS.value),
                               runs=quality.parse_runs(_RUNS.value),

@@ -1,4 +1,4 @@
-r"""Project the fault-tolerance strategies to a cluster: see mecefo_jax/experiments/cluster/sim.py.
+r"""Project the fault-tolerance strategies to a cluster: see studies/cluster/sim.py.
 
   python scripts/simulate_cluster.py --out /tmp/simc
   python scripts/simulate_cluster.py --out DIR --cost bench --bench_json bench_step.json \
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from mecefo_jax.experiments.cluster import sim as cluster_sim  # noqa: E402
+from studies.cluster import sim as cluster_sim  # noqa: E402
 
 _DEFAULT = cluster_sim.SimConfig()
 RECOVERY_ENTRIES = ('in_process', 'memory', 'disk')

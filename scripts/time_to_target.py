@@ -79,7 +79,7 @@ def _bench() -> dict | None:
 def _setup():
     """(cfg, seeds, runs, default, settings, config name) from the flags."""
     from mecefo_jax.command_line import start
-    from mecefo_jax.experiments import time_to_target_settings as setup
+    from studies import time_to_target_settings as setup
     if _SMOKE.value:
         from configs.tiny import get_config
         return (*setup.smoke(start(get_config())), 'configs/tiny.py (smoke)')
@@ -107,10 +107,10 @@ def main(argv):
     import jax
     if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):  # runs share their programs
         jax.config.update('jax_compilation_cache_dir', os.path.join(_OUT.value, 'xla_cache'))
-    from mecefo_jax.experiments import time_to_target as ttt
+    from studies import time_to_target as ttt
     ttt.time_to_target(cfg, _OUT.value, seeds=seeds, runs=runs, default=default,
                        settings=settings, config_name=name)
-    from mecefo_jax.experiments.time_to_target_report import output_name
+    from studies.time_to_target_report import output_name
     print(open(os.path.join(_OUT.value, f'{output_name(settings)}.md')).read())
 
 

@@ -1,5 +1,5 @@
 """The verdict study: does `drop` beat MeCeFO where the paper ran it? See
-mecefo_jax/experiments/verdict_points.py for the points, docs/verdict.md for the results.
+studies/verdict_points.py for the points, docs/verdict.md for the results.
 
   python scripts/verdict.py --work DIR                      # every point, then the report
   python scripts/verdict.py --work DIR --points small,paper_like --seeds 4
@@ -38,13 +38,13 @@ def _run_point(name: str) -> None:
     """One point's time-to-target experiment, in this process."""
     from configs.small import get_config
     from mecefo_jax.command_line import start
-    from mecefo_jax.experiments import verdict_points as vp
+    from studies import verdict_points as vp
     point = vp.POINTS[name]
     cfg = start(vp.point_config(get_config(), point))  # fake devices: the point's count
     import jax
     jax.config.update('jax_compilation_cache_dir', os.path.join(_WORK.value, 'xla_cache'))
-    from mecefo_jax.experiments import time_to_target as ttt
-    from mecefo_jax.experiments import time_to_target_settings as setup
+    from studies import time_to_target as ttt
+    from studies import time_to_target_settings as setup
     runs = setup.parse_runs(_RUNS.value) if _RUNS.value else vp.runs_of(point)
     settings = setup.Settings(**point.settings)
     seeds = range(_SEEDS.value or point.min_seeds)
@@ -57,7 +57,7 @@ def _run_point(name: str) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-    from mecefo_jax.experiments import verdict_points as vp
+    from studies import verdict_points as vp
     if _POINT.value:
         return _run_point(_POINT.value)
     names = _POINTS.value or list(vp.POINTS)
@@ -71,7 +71,7 @@ def main(argv):
             code = subprocess.call([sys.executable, os.path.abspath(__file__), *flags_here])
             if code:
                 sys.exit(f'point {name} failed (exit {code}); rerun to go on where it stopped.')
-    from mecefo_jax.experiments import verdict_report
+    from studies import verdict_report
     verdict_report.write(_WORK.value, _REPORT_DIR.value)
 
 

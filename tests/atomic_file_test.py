@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from mecefo_jax import atomic_file
+from mecefo_jax.host import atomic_file
 
 
 def test_write_replaces_the_file_whole_and_leaves_no_temp_file(tmp_path):

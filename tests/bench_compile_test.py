@@ -3,7 +3,7 @@ import json
 
 from configs.tiny import get_config
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.experiments import compile_time as bench_compile
+from studies import compile_time as bench_compile
 
 
 def test_compiles_the_failure_step_scanned_and_looped_and_writes_json(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests for the step-cost benchmark (mecefo_jax.experiments.step_cost and its parts) and
+"""Tests for the step-cost benchmark (studies.step_cost and its parts) and
 scripts/bench_step.py on a one-block tiny model.
 
 Compile time dominates on CPU, so the tests share programs: the script run in
@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from mecefo_jax import aot, sharding
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.experiments import grad_error, step_efficiency, step_measure, step_modes
-from mecefo_jax.experiments import step_cost as bench
-from mecefo_jax.model import build_model
-from mecefo_jax.optim import make_optimizer
-from mecefo_jax.state import create_train_state
+from mecefo_jax.model.llama import build_model
+from mecefo_jax.model.optim import make_optimizer
+from mecefo_jax.parallel import aot, sharding
+from mecefo_jax.parallel.state import create_train_state
+from studies import grad_error, step_efficiency, step_measure, step_modes
+from studies import step_cost as bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 2  # sequences per shard
@@ -227,7 +227,7 @@ def test_overhead_is_timed_on_the_configs_mesh(result):
 def _abstract_params():
     import flax
 
-    from mecefo_jax.model import init_params
+    from mecefo_jax.model.llama import init_params
     model = build_model(tiny_config())
     return flax.linen.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))
 

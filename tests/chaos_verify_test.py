@@ -10,8 +10,8 @@ import os
 import subprocess
 import sys
 
-from mecefo_jax import workdir_lock
-from mecefo_jax.experiments import chaos_verify
+from mecefo_jax.host import workdir_lock
+from studies import chaos_verify
 
 
 def _record(launch_dir, generation: int, worker: int, pid: int, start_ticks) -> None:

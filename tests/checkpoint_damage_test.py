@@ -9,8 +9,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax import checkpoint
-from mecefo_jax.checkpoint_damage import NoIntactCheckpointError, restore_newest_intact
+from mecefo_jax.checkpointing import checkpoint
+from mecefo_jax.checkpointing.damage import NoIntactCheckpointError, restore_newest_intact
 
 # Orbax's read/write coroutines that fail on purpose here report again when
 # their event loop is gone ('Event loop is closed'); that noise is Orbax's.
@@ -81,7 +81,7 @@ DAMAGE = {'truncated array': _truncate_array, 'flipped bytes': _flip_manifest,
 @pytest.mark.parametrize('damage', sorted(DAMAGE))
 def test_damaged_newest_step_falls_back_with_warning(run_dir, damage, caplog):
     DAMAGE[damage](os.path.join(run_dir, '2'))
-    with caplog.at_level(logging.WARNING, logger='mecefo_jax.checkpoint_damage'):
+    with caplog.at_level(logging.WARNING, logger='mecefo_jax.checkpointing.damage'):
         with checkpoint.Checkpointer(run_dir, save_every=1) as ckpt:
             state, data_state, step = restore_newest_intact(ckpt, _target())
             assert ckpt.all_steps() == [1]

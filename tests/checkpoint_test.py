@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.checkpoint: save/restore, resharding, cadence, errors."""
+"""Tests for mecefo_jax.checkpointing.checkpoint: save/restore, resharding, cadence, errors."""
 
 import os
 from typing import Any
@@ -13,8 +13,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax import checkpoint
-from mecefo_jax.checkpoint import Checkpointer
+from mecefo_jax.checkpointing import checkpoint
+from mecefo_jax.checkpointing.checkpoint import Checkpointer
 
 
 @flax.struct.dataclass

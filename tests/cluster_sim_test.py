@@ -13,11 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from mecefo_jax.experiments.cluster import explanation as report_lib
-from mecefo_jax.experiments.cluster import recovery as recovery_lib
-from mecefo_jax.experiments.cluster import sim
-from mecefo_jax.experiments.cluster import traces as traces_lib
 from mecefo_jax.faults import costs as costs_lib
+from studies.cluster import explanation as report_lib
+from studies.cluster import recovery as recovery_lib
+from studies.cluster import sim
+from studies.cluster import traces as traces_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOUR = 3600.0

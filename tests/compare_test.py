@@ -6,9 +6,9 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.experiments import compare, compare_over_seeds
-from mecefo_jax.experiments.role_timer import layout_keys
 from mecefo_jax.faults.strategies import layout_for
+from studies import compare, compare_over_seeds
+from studies.role_timer import layout_keys
 
 STEPS = 6
 

@@ -3,7 +3,7 @@
 3 workers x 1 CPU device (mesh.data=3): losing worker 1 leaves a 2-process
 job, the smallest where a process other than 0 must find its programs
 (JAX's own persistent cache serves only process 0 on CPU; see
-mecefo_jax/program_cache.py). The compile-ahead members are Ray actors, as
+mecefo_jax/parallel/program_cache.py). The compile-ahead members are Ray actors, as
 the workers are, on one simulated cluster for the module.
 """
 import json

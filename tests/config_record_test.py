@@ -9,7 +9,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs.tiny import get_config
-from mecefo_jax import checkpoint, config_record
+from mecefo_jax.checkpointing import checkpoint
+from mecefo_jax.config import record as config_record
 
 
 def _embedding(cfg, sharding=None):

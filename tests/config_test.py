@@ -12,11 +12,12 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs.tiny import get_config
-from mecefo_jax import config_resolve, settings
+from mecefo_jax import config_resolve
+from mecefo_jax.config import schema as settings
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch.kills import LAUNCHER, Kill, parse_kills
 from mecefo_jax.launch.supervisor import Launcher
-from mecefo_jax.sharding import mesh_shape
+from mecefo_jax.parallel.sharding import mesh_shape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, 'configs', 'tiny.py')

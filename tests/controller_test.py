@@ -20,11 +20,8 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax import main, resume
-from mecefo_jax import state as state_lib
-from mecefo_jax import train as train_lib
+from mecefo_jax import run as run_lib
 from mecefo_jax.config_resolve import resolve, updated
-from mecefo_jax.experiments.observers import GradientError
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import (
@@ -33,10 +30,13 @@ from mecefo_jax.faults.strategies import (
     AllReplicasDownError,
     layout_for,
 )
-from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, full_layout
-from mecefo_jax.metrics import read_metrics
-from mecefo_jax.model import build_model
-from mecefo_jax.observers import Observer, TokenCount
+from mecefo_jax.model.llama import build_model
+from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, full_layout
+from mecefo_jax.parallel import state as state_lib
+from mecefo_jax.training import resume, run_setup
+from mecefo_jax.training.metrics import read_metrics
+from mecefo_jax.training.observers import Observer, TokenCount
+from studies.observers import GradientError
 
 N = 8  # replicas (fake devices, mesh.model = 1)
 STEPS = 10
@@ -91,7 +91,7 @@ def topologies(cache_dir, tmp_path_factory):
 
     patch = pytest.MonkeyPatch()
     patch.setattr(state_lib, 'create_train_state', create_once)
-    seed_run = train_lib.build_run(config(cache_dir), str(tmp_path_factory.mktemp('seed_run')))
+    seed_run = run_setup.build_run(config(cache_dir), str(tmp_path_factory.mktemp('seed_run')))
     yield seed_run.topologies
     patch.undo()
 
@@ -161,7 +161,7 @@ class Probe(Observer):
 class Result:
     summary: dict
     probe: Probe
-    run: train_lib.Run
+    run: run_setup.Run
     workdir: str
     cfg: object
     precompiled: dict  # (rows, signature) -> already compiled before this run
@@ -173,14 +173,14 @@ class Result:
 
 def fault_run(cfg, workdir, topologies, *, checkpoint_every=None, watch=(), observers=()):
     """main.run with a Probe (and `observers`) on a run sharing `topologies`."""
-    run = train_lib.build_run(cfg, workdir, checkpoint_every=checkpoint_every)
+    run = run_setup.build_run(cfg, workdir, checkpoint_every=checkpoint_every)
     run = dataclasses.replace(run, topologies=topologies, train_data=RecordingData(run.train_data))
     precompiled = {}
     for live, signature in watch:
         rows = [row for row, up in zip(run.full_rows, live) if up]
         precompiled[(tuple(live), signature)] = signature in topologies.get(rows).compiled
     probe = Probe()
-    summary = main.run(cfg, workdir, run=run,
+    summary = run_lib.run(cfg, workdir, run=run,
                        observers=[probe, TokenCount(SEQ), *observers])
     return Result(summary, probe, run, workdir, cfg, precompiled)
 
@@ -401,9 +401,9 @@ def test_observers_see_every_step_and_event_and_do_not_change_training(
     assert [(g['step'], g['replica']) for g in s['grad_errors']] == [(2, 4), (5, 2), (5, 5)]
     # The same run without any observer trains bit for bit the same.
     workdir = str(tmp_path)
-    run = dataclasses.replace(train_lib.build_run(mecefo_run.cfg, workdir),
+    run = dataclasses.replace(run_setup.build_run(mecefo_run.cfg, workdir),
                               topologies=topologies)
-    bare = main.run(mecefo_run.cfg, workdir, run=run)
+    bare = run_lib.run(mecefo_run.cfg, workdir, run=run)
     assert 'grad_errors' not in bare and 'useful_tokens' not in bare
 
     def curve(rows):
@@ -509,7 +509,7 @@ def test_planned_splits_failed_shard_over_its_two_ring_neighbours(strategy_runs)
 @pytest.fixture(scope='module')
 def plain_run(cache_dir, topologies, tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp('bad_schedules'))
-    run = train_lib.build_run(config(cache_dir), workdir)
+    run = run_setup.build_run(config(cache_dir), workdir)
     return dataclasses.replace(run, topologies=topologies), workdir
 
 
@@ -529,14 +529,14 @@ def test_bad_schedules_give_clear_errors(events, message, cache_dir, plain_run):
         schedule_lib.events_from_config(cfg.fault, num_replicas=N, total_steps=STEPS)
     run, workdir = plain_run
     with pytest.raises(ValueError, match=message):
-        main.run(cfg, workdir, run=run)
+        run_lib.run(cfg, workdir, run=run)
 
 
 def test_unknown_strategy_is_named(cache_dir, plain_run):
     run, workdir = plain_run
     cfg = unchecked(config(cache_dir), strategy='bamboo', events='2:3:1')
     with pytest.raises(ValueError, match=r"fault\.strategy='bamboo' is unknown"):
-        main.run(cfg, workdir, run=run)
+        run_lib.run(cfg, workdir, run=run)
 
 
 # ------------------------------------------------------------ all replicas down
@@ -547,13 +547,13 @@ def test_all_replicas_down_stops_with_checkpoint(cache_dir, topologies, tmp_path
     cfg = config(cache_dir, strategy='mecefo', events=events)
     workdir = str(tmp_path)
     probe = Probe()
-    run = dataclasses.replace(train_lib.build_run(cfg, workdir, checkpoint_every=100),
+    run = dataclasses.replace(run_setup.build_run(cfg, workdir, checkpoint_every=100),
                               topologies=topologies)
     try:
         with pytest.raises(AllReplicasDownError,
                            match=r'Every one of the 8 replicas is down at step 1 '
                                  r'\(saved step 1 to .*checkpoints\)') as info:
-            main.run(cfg, workdir, run=run, observers=[probe])
+            run_lib.run(cfg, workdir, run=run, observers=[probe])
         assert 'fault.events' in str(info.value)
         assert run.checkpointer.all_steps() == [1]
         restored, data_state = resume.restore_onto(
@@ -568,8 +568,8 @@ def test_all_replicas_down_stops_with_checkpoint(cache_dir, topologies, tmp_path
 def test_a_relaunch_charges_loading_the_refresh_program_to_compile_not_refresh(monkeypatch):
     """With the program cache on (a launcher's worker), the refresh program is loaded before
     the refresh is timed; without it the refresh stays a plain jitted call."""
-    from mecefo_jax import program_cache
     from mecefo_jax.faults import controller
+    from mecefo_jax.parallel import program_cache
 
     class Refresh:
         def __init__(self):

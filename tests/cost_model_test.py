@@ -1,15 +1,15 @@
-"""Unit tests of mecefo_jax.experiments.role_timer: which programs a layout runs, and their cost."""
+"""Unit tests of studies.role_timer: which programs a layout runs, and their cost."""
 
 import jax
 import pytest
 
 from configs import tiny
-from mecefo_jax import optim
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.experiments.role_timer import RoleTimer, layout_keys
 from mecefo_jax.faults.strategies import layout_for
-from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program
-from mecefo_jax.model import build_model
+from mecefo_jax.model import optim
+from mecefo_jax.model.llama import build_model
+from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program
+from studies.role_timer import RoleTimer, layout_keys
 
 N, B = 8, 2
 

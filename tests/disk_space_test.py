@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax import checkpoint, disk_space
+from mecefo_jax.checkpointing import checkpoint
+from mecefo_jax.host import disk_space
 
 # Orbax's read/write coroutines that fail on purpose here report again when
 # their event loop is gone ('Event loop is closed'); that noise is Orbax's.
@@ -40,7 +41,7 @@ def _fake_free(monkeypatch, free):
 
 def test_short_disk_warns_once_before_the_first_save(tmp_path, monkeypatch, caplog):
     _fake_free(monkeypatch, 1000)
-    with caplog.at_level(logging.WARNING, logger='mecefo_jax.disk_space'):
+    with caplog.at_level(logging.WARNING, logger='mecefo_jax.host.disk_space'):
         with checkpoint.Checkpointer(str(tmp_path / 'run'), save_every=1) as ckpt:
             ckpt.maybe_save(1, _state(), {})
             ckpt.maybe_save(2, _state(), {})
@@ -51,7 +52,7 @@ def test_short_disk_warns_once_before_the_first_save(tmp_path, monkeypatch, capl
 
 def test_enough_space_warns_nothing(tmp_path, monkeypatch, caplog):
     _fake_free(monkeypatch, 10**9)
-    with caplog.at_level(logging.WARNING, logger='mecefo_jax.disk_space'):
+    with caplog.at_level(logging.WARNING, logger='mecefo_jax.host.disk_space'):
         with checkpoint.Checkpointer(str(tmp_path / 'run'), save_every=1) as ckpt:
             ckpt.maybe_save(1, _state(), {})
     assert not [r for r in caplog.records if 'may not fit' in r.getMessage()]

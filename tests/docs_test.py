@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Built from pieces so that this file does not match its own check.
 FORBIDDEN = ('DESIGN' + '.md', '..' + '/shared')
 MARKDOWN_LINK = re.compile(r'\[[^\]]*\]\(([^)\s]+)\)')
-# A code span naming a path inside the repository, e.g. `mecefo_jax/model.py`.
+# A code span naming a path inside the repository, e.g. `mecefo_jax/model/llama.py`.
 REPO_PATH_SPAN = re.compile(r'`((?:mecefo_jax|configs|scripts|tests|docs)/[^`\s]*)`')
 
 

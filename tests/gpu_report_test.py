@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from mecefo_jax.experiments.gpu import report, runner, step
 from mecefo_jax.faults import costs
+from studies.gpu import report, runner, step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCKED = ('grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib')
@@ -30,7 +30,7 @@ for name in {BLOCKED!r}:
 """
 FAKE_SECTIONS = """
 import threading
-from mecefo_jax.experiments.gpu.child import Skipped
+from studies.gpu.child import Skipped
 
 def boom(ctx):
     raise RuntimeError('boom from a section')
@@ -169,7 +169,7 @@ def test_limits_share_what_is_left_by_weight_with_a_floor():
 
 @pytest.mark.subprocess  # the report and its sections
 def test_the_report_process_imports_no_jax():
-    code = ('import sys; from mecefo_jax.experiments.gpu import report; '
+    code = ('import sys; from studies.gpu import report; '
             'print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "flax")))')
     proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, check=True)

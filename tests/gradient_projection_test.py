@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 
 from configs import small, tiny
-from mecefo_jax.aot import flops_of
 from mecefo_jax.config_resolve import resolve, updated
-from mecefo_jax.experiments import goodput, projection_rules
-from mecefo_jax.experiments import time_to_target_report as report_lib
 from mecefo_jax.faults import controller as controller_lib
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.refresh_costs import thin_qr_flops
 from mecefo_jax.faults.schedule import FailureSchedule, parse_events
-from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL
-from mecefo_jax.lowrank import lowrank_dense, sketch_matrix, sketched_dense
+from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL
+from mecefo_jax.neighbour.lowrank import lowrank_dense, sketch_matrix, sketched_dense
+from mecefo_jax.parallel.aot import flops_of
+from studies import goodput, projection_rules
+from studies import time_to_target_report as report_lib
 
 N_IN, M_OUT, RANK = 32, 48, 8
 

@@ -22,8 +22,8 @@ from simulated_params import assert_params_equal_simulated
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch import generation
 from mecefo_jax.launch.supervisor import Launcher
-from mecefo_jax.metrics import read_metrics
 from mecefo_jax.snapshot import shm
+from mecefo_jax.training.metrics import read_metrics
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
 

@@ -81,7 +81,7 @@ def test_ctrl_c_saves_a_step_and_leaves_no_worker_keeper_or_shared_memory(cluste
     # Every keeper's first snapshot (after step 1) gives it shared memory to leave behind.
     wait_until(lambda: all(shm.listed(p) for p in keepers), launcher, 'a snapshot in every keeper')
     launcher.send_signal(signal.SIGINT)
-    from mecefo_jax.preemption import EXIT_PREEMPTED
+    from mecefo_jax.training.preemption import EXIT_PREEMPTED
     assert launcher.wait(timeout=120) == EXIT_PREEMPTED
     assert_nothing_left(workdir, keepers)
 
@@ -90,7 +90,7 @@ def test_sigterm_to_the_launcher_saves_one_step_and_the_rerun_resumes_there(clus
                                                                              tmp_path):
     """Every worker stops at the step JAX's preemption sync picks, saves it to disk
     and ends; the keepers stay until then; the launcher exits with EXIT_PREEMPTED."""
-    from mecefo_jax.preemption import EXIT_PREEMPTED
+    from mecefo_jax.training.preemption import EXIT_PREEMPTED
     workdir = str(tmp_path)
     launcher, args = start_launcher(launcher_caches, workdir, address=cluster.address, **{
         'train.steps': 2000, 'train.log_every': 1, 'train.checkpoint_every': 1000})
@@ -114,7 +114,7 @@ def test_a_stop_that_a_worker_cannot_reach_ends_after_the_stop_timeout(cluster, 
     launch.stop_timeout_sec and exits preempted, naming the workers that saved
     nothing. (The heartbeat and stall timeouts are long: only the stop timeout can
     end this job.)"""
-    from mecefo_jax.preemption import EXIT_PREEMPTED
+    from mecefo_jax.training.preemption import EXIT_PREEMPTED
     workdir = str(tmp_path)
     launcher, _ = start_launcher(launcher_caches, workdir, address=cluster.address, **{
         'train.steps': 2000, 'launch.stop_timeout_sec': 3.0,

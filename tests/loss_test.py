@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.loss: the chunked fused cross-entropy against optax on full logits."""
+"""Tests for mecefo_jax.model.loss: the chunked fused cross-entropy against optax on full logits."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,7 +6,7 @@ import optax
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
-from mecefo_jax.loss import chunked_cross_entropy
+from mecefo_jax.model.loss import chunked_cross_entropy
 
 N, D, V = 37, 16, 50  # 37 tokens: no chunk size below divides it evenly
 

@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.lowrank: both gradient rules, residuals, dtypes, shard_map."""
+"""Tests for mecefo_jax.neighbour.lowrank: both gradient rules, residuals, dtypes, shard_map."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +7,7 @@ from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax.lowrank import SKETCH_SEED, lowrank_dense, sketch_matrix, sketched_dense
+from mecefo_jax.neighbour.lowrank import SKETCH_SEED, lowrank_dense, sketch_matrix, sketched_dense
 
 # Distinct sizes so a residual's shape identifies what it is.
 B, T, N, M, R = 4, 6, 12, 20, 3

@@ -4,9 +4,9 @@ import dataclasses
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax import main
+from mecefo_jax import run as run_lib
+from mecefo_jax.config.schema import ConfigError
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.settings import ConfigError
 
 
 @pytest.mark.parametrize('field', ['mttr_hours', 'mtbf_hours'])
@@ -21,4 +21,4 @@ def test_half_a_custom_failure_process_is_an_error_not_a_silent_fault_free_run(f
     unchecked = dataclasses.replace(
         unchecked, fault=dataclasses.replace(unchecked.fault, **{field: 2.0}))
     with pytest.raises(ValueError, match='fault.mtbf_hours and fault.mttr_hours'):
-        main.run(unchecked, str(tmp_path))
+        run_lib.run(unchecked, str(tmp_path))

@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.experiments.memory_plan and scripts/memory_plan.py on a one-block tiny model.
+"""Tests for studies.memory_plan and scripts/memory_plan.py on a one-block tiny model.
 
 The config matches tests/bench_test.py's (one block, square FFN, full rank,
 2 sequences per replica on 8 devices), so in one session both roles' programs
@@ -17,9 +17,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs import tiny
-from mecefo_jax import sharding
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.experiments import memory_plan
+from mecefo_jax.parallel import sharding
+from studies import memory_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ('--config.model.num_layers=1', '--config.model.ffn_hidden=32',
@@ -51,7 +51,7 @@ def plan(tmp_path_factory):
 def _num_params() -> int:
     import flax
 
-    from mecefo_jax.model import build_model, init_params
+    from mecefo_jax.model.llama import build_model, init_params
     cfg = tiny.get_config()
     cfg.model.num_layers, cfg.model.ffn_hidden = 1, 32
     model = build_model(resolve(cfg))

@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.metrics: JSONL round trip, conversion, append, hosts."""
+"""Tests for mecefo_jax.training.metrics: JSONL round trip, conversion, append, hosts."""
 
 import math
 import os
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mecefo_jax.metrics import (
+from mecefo_jax.training.metrics import (
     MetricsWriter,
     newest_loss_step,
     preempted_row,

@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.model: the exact LLaMA and its MeCeFO neighbour mode.
+"""Tests for mecefo_jax.model.llama: the exact LLaMA and its MeCeFO neighbour mode.
 
 The neighbour-mode checks compare against `_ref_*`, a plain-jnp LLaMA written
 here from the textbook formulas (no Flax, no custom_vjp, no remat), so a
@@ -25,10 +25,11 @@ from layer_trees import stack_layers
 from tree_asserts import assert_tree_close
 
 from configs import tiny
-from mecefo_jax import sharding
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.model import Block, Llama, build_model, init_params, is_attention_branch
-from mecefo_jax.projections import compute_projections
+from mecefo_jax.model.llama import Block, Llama, build_model, init_params
+from mecefo_jax.neighbour.attention_skip import is_attention_branch
+from mecefo_jax.neighbour.projections import compute_projections
+from mecefo_jax.parallel import sharding
 
 # tiny config: D=32, 2 layers, H=4, K=2 (G=2), E=8, F=64, V=256. Batch and
 # length are chosen distinct from every model dim so shapes identify tensors.
@@ -386,7 +387,7 @@ def test_gradient_projection_lowers_the_ffn_error_and_leaves_normal_mode_bitwise
     """`mecefo.projection='gradient'`: the neighbour's FFN error (grad_error's measure,
     against the exact gradient of the same rows) falls below the paper's rule's at the
     same rank; normal mode is the same program; no projections are read."""
-    from mecefo_jax.experiments.grad_error import grad_rel_error, token_grad_fn
+    from studies.grad_error import grad_rel_error, token_grad_fn
     model, _, params, _ = setup
     sketched = _model(projection='gradient', rank=float(RANK))
     params = stack_layers(params)

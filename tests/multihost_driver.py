@@ -4,7 +4,7 @@
         --process_id I --workdir DIR --cache_dir DIR --out FILE.npz [--steps N]
         [--events S:R:D,...] [--strategy NAME] [--tokenizer_paths FILE,FILE,...]
 
-Each process runs `main.run` under failures on the global 8-device mesh (4 local
+Each process runs `run.run` under failures on the global 8-device mesh (4 local
 CPU devices each) and writes, to --out, every parameter leaf as this process
 sees it (after checking its own local copies agree bit for bit) plus the
 summary's events, the devices holding the final params, the params captured
@@ -59,11 +59,11 @@ def main():
                                process_id=args.process_id)
 
     from configs.tiny import get_config
-    from mecefo_jax import main as main_lib
-    from mecefo_jax import train as train_lib
+    from mecefo_jax import run as run_lib
     from mecefo_jax.config_resolve import resolve, updated
     from mecefo_jax.data import tokenizer as tokenizer_lib
-    from mecefo_jax.observers import Observer
+    from mecefo_jax.training import run_setup
+    from mecefo_jax.training.observers import Observer
 
     trainings = []
     real_train = tokenizer_lib.train_sentencepiece
@@ -121,10 +121,10 @@ def main():
                     {d.id for leaf in jax.tree.leaves(done.state.params)
                      for d in leaf.sharding.device_set})
 
-    run = train_lib.build_run(cfg, args.workdir)
+    run = run_setup.build_run(cfg, args.workdir)
     captured['tokenizer_sha256'] = {'train': run.train_data.tokenizer.model_sha256,
                                     'validation': run.val_data.tokenizer.model_sha256}
-    summary = main_lib.run(cfg, args.workdir, run=run, observers=[Capturing()])
+    summary = run_lib.run(cfg, args.workdir, run=run, observers=[Capturing()])
     final = local_copy(summary['state'].params)
     arrays = {f'final{k}': v for k, v in final.items()}
     arrays.update({f'during{k}': v for k, v in captured.get('during', {}).items()})

@@ -7,7 +7,7 @@ import pytest
 
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults import planner as planner_lib
-from mecefo_jax.layout import ROLE_MIXED, ROLE_NEIGHBOUR, ROLE_NORMAL
+from mecefo_jax.neighbour.layout import ROLE_MIXED, ROLE_NEIGHBOUR, ROLE_NORMAL
 
 
 def analytic_350m(shard: int):
@@ -250,6 +250,6 @@ def test_fault_library_never_imports_experiments():
     import sys
     code = ('import sys, mecefo_jax.faults.planner, mecefo_jax.faults.strategies, '
             'mecefo_jax.faults.costs, mecefo_jax.faults.plan, mecefo_jax.faults.controller; '
-            'bad = [m for m in sys.modules if m.startswith("mecefo_jax.experiments")]; '
+            'bad = [m for m in sys.modules if m.startswith("studies")]; '
             'assert not bad, bad')
     subprocess.run([sys.executable, '-c', code], check=True)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mecefo_jax import program_cache
+from mecefo_jax.parallel import program_cache
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ import json, pickle, sys, warnings
 from pathlib import Path
 import jax, jax.numpy as jnp, numpy as np
 from jax.experimental import serialize_executable
-from mecefo_jax import program_cache
+from mecefo_jax.parallel import program_cache
 mode, directory = sys.argv[1], Path(sys.argv[2])
 jax.config.update('jax_compilation_cache_dir', str(directory / 'jax'))
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
@@ -198,7 +198,7 @@ def test_an_entry_that_fails_its_first_call_is_compiled_again_and_computes_the_s
 _FIRST_COMPILE_A_MISS = """
 import os, sys
 import jax, jax.numpy as jnp
-from mecefo_jax import program_cache
+from mecefo_jax.parallel import program_cache
 jax.config.update('jax_compilation_cache_dir', sys.argv[1] + '/jax')
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 program_cache.enable(sys.argv[1] + '/programs')
@@ -221,7 +221,7 @@ def test_a_process_whose_first_compile_is_a_miss_keeps_jaxs_own_cache(tmp_path):
 _LOAD_QR = """
 import sys
 import jax, jax.numpy as jnp, numpy as np
-from mecefo_jax import program_cache
+from mecefo_jax.parallel import program_cache
 program_cache.enable(sys.argv[1], context='qr test')
 f = jax.jit(lambda x: jnp.linalg.qr(x)[0].sum())
 c = program_cache.load_or_compile(f, (jax.ShapeDtypeStruct((8, 4), jnp.float32),),

@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.projections: rank resolution, V selection/quality, refresh schedule."""
+"""Tests for mecefo_jax.neighbour.projections: rank resolution, V selection/quality, refresh schedule."""
 import os
 
 import jax
@@ -6,14 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mecefo_jax.projections import (
+from mecefo_jax.neighbour.projections import (
     FFN_KERNEL_NAMES,
     compute_projections,
     needs_refresh,
     refresh_steps,
     resolve_rank,
     top_singular_vectors,
-    validate_tau,
 )
 
 D, F = 8, 24  # d_model, d_ff
@@ -76,11 +75,12 @@ def test_resolve_rank_custom_field():
         resolve_rank(100, 8, 24, field='cfg.ffn_rank')
 
 
-def test_validate_tau():
-    assert validate_tau(1) == 1 and validate_tau(100) == 100
+def test_needs_refresh_rejects_a_bad_tau_naming_the_field():
+    assert needs_refresh(100, tau=100, failure_onset=False, neighbour_active=True)
+    assert not needs_refresh(3, tau=1, failure_onset=False, neighbour_active=False)
     for bad in (0, -3, 2.0, True, None):
         with pytest.raises(ValueError, match='mecefo.tau'):
-            validate_tau(bad)
+            needs_refresh(5, tau=bad, failure_onset=False, neighbour_active=True)
 
 
 # ---------------------------------------------------------------- SVD / projections
@@ -186,7 +186,7 @@ import os
 os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from mecefo_jax.projections import subspace_iteration
+from mecefo_jax.neighbour.projections import subspace_iteration
 replicated = NamedSharding(Mesh(np.array(jax.devices()), ('d',)), P())
 rng = np.random.default_rng(0)
 kernels = jax.device_put(rng.standard_normal((4, 512, 1376)).astype(np.float32), replicated)

@@ -19,8 +19,8 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax.config_resolve import resolve, updated
-from mecefo_jax.experiments import quality
 from mecefo_jax.faults import schedule as schedule_lib
+from studies import quality
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, STEP_TIME, SEED, EVERY = 4, 900.0, 8, 2

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax import projections as proj_lib
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.experiments import rank_fidelity as rf
-from mecefo_jax.experiments import rank_fidelity_curves as rc
-from mecefo_jax.experiments.refresh_bench import energy
 from mecefo_jax.faults.costs import ModelShape
-from mecefo_jax.lowrank import lowrank_dense
+from mecefo_jax.neighbour import projections as proj_lib
+from mecefo_jax.neighbour.lowrank import lowrank_dense
+from studies import rank_fidelity as rf
+from studies import rank_fidelity_curves as rc
+from studies.refresh_bench import energy
 
 
 def _orthonormal(rng, n, k):
@@ -107,7 +107,7 @@ def test_the_command_writes_every_standin_at_tiny_settings(tmp_path, tokenizer_c
     cfg = get_config()
     cfg.train.steps, cfg.train.eval_every, cfg.train.log_every = 2, 0, 1
     cfg.data.cache_dir = tokenizer_cache
-    toy = ModelShape('toy', 48, 1, 4, 128)
+    toy = ModelShape('toy', 48, 1, 4, 128, 32000)
     result = rf.run(resolve(cfg), str(tmp_path / 'out'), widths=[32], models={'toy': toy}, rank=8,
                     tokens=256, snapshots=2, workdir=str(tmp_path / 'work'), command='smoke',
                     log=lambda _: None)

@@ -14,10 +14,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax import aot
-from mecefo_jax import step as step_lib
-from mecefo_jax.projections import subspace_iteration
-from mecefo_jax.state import TrainState
+from mecefo_jax.neighbour.projections import subspace_iteration
+from mecefo_jax.parallel import aot
+from mecefo_jax.parallel import refresh as refresh_lib
+from mecefo_jax.parallel.state import TrainState
 
 L, R = 2, 4
 
@@ -82,7 +82,7 @@ def test_split_refresh_matches_the_unsplit_one_at_about_one_over_data_the_flops(
         data, model, d, h, share):
     mesh = Mesh(np.array(jax.devices()).reshape(data, model), ('data', 'model'))
     state, shardings = _state_and_shardings(mesh, d, h)
-    split = step_lib.make_refresh_fn(R, shardings, method='subspace', iterations=2)
+    split = refresh_lib.make_refresh_fn(R, shardings, method='subspace', iterations=2)
     split_c = split.lower(state).compile()
     unsplit_c = _unsplit_fn(shardings).lower(state).compile()
     want = unsplit_c(state)
@@ -116,9 +116,9 @@ def test_a_kernel_under_the_split_threshold_refreshes_whole_with_no_collective()
     it, no collective at all on an 8 x 1 mesh); at 4,608 they split."""
     mesh = Mesh(np.array(jax.devices()).reshape(8, 1), ('data', 'model'))
     state, shardings = _state_and_shardings(mesh, 48, 96)
-    whole_c = step_lib.make_refresh_fn(R, shardings, method='subspace', iterations=2,
+    whole_c = refresh_lib.make_refresh_fn(R, shardings, method='subspace', iterations=2,
                                        split_min_elements=48 * 96 + 1).lower(state).compile()
-    split_c = step_lib.make_refresh_fn(R, shardings, method='subspace', iterations=2,
+    split_c = refresh_lib.make_refresh_fn(R, shardings, method='subspace', iterations=2,
                                        split_min_elements=48 * 96).lower(state).compile()
     unsplit_c = _unsplit_fn(shardings).lower(state).compile()
     assert not _collectives(whole_c.as_text())
@@ -129,12 +129,12 @@ def test_a_kernel_under_the_split_threshold_refreshes_whole_with_no_collective()
 
 def test_data_split_spec_takes_the_long_axis_or_one_that_splits_evenly():
     shape = {'data': 4, 'model': 2}
-    assert step_lib.data_split_spec(P(None, None, 'model'), (2, 48, 96), shape) == \
+    assert refresh_lib.data_split_spec(P(None, None, 'model'), (2, 48, 96), shape) == \
         P(None, None, ('model', 'data'))
-    assert step_lib.data_split_spec(P(None, 'model', None), (2, 96, 48), shape) == \
+    assert refresh_lib.data_split_spec(P(None, 'model', None), (2, 96, 48), shape) == \
         P(None, ('model', 'data'), None)
     # 100 is not a multiple of 4 x 2; 48 is a multiple of 4: the short axis is taken.
-    assert step_lib.data_split_spec(P(None, None, 'model'), (2, 48, 100), shape) == \
+    assert refresh_lib.data_split_spec(P(None, None, 'model'), (2, 48, 100), shape) == \
         P(None, 'data', 'model')
     # Neither splits evenly: the long axis, padded by GSPMD.
-    assert step_lib.data_split_spec(P(), (45, 99), shape) == P(None, 'data')
+    assert refresh_lib.data_split_spec(P(), (45, 99), shape) == P(None, 'data')

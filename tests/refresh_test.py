@@ -13,14 +13,14 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax import step as step_lib
 from mecefo_jax.config import base_config
-from mecefo_jax.projections import (
+from mecefo_jax.neighbour.projections import (
     compute_projections,
+    refresh_projections,
     subspace_iteration,
-    validate_refresh,
 )
-from mecefo_jax.state import TrainState
+from mecefo_jax.parallel import refresh as refresh_lib
+from mecefo_jax.parallel.state import TrainState
 
 N, M, R = 48, 96, 4
 GAP = 0.1  # sigma_{r+1} / sigma_r of the planted spectra
@@ -131,16 +131,17 @@ def test_subspace_iteration_input_errors():
         subspace_iteration(kernel, R, jnp.ones((N, R)), iterations=0)
 
 
-def test_refresh_config_defaults_and_errors_name_the_field():
+def test_refresh_rejects_a_bad_method_or_iteration_count_naming_the_field():
     cfg = base_config()
-    assert validate_refresh(cfg.mecefo.refresh, cfg.mecefo.refresh_iters) == ('subspace', 3)
-    assert validate_refresh('svd', 1) == ('svd', 1)
+    assert (cfg.mecefo.refresh, cfg.mecefo.refresh_iters) == ('subspace', 3)
+    params = {'ffn': {'w_up': {'kernel': jnp.eye(N, M)}}}
+    previous = compute_projections(params, R)
     for bad in ('SVD', 'qr', '', None):
         with pytest.raises(ValueError, match=r"mecefo.refresh must be one of \('svd', 'subspace'\)"):
-            validate_refresh(bad, 2)
+            refresh_projections(params, previous, R, method=bad, iterations=2)
     for bad in (0, -1, 1.5, True, '2', None):
         with pytest.raises(ValueError, match='mecefo.refresh_iters must be an int >= 1'):
-            validate_refresh('subspace', bad)
+            refresh_projections(params, previous, R, method='subspace', iterations=bad)
 
 
 def _ffn_params(kernels):
@@ -161,7 +162,7 @@ def test_refresh_fn_runs_the_configured_method_on_the_state():
     shardings = jax.tree.map(lambda _: device, state)
     exact = compute_projections(after, R)
     for method in ('svd', 'subspace'):
-        fn = step_lib.make_refresh_fn(R, shardings, method=method, iterations=2)
+        fn = refresh_lib.make_refresh_fn(R, shardings, method=method, iterations=2)
         got = fn(jax.tree.map(jnp.copy, state)).projections  # the refresh donates its input
         for path, v in jax.tree_util.tree_leaves_with_path(got):
             ref = exact
@@ -226,8 +227,8 @@ def test_collective_check_sees_a_gathered_kernel():
 
 def test_a_bad_refresh_is_refused_when_the_config_is_resolved(tmp_path):
     from configs import tiny
+    from mecefo_jax.config.schema import ConfigError
     from mecefo_jax.config_resolve import resolve
-    from mecefo_jax.settings import ConfigError
     cfg = tiny.get_config()
     cfg.mecefo.refresh = 'qr'
     with pytest.raises(ConfigError, match=r"mecefo\.refresh='qr'.*--config\.mecefo\.refresh"):

@@ -10,13 +10,13 @@ import time
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import train as train_lib
+from mecefo_jax.checkpointing import checkpoint as ckpt_lib
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.metrics import read_metrics
-from mecefo_jax.observers import Observer
-from mecefo_jax.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard
-from mecefo_jax.resume import WorkdirHoldsRunError
+from mecefo_jax.training import loop as train_lib
+from mecefo_jax.training.metrics import read_metrics
+from mecefo_jax.training.observers import Observer
+from mecefo_jax.training.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard
+from mecefo_jax.training.resume import WorkdirHoldsRunError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -4,7 +4,7 @@ import os
 import jax
 import numpy as np
 
-from mecefo_jax import main
+from mecefo_jax import run as run_lib
 
 
 def assert_params_equal_simulated(workdir, cfg, sim_dir, replicas):
@@ -16,10 +16,10 @@ def assert_params_equal_simulated(workdir, cfg, sim_dir, replicas):
     the replicas differs from the in-process one. Measured ~3e-7 of each leaf's
     scale after 14 steps; 1e-5 leaves room for 8 steps of AdamW amplifying that.
     """
-    from mecefo_jax.train import build_run
+    from mecefo_jax.training.run_setup import build_run
     sim_dir = str(sim_dir)
     run = build_run(cfg, sim_dir, replica_rows=[(d,) for d in jax.devices()[:replicas]])
-    simulated = main.run(cfg, sim_dir, run=run)['state'].params
+    simulated = run_lib.run(cfg, sim_dir, run=run)['state'].params
     real = np.load(os.path.join(workdir, 'launch', 'final_params.npz'))
     for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(simulated)):
         name = jax.tree_util.keystr(path)

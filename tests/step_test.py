@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.step: the combined MeCeFO gradient over a device mesh.
+"""Tests for mecefo_jax.parallel.step: the combined MeCeFO gradient over a device mesh.
 
 Every expected gradient is written out here from single-device `jax.grad`
 calls on `token_loss_sum`, then compared with the shard_map step on fake CPU
@@ -16,9 +16,10 @@ from flax import linen as nn
 from tree_asserts import assert_tree_close
 
 from configs import tiny
-from mecefo_jax import sharding, state, step
 from mecefo_jax.config_resolve import resolve, updated
-from mecefo_jax.layout import (
+from mecefo_jax.model.llama import build_model, init_params
+from mecefo_jax.neighbour.attention_skip import is_attention_branch
+from mecefo_jax.neighbour.layout import (
     ROLE_MIXED,
     ROLE_NEIGHBOUR,
     ROLE_NORMAL,
@@ -28,8 +29,8 @@ from mecefo_jax.layout import (
     assemble,
     full_layout,
 )
-from mecefo_jax.model import build_model, init_params, is_attention_branch
-from mecefo_jax.projections import compute_projections
+from mecefo_jax.neighbour.projections import compute_projections
+from mecefo_jax.parallel import sharding, state, step
 
 N_SHARDS, SHARD_BATCH, T = 8, 2, 9  # 8 batch shards of 2 sequences, 8 predicted tokens each
 TOKENS_PER_SHARD = SHARD_BATCH * (T - 1)
@@ -343,7 +344,7 @@ def test_no_attention_gradient_leaves_attention_and_its_adam_state_untouched(set
     rate, so without the rule momentum and weight decay would move attention.
     """
     from configs import tiny as tiny_cfg
-    from mecefo_jax import optim
+    from mecefo_jax.model import optim
     _, params, projections, tokens_nbt = setup
     # A non-zero learning rate from the first step.
     train_cfg = updated(resolve(tiny_cfg.get_config()), {'train.warmup_fraction': 0.0}).train
@@ -502,7 +503,7 @@ def test_the_neighbours_trust_weighs_its_rows_gradient_and_count(setup, referenc
 
 
 def test_the_trust_tree_trusts_the_top_blocks_only():
-    from mecefo_jax.combination import trust_tree
+    from mecefo_jax.neighbour.combination import trust_tree
     model = build_model(resolve(tiny.get_config()), num_layers=3, neighbour_weight=0.5,
                         trust_top_blocks=2)
     params = jax.eval_shape(lambda: nn.unbox(init_params(model, jax.random.key(0))))
@@ -540,7 +541,7 @@ def test_without_ffn_kernel_gradients_the_neighbour_counts_as_dropped_for_them(s
 def test_attention_in_the_top_blocks_counts_the_neighbours_rows_there():
     """mecefo.attention_top_blocks: the blocks whose attention backward the neighbour
     computes average their attention over every row; the others over the exact rows."""
-    from mecefo_jax.combination import trust_tree
+    from mecefo_jax.neighbour.combination import trust_tree
     model = build_model(resolve(tiny.get_config()), num_layers=3, attention_top_blocks=1)
     params = jax.eval_shape(lambda: nn.unbox(init_params(model, jax.random.key(0))))
     trust = trust_tree(model.cfg, params)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mecefo_jax.faults.strategies import STRATEGIES, AllReplicasDownError, adopters, layout_for, ring_order
-from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program, assemble
+from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program, assemble
 
 N = 8
 B = 4  # examples per shard

@@ -13,18 +13,25 @@ PACKAGE = ROOT / 'mecefo_jax'
 MAX_MODULE_LINES = 400
 
 # The layers, lowest first: a module imports only modules of its own layer or
-# of lower ones. A module belongs to the layer of the longest prefix naming it
-# (`mecefo_jax` alone: the core, every top-level module not named elsewhere).
+# of lower ones. A module belongs to the layer of the longest prefix naming it.
 LAYERS = (
-    ('settings', ('mecefo_jax.settings',)),  # the config's types: imports nothing
-    ('core', ('mecefo_jax',)),  # model, step, data, training loop, checkpoints
+    ('schema', ('mecefo_jax.config.schema',)),  # the config's types: imports nothing
+    ('host', ('mecefo_jax.host',)),  # files, locks, disk space, processes
+    ('config', ('mecefo_jax.config',)),  # the defaults and the run's record of its config
+    ('checkpointing', ('mecefo_jax.checkpointing',)),  # checkpoints on disk
     ('snapshot', ('mecefo_jax.snapshot',)),  # keepers and what they hold
+    ('data', ('mecefo_jax.data',)),  # sources, tokenizer, pipeline
+    ('neighbour', ('mecefo_jax.neighbour',)),  # MeCeFO's approximate backward
+    ('model', ('mecefo_jax.model',)),  # LLaMA, loss, optimizer
+    ('parallel', ('mecefo_jax.parallel',)),  # mesh, state, step, topologies
+    ('training', ('mecefo_jax.training',)),  # the loop and what it drives
     ('faults', ('mecefo_jax.faults',)),  # failure schedules, strategies, controllers
-    ('config', ('mecefo_jax.config', 'mecefo_jax.config_rules', 'mecefo_jax.config_resolve')),
-    ('entry', ('mecefo_jax.main', 'mecefo_jax.command_line')),  # what a command line runs
+    ('checks', ('mecefo_jax.config_rules', 'mecefo_jax.config_resolve')),  # a config checked
+    ('entry', ('mecefo_jax', 'mecefo_jax.run', 'mecefo_jax.main',
+               'mecefo_jax.command_line')),  # what a command line runs
     ('launch', ('mecefo_jax.launch',)),  # the launcher on Ray
-    ('experiments', ('mecefo_jax.experiments',)),  # measurements; nothing imports them
 )
+MAX_ROOT_MODULES = 8
 MAX_FUNCTION_LINES = 80
 
 
@@ -36,20 +43,25 @@ def _module_name(path: pathlib.Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob('*.py'))}
 
 
+def _imported_names(path: pathlib.Path) -> list[str]:
+    """Every module name `path` imports anywhere, lazy and TYPE_CHECKING imports included."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module] + [f'{node.module}.{a.name}' for a in node.names]
+    return names
+
+
 def _imports(path: pathlib.Path) -> set[str]:
     """The project modules `path` imports anywhere (the longest known prefix of each)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f'{node.module}.{a.name}' for a in node.names]
-        for name in names:
-            while name and name not in MODULES:
-                name = name.rpartition('.')[0]
-            if name:
-                found.add(name)
+    for name in _imported_names(path):
+        while name and name not in MODULES:
+            name = name.rpartition('.')[0]
+        if name:
+            found.add(name)
     return found
 
 
@@ -59,11 +71,15 @@ def _graph() -> dict[str, set[str]]:
             for m, p in MODULES.items()}
 
 
-def test_the_library_never_imports_the_experiments():
-    offenders = {m: sorted(t for t in targets if t.startswith('mecefo_jax.experiments'))
-                 for m, targets in _graph().items()
-                 if not m.startswith('mecefo_jax.experiments')}
+def test_the_library_never_imports_the_studies():
+    offenders = {m: sorted(n for n in _imported_names(p) if n == 'studies' or n.startswith('studies.'))
+                 for m, p in MODULES.items()}
     assert not {m: t for m, t in offenders.items() if t}, offenders
+
+
+def test_the_package_root_holds_few_modules():
+    root = sorted(p.name for p in PACKAGE.glob('*.py'))
+    assert len(root) <= MAX_ROOT_MODULES, root
 
 
 def test_there_is_no_import_cycle():
@@ -103,18 +119,19 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_the_settings_layer_imports_nothing_of_the_project():
-    assert _graph()['mecefo_jax.settings'] == set()
+    assert _graph()['mecefo_jax.config.schema'] == set()
 
 
 def test_every_module_stays_small():
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
-             for p in sorted(PACKAGE.rglob('*.py'))}
+             for p in sorted(list(PACKAGE.rglob('*.py')) + list((ROOT / 'studies').rglob('*.py')))}
     assert {n: s for n, s in sizes.items() if s > MAX_MODULE_LINES} == {}
 
 
 def test_no_function_outside_tests_is_over_80_lines():
     long = []
-    for path in sorted(list(PACKAGE.rglob('*.py')) + list((ROOT / 'scripts').glob('*.py'))):
+    for path in sorted(list(PACKAGE.rglob('*.py')) + list((ROOT / 'scripts').glob('*.py'))
+                       + list((ROOT / 'studies').rglob('*.py'))):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
@@ -124,6 +141,7 @@ def test_no_function_outside_tests_is_over_80_lines():
 
 
 def test_every_package_says_what_it_owns():
-    silent = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob('__init__.py')
+    silent = [str(p.relative_to(ROOT)) for p in list(PACKAGE.rglob('__init__.py'))
+              + list((ROOT / 'studies').rglob('__init__.py'))
               if not ast.get_docstring(ast.parse(p.read_text()))]
     assert not silent, silent

@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax import optim
 from mecefo_jax.config_resolve import resolve, updated
 from mecefo_jax.config_rules import ConfigError
-from mecefo_jax.experiments import goodput
-from mecefo_jax.experiments import time_to_target as ttt
-from mecefo_jax.experiments import time_to_target_report as report_lib
-from mecefo_jax.experiments import time_to_target_settings as setup
-from mecefo_jax.experiments.quality import Run, run_name
-from mecefo_jax.experiments.replay import replay
-from mecefo_jax.experiments.report import bootstrap_mean
 from mecefo_jax.faults.schedule import events_from_config, parse_events
+from mecefo_jax.model import optim
+from studies import goodput
+from studies import time_to_target as ttt
+from studies import time_to_target_report as report_lib
+from studies import time_to_target_settings as setup
+from studies.quality import Run, run_name
+from studies.replay import replay
+from studies.report import bootstrap_mean
 
 
 @pytest.fixture(scope='module')
@@ -113,7 +113,7 @@ EVENTS = '3:4:3'  # replica 4 down for steps 3, 4 and 5
 def trained(smoke, tmp_path_factory, monkeypatch_module):
     """elastic and checkpoint_restart under EVENTS, and mecefo from step 0 instead of from
     the fault-free state; and the steps checkpoint/restart saved."""
-    from mecefo_jax.checkpoint import Checkpointer
+    from mecefo_jax.checkpointing.checkpoint import Checkpointer
     report, out, cfg, settings, _ = smoke
     cfg = updated(cfg, {'train.eval_batches': report['eval']['eval_batches']})  # as the smoke ran
     saved = []
@@ -361,7 +361,7 @@ def test_the_default_strategy_is_the_one_the_paper_like_measurement_chose():
     cap are those of the run with the best mean goodput at the verdict study's `paper_like`
     point, over its six seeds or more, under the analytic step costs and under the H200's
     measured ones alike; the README gives its figure in bold."""
-    from mecefo_jax.experiments import verdict_points as vp
+    from studies import verdict_points as vp
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, 'docs', 'results', 'verdict.json')) as f:
         point = json.load(f)['points']['paper_like']

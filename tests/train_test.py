@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import resume
-from mecefo_jax import train as train_lib
+from mecefo_jax.checkpointing import checkpoint as ckpt_lib
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.metrics import read_metrics
+from mecefo_jax.training import loop as train_lib
+from mecefo_jax.training import resume, run_setup
+from mecefo_jax.training.metrics import read_metrics
 
 STEPS = 12
 
@@ -91,7 +91,7 @@ def test_non_finite_loss_stops_after_saving_last_good_state(cache_dir, tmp_path,
     ckpt = ckpt_lib.Checkpointer(os.path.join(tmp_path, 'checkpoints'), save_every=100)
     step = ckpt.latest_step()
     assert step is not None and 0 < step < STEPS
-    run = train_lib.build_run(cfg, str(tmp_path / 'probe'))
+    run = run_setup.build_run(cfg, str(tmp_path / 'probe'))
     state, data_state = resume.restore_onto(run, ckpt, run.topologies.get(run.full_rows))
     assert int(state.step) == step
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
@@ -99,7 +99,7 @@ def test_non_finite_loss_stops_after_saving_last_good_state(cache_dir, tmp_path,
     # The saved data position belongs to the saved state: resuming feeds the
     # failed step's batch again, not the one after it. The reference is a
     # fresh pipeline advanced by the `step` batches the good steps consumed.
-    reference = train_lib.build_run(cfg, str(tmp_path / 'reference')).train_data
+    reference = run_setup.build_run(cfg, str(tmp_path / 'reference')).train_data
     for _ in range(step):
         next(reference)
     failed_batch = next(reference)

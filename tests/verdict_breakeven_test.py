@@ -7,13 +7,13 @@ import pytest
 
 from configs.small import get_config
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.experiments import time_to_target_report as ttt_report
-from mecefo_jax.experiments import verdict_breakeven as vb
-from mecefo_jax.experiments import verdict_model as vm
-from mecefo_jax.experiments import verdict_points as vp
-from mecefo_jax.experiments import verdict_report as vr
-from mecefo_jax.experiments.goodput import TimeModel
-from mecefo_jax.experiments.runs import run_name
+from studies import time_to_target_report as ttt_report
+from studies import verdict_breakeven as vb
+from studies import verdict_model as vm
+from studies import verdict_points as vp
+from studies import verdict_report as vr
+from studies.goodput import TimeModel
+from studies.runs import run_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POINT = vp.POINTS['paper_like']

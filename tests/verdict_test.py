@@ -13,10 +13,10 @@ import pytest
 
 from configs.small import get_config
 from mecefo_jax.config_resolve import resolve
-from mecefo_jax.experiments import verdict_model as vm
-from mecefo_jax.experiments import verdict_points as vp
-from mecefo_jax.experiments import verdict_report as vr
-from mecefo_jax.experiments.runs import run_name
+from studies import verdict_model as vm
+from studies import verdict_points as vp
+from studies import verdict_report as vr
+from studies.runs import run_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, 'docs', 'results')

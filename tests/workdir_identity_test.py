@@ -3,8 +3,8 @@ import os
 
 import pytest
 
+from mecefo_jax.host.workdir_lock import WorkdirLock, WorkdirLockedError
 from mecefo_jax.launch import ray_cluster
-from mecefo_jax.workdir_lock import WorkdirLock, WorkdirLockedError
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def test_the_lock_taken_through_one_path_refuses_the_other(two_paths):
 
 
 def test_a_workdir_that_is_a_file_or_not_writable_is_named_with_the_fix(tmp_path, monkeypatch):
-    from mecefo_jax.workdir_lock import WorkdirUnusableError
+    from mecefo_jax.host.workdir_lock import WorkdirUnusableError
     a_file = tmp_path / 'notes.txt'
     a_file.write_text('x')
     with pytest.raises(WorkdirUnusableError, match='is a file, not a directory'):

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from mecefo_jax.workdir_lock import LOCK_FILENAME, WorkdirLock, WorkdirLockedError
+from mecefo_jax.host.workdir_lock import LOCK_FILENAME, WorkdirLock, WorkdirLockedError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Takes the lock, says so on stdout, then holds it until stdin closes; with
 # 'crash' it exits without releasing, as a SIGKILLed run would.
 _HOLDER = """
 import os, sys
-from mecefo_jax.workdir_lock import WorkdirLock
+from mecefo_jax.host.workdir_lock import WorkdirLock
 lock = WorkdirLock(sys.argv[1]).acquire()
 print('held', flush=True)
 if sys.argv[2] == 'crash':
@@ -57,7 +57,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     proc = _holder(tmp_path, 'crash')
     assert proc.wait() == 0  # dead and reaped, its lock file left behind
     assert json.loads((tmp_path / LOCK_FILENAME).read_text())['pid'] == proc.pid
-    with caplog.at_level(logging.WARNING, logger='mecefo_jax.workdir_lock'):
+    with caplog.at_level(logging.WARNING, logger='mecefo_jax.host.workdir_lock'):
         with WorkdirLock(tmp_path):
             assert json.loads((tmp_path / LOCK_FILENAME).read_text())['pid'] == os.getpid()
     assert any('stale lock' in r.getMessage() and str(proc.pid) in r.getMessage()

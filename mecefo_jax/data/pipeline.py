@@ -33,9 +33,9 @@ from typing import Any
 import grain
 import numpy as np
 
+from mecefo_jax.config.schema import DataSection
 from mecefo_jax.data import sources as data_sources
 from mecefo_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
-from mecefo_jax.settings import DataSection
 
 # Validation batches use a fixed shuffle seed so that eval numbers are computed
 # on the same batches whatever data.seed a training run uses.

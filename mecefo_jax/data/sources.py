@@ -53,8 +53,8 @@ import tokenize
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from mecefo_jax.config.schema import DataSection
 from mecefo_jax.data import python_docs
-from mecefo_jax.settings import DataSection
 
 SPLITS = ('train', 'validation')
 

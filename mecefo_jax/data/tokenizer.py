@@ -31,9 +31,9 @@ from typing import Any
 
 import sentencepiece as spm
 
-from mecefo_jax import atomic_file, multihost
+from mecefo_jax.config.schema import DataSection
 from mecefo_jax.data import sources as data_sources
-from mecefo_jax.settings import DataSection
+from mecefo_jax.host import atomic_file, multihost
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # Bump when the training recipe below changes, so stale cached models are not reused.

@@ -28,8 +28,6 @@ import time
 
 import jax
 
-from mecefo_jax import multihost
-from mecefo_jax import projections as proj_lib
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import (
@@ -39,7 +37,10 @@ from mecefo_jax.faults.strategies import (
     strategy_spec,
     validate_strategy,
 )
-from mecefo_jax.topology import Plan, move_state
+from mecefo_jax.host import multihost
+from mecefo_jax.neighbour import projections as proj_lib
+from mecefo_jax.parallel.transfer import move_state
+from mecefo_jax.training.controller import Plan
 
 
 @dataclasses.dataclass
@@ -75,7 +76,7 @@ class FaultController:
         cfg = run.cfg
         self.run, self.schedule = run, schedule
         self.strategy = validate_strategy(strategy)
-        self.tau = proj_lib.validate_tau(cfg.mecefo.tau)
+        self.tau = cfg.mecefo.tau
         # Whether a neighbour reads the held projections V (else they are never refreshed).
         self.uses_projections = cfg.mecefo.projection == 'weights'
         self.planner = (config_planner(cfg, run.shard_batch)
@@ -236,7 +237,7 @@ def _load_refresh(topology, state) -> float:
     """Seconds to get the topology's refresh program ready (from the program cache, or
     compiled): charged to the event's compile_sec, so refresh_sec times the refresh alone.
     Without the program cache the refresh stays a plain jitted call, compiled on first use."""
-    from mecefo_jax import program_cache
+    from mecefo_jax.parallel import program_cache
     if not program_cache.enabled() or not hasattr(topology.refresh, 'compile'):
         return 0.0
     start = time.perf_counter()

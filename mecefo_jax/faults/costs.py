@@ -61,8 +61,8 @@ from typing import Any
 
 import numpy as np
 
+from mecefo_jax.config.schema import PROJECTION_RULES
 from mecefo_jax.faults.refresh_costs import ffn_kernels, thin_qr_flops
-from mecefo_jax.settings import PROJECTION_RULES
 
 PEAK_FLOPS_A100_BF16 = 312e12  # A100 dense bf16 tensor-core peak, FLOP/s
 
@@ -75,14 +75,15 @@ class ModelShape:
     num_layers: int
     num_heads: int
     ffn_hidden: int
-    vocab_size: int = 32000
+    vocab_size: int
 
 
+PAPER_VOCAB = 32000  # the LLaMA tokenizer's vocabulary, as the paper's C4 runs use
 # The paper's Table-2 models (LLaMA on C4).
 PAPER_MODELS: dict[str, ModelShape] = {
-    '350M': ModelShape('350M', 1024, 24, 16, 2736),
-    '1B': ModelShape('1B', 2048, 24, 32, 5461),
-    '7B': ModelShape('7B', 4096, 32, 32, 11008),
+    '350M': ModelShape('350M', 1024, 24, 16, 2736, PAPER_VOCAB),
+    '1B': ModelShape('1B', 2048, 24, 32, 5461, PAPER_VOCAB),
+    '7B': ModelShape('7B', 4096, 32, 32, 11008, PAPER_VOCAB),
 }
 
 
@@ -186,8 +187,7 @@ class CostTable:
         for name in ('exact', 'neighbour'):
             pts = getattr(self, name)
             if not pts or any(not (x > 0 and c > 0) for x, c in pts):
-                raise ValueError(f'CostTable.{name} needs (shards > 0, cost > 0) points, '
-                                 f'got {pts!r}.')
+                raise ValueError(f'CostTable.{name} needs (shards > 0, cost > 0) points, got {pts!r}.')
         if not (self.step_sec > 0 and self.plain > 0 and self.refresh_sec >= 0
                 and self.refresh_split_sec >= 0):
             raise ValueError(f'CostTable needs step_sec > 0 and plain > 0, got '

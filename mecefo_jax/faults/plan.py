@@ -21,7 +21,7 @@ from __future__ import annotations
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults.planner import Planner, attention_share, program_cost
 from mecefo_jax.faults.strategies import STRATEGIES, layout_for
-from mecefo_jax.layout import ROLE_NAMES, ROLE_NORMAL, Layout
+from mecefo_jax.neighbour.layout import ROLE_NAMES, ROLE_NORMAL, Layout
 
 
 def cost_table(cfg, spec: str, shard: int) -> costs_lib.CostTable:
@@ -45,7 +45,7 @@ def cost_table(cfg, spec: str, shard: int) -> costs_lib.CostTable:
 
 
 def _rank(cfg) -> int:
-    from mecefo_jax.projections import resolve_rank  # imports jax; nothing is compiled
+    from mecefo_jax.neighbour.projections import resolve_rank  # imports jax; nothing is compiled
     return resolve_rank(cfg.mecefo.rank, cfg.model.d_model, cfg.model.ffn_hidden)
 
 

@@ -64,7 +64,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mecefo_jax.faults import costs as costs_lib
-from mecefo_jax.layout import ROLE_MIXED, ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program
+from mecefo_jax.neighbour.layout import ROLE_MIXED, ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program
 
 # cost(role, rows) in any unit; rows an int or an int array (then an array of costs).
 Cost = Callable[[int, 'int | np.ndarray'], 'float | np.ndarray']
@@ -345,7 +345,7 @@ def config_planner(cfg, shard: int) -> Planner:
     Analytic, not timed, so that every host computes the same layout from
     the config alone (attention counted as multi-head).
     """
-    from mecefo_jax.projections import resolve_rank  # jax: only for a training run
+    from mecefo_jax.neighbour.projections import resolve_rank  # jax: only for a training run
     rank = resolve_rank(cfg.mecefo.rank, cfg.model.d_model, cfg.model.ffn_hidden)
     table = costs_lib.analytic_table(
         costs_lib.shape_of(cfg.model), seq_len=cfg.data.seq_len, replica_seqs=shard, rank=rank,

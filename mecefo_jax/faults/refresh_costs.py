@@ -4,7 +4,7 @@ MeCeFO recomputes the FFN projections V at each neighbour onset and every
 `tau` steps while a neighbour is active (Hu et al., NeurIPS 2025, arXiv
 2510.16415). The library's default refresh (`mecefo.refresh=subspace`) is
 randomized subspace iteration (Halko, Martinsson & Tropp, 2011) and its
-products are split over the live data-parallel replicas (`step.make_refresh_fn`:
+products are split over the live data-parallel replicas (`refresh.make_refresh_fn`:
 the kernels are identical on every replica), so a refresh costs a replica
 
 * 1/live of the products ``4 n m r`` per kernel and iteration,
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from mecefo_jax.config.defaults import DEFAULT_SPLIT_MIN_ELEMENTS
+
 # Effective TFLOP/s of the refresh's products and QRs on a GPU: an assumption, not a
 # measurement, kept low on purpose (float32 at HIGHEST precision, skinny r-wide
 # products and LAPACK-style QRs run far below dense bf16 peak).
 DEFAULT_REFRESH_TFLOPS = 1.0
-# As mecefo.refresh_split_min_elements: smaller kernels refresh whole on every replica.
-DEFAULT_SPLIT_MIN_ELEMENTS = 1 << 18
 # Per-GPU bandwidth between data-parallel replicas on different nodes: one 200 Gb/s
 # HDR InfiniBand port per A100 in a DGX A100 (NVIDIA's DGX A100 datasheet), 25 GB/s.
 DEFAULT_LINK_GBPS = 25.0

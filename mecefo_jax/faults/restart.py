@@ -13,9 +13,9 @@ per event), not measured.
 import os
 import time
 
-from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import resume
+from mecefo_jax.checkpointing import checkpoint as ckpt_lib
 from mecefo_jax.faults.controller import FaultController
+from mecefo_jax.training import resume
 
 
 class RestartController(FaultController):

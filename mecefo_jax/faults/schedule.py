@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from mecefo_jax.settings import FaultSection
+from mecefo_jax.config.schema import FaultSection
 
 # name -> (mtbf_hours, mttr_hours), cluster-wide, from the MeCeFO paper.
 REGIMES: dict[str, tuple[float, float]] = {

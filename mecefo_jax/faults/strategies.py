@@ -45,7 +45,7 @@ import dataclasses
 import enum
 
 from mecefo_jax.faults.planner import Planner
-from mecefo_jax.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
+from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
 
 
 class Orphans(enum.Enum):

@@ -40,11 +40,11 @@ def main(argv):
         sys.exit('launch: --config and --nprocs are required (or --cleanup).')
     from mecefo_jax.config_resolve import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
+    from mecefo_jax.host.workdir_lock import WorkdirError, WorkdirLock
     from mecefo_jax.launch import ray_cluster
     from mecefo_jax.launch.exits import WorkerProgramError
     from mecefo_jax.launch.supervisor import Launcher
-    from mecefo_jax.preemption import EXIT_PREEMPTED
-    from mecefo_jax.workdir_lock import WorkdirError, WorkdirLock
+    from mecefo_jax.training.preemption import EXIT_PREEMPTED
     try:
         lock = WorkdirLock(_WORKDIR.value).acquire()  # one job per workdir
     except WorkdirError as error:
@@ -86,8 +86,8 @@ def _cleanup() -> None:
     """--cleanup: what a killed launcher left, never a running job's (its lock is live)."""
     import os
 
+    from mecefo_jax.host.workdir_lock import WorkdirError, WorkdirLock, WorkdirLockedError
     from mecefo_jax.launch.cleanup import cleanup
-    from mecefo_jax.workdir_lock import WorkdirError, WorkdirLock, WorkdirLockedError
     if not os.path.isdir(_WORKDIR.value):  # no lock to hold, and nothing to make
         print(json.dumps(cleanup(_WORKDIR.value, _ADDRESS.value), indent=2))
         return

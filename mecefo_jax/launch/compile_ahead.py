@@ -5,7 +5,7 @@ job over one worker fewer (process ids renumbered 0..N-2 in member order),
 with the dead worker's replicas marked down: a new topology whose train
 step, eval step and projection refresh would be compiled on the way back.
 This module compiles them beforehand, into the program cache
-(`mecefo_jax.program_cache`) that every process of the relaunch reads.
+(`mecefo_jax.parallel.program_cache`) that every process of the relaunch reads.
 
 After the first generation's first step the launcher starts a background
 thread that runs, for every single-worker loss that leaves a whole replica,
@@ -26,7 +26,7 @@ import resource
 import threading
 import time
 
-from mecefo_jax import atomic_file
+from mecefo_jax.host import atomic_file
 from mecefo_jax.launch import actors
 
 REPORT = 'compile_ahead.json'
@@ -187,21 +187,21 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     """Member: join the survivors' job and compile what their relaunch will ask for."""
     import jax
 
-    from mecefo_jax import program_cache
+    from mecefo_jax.parallel import program_cache
     placement_members = [w for w in range(workers) if w != lost]
     program_cache.configure(cfg.launch.compilation_cache, workdir,
                             program_cache.program_context(cfg))
     from mecefo_jax.launch.coordinator import join
     join(coordinator, len(placement_members), process_id)
-    from mecefo_jax import aot
-    from mecefo_jax import train as train_lib
     from mecefo_jax.faults.controller import FaultController
     from mecefo_jax.launch import placement as placement_lib
+    from mecefo_jax.parallel import aot
+    from mecefo_jax.training import run_setup
     placement = placement_lib.Placement(workers, cfg.launch.local_devices,
                                         cfg.mesh.model)
     rows = placement_lib.replica_rows(placement, placement_members, jax.devices())
     scratch = os.path.join(workdir, 'launch', 'compile_ahead', f'lost{lost}')
-    run = train_lib.build_run(cfg, scratch, replica_rows=rows, checkpoint_every=0)
+    run = run_setup.build_run(cfg, scratch, replica_rows=rows, checkpoint_every=0)
     # The relaunch's controller starts on the present replicas' topology and
     # layout, and its first prepare compiles exactly these (see _transition).
     controller = FaultController.from_config(cfg, run)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import os
 
-from mecefo_jax import atomic_file
-from mecefo_jax.config_record import ABSENT, config_differences, override_flag
+from mecefo_jax.config.record import ABSENT, config_differences, override_flag
+from mecefo_jax.host import atomic_file
 
 RECORD = 'config.json'
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from mecefo_jax.config.schema import Config
 from mecefo_jax.launch.compile_ahead import CompileAhead
 from mecefo_jax.launch.keepers import JobKeepers
 from mecefo_jax.launch.kills import Injector
 from mecefo_jax.launch.placement import Placement
-from mecefo_jax.settings import Config
 
 
 @dataclasses.dataclass

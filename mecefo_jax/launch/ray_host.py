@@ -21,7 +21,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from mecefo_jax import atomic_file  # noqa: E402
+from mecefo_jax.host import atomic_file  # noqa: E402
 
 # A node whose raylet stops answering is declared dead after about
 # period x threshold (Ray's defaults take 15 s or more): the launcher must

@@ -15,7 +15,7 @@ import os
 import secrets
 import stat
 
-from mecefo_jax import atomic_file
+from mecefo_jax.host import atomic_file
 
 
 class TokenExposedError(PermissionError):

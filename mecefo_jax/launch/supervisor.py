@@ -45,6 +45,7 @@ import signal
 import threading
 import time
 
+from mecefo_jax.config.schema import Config
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch import actors, config_record, generation, ray_cluster, recovery_plan, recovery_report
 from mecefo_jax.launch.compile_ahead import CompileAhead
@@ -57,7 +58,6 @@ from mecefo_jax.launch.outcome import Outcome, decided, failed, hung, preempted
 from mecefo_jax.launch.placement import WHOLE_SNAPSHOTS, Placement, assign_nodes, node_loss_plan
 from mecefo_jax.launch.ray_cluster import alive_nodes, namespace_of
 from mecefo_jax.launch.standby import Standbys
-from mecefo_jax.settings import Config
 
 _POLL_SEC = 0.05
 

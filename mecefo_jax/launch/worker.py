@@ -4,7 +4,7 @@ The launcher creates a `Worker` actor per worker and generation, on the
 node of that worker's keeper, and calls `run(WorkerArgs)`: the worker joins
 the generation's `jax.distributed` job, restores the state (from the
 keepers' in-memory snapshots, the Orbax checkpoint, or a fresh init), and
-trains through `main.run` under the fault controller, with the replicas of
+trains through `run.run` under the fault controller, with the replicas of
 absent workers marked down, so `fault.strategy` absorbs their shards
 (`drop` skips them; MeCeFO places them on live neighbours). It snapshots
 the state into its keeper after every `snapshot.every` steps and stops at `stop_at` when the
@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from mecefo_jax import atomic_file, workdir_lock
+from mecefo_jax.host import atomic_file, workdir_lock
 from mecefo_jax.launch import worker_records, worker_snapshots
 from mecefo_jax.launch.progress import Progress
 from mecefo_jax.launch.worker_args import WorkerArgs
@@ -72,8 +72,9 @@ class Worker:
         os.nice(19)  # this thread only
         import jax  # noqa: F401  (no backend starts here: XLA_FLAGS still apply)
 
-        from mecefo_jax import main, train  # noqa: F401
+        from mecefo_jax import main  # noqa: F401
         from mecefo_jax.launch import worker_state  # noqa: F401
+        from mecefo_jax.training import loop  # noqa: F401
         self.warmed = time.time()
 
     def is_warm(self) -> bool:
@@ -142,7 +143,7 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     logging.set_verbosity(logging.WARNING)
     # Shared by every worker, generation and compile-ahead job: a program
     # compiled once loads on every process after a relaunch.
-    from mecefo_jax import program_cache
+    from mecefo_jax.parallel import program_cache
     program_cache.configure(cfg.launch.compilation_cache, args.workdir,
                             program_cache.program_context(cfg))
     t0 = time.perf_counter()
@@ -150,8 +151,8 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     join(args.coordinator, len(args.members), args.process_id)
     distributed_init_sec = time.perf_counter() - t0
 
-    from mecefo_jax import train as train_lib
     from mecefo_jax.launch import placement as placement_lib
+    from mecefo_jax.training import run_setup
     placement = placement_lib.Placement(args.workers, cfg.launch.local_devices, cfg.mesh.model)
     placement.check_mesh(cfg.mesh, cfg.data.global_batch_size)
     rows = placement_lib.replica_rows(placement, list(args.members), jax.devices())
@@ -159,7 +160,7 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     # disk tier under the keepers' memory tier (REFT and Orbax's emergency
     # checkpointing keep both), so losing the launcher or a node loses at most
     # the steps since the last save.
-    run = train_lib.build_run(cfg, args.workdir, replica_rows=rows)
+    run = run_setup.build_run(cfg, args.workdir, replica_rows=rows)
 
     info: dict = {}
     restore = worker_snapshots.restore_fn(args, info)
@@ -194,8 +195,8 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
 
 def _train(cfg, args: WorkerArgs, run, restore, observers, actor: Worker):
     """(summary, None), or (None, the saved step) when the launcher asked the job to stop."""
-    from mecefo_jax.main import run as train_run
-    from mecefo_jax.preemption import Preempted, PreemptionGuard
+    from mecefo_jax.run import run as train_run
+    from mecefo_jax.training.preemption import Preempted, PreemptionGuard
     with PreemptionGuard() as preemption:  # JAX's preemption sync picks one step for all
         actor._guarding(preemption)  # noqa: SLF001 (its own actor)
         try:

@@ -14,10 +14,10 @@ import os
 import statistics
 import time
 
-from mecefo_jax import atomic_file
+from mecefo_jax.host import atomic_file
 from mecefo_jax.launch.progress import Progress
 from mecefo_jax.launch.worker_args import WorkerArgs
-from mecefo_jax.observers import Observer  # pure Python: no jax before the actor is up
+from mecefo_jax.training.observers import Observer  # pure Python: no jax before the actor is up
 
 
 def end_record(cfg, args: WorkerArgs, summary: dict, snapshot_hook, *,
@@ -26,7 +26,7 @@ def end_record(cfg, args: WorkerArgs, summary: dict, snapshot_hook, *,
     import jax
     import numpy as np
 
-    from mecefo_jax import program_cache
+    from mecefo_jax.parallel import program_cache
     state = summary.pop('state')
     end = {'worker': args.worker, 'generation': args.generation,
            'params_sha256': _local_params_sha256(state.params),
@@ -91,7 +91,7 @@ class StepLog(Observer):
         import jax
         import numpy as np
 
-        from mecefo_jax.metrics import truncate_rows_after
+        from mecefo_jax.training.metrics import truncate_rows_after
         self.progress.dispatched_step(done.step + 1, done.loss)
         self.dispatched.append(done.dispatched)
         if self.provenance is None and self.provenance_path is not None:
@@ -113,7 +113,7 @@ class StepLog(Observer):
             self._write_start(done)
 
     def _write_start(self, done) -> None:
-        from mecefo_jax import program_cache
+        from mecefo_jax.parallel import program_cache
         events = [e for e in self.events if e.step == done.step]
         restored = self.info.get('restore')
         atomic_file.write_json(self.start_path, dict(

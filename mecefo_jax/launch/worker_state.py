@@ -1,6 +1,6 @@
 """The worker's side of in-memory snapshots: take them after each step, restore after a relaunch.
 
-`SnapshotHook` is an observer of the training loop (mecefo_jax/observers.py).
+`SnapshotHook` is an observer of the training loop (mecefo_jax/training/observers.py).
 Right after step k is dispatched it asks for a copy of this process's shards
 of the step's output state in pinned host memory (device-local
 `jax.device_put`s that return at once; each copy is ordered before the next
@@ -28,9 +28,9 @@ import time
 import jax
 import numpy as np
 
-from mecefo_jax import checkpoint as ckpt_lib
-from mecefo_jax import config_record, multihost
-from mecefo_jax.observers import Observer
+from mecefo_jax.checkpointing import checkpoint as ckpt_lib
+from mecefo_jax.config import record as config_record
+from mecefo_jax.host import multihost
 from mecefo_jax.snapshot import (
     AsyncSnapshotter,
     KeeperClient,
@@ -44,6 +44,7 @@ from mecefo_jax.snapshot import (
 )
 from mecefo_jax.snapshot.cadence import MAX_INTERVAL, AutoCadence
 from mecefo_jax.snapshot.jax_io import SnapshotMismatchError, newest_writer_only
+from mecefo_jax.training.observers import Observer
 
 
 class SnapshotHook(Observer):
@@ -255,7 +256,7 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
 
 def disk_restore(info: dict):
     """A `train(restore=...)` callback restoring the latest Orbax checkpoint, timed."""
-    from mecefo_jax import resume
+    from mecefo_jax.training import resume
 
     def restore_fn(run, topology):
         if run.checkpointer is None or run.checkpointer.latest_step() is None:

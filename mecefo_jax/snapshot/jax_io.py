@@ -29,9 +29,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from mecefo_jax.host.tree_paths import key_names
 from mecefo_jax.snapshot import blob
 from mecefo_jax.snapshot.client import Snapshot
-from mecefo_jax.tree_paths import key_names
 
 _MAX_LISTED = 12
 

@@ -1,0 +1,8 @@
+"""Checkpoints on disk (Orbax), with the data iterator's state.
+
+| module | what it owns |
+|---|---|
+| `checkpoint` | saving and restoring the train state and the data position |
+| `damage` | recognising a damaged step, moving it aside, resuming from an older one |
+| `match` | whether a requested state tree fits a saved one |
+"""

@@ -1,0 +1,125 @@
+"""How the step turns per-row gradient sums into one update: MeCeFO's rule and its trust.
+
+MeCeFO's combination rule (Hu et al., NeurIPS 2025, arXiv 2510.16415): the
+attention branch's parameters (MHA and its norm) are averaged over the rows
+computed exactly, everything else over every row, the neighbour's
+approximate ones included. This module generalises it by the *trust* a
+neighbour-mode row gets: its gradient enters parameter p with a weight
+w_p in [0, 1] and counts w_p towards p's divisor,
+
+    g_p = (S_exact,p + w_p S_neighbour,p) / (T_exact + w_p T_neighbour),
+
+S the gradient sums and T the token counts. w_p = 1 everywhere is the
+paper's rule; w_p = 0 treats the neighbour's rows as dropped for p (the
+`drop_adopters` control's gradient). A parameter the neighbour computes no
+gradient for has w = 0: the attention branch while the neighbour skips it
+in backward (`mecefo.skip_attention`), the FFN kernels under
+`mecefo.projection='none'`. Two settings choose w elsewhere (docs/algorithm.md):
+
+* `mecefo.neighbour_weight` w: one weight everywhere the neighbour is trusted;
+* `mecefo.trust_top_blocks` K (0: every block): the neighbour is trusted in
+  the top K blocks, the final norm and the head only. The attention skip
+  drops part of every cotangent below the top block, so the lower blocks'
+  and the embedding's gradients are the least exact.
+
+The weight is applied in the backward pass itself (`scale_cotangents` on the
+parameters the neighbour rows read), so a mixed program's exact and
+approximate rows still share one backward.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mecefo_jax.neighbour.attention_skip import is_attention_branch
+
+LAYERS = 'layers'  # the scanned blocks' subtree: leaves [num_layers, ...]
+
+
+def is_paper_rule(cfg) -> bool:
+    """Every neighbour gradient fully trusted (the paper's rule): no weights are applied."""
+    return (cfg.neighbour_weight == 1.0 and cfg.trust_top_blocks == 0
+            and cfg.projection != 'none' and not _attention_per_block(cfg))
+
+
+def _attention_per_block(cfg) -> bool:
+    """Some blocks' attention gets neighbour gradients, others none."""
+    return cfg.skip_attention and cfg.attention_top_blocks > 0
+
+
+def _is_ffn_kernel(path) -> bool:
+    names = [str(getattr(k, 'key', k)) for k in path]
+    return names[-1] == 'kernel' and 'ffn' in names
+
+
+def _block_of(path) -> int | None:
+    """The block index of a looped block's leaf (`layers_3/...`), else None."""
+    name = str(getattr(path[0], 'key', path[0]))
+    return int(name[len(LAYERS) + 1:]) if name.startswith(LAYERS + '_') else None
+
+
+def trust_tree(cfg, params):
+    """Params-shaped weights w (a float, or [L, 1, ...] for scanned blocks); None under
+    the paper's rule. `cfg` is the model's config (`model.ModelConfig`)."""
+    if is_paper_rule(cfg):
+        return None
+    w, top, layers = cfg.neighbour_weight, cfg.trust_top_blocks, cfg.num_layers
+    trusted = np.array([w if not top or i >= layers - top else 0.0 for i in range(layers)],
+                       np.float32)
+    # Attention gradients exist where the neighbour computes its attention backward.
+    computed = np.array([not cfg.skip_attention or i >= layers - cfg.attention_top_blocks
+                         for i in range(layers)], np.float32)
+
+    def weight(path, leaf):
+        if _is_ffn_kernel(path) and cfg.projection == 'none':
+            return 0.0
+        per_block = trusted * computed if is_attention_branch(path) else trusted
+        name = str(getattr(path[0], 'key', path[0]))
+        if name == LAYERS:  # scanned: one weight per block, broadcast over the leaf
+            return per_block.reshape((layers,) + (1,) * (np.ndim(leaf) - 1))
+        block = _block_of(path)
+        if block is not None:
+            return float(per_block[block])
+        return 0.0 if top and name == 'embedding' else w
+    return jax.tree_util.tree_map_with_path(weight, params)
+
+
+@jax.custom_vjp
+def _scaled(x, w):
+    return x
+
+
+def _scaled_fwd(x, w):
+    return x, w
+
+
+def _scaled_bwd(w, g):
+    return (g * jnp.asarray(w, g.dtype)).astype(g.dtype), jnp.zeros_like(w)
+
+
+_scaled.defvjp(_scaled_fwd, _scaled_bwd)
+
+
+def scale_cotangents(params, trust):
+    """`params` unchanged forward; their cotangents multiplied by `trust` in backward."""
+    if trust is None:
+        return params
+    return jax.tree.map(lambda p, w: _scaled(p, jnp.asarray(w, jnp.float32)), params, trust)
+
+
+def combine(grad_sums, exact_tokens, neighbour_tokens, trust, skip_attention: bool):
+    """Divide the summed gradients by each parameter's count (module docstring).
+
+    With no count (no exact row for the attention branch, say) a parameter gets no
+    gradient this step.
+    """
+    if trust is None:
+        trust = jax.tree_util.tree_map_with_path(
+            lambda path, _: 0.0 if skip_attention and is_attention_branch(path) else 1.0,
+            grad_sums)
+
+    def average(g, w):
+        count = exact_tokens + jnp.asarray(w, jnp.float32) * neighbour_tokens
+        return jnp.where(count > 0, g / jnp.maximum(count, 1.0), 0.0).astype(g.dtype)
+    return jax.tree.map(average, grad_sums, trust)

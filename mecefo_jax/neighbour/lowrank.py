@@ -1,0 +1,157 @@
+"""Low-rank backward passes for an FFN dense layer (MeCeFO neighbour mode).
+
+This module owns the two rules `mecefo.projection` selects. Both compute an
+ordinary dense matmul forward and keep the activation gradient exact; they
+differ in the subspace the kernel gradient is projected onto:
+
+* `lowrank_dense` ('weights', the paper's rule): the top-r input-side
+  singular directions of the kernel, V, held as state and refreshed every
+  `mecefo.tau` steps (`mecefo_jax.neighbour.projections` computes it);
+* `sketched_dense` ('gradient', this project's addition): a basis of the
+  range of the batch's own kernel gradient, found by a randomized range
+  finder in the backward pass itself; no state, no refresh.
+
+Choosing *when* to use them lives in `mecefo_jax.model.llama`.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.custom_vjp
+def lowrank_dense(x_bn: jax.Array, kernel_nm: jax.Array, v_nr: jax.Array) -> jax.Array:
+    """`x @ kernel` whose kernel gradient is low-rank (MeCeFO neighbour mode).
+
+    Flax stores `kernel = W^T` ([n_in, m_out]) and computes `y = x @ kernel`.
+    With V ([n_in, r]) the top-r left singular vectors of the kernel (= top-r
+    right singular vectors of W), the backward pass returns:
+
+      * G_x      = G_y @ kernel^T                (exact)
+      * G_kernel = V ((x V)^T G_y)  ~= x^T G_y   (low rank; i.e. G_W ~= G_y (x^T V) V^T),
+                   summed over all leading dims of x, in the kernel's dtype
+      * G_v      = 0                             (V is refreshed state, not trained)
+
+    Residuals saved for the backward pass: only the projected activations
+    `x @ V` ([..., r]) plus `kernel` and `V` (parameters/state that are alive
+    anyway). The full activation x ([..., n_in]) is never saved, which is
+    where the memory saving comes from; the FLOP saving is
+    2brn + 2brm + 2rmn instead of 2bmn for the kernel gradient.
+
+    Like a Flax Dense with a compute dtype, the output is in x's dtype (the
+    kernel is cast to x.dtype). Inside `shard_map`, kernel and v must have the
+    same varying axes as x (e.g. `jax.lax.pcast(kernel, 'data', to='varying')`)
+    because the kernel cotangent is per-shard; the caller reduces it.
+    """
+    return x_bn @ kernel_nm.astype(x_bn.dtype)
+
+
+def _lowrank_dense_fwd(x_bn, kernel_nm, v_nr):
+    y_bm = x_bn @ kernel_nm.astype(x_bn.dtype)
+    # Save x V ([..., r]) instead of x ([..., n]): this is the activation-memory saving.
+    xv_br = x_bn @ v_nr.astype(x_bn.dtype)
+    return y_bm, (xv_br, kernel_nm, v_nr)
+
+
+def _lowrank_dense_bwd(res, g_bm):
+    xv_br, kernel_nm, v_nr = res
+    r, m = v_nr.shape[-1], g_bm.shape[-1]
+    g_x_bn = g_bm @ kernel_nm.astype(g_bm.dtype).T
+    # Contract the token dims first ([r, m]) so the n x m product is only formed
+    # once, by the cheap rank-r outer product; accumulate in f32 because the sum
+    # runs over every token of the batch.
+    acc_dtype = jnp.promote_types(jnp.float32, g_bm.dtype)
+    g_rm = jnp.matmul(
+        xv_br.reshape(-1, r).T, g_bm.reshape(-1, m), preferred_element_type=acc_dtype
+    )
+    g_kernel_nm = (v_nr.astype(acc_dtype) @ g_rm).astype(kernel_nm.dtype)
+    # zeros_like keeps v's varying-axes type, so shard_map's vma check accepts it.
+    return g_x_bn, g_kernel_nm, jnp.zeros_like(v_nr)
+
+
+lowrank_dense.defvjp(_lowrank_dense_fwd, _lowrank_dense_bwd)
+
+
+SKETCH_SEED = 20251016  # Omega's seed: fixed, so every device and process draws the same one
+
+
+def sketch_matrix(n_in: int, m_out: int, rank: int) -> jax.Array:
+    """Omega ([m_out, rank], float32, standard Gaussian) of `sketched_dense` for an
+    [n_in, m_out] kernel.
+
+    A function of `SKETCH_SEED` and the shape only: the same on every device,
+    process and step, with no RNG state threaded through training (kernels of
+    one shape, e.g. every layer's w_gate, share it). The key is threefry
+    whatever `jax_default_prng_impl` says, whose bits do not depend on the
+    backend or the sharding. A fixed Omega is enough: the range finder's bound
+    holds for a Gaussian Omega independent of the matrix it sketches, and a
+    batch's gradient does not depend on the Omega that projects it.
+    """
+    root = jax.random.key(SKETCH_SEED, impl='threefry2x32')
+    key = jax.random.fold_in(jax.random.fold_in(root, n_in), m_out)
+    return jax.random.normal(key, (m_out, rank), jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def sketched_dense(x_bn: jax.Array, kernel_nm: jax.Array, rank: int) -> jax.Array:
+    """`x @ kernel` whose kernel gradient is projected onto the range of its own sketch.
+
+    The 'gradient' rule of `mecefo.projection`, this project's addition to
+    MeCeFO (Hu et al., NeurIPS 2025, arXiv 2510.16415), which projects on the
+    kernel's top singular directions (`lowrank_dense`). A W-based projection
+    cannot keep gradient directions outside W's row space: for `w_down`
+    (n_in = h > d) about half the gradient lies there. The batch's kernel
+    gradient G = x^T G_y ([n_in, m_out], summed over tokens) has rank at most
+    the token count and a fast-decaying spectrum, so a randomized rank-r range
+    finder (Halko, Martinsson & Tropp, 2011, Algorithm 4.1) on G keeps most of
+    it. Flax layout: kernel [n_in, m_out], y = x @ kernel. The backward returns
+
+      * G_x      = G_y kernel^T                      (exact)
+      * G_kernel = Q (Q^T x^T G_y)  ~= x^T G_y,      Q = orth(x^T (G_y Omega)) [n_in, r]
+
+    with Omega = `sketch_matrix(n_in, m_out, r)`. When r >= rank(G) (e.g. fewer
+    tokens than r) the gradient is exact. The products run in the order that
+    never forms G: G_y Omega [t, r], x^T (.) [n, r], a thin QR, x Q [t, r],
+    (x Q)^T G_y [r, m], Q (.) [n, m]. With t tokens the kernel gradient costs
+    2tmr + 2tnr (sketch) + 2tnr + 2tmr + 2nmr (projected product) FLOPs plus a
+    thin QR of [n, r] (2nr^2 - 2r^3/3), against 2tnm exact and
+    2tnr + 2tmr + 2nmr for the W-based rule: 2t(n + m)r more than that.
+    Token sums accumulate in float32, as in `lowrank_dense`.
+
+    Residuals: the full input x ([..., n_in], as the exact matmul saves) and the
+    kernel. The W-based rule saves only x V ([..., r]), so this rule gives up
+    that activation-memory saving: a neighbour's FFN kernels keep what a
+    normal device's keep (unless `mecefo.remat_ffn` recomputes them). Like
+    `lowrank_dense`, the output is in x's dtype, and inside `shard_map` the
+    kernel must have x's varying axes (`jax.lax.pcast(kernel, 'data',
+    to='varying')`): its cotangent is per-shard and the caller reduces it.
+    """
+    return x_bn @ kernel_nm.astype(x_bn.dtype)
+
+
+def _sketched_dense_fwd(x_bn, kernel_nm, rank):
+    return x_bn @ kernel_nm.astype(x_bn.dtype), (x_bn, kernel_nm)
+
+
+def _sketched_dense_bwd(rank, res, g_bm):
+    x_bn, kernel_nm = res
+    n, m = kernel_nm.shape
+    g_x_bn = g_bm @ kernel_nm.astype(g_bm.dtype).T
+    acc_dtype = jnp.promote_types(jnp.float32, g_bm.dtype)
+    x_tn, g_tm = x_bn.reshape(-1, n), g_bm.reshape(-1, m)
+
+    def tokens_first(a, b):  # a^T b over the token axis, accumulated in float32
+        return jnp.matmul(a.T, b, preferred_element_type=acc_dtype)
+    omega_mr = sketch_matrix(n, m, rank).astype(g_tm.dtype)
+    sketch_tr = jnp.matmul(g_tm, omega_mr, preferred_element_type=acc_dtype)
+    y_nr = tokens_first(x_tn, sketch_tr.astype(x_tn.dtype))
+    q_nr = jnp.linalg.qr(y_nr, mode='reduced')[0]
+    xq_tr = jnp.matmul(x_tn, q_nr.astype(x_tn.dtype), preferred_element_type=acc_dtype)
+    g_rm = tokens_first(xq_tr.astype(x_tn.dtype), g_tm)
+    g_kernel_nm = (q_nr @ g_rm).astype(kernel_nm.dtype)
+    return g_x_bn, g_kernel_nm
+
+
+sketched_dense.defvjp(_sketched_dense_fwd, _sketched_dense_bwd)

@@ -1,0 +1,297 @@
+"""Projection state for MeCeFO's low-rank FFN gradients.
+
+This module owns the V matrices used by `mecefo_jax.neighbour.lowrank.lowrank_dense`:
+which kernels get one (the FFN kernels), how large r is (`resolve_rank`),
+how V is computed (top-r left singular vectors of the Flax kernel: exactly by
+SVD, or cheaply by randomized subspace iteration warm-started from the held V,
+`mecefo.refresh`), and when it is recomputed (`needs_refresh`: at failure
+onset and every `tau` steps while some device runs in neighbour mode).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+FFN_KERNEL_NAMES = ('w_gate', 'w_up', 'w_down')
+REFRESH_METHODS = ('svd', 'subspace')
+
+
+def resolve_rank(rank: Any, n_in: int, m_out: int, field: str = 'mecefo.rank') -> int:
+    """Turns the configured rank into an absolute r for an [n_in, m_out] kernel.
+
+    An int >= 1 is absolute; a float in (0, 1] is a fraction of
+    min(n_in, m_out), rounded half-up and at least 1. A whole-number float
+    > 1 is absolute too: ConfigDict locks `mecefo.rank` to float, so
+    `--config.mecefo.rank=128` arrives as 128.0. Anything else raises
+    ValueError naming `field`, so a bad config fails at startup rather than
+    inside a jitted SVD.
+    """
+    if n_in < 1 or m_out < 1:
+        raise ValueError(f'{field}: kernel dims must be >= 1, got [{n_in}, {m_out}]')
+    max_rank = min(n_in, m_out)
+    valid = f'an int in [1, {max_rank}] or a float fraction in (0, 1]'
+    # bool is an Integral; True silently meaning r=1 would hide a config typo.
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Real):
+        raise ValueError(f'{field} must be {valid}; got {rank!r}')
+    if isinstance(rank, numbers.Integral) or (float(rank) > 1.0 and float(rank).is_integer()):
+        r = int(rank)
+        if not 1 <= r <= max_rank:
+            raise ValueError(f'{field} must be {valid}; got {r}')
+        return r
+    frac = float(rank)
+    if not 0.0 < frac <= 1.0:  # also rejects NaN
+        raise ValueError(f'{field} must be {valid}; got {rank!r}')
+    return max(1, min(max_rank, math.floor(frac * max_rank + 0.5)))
+
+
+def _check_tau(tau: Any, field: str = 'mecefo.tau') -> int:
+    """The refresh period as an int >= 1; tau < 1 would make `step % tau` meaningless.
+
+    The config's rules check `mecefo.tau` once at start; this guards direct callers.
+    """
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Integral) or tau < 1:
+        raise ValueError(f'{field} must be an int >= 1; got {tau!r}')
+    return int(tau)
+
+
+def _check_refresh(method: Any, iterations: Any) -> tuple[str, int]:
+    """(method, iterations), checked for direct callers (the config's rules check the fields)."""
+    if method not in REFRESH_METHODS:
+        raise ValueError(f'mecefo.refresh must be one of {REFRESH_METHODS}; got {method!r}')
+    if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral) \
+            or iterations < 1:
+        raise ValueError(f'mecefo.refresh_iters must be an int >= 1; got {iterations!r}')
+    return method, int(iterations)
+
+
+def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
+    """Top-r left singular vectors of a Flax kernel ([n_in, m_out] -> [n_in, r]).
+
+    Left singular vectors of kernel = W^T are the input-side (right) singular
+    vectors of W, which is the subspace MeCeFO projects activations onto. The
+    SVD runs in float32 whatever the parameter dtype, because bf16 SVD is
+    inaccurate or unsupported. Extra leading dims (e.g. scanned layers
+    [L, n, m]) get one SVD per matrix: with several CPU devices on jax 0.10.2,
+    a batched LAPACK SVD in the same program as the parameter initialiser
+    deadlocked about every other run, one call per matrix never did.
+    """
+    kernel_nm = kernel_nm.astype(jnp.float32)
+    if kernel_nm.ndim > 2:
+        return jnp.stack([top_singular_vectors(k, r) for k in kernel_nm])
+    u_nk, _, _ = jnp.linalg.svd(kernel_nm, full_matrices=False)
+    return u_nk[:, :r]
+
+
+def _orthonormal(y_kr: jax.Array) -> jax.Array:
+    """Q of a thin Householder QR: stays orthonormal even if y is rank deficient.
+
+    One QR per matrix, as for the SVD above: jax 0.10.2's CPU LAPACK kernels
+    split a batch over XLA's intra-op thread pool and wait for it from a
+    thread of that same pool, so two devices of one process refreshing at
+    once could take every pool thread and wait forever (a relaunched
+    survivor on `configs/small.py` hung in its first refresh). A single
+    matrix runs in the calling thread.
+    """
+    if y_kr.ndim > 2:
+        return jnp.stack([_orthonormal(y) for y in y_kr])
+    return jnp.linalg.qr(y_kr, mode='reduced')[0]
+
+
+def subspace_iteration(kernel_nm: jax.Array, rank: int, init_v: jax.Array | None = None, *,
+                       iterations: int, key: jax.Array | None = None,
+                       split: RefreshSplit | None = None) -> jax.Array:
+    """Top-r left singular subspace of a Flax kernel by randomized subspace iteration.
+
+    Halko, Martinsson & Tropp (2011), Algorithm 4.4: starting from Q = orth(V0),
+    each iteration computes Z = orth(kernel^T Q), then Q = orth(kernel Z), so
+    Q converges to the top-r left singular subspace of the kernel at the rate
+    (sigma_{r+1} / sigma_r)^(2 * iterations) per direction. Re-orthonormalising
+    after every product keeps float32 accurate where plain powers of
+    kernel kernel^T would drown the smaller directions.
+
+    V0 is `init_v` ([..., n, r], e.g. the V the train state holds: the weights
+    drift slowly between refreshes, so one or two iterations track them) or,
+    when None, a Gaussian draw from `key`. Cost per iteration: two
+    [n, m] x [., r] products (4 n m r FLOPs) plus thin QRs of [n, r] and
+    [m, r], against O(n m min(n, m)) for a full SVD. Under GSPMD the products
+    stay sharded like the kernel; only the skinny [., r] blocks are reduced
+    or gathered, never the kernel. Products run at HIGHEST precision, as the
+    SVD path does in float32 (TF32/bf16 passes would cap the accuracy).
+
+    `split` (see `RefreshSplit`) places the kernel and the skinny blocks:
+    under a data-parallel mesh the kernel is identical on every replica, so
+    splitting its long axis over 'data' as well cuts each replica's share of
+    the products by the data size, for one reduction of a [., r] block per
+    product; the thin QRs run replicated on the gathered [., r] blocks.
+
+    Returns [..., n, r] float32 with orthonormal columns; the basis inside the
+    subspace is arbitrary (MeCeFO only uses V V^T). Leading dims (scanned
+    layers [L, n, m]) are batched.
+    """
+    kernel_nm = kernel_nm.astype(jnp.float32)
+    n = kernel_nm.shape[-2]
+    if init_v is None:
+        if key is None:
+            raise ValueError('subspace_iteration: pass init_v (the previous V) or a PRNG key '
+                             'for a random start')
+        init_v = jax.random.normal(key, kernel_nm.shape[:-1] + (rank,), jnp.float32)
+    if init_v.shape != kernel_nm.shape[:-1] + (rank,):
+        raise ValueError(f'subspace_iteration: init_v has shape {init_v.shape}, expected '
+                         f'{kernel_nm.shape[:-1] + (rank,)} for a kernel {kernel_nm.shape} '
+                         f'and rank {rank} (n={n})')
+    if iterations < 1:
+        raise ValueError(f'subspace_iteration: iterations must be >= 1; got {iterations}')
+    hi = jax.lax.Precision.HIGHEST
+    split = split or RefreshSplit()
+    kernel_nm = split.kernel(kernel_nm)
+    q_nr = _orthonormal(split.block(init_v.astype(jnp.float32)))
+    for _ in range(iterations):
+        z_mr = _orthonormal(split.block(split.product_m(
+            jnp.einsum('...nm,...nr->...mr', kernel_nm, q_nr, precision=hi))))
+        q_nr = _orthonormal(split.block(split.product_n(
+            jnp.einsum('...nm,...mr->...nr', kernel_nm, z_mr, precision=hi))))
+    return q_nr
+
+
+def _unchanged(x: jax.Array) -> jax.Array:
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class RefreshSplit:
+    """Where one kernel's subspace iteration runs: two placement hooks.
+
+    `kernel` places the [..., n, m] kernel before the products (e.g. a
+    sharding constraint that splits it over the data axis too);
+    `product_m` and `product_n` place the [..., m, r] and [..., n, r]
+    products as they come out (split like the kernel's m or n axis, so the
+    product is computed split and not on a gathered kernel); `block` places
+    each skinny block before its QR (e.g. replicated: GSPMD gathers or
+    reduces it once and the QR is not split). The default leaves all where
+    the caller's shardings put them.
+    """
+    kernel: Callable[[jax.Array], jax.Array] = _unchanged
+    product_m: Callable[[jax.Array], jax.Array] = _unchanged
+    product_n: Callable[[jax.Array], jax.Array] = _unchanged
+    block: Callable[[jax.Array], jax.Array] = _unchanged
+
+
+def _is_ffn_kernel(path: tuple[str, ...]) -> bool:
+    return len(path) >= 2 and path[-1] == 'kernel' and path[-2] in FFN_KERNEL_NAMES
+
+
+def compute_projections(params: Mapping[str, Any], rank: Any) -> dict[str, Any]:
+    """V for every FFN kernel in `params`, in a tree holding only those paths.
+
+    `params` is an unboxed nested dict of Flax params; leaves at paths ending
+    in (<FFN_KERNEL_NAMES>, 'kernel') get `top_singular_vectors`, everything
+    else is dropped. Pure jnp with static shapes and a static `rank`, so it
+    can be jitted (e.g. with output shardings). Raises if no FFN kernel is
+    found, since silently returning {} would make neighbour mode a no-op.
+    """
+
+    def walk(node: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, child in node.items():
+            child_path = path + (str(key),)
+            if isinstance(child, Mapping):
+                sub = walk(child, child_path)
+                if sub:
+                    out[key] = sub
+            elif _is_ffn_kernel(child_path):
+                if getattr(child, 'ndim', 0) < 2:
+                    raise ValueError(
+                        f'{"/".join(child_path)}: expected an [n_in, m_out] kernel, got '
+                        f'{type(child).__name__} with shape {getattr(child, "shape", None)} '
+                        '(are the params still boxed?)'
+                    )
+                n_in, m_out = child.shape[-2], child.shape[-1]
+                out[key] = top_singular_vectors(child, resolve_rank(rank, n_in, m_out))
+        return out
+
+    projections = walk(params, ())
+    if not projections:
+        raise ValueError(
+            f'compute_projections: no leaf at a path ending in (<{"|".join(FFN_KERNEL_NAMES)}>, '
+            "'kernel') in params"
+        )
+    return projections
+
+
+def refresh_projections(params: Mapping[str, Any], previous: Mapping[str, Any], rank: Any, *,
+                        method: str, iterations: int,
+                        split_for: Callable[[tuple[str, ...], jax.Array], RefreshSplit]
+                        | None = None
+                        ) -> dict[str, Any]:
+    """New V for every FFN kernel: exact SVD or subspace iteration from `previous`.
+
+    `previous` is the projection tree the state holds (same paths as
+    `compute_projections` gives); under 'subspace' each of its V warm-starts
+    `subspace_iteration` on the kernel at the same path, placed by
+    `split_for(path, kernel)` when given (the SVD path ignores it).
+    """
+    method, iterations = _check_refresh(method, iterations)
+    if method == 'svd':
+        return compute_projections(params, rank)
+
+    def refresh(path, v_nr):
+        kernel_nm = params
+        for entry in path:
+            kernel_nm = kernel_nm[entry.key]
+        keys = tuple(str(entry.key) for entry in path)
+        split = split_for(keys, kernel_nm) if split_for is not None else None
+        return subspace_iteration(kernel_nm, v_nr.shape[-1], v_nr, iterations=iterations,
+                                  split=split)
+    return jax.tree_util.tree_map_with_path(refresh, previous)
+
+
+def needs_refresh(step: int, *, tau: int, failure_onset: bool, neighbour_active: bool) -> bool:
+    """Whether V must be recomputed before this step's backward pass.
+
+    At failure onset the held V may be arbitrarily old (nobody refreshed it
+    while all devices were healthy), so it is always recomputed; while some
+    device is in neighbour mode it is refreshed every `tau` steps to track the
+    drifting weights; with no neighbour active V is unused, so never.
+    """
+    tau = _check_tau(tau)
+    if step < 0:
+        raise ValueError(f'step must be >= 0; got {step}')
+    if failure_onset:
+        return True
+    return bool(neighbour_active) and step % tau == 0
+
+
+def refresh_steps(
+    neighbour_active_by_step: Sequence[bool],
+    *,
+    tau: int,
+    onset_steps: Iterable[int] | None = None,
+    start_step: int = 0,
+) -> list[int]:
+    """Steps at which V is recomputed over a failure schedule (for tests/logging).
+
+    `neighbour_active_by_step[i]` says whether any device is in neighbour mode
+    at step `start_step + i`. Onsets default to the rising edges of that
+    sequence; pass `onset_steps` explicitly when a new failure can start while
+    another device is already in neighbour mode.
+    """
+    active = [bool(a) for a in neighbour_active_by_step]
+    if onset_steps is None:
+        onsets = {
+            start_step + i for i, a in enumerate(active) if a and (i == 0 or not active[i - 1])
+        }
+    else:
+        onsets = set(onset_steps)
+    return [
+        start_step + i
+        for i, a in enumerate(active)
+        if needs_refresh(
+            start_step + i, tau=tau, failure_onset=(start_step + i) in onsets, neighbour_active=a
+        )
+    ]

@@ -1,0 +1,137 @@
+"""Mesh construction and the one table mapping logical axis names to mesh axes.
+
+Model code names parameter axes logically ('embed', 'mlp', ...); only this
+module knows how those names land on the ("data", "model") mesh.
+"""
+import os
+
+import jax
+import numpy as np
+from flax import linen as nn
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mecefo_jax.config.schema import MeshSection
+
+DATA_AXIS = 'data'
+MODEL_AXIS = 'model'
+
+# Logical name -> mesh axis. 'model' is tensor parallelism; 'batch' is data.
+LOGICAL_AXIS_RULES = (
+    ('batch', DATA_AXIS),
+    ('layers', None),  # the stacked-block axis of scanned layers
+    ('vocab', MODEL_AXIS),
+    ('embed', None),
+    ('heads', MODEL_AXIS),
+    ('kv_heads', MODEL_AXIS),
+    ('head_dim', None),
+    ('mlp', MODEL_AXIS),
+    ('rank', None),
+)
+
+
+def simulate_cpu_devices(count: int) -> None:
+    """Ask XLA for `count` fake CPU devices; effective only before jax starts.
+
+    Fake devices run their programs in threads of their own, side by side; a
+    LAPACK call (the projection refresh's QRs) from each of them into a
+    multi-threaded OpenBLAS oversubscribes the cores: a refresh took 1.8 s at
+    8 fake devices and 80 to 95 s at 32 on 2 cores, against 0.02 s with one
+    BLAS thread per call. So BLAS gets one thread per call unless
+    OPENBLAS_NUM_THREADS is set, as the launcher's workers do
+    (`launch/actors.py`), which also keeps a program's results the same bits
+    in a worker and in one process. The variable is read when the LAPACK
+    library loads, on the first linear-algebra program, after this.
+    """
+    flag = f'--xla_force_host_platform_device_count={count}'
+    flags = os.environ.get('XLA_FLAGS', '')
+    if 'xla_force_host_platform_device_count' not in flags:
+        os.environ['XLA_FLAGS'] = f'{flags} {flag}'.strip()
+    os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
+
+
+def mesh_shape(mesh_cfg: MeshSection, num_devices: int, *,
+               allow_subset: bool = False) -> tuple[int, int]:
+    """Resolve (data, model) from config against the devices available.
+
+    A mesh must use every device: `mesh.data=3` on 8 devices would train on
+    3 of them without a word. Only measurements of a smaller program (the
+    step benchmark's 1x1 mesh) pass `allow_subset`.
+    """
+    model = mesh_cfg.model
+    if model < 1 or num_devices % model:
+        raise ValueError(
+            f'mesh.model={model} must be >= 1 and divide the {num_devices} '
+            'available devices; set --config.mesh.model to a divisor.')
+    data = num_devices // model if mesh_cfg.data == -1 else mesh_cfg.data
+    if data < 1 or data * model > num_devices:
+        raise ValueError(
+            f'mesh.data={mesh_cfg.data} x mesh.model={model} needs more than the '
+            f'{num_devices} available devices; lower --config.mesh.data or use -1.')
+    if data * model < num_devices and not allow_subset:
+        raise ValueError(
+            f'mesh.data={mesh_cfg.data} x mesh.model={model} uses {data * model} of the '
+            f'{num_devices} available devices; set --config.mesh.data=-1 (all of them) or '
+            f'{num_devices // model}, or simulate fewer CPU devices with '
+            f'--config.mesh.num_cpu_devices={data * model}.')
+    return data, model
+
+
+def make_mesh(mesh_cfg: MeshSection, devices=None, *, allow_subset: bool = False) -> Mesh:
+    """The ("data", "model") mesh from config, over `devices` (default: all)."""
+    devices = list(jax.devices() if devices is None else devices)
+    data, model = mesh_shape(mesh_cfg, len(devices), allow_subset=allow_subset)
+    return mesh_from_rows([devices[r * model:(r + 1) * model] for r in range(data)])
+
+
+def mesh_from_rows(rows) -> Mesh:
+    """A mesh whose data-axis entries are the given replica rows of devices.
+
+    The fault controller rebuilds meshes from the live rows, so row order is
+    the replica order along the data axis.
+    """
+    grid = np.array([list(row) for row in rows], dtype=object)
+    return Mesh(grid, (DATA_AXIS, MODEL_AXIS),
+                axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def mesh_rows(mesh: Mesh) -> list[tuple]:
+    """Replica rows of a mesh, in data-axis order."""
+    return [tuple(row) for row in mesh.devices]
+
+
+def _fit_spec(spec: P, shape, mesh: Mesh) -> P:
+    """Drop mesh axes that do not divide their dimension (replicate instead)."""
+    axes = []
+    for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        size = mesh.shape[axis] if axis is not None else 1
+        axes.append(axis if axis is not None and dim % size == 0 else None)
+    return P(*axes)
+
+
+def logical_shardings(boxed_tree, mesh: Mesh):
+    """NamedShardings for a tree of `nn.LogicallyPartitioned` boxes (or arrays).
+
+    Unboxed leaves are replicated, which is what non-parameter state wants.
+    """
+    specs = nn.get_partition_spec(boxed_tree)
+    mesh_specs = nn.logical_to_mesh(specs, LOGICAL_AXIS_RULES)
+    shapes = jax.tree.map(lambda x: x.shape, nn.unbox(boxed_tree))
+    return jax.tree.map(
+        lambda spec, shape: NamedSharding(mesh, _fit_spec(spec, shape, mesh)),
+        mesh_specs, shapes, is_leaf=lambda x: isinstance(x, P))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def data_sharded(mesh: Mesh) -> NamedSharding:
+    """Leading dimension split over data-parallel replicas."""
+    return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
+    """Where a step's host batch goes: rows split over `data`, the step number everywhere."""
+    data = data_sharded(mesh)
+    return {'tokens': data, 'weights': data, 'programs': data, 'step': replicated(mesh)}

@@ -1,0 +1,129 @@
+"""One mesh and everything compiled for it, cached so no topology compiles twice.
+
+The fault controller moves training between meshes built from the live
+replica rows; a `Topology` owns one such mesh: the state's shardings there,
+the AOT-compiled train step per layout signature (its live replicas and
+device programs), and the eval and
+projection-refresh functions. `TopologyCache` keys them by the live rows,
+and a `Plan` says which topology and layout the next step runs on.
+
+Every program compiles through `program_cache`, so a process that compiled
+it before (or a compile-ahead job renumbered like it) loads it instead;
+with the cache off, eval and refresh stay plain jitted calls.
+"""
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from mecefo_jax.neighbour.layout import Layout
+from mecefo_jax.parallel import aot, program_cache, sharding
+from mecefo_jax.parallel import refresh as refresh_lib
+from mecefo_jax.parallel import step as step_lib
+from mecefo_jax.parallel.transfer import retarget
+
+
+class CachedProgram:
+    """A jitted function compiled through `program_cache`, once per input signature.
+
+    Called plainly (jit dispatch) while the program cache is off. `compile`
+    takes arrays or ShapeDtypeStructs, so a compile-ahead job can fill the
+    cache without data.
+    """
+
+    def __init__(self, jitted, mesh, name: str):
+        self.jitted, self._mesh, self._name = jitted, mesh, name
+        self._compiled: dict = {}
+
+    def compile(self, *args):
+        leaves, tree = jax.tree.flatten(args)
+        key = (tree, tuple((tuple(x.shape), str(x.dtype), x.sharding,
+                            bool(getattr(x, 'weak_type', False))) for x in leaves))
+        if key not in self._compiled:
+            self._compiled[key] = program_cache.load_or_compile(
+                self.jitted, args, self._mesh.devices.flat, self._name)
+        return self._compiled[key]
+
+    def __call__(self, *args):
+        if not program_cache.enabled():
+            return self.jitted(*args)
+        return self.compile(*args)(*args)
+
+
+@dataclasses.dataclass
+class Topology:
+    rows: tuple
+    mesh: jax.sharding.Mesh
+    state_shardings: object
+    eval_step: object
+    refresh: object
+    build_sec: float
+    model: object  # the Llama every program of this topology runs
+    optimizer: object
+    compiled: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.rows)
+
+    def train_step(self, layout: Layout):
+        """The jitted (not yet compiled) train step for the layout's programs."""
+        return step_lib.make_train_step(self.model, self.optimizer, self.mesh,
+                                        self.state_shardings, layout.programs)
+
+    def compiled_step(self, state, batch, layout: Layout):
+        """AOT-compiled step for the layout's signature; (fn, compile seconds or 0)."""
+        key = layout.signature
+        if key in self.compiled:
+            return self.compiled[key], 0.0
+        start = time.perf_counter()
+        self.compiled[key] = program_cache.load_or_compile(
+            self.train_step(layout), (state, batch), self.mesh.devices.flat, 'train_step',
+            identity=repr(key))
+        return self.compiled[key], time.perf_counter() - start
+
+    def batch_spec(self, layout: Layout, seq: int) -> dict:
+        """Abstract step inputs for `layout`, to compile before the data arrives."""
+        return aot.abstract_batch(self.mesh, layout.capacity, seq, len(layout.replicas))
+
+    def put_batch(self, host_batch: dict):
+        """Host step inputs -> global arrays on this mesh (multi-process safe)."""
+        shardings = sharding.batch_shardings(self.mesh)
+        if jax.process_count() == 1:
+            return jax.device_put(host_batch, {k: shardings[k] for k in host_batch})
+        return {k: jax.make_array_from_callback(np.shape(v), shardings[k],
+                                                lambda i, v=v: np.asarray(v)[i])
+                for k, v in host_batch.items()}
+
+
+class TopologyCache:
+    """Builds each mesh (by its live rows) once and keeps it."""
+
+    def __init__(self, model, optimizer, base_shardings, rank, *, refresh: str,
+                 refresh_iters: int, refresh_split_min_elements: int):
+        self._model, self._optimizer = model, optimizer
+        self._base_shardings, self._rank = base_shardings, rank
+        self._refresh = dict(method=refresh, iterations=refresh_iters,
+                             split_min_elements=refresh_split_min_elements)
+        self._cache: dict[tuple, Topology] = {}
+
+    def get(self, rows) -> Topology:
+        rows = tuple(tuple(r) for r in rows)
+        if rows not in self._cache:
+            start = time.perf_counter()
+            mesh = sharding.mesh_from_rows(rows)
+            shardings = retarget(self._base_shardings, mesh)
+            self._cache[rows] = Topology(
+                rows=rows, mesh=mesh, state_shardings=shardings,
+                eval_step=CachedProgram(step_lib.make_eval_step(
+                    self._model, mesh, shardings.params), mesh, 'eval_step'),
+                refresh=CachedProgram(refresh_lib.make_refresh_fn(self._rank, shardings,
+                                                               **self._refresh),
+                                      mesh, 'refresh'),
+                build_sec=time.perf_counter() - start,
+                model=self._model, optimizer=self._optimizer)
+        return self._cache[rows]
+
+    def __len__(self):
+        return len(self._cache)

@@ -1,0 +1,13 @@
+"""The training loop and what it drives or reports to.
+
+| module | what it owns |
+|---|---|
+| `loop` | `train()`: data, step, metrics, evaluations, checkpoints, progress |
+| `run_setup` | `Run` and `build_run`: the model, data, caches and sinks one run needs |
+| `controller` | the controller-to-loop contract (`Plan`) and the fault-free `StaticController` |
+| `evaluate` | the exact validation loss on fixed batches |
+| `resume` | where a run starts: restored from memory or disk, or fresh |
+| `metrics` | `<workdir>/metrics.jsonl` |
+| `observers` | what measures a run, kept apart from what trains it |
+| `preemption` | SIGTERM ends the run after a saved step |
+"""

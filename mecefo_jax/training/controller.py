@@ -1,0 +1,61 @@
+"""The contract between a controller and the loop, and the fault-free controller.
+
+Before every step the loop asks its controller `prepare(clock, step, state)`
+for a `Plan`: the topology (mesh and compiled programs) and the layout (which
+replica computes which rows, in which role) the step runs on. After the step
+is dispatched, `after_dispatch` reports failures and recoveries, and at the
+end `summary` what they cost. `StaticController` is fault-free data
+parallelism on the full mesh; the fault controllers (`faults/controller.py`,
+the paper's and every baseline's, and `faults/restart.py`, checkpoint/restart)
+keep the same contract.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from mecefo_jax.neighbour.layout import Layout, full_layout
+from mecefo_jax.parallel.topology import Topology
+
+if TYPE_CHECKING:
+    from mecefo_jax.training.run_setup import Run
+
+
+@dataclasses.dataclass
+class Plan:
+    """Where the next step runs, and what the controller did to get there."""
+    topology: Topology
+    layout: Layout
+    live: tuple[bool, ...]  # which replicas are up (absent ones of a relaunch are down)
+    data_state: dict | None = None  # set when the controller rolled training back
+
+
+class StaticController:
+    """Fault-free data parallelism on the full mesh."""
+
+    def __init__(self, run: Run):
+        if not all(run.present):
+            raise ValueError('Some replicas have no devices in this job: train it under the '
+                             'fault controller (main.run picks it).')
+        self._topology = run.topologies.get(run.full_rows)
+        self._layout = full_layout(run.num_shards, run.shard_batch)
+        self._live = (True,) * run.num_shards
+
+    def prepare(self, clock: int, step: int, state):
+        del clock, step
+        return state, Plan(self._topology, self._layout, self._live)
+
+    def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:
+        """No failure or recovery to report.
+
+        `state` is the step's output (reading it waits for the step);
+        `dispatched` is `time.perf_counter()` when the step was launched.
+        """
+        del clock, step, state, dispatched
+        return []
+
+    def summary(self) -> dict:
+        """What failures cost: nothing, as the fault controller would report it."""
+        return {'events': [], 'lost_steps': 0, 'refresh_steps': [], 'compiles': 0,
+                'refresh_sec': 0.0, 'measured_overhead_sec': 0.0,
+                'checkpoint_block_sec': 0.0, 'relaunch_sec_modelled': 0.0}

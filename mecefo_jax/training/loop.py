@@ -1,0 +1,233 @@
+"""The training loop: data -> step -> metrics, evals, checkpoints, progress.
+
+The loop asks a controller, before every step, where that step runs (which
+mesh, which layout of shards onto replicas), and tells it after dispatching
+the step (`after_dispatch`, which must not wait for the device unless it
+measures a recovery). `StaticController` is fault-free data parallelism;
+`faults.controller.FaultController` injects failures and moves training
+between meshes. Everything else (data order, metrics, checkpoints, NaN
+handling) is the same for both. Measurement is not the controller's: it is
+done by observers (observers.py), told about every step and every failure
+or recovery, which never change what is trained.
+"""
+import dataclasses
+import logging
+import time
+
+import jax
+import numpy as np
+
+from mecefo_jax.neighbour.layout import assemble
+from mecefo_jax.training import resume
+from mecefo_jax.training.controller import Plan, StaticController
+from mecefo_jax.training.evaluate import evaluate
+from mecefo_jax.training.metrics import preempted_row
+from mecefo_jax.training.observers import PlannedStep, StepDone
+from mecefo_jax.training.preemption import Preempted
+from mecefo_jax.training.run_setup import Run, build_run
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced NaN/Inf; the last good state was checkpointed."""
+
+
+def _progress(total: int, initial: int):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=initial, unit='step', mininterval=1.0,
+                disable=jax.process_index() != 0, dynamic_ncols=True)
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """A dispatched step whose metrics have not been read yet."""
+    step: int
+    replicas: int
+    metrics: dict  # device arrays
+    position: dict  # data position before this step's batch
+
+
+def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
+          stop_at: int | None = None, restore=None, observers=(), preemption=None) -> dict:
+    """Train for `train.steps` steps (resuming if `workdir` has checkpoints).
+
+    `controller` decides where each step runs (default `StaticController`;
+    `run.run` picks the fault controller when failures are configured).
+    `stop_at` ends the job early, as a preempted or time-limited job would,
+    after checkpointing; the learning-rate schedule still spans `train.steps`
+    (or `train.lr_schedule_steps`). `restore` serves a launcher (see
+    `resume.init_or_restore`); `observers` (observers.py) measure the run:
+    timing, accounting, probes, snapshots. An observer's `stop_requested`
+    ends the run after the step it answers for, checkpointed as `stop_at` is.
+    `preemption` (a `preemption.PreemptionGuard`) is asked before every step
+    whether to stop; if so the step is saved and `Preempted` raised.
+
+    The loop never waits for a step it has just dispatched: while step k runs
+    on the devices, the host draws, assembles and transfers batch k + 1.
+    Metrics reach the host every `train.log_every` steps (and before evals,
+    checkpoints and the end); a non-finite step is then found among the steps
+    in flight, and because the step guard froze the state there, the stop
+    saves that step's state with the data position before its batch.
+
+    Returns a summary: final loss, final validation loss/perplexity, what the
+    controller reported, then what each observer reported, and `state`.
+    """
+    run = run or build_run(cfg, workdir)
+    state = resume.init_or_restore(run, restore)
+    controller = StaticController(run) if controller is None else controller
+    total = cfg.train.steps
+    end = total if stop_at is None else min(total, int(stop_at))
+    loop = _Loop(run, controller, tuple(observers), total, int(state.step))
+    summary = {'start_step': loop.step}
+    try:
+        while loop.step < end:
+            if preemption is not None and preemption.requested(loop.clock):
+                loop.preempt(state)
+            state, plan = loop.run_step(state)
+            if loop.log_eval_save(state, plan, end):
+                break
+    finally:
+        loop.close()
+    summary.update(final_step=loop.step, executed_steps=loop.clock,
+                   final_loss=loop.row.get('loss'), final_val_loss=loop.row.get('val_loss'),
+                   final_val_ppl=loop.row.get('val_ppl'))
+    summary.update(controller.summary())
+    for observer in observers:
+        summary.update(observer.summary(dict(summary)))
+    summary['state'] = state
+    return summary
+
+
+class _Loop:
+    """The loop's running position: step and clock, steps in flight, throughput window."""
+
+    def __init__(self, run: Run, controller, observers: tuple, total: int, step: int):
+        self.run, self.controller, self.observers = run, controller, observers
+        self.total, self.step = total, step
+        self.clock = step  # executed steps, redone ones included: the failure timeline
+        cfg = run.cfg
+        self.log_every, self.every_eval = cfg.train.log_every, cfg.train.eval_every
+        self.bar = _progress(total, step)
+        self.window_start, self.window_tokens = time.perf_counter(), 0
+        self.in_flight: list[_InFlight] = []
+        self.row = {}
+
+    def run_step(self, state):
+        """Plan, draw, dispatch one step and tell the observers; (state, plan)."""
+        run, step = self.run, self.step
+        state, plan = self.controller.prepare(self.clock, step, state)
+        if plan.data_state is not None:
+            self.in_flight.clear()  # rolled back: those steps are redone
+            run.train_data.set_state(plan.data_state)
+            step = self.step = int(state.step)
+            self.bar.n = step
+        position = run.train_data.get_state()
+        tokens_nbt = next(run.train_data)
+        for observer in self.observers:
+            observer.on_plan(PlannedStep(self.clock, step, state, plan, tokens_nbt))
+        host_batch = assemble(plan.layout, tokens_nbt)
+        host_batch['step'] = np.int32(step)
+        batch = plan.topology.put_batch(host_batch)
+        step_fn, compile_sec = plan.topology.compiled_step(state, batch, plan.layout)
+        dispatched = time.perf_counter()
+        state, metrics = step_fn(state, batch)
+        self.in_flight.append(_InFlight(step, plan.topology.num_replicas, metrics, position))
+        events = self.controller.after_dispatch(self.clock, step, state, dispatched)
+        done = StepDone(self.clock, step, state, plan, tokens_nbt, run.train_data.get_state(),
+                        metrics, dispatched, compile_sec)
+        for observer in self.observers:
+            for event in events:
+                observer.on_event(event)
+            observer.on_step(done)
+        self.step, self.clock = step + 1, self.clock + 1
+        self.window_tokens += run.tokens_per_step
+        self.bar.update(1)
+        return state, plan
+
+    def log_eval_save(self, state, plan: Plan, end: int) -> bool:
+        """After a step: metrics on the log cadence, evals, checkpoints; True to stop here
+        (an observer's `stop_requested` makes this step the run's end, checkpointed)."""
+        run, step = self.run, self.step
+        # The run's last step always evaluates; an early stop (stop_at: a
+        # preemption, or a launcher's planned rejoin) only on the cadence.
+        evaluate_now = (self.every_eval and step % self.every_eval == 0) or step == self.total
+        if any(observer.stop_requested() for observer in self.observers):
+            end = step
+        save_now = run.checkpointer is not None and (
+            step % run.checkpointer.save_every == 0 or step == end)
+        if step % self.log_every == 0 or evaluate_now or save_now:
+            self.row = _read_metrics(run, state, self.in_flight)
+            if step % self.log_every == 0 or step == end:
+                elapsed = time.perf_counter() - self.window_start
+                self.row['tokens_per_sec'] = self.window_tokens / max(elapsed, 1e-9)
+                self.window_start, self.window_tokens = time.perf_counter(), 0
+                self.bar.set_postfix(loss=f"{self.row['loss']:.3f}",
+                                     tok_s=f"{self.row['tokens_per_sec']:.0f}")
+                run.metrics.write(self.row)
+        if evaluate_now:
+            self.row.update(evaluate(run, plan.topology, state.params))
+            run.metrics.write({'step': step, 'val_loss': self.row['val_loss'],
+                               'val_ppl': self.row['val_ppl']})
+            self.window_start = time.perf_counter()  # keep eval out of tokens/s
+        if save_now:
+            run.checkpointer.maybe_save(step, state, run.train_data.get_state(),
+                                        force=step == end)
+        return step == end
+
+    def preempt(self, state) -> None:
+        """Asked to stop (SIGTERM, Ctrl-C): save this step synchronously, then raise Preempted.
+
+        `state` is the output of the last dispatched step: the state entering
+        `self.step`, saved with the data position after that step's batch.
+        """
+        run, step = self.run, self.step
+        if self.in_flight:  # a non-finite step among them stops as it always does
+            self.row = _read_metrics(run, state, self.in_flight)
+        where = 'nothing saved: train.checkpoint_every=0'
+        if run.checkpointer is not None:
+            run.checkpointer.maybe_save(step, state, run.train_data.get_state(), force=True)
+            run.checkpointer.wait()
+            where = f'checkpoint in {run.checkpointer.directory}'
+        run.metrics.write(preempted_row(step))
+        raise Preempted(step, where)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.run.checkpointer is not None:
+            self.run.checkpointer.wait()
+
+
+def _read_metrics(run: Run, state, in_flight: list) -> dict:
+    """Fetch the metrics of the steps in flight; stop at the first non-finite one.
+
+    Returns the metrics row of the newest step and empties `in_flight`.
+    """
+    fetched = jax.device_get([f.metrics for f in in_flight])
+    for flight, metrics in zip(in_flight, fetched):
+        if not bool(metrics['finite']):
+            _stop_non_finite(run, state, flight.step, metrics, flight.position)
+    newest, metrics = in_flight[-1], fetched[-1]
+    in_flight.clear()
+    return {'step': newest.step + 1, 'loss': float(metrics['loss']),
+            'grad_norm': float(metrics['grad_norm']), 'replicas': newest.replicas}
+
+
+def _stop_non_finite(run: Run, state, step: int, metrics, position: dict) -> None:
+    """Checkpoint the last good state (the step guard froze it) and stop.
+
+    `state` is the state entering `step` (every step from there on left it
+    untouched) and `position` the data position before that step's batch, so
+    a resumed run sees the failed batch again instead of silently skipping it.
+    """
+    if int(state.step) != step:
+        raise AssertionError(f'step guard broken: state at {int(state.step)}, failed step {step}')
+    where = 'no checkpoint (train.checkpoint_every=0)'
+    if run.checkpointer is not None:
+        run.checkpointer.maybe_save(step, state, position, force=True)
+        run.checkpointer.wait()
+        where = f'checkpoint at step {step} in {run.checkpointer.directory}'
+    raise NonFiniteLossError(
+        f'Non-finite loss {float(metrics["loss"])} / grad norm '
+        f'{float(metrics["grad_norm"])} at step {step + 1}; saved the last good state '
+        f'({where}). Lower train.learning_rate or set train.grad_clip, then resume.')

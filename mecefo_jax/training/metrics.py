@@ -1,0 +1,218 @@
+"""Training-metrics sink: one JSON object per line in <workdir>/metrics.jsonl.
+
+This module owns the metrics file format and who writes it. Only process 0
+writes (other hosts get a no-op writer) so multi-host runs produce one file.
+The file is opened for append, so a resumed run keeps the rows of earlier
+attempts. A resume first drops the rows past the resumed step
+(`MetricsWriter.truncate_after`), so after any number of resumes a step has
+at most one row of each kind and every reader can take the rows as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mecefo_jax.host import atomic_file
+
+METRICS_FILENAME = 'metrics.jsonl'
+RESUME_SOURCES = ('memory', 'disk')
+
+
+def resumed_row(step: int, source: str, dropped_through: int | None = None) -> dict:
+    """The row written on every resume: from which step, and from which tier.
+
+    `dropped_through`: the newest loss row the resume cut (the crashed run got
+    that far; with `train.log_every=1`, minus `step` it is the steps redone).
+    """
+    if source not in RESUME_SOURCES:
+        raise ValueError(f'resume source must be one of {RESUME_SOURCES}, got {source!r}.')
+    row = {'event': 'resumed', 'step': int(step), 'source': source}
+    if dropped_through is not None:
+        row['dropped_through'] = int(dropped_through)
+    return row
+
+
+def preempted_row(step: int) -> dict:
+    """The row written once a preemption save of `step` has completed."""
+    return {'event': 'preempted', 'step': int(step)}
+
+
+def _lines(path) -> list[str] | None:
+    """A JSON-lines file's lines; None where it does not exist."""
+    try:
+        with open(os.fspath(path), encoding='utf-8') as f:
+            return f.readlines()
+    except FileNotFoundError:
+        return None
+
+
+def _parsed(lines):
+    """(line, value) for each line that parses: one cut off by a crash does not."""
+    for line in lines:
+        try:
+            yield line, json.loads(line)
+        except json.JSONDecodeError:
+            continue
+
+
+def newest_loss_step(path: str) -> int | None:
+    """The newest step with a loss row in a metrics file; None for none or no file.
+    Lines that are not rows (one cut off by a crash) are passed over in silence."""
+    steps = [row['step'] for _, row in _parsed(_lines(path) or [])
+             if isinstance(row, dict) and 'loss' in row and isinstance(row.get('step'), int)]
+    return max(steps, default=None)
+
+
+def truncate_rows_after(path: str, step: int) -> int:
+    """Drop the rows of a JSON-lines file whose "step" is past `step`; return how many.
+
+    Rows without a 'step' and event rows follow the same rule (kept when they
+    have no step). A cut-off last line is dropped too. The file is rewritten
+    to a temporary file and renamed over the old one, so a crash leaves
+    either the old or the new file. A missing file is left missing.
+    (metrics.jsonl rows name the steps done, so pass the resumed step;
+    provenance.jsonl rows name the 0-based step being run: pass it minus one.)
+    """
+    lines = _lines(path)
+    if lines is None:
+        return 0
+    kept = []
+    for line, row in _parsed(lines):  # a row cut off by a crash belongs to no finished step
+        if not (isinstance(row, dict) and isinstance(row.get('step'), (int, float))
+                and row['step'] > step):
+            kept.append(line if line.endswith('\n') else line + '\n')
+    dropped = sum(1 for line in lines if line.strip()) - len(kept)
+    atomic_file.write_text(os.fspath(path), ''.join(kept))
+    return dropped
+
+
+def _to_jsonable(value: Any, where: str) -> Any:
+    """Convert numpy/jax values to plain Python so json can encode them."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _to_jsonable(v, f'{where}.{k}') for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_jsonable(v, f'{where}[{i}]') for i, v in enumerate(value)]
+    if isinstance(value, (np.generic, np.ndarray, jax.Array)):
+        # np.asarray on a jax.Array waits for the value; rows are written
+        # after the step's metrics are fetched anyway.
+        arr = np.asarray(value)
+        # bfloat16 & co. are kind 'V' to numpy; widen them to float32 first.
+        if arr.dtype.kind not in 'biuf':
+            if not jnp.issubdtype(arr.dtype, jnp.floating):
+                raise TypeError(f'metric {where} has unsupported dtype {arr.dtype}')
+            arr = arr.astype(np.float32)
+        # .item()/.tolist() yield Python bool/int/float.
+        return arr.item() if arr.ndim == 0 else arr.tolist()
+    raise TypeError(f'metric {where} of type {type(value).__name__} is not JSON-serialisable')
+
+
+class MetricsWriter:
+    """Appends metric rows to <workdir>/metrics.jsonl, flushing each row.
+
+    Flushing per row means a crash loses at most the row being written, which
+    read_metrics tolerates.
+    """
+
+    def __init__(self, workdir: str, *, process_index: int | None = None):
+        if process_index is None:
+            process_index = jax.process_index()
+        self.path = os.path.join(os.fspath(workdir), METRICS_FILENAME)
+        self.active = process_index == 0
+        self._file = None
+        self._closed = False
+        if self.active:
+            os.makedirs(os.fspath(workdir), exist_ok=True)
+            self._open()
+
+    def _open(self) -> None:
+        self._file = open(self.path, 'a+', encoding='utf-8')
+        # A crash mid-write can leave a partial last line; start on a
+        # fresh line so the first new row is not glued onto it.
+        if self._file.tell() > 0:
+            self._file.seek(self._file.tell() - 1)
+            if self._file.read(1) != '\n':
+                self._file.write('\n')
+                self._file.flush()
+
+    def truncate_after(self, step: int) -> int:
+        """On a resume at `step`: drop the rows past it; return how many.
+
+        The file is replaced, so it is reopened here; other writers of the
+        same file must reopen it too.
+        """
+        if self._closed:
+            raise ValueError(f'MetricsWriter for {self.path} is closed.')
+        if self._file is None:
+            return 0
+        self._file.close()
+        try:
+            return truncate_rows_after(self.path, step)
+        finally:
+            self._open()
+
+    def write(self, row: dict) -> None:
+        """Append one row; numpy/jax scalars become Python numbers.
+
+        NaN/inf are written as Python's json does (NaN, Infinity): a diverged
+        loss must stay visible rather than become null.
+        """
+        if self._closed:
+            raise ValueError(f'MetricsWriter for {self.path} is closed.')
+        if not isinstance(row, dict):
+            raise TypeError(f'metrics row must be a dict, got {type(row).__name__}')
+        if self._file is None:
+            return
+        # Encode fully before writing so a bad value never leaves half a line.
+        line = json.dumps(_to_jsonable(row, 'row')) + '\n'
+        self._file.write(line)
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: str) -> list[dict]:
+    """Read all rows from a metrics.jsonl file (or a workdir containing one).
+
+    Unparseable lines (a row cut off by a crash) are skipped with a warning
+    rather than failing the whole read.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, METRICS_FILENAME)
+    rows = []
+    with open(path, encoding='utf-8') as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                warnings.warn(f'{path}:{lineno}: skipping unparseable metrics line ({e})', stacklevel=2)
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                warnings.warn(f'{path}:{lineno}: skipping non-object metrics line', stacklevel=2)
+    return rows

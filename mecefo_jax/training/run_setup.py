@@ -1,0 +1,112 @@
+"""`Run`: everything one training run builds once from its config.
+
+The model, the optimizer, the replica rows of the mesh, the data pipelines,
+the cache of topologies (one per set of live rows), the checkpointer and the
+metrics sink. The loop (`loop.py`), the controllers and the launcher's
+workers all start from `build_run`.
+"""
+import dataclasses
+import functools
+import os
+
+from mecefo_jax.checkpointing import checkpoint as ckpt_lib
+from mecefo_jax.model import optim
+from mecefo_jax.model.llama import Llama, build_model
+from mecefo_jax.parallel import sharding
+from mecefo_jax.parallel import state as state_lib
+from mecefo_jax.parallel.topology import TopologyCache
+from mecefo_jax.training.metrics import MetricsWriter
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything built once from the config."""
+    cfg: object
+    workdir: str
+    model: Llama
+    optimizer: object
+    full_rows: tuple
+    topologies: TopologyCache
+    train_data: object
+    val_data: object
+    checkpointer: ckpt_lib.Checkpointer | None
+    metrics: MetricsWriter
+    val_start: dict | None = None  # validation iterator state every eval restarts from
+
+    @functools.cached_property
+    def abstract_state(self):
+        """Shapes and dtypes of the train state (restore targets), traced once."""
+        return state_lib.abstract_train_state(self.model, self.optimizer,
+                                              rank=self.cfg.mecefo.rank)
+
+    @property
+    def num_shards(self) -> int:
+        """Logical data-parallel replicas: the global batch always has this many shards."""
+        return len(self.full_rows)
+
+    @property
+    def present(self) -> tuple[bool, ...]:
+        """Which replicas have devices in this job (all, unless relaunched on survivors)."""
+        return tuple(row is not None for row in self.full_rows)
+
+    @property
+    def present_rows(self) -> tuple:
+        return tuple(row for row in self.full_rows if row is not None)
+
+    @property
+    def shard_batch(self) -> int:
+        return self.cfg.data.global_batch_size // self.num_shards
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.data.global_batch_size * self.cfg.data.seq_len
+
+
+def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
+              replica_rows=None) -> Run:
+    """Model, optimizer, mesh rows, data pipelines, checkpointer and metrics.
+
+    `replica_rows` lists the devices of every logical data-parallel replica,
+    None for a replica whose devices are not in this job (a launcher relaunch
+    on the survivors of a crash); default: the config's mesh over all
+    devices. The number of replicas, not of present ones, fixes how the
+    global batch is sharded, so a relaunch never changes which samples a
+    shard holds.
+    """
+    from mecefo_jax.data import pipeline as data_lib  # grain/sentencepiece only when training
+
+    os.makedirs(workdir, exist_ok=True)
+    model = build_model(cfg)
+    optimizer = optim.make_optimizer(cfg.train)
+    if replica_rows is None:
+        replica_rows = sharding.mesh_rows(sharding.make_mesh(cfg.mesh))
+    replica_rows = tuple(None if row is None else tuple(row) for row in replica_rows)
+    present_rows = [row for row in replica_rows if row is not None]
+    if not present_rows:
+        raise ValueError('build_run: no replica has devices in this job.')
+    mesh = sharding.mesh_from_rows(present_rows)
+    rank = cfg.mecefo.rank
+    refresh, refresh_iters = cfg.mecefo.refresh, cfg.mecefo.refresh_iters
+    base_shardings = state_lib.state_shardings(model, optimizer, mesh, rank)
+    num_shards = len(replica_rows)
+    vocab = cfg.model.vocab_size
+    train_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
+                                        split='train')
+    val_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
+                                      split='validation')
+    every = cfg.train.checkpoint_every if checkpoint_every is None else checkpoint_every
+    checkpointer = None
+    if every > 0:
+        checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                             save_every=every,
+                                             keep=cfg.train.keep_checkpoints)
+    # config.json is written once the state is restored and checked
+    # (init_or_restore): a rejected resume must not overwrite the run's record.
+    return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
+               full_rows=replica_rows,
+               topologies=TopologyCache(model, optimizer, base_shardings, rank,
+                                        refresh=refresh, refresh_iters=refresh_iters,
+                                        refresh_split_min_elements=(
+                                            cfg.mecefo.refresh_split_min_elements)),
+               train_data=train_data, val_data=val_data, checkpointer=checkpointer,
+               metrics=MetricsWriter(workdir))

@@ -1,0 +1,396 @@
+"""Cluster-scale projection of the fault-tolerance strategies (Monte Carlo).
+
+This module owns the *throughput model* of a strategy over a failure trace
+and the Monte Carlo that runs it over many seeded traces, models, regimes,
+readings and cluster sizes. Its pieces live beside it, one concern each:
+`traces` (failure traces and per-live-set loads), `costs`
+(per-role step costs), `recovery` (per-event overheads), `settings`
+(strategies, config, cost tables) and `report` (JSON, markdown, plot;
+with `explanation` and `report_markdown`). Pure numpy: nothing here imports
+jax, so a projection to 1,024 replicas runs in seconds on a laptop.
+
+The model, per interval of constant live set (continuous time):
+
+* data parallelism over n replicas, one synchronous step at a time, each
+  step as long as its slowest device: ``step_sec * cost / plain``, with the
+  busiest device's cost from the cost table (`step_costs`);
+* a step yields the global batch's tokens (``drop``: only the live
+  replicas' shards, so its throughput counts *useful* tokens);
+* each live-set change costs the strategy's recovery time of no progress; a
+  change during an ongoing recovery restarts it (recovery ends at
+  ``max(previous end, change + recovery_sec)``), it does not queue;
+* a change in which some replica fails loses `lost_steps` executed steps
+  (``None``: the steps since the last checkpoint, every `checkpoint_every`
+  steps; a return loses nothing: a planned restart saves first, as the
+  controller's `checkpoint_restart` does);
+* throughput = useful tokens / horizon; drop % = 1 - throughput / the
+  fault-free throughput on the same cluster.
+
+Strategies (the registry of `faults/strategies.py`, plus `fault_free`). The
+model reads each entry's fields, not its name: where failed shards go sets
+the busiest device (the nearest neighbour: 1 + adopted shards; split evenly:
+1 + f/(n-f); the planner: its slowest device; nowhere: one shard, and only
+the live shards' tokens), `neighbour_mode` its program and the refresh, and
+`restores_at_failure` the disk recovery:
+
+| strategy           | busiest device, f of n down                  | tokens | per event |
+|--------------------|----------------------------------------------|--------|-----------|
+| fault_free         | one shard (no failures)                      | all    | -         |
+| mecefo             | neighbour mode, 1 + adopted shards           | all    | recovery  |
+| ndb_naive          | exact, 1 + adopted shards                    | all    | recovery  |
+| mecefo_planned     | the planner's slowest device (>= 1)          | all    | recovery  |
+| elastic            | exact, 1 + f/(n-f) in one larger batch       | all    | recovery  |
+| drop               | one shard                                    | (n-f)/n| recovery  |
+| checkpoint_restart | as elastic                                   | all    | disk restore + redo |
+
+The neighbour-mode strategies (mecefo, mecefo_planned) also pay the
+projection refresh, as the controller does: one refresh of no
+progress at each onset, and 1 / tau of one per step while some replica is
+down (a refresh every `tau` steps while a neighbour is active). One refresh
+takes `--refresh_sec`, or else what the library's refresh costs a replica
+(`faults/refresh_costs.py`): under `--refresh_method subspace` (the default)
+its products divided by the live replicas (the refresh splits them over the
+data axis), its replicated QRs at an assumed `--svd_tflops` and its
+collectives at `--link_gbps`; under `svd` the whole thin SVD on every
+replica at `--svd_tflops`.
+
+`mecefo_planned` asks the planner (`faults/planner.py`, the same code the
+controller runs) for its slowest device once per distinct (live, failed)
+count of a trace: that pair alone sets it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mecefo_jax.faults import costs as costs_lib
+from mecefo_jax.faults import costs as faults_costs
+from mecefo_jax.faults import planner as planner_lib
+from mecefo_jax.faults.strategies import SPECS, Orphans, StrategySpec
+from mecefo_jax.neighbour.layout import ROLE_NORMAL
+from studies.cluster import recovery as recovery_lib
+from studies.cluster import traces as traces_lib
+from studies.cluster.settings import (  # noqa: F401 (re-exported)
+    ASSUMPTIONS,
+    FAULT_FREE,
+    STRATEGIES,
+    TABLE2_REGIMES,
+    SimConfig,
+    cost_tables,
+    refresh_charge,
+)
+
+CONTINUOUS_ROWS = 1000  # rows per shard the planner splits when batches are continuous
+
+
+# ------------------------------------------------------------- one trace
+
+
+def _spec(strategy: str) -> StrategySpec | None:
+    """The registry's entry for `strategy`; None for `fault_free`."""
+    if strategy == FAULT_FREE:
+        return None
+    if strategy not in SPECS:
+        raise ValueError(f'strategy {strategy!r} is unknown; use one of {", ".join(STRATEGIES)}.')
+    return SPECS[strategy]
+
+
+def step_costs(strategy: str, iv: traces_lib.Intervals,
+               cost: costs_lib.CostTable) -> tuple[np.ndarray, np.ndarray]:
+    """(busiest device's cost in normal shards, useful fraction of the batch)
+    per interval."""
+    spec = _spec(strategy)
+    down = iv.failed > 0
+    useful = np.ones(iv.start.size)
+    if spec is None or spec.orphans is Orphans.NOWHERE:  # every device runs one shard
+        ratio = np.full(iv.start.size, cost.plain)
+        if spec is not None:  # NOWHERE: only the live replicas' shards count
+            useful = (iv.num_replicas - iv.failed) / iv.num_replicas
+    elif spec.orphans is Orphans.PLANNER:
+        ratio = np.where(down, planned_cost(iv, cost), cost.plain)
+    else:
+        shards = (iv.adopt_shards if spec.orphans is Orphans.NEAREST_NEIGHBOUR
+                  else iv.elastic_shards)
+        if spec.neighbour_mode:
+            # Normal replicas of a layout with a neighbour run the role-switching
+            # step (cost 1); nothing down means the plain fault-free step.
+            ratio = np.where(down, np.maximum(1.0, cost.neighbour_cost(shards)), cost.plain)
+        else:
+            ratio = cost.plain * cost.exact_cost(shards)
+    return ratio, useful
+
+
+@functools.lru_cache(maxsize=64)
+def _planner(cost: costs_lib.CostTable, shard: int) -> planner_lib.Planner:
+    # One per table and shard size: its budgets are cached across traces.
+    raw = faults_costs.role_cost(cost, shard)
+    normal = raw(ROLE_NORMAL, shard)
+    return planner_lib.Planner(shard, lambda role, rows: raw(role, rows) / normal)
+
+
+def planned_cost(iv: traces_lib.Intervals, cost: costs_lib.CostTable) -> np.ndarray:
+    """The planner's slowest device per interval, in normal shards (>= 1)."""
+    shard = iv.shard_seqs or CONTINUOUS_ROWS
+    planner = _planner(cost, shard)
+    counts, inverse = np.unique(iv.failed, return_inverse=True)
+    slowest = np.array([planner.budget(iv.num_replicas - int(f), int(f)).slowest_cost
+                        for f in counts])
+    return slowest[inverse]
+
+
+def event_recovery(strategy: str, assumption: str,
+                   table: recovery_lib.RecoveryTable) -> tuple[float, float | None]:
+    """(seconds of no progress, lost steps or None = since last checkpoint) per change."""
+    if assumption not in ASSUMPTIONS:
+        raise ValueError(f'assumption {assumption!r} is unknown; use {" or ".join(ASSUMPTIONS)}.')
+    spec = _spec(strategy)
+    if spec is None:
+        return 0.0, 0.0
+    if spec.restores_at_failure:
+        if assumption == 'in_process':  # no relaunch: restore from disk in place
+            return table.disk.restore_sec, table.disk.lost_steps
+        return table.disk.recovery_sec, table.disk.lost_steps
+    entry = table.in_process if assumption == 'in_process' else table.memory
+    return entry.recovery_sec, entry.lost_steps
+
+
+def _lost_since_checkpoint(since: np.ndarray, onset: np.ndarray, every: float) -> np.ndarray:
+    """Steps redone at each change, with a checkpoint every `every` steps.
+
+    A failure rolls back to the last checkpoint; a return saves first (the
+    new set resumes where the old one stopped), which moves the base.
+    """
+    lost = np.zeros(since.size)
+    position = last_saved = 0.0
+    for i, (s, fail) in enumerate(zip(since, onset)):
+        position += s
+        last_saved = max(last_saved, math.floor(position / every) * every)
+        if fail:
+            lost[i] = position - last_saved
+            position = last_saved
+        else:
+            last_saved = position
+    return lost
+
+
+def simulate(strategy: str, iv: traces_lib.Intervals, cost: costs_lib.CostTable,
+             recovery: recovery_lib.RecoveryTable, *, assumption: str, global_tokens: float,
+             checkpoint_every: float, tau: float = 100.0) -> dict[str, float]:
+    """Useful tokens/s of `strategy` over one trace, and what went into it."""
+    ratio, useful = step_costs(strategy, iv, cost)
+    spec = _spec(strategy)
+    # Neighbour modes refresh the projections at each onset and every tau
+    # steps while a replica is down (module docstring).
+    live = np.maximum(iv.num_replicas - iv.failed, 1)
+    refresh = (cost.refresh_sec + cost.refresh_split_sec / live
+               if spec is not None and spec.neighbour_mode else np.zeros(live.shape))
+    step_sec = cost.step_sec * ratio / cost.plain + np.where(iv.failed > 0, refresh / tau, 0.0)
+    tokens_per_step = global_tokens * useful
+    sec, lost_fixed = event_recovery(strategy, assumption, recovery)
+    event = iv.event & (spec is not None)
+    busy_until = np.maximum.accumulate(np.where(event, iv.start + sec + refresh * iv.onset,
+                                                -np.inf))
+    productive = np.clip(iv.end - np.maximum(iv.start, busy_until), 0.0, None)
+    steps = productive / step_sec
+    executed_before = np.concatenate([[0.0], np.cumsum(steps)])
+    at = np.flatnonzero(event)
+    since = np.diff(np.concatenate([[0.0], executed_before[at]]))
+    if lost_fixed is None:
+        if not checkpoint_every > 0:
+            raise ValueError(f'--checkpoint_every={checkpoint_every!r} must be > 0 when the '
+                             f'lost steps are derived from the checkpoint period.')
+        lost = _lost_since_checkpoint(since, iv.onset[at], checkpoint_every)
+    else:
+        lost = np.where(iv.onset[at], np.minimum(lost_fixed, since), 0.0)
+    lost_tokens = float(np.sum(lost * tokens_per_step[at - 1])) if at.size else 0.0
+    tokens = float(np.sum(steps * tokens_per_step)) - lost_tokens
+    horizon = iv.horizon_sec
+    fault_free_tps = global_tokens / cost.step_sec
+    tps = tokens / horizon
+    down = (iv.failed > 0) & (productive > 0)
+    weight = productive[down]
+    return {
+        'tokens_per_sec': tps,
+        'drop_pct': 100.0 * (1.0 - tps / fault_free_tps),
+        'fault_free_tokens_per_sec': fault_free_tps,
+        'events': float(at.size),
+        'lost_steps': float(np.sum(lost)),
+        'recovery_sec': float(np.sum(iv.duration - productive)),
+        # Busiest device's step over the fault-free one, time-weighted over
+        # productive time with a replica down (1.0 when there was none).
+        'step_ratio_when_down': float(np.sum(weight * ratio[down] / cost.plain) / weight.sum())
+        if weight.sum() > 0 else 1.0,
+    }
+
+
+def trace_stats(iv: traces_lib.Intervals) -> dict[str, float]:
+    """Model-independent figures of one trace."""
+    d = iv.duration
+    any_down = iv.failed > 0
+    return {
+        'time_frac_any_down': float(np.sum(d[any_down]) / iv.horizon_sec),
+        'mean_replicas_down': float(np.sum(d * iv.failed) / iv.horizon_sec),
+        'failure_events': float(np.count_nonzero(iv.onset)),
+        'change_events': float(np.count_nonzero(iv.event)),
+        'time_frac_adopter_2plus': float(np.sum(d[iv.adopt_shards >= 3]) / iv.horizon_sec),
+    }
+
+
+# ---------------------------------------------------------- Monte Carlo
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values, float)
+    return {'mean': float(a.mean()), 'std': float(a.std(ddof=1)) if a.size > 1 else 0.0,
+            'min': float(a.min()), 'max': float(a.max())}
+
+
+def run_setting(config: SimConfig, tables: dict[str, costs_lib.CostTable],
+                recovery: recovery_lib.RecoveryTable, *, reading: str, regime: str,
+                num_replicas: int, seeds: int, models) -> dict[str, Any]:
+    """Every (model, assumption, strategy) over `seeds` traces of one setting.
+
+    Returns {'trace': stats summaries, 'results': {(model, assumption,
+    strategy): {metric: summary}}}.
+    """
+    horizon = config.hours * 3600.0
+    shard = None if config.granularity == 'continuous' else config.replica_seqs
+    global_tokens = float(config.replica_seqs * config.seq_len * num_replicas)
+    per_seed: dict[tuple, list[dict]] = {}
+    stats: list[dict] = []
+    for seed in range(1 if regime == 'none' else seeds):
+        if regime == 'none':
+            iv = traces_lib.no_failures(num_replicas, horizon)
+        else:
+            mtbf, mttr = traces_lib.regime_rates(regime, config.mtbf_hours, config.mttr_hours)
+            trace = traces_lib.sample_trace(
+                num_replicas=num_replicas, reading=reading, mtbf_hours=mtbf, mttr_hours=mttr,
+                horizon_hours=config.hours, seed=seed, node_size=config.node_size,
+                rate_scaling=config.rate_scaling)
+            iv = traces_lib.intervals(trace, shard_seqs=shard)
+        stats.append(trace_stats(iv))
+        for model in models:
+            for assumption in config.assumptions:
+                for strategy in config.strategies:
+                    per_seed.setdefault((model, assumption, strategy), []).append(simulate(
+                        strategy, iv, tables[model], recovery, assumption=assumption,
+                        global_tokens=global_tokens, checkpoint_every=config.checkpoint_every,
+                        tau=config.tau))
+    results = {key: {m: _summary([r[m] for r in runs]) for m in runs[0]}
+               for key, runs in per_seed.items()}
+    trace = {m: _summary([s[m] for s in stats]) for m in stats[0]}
+    return {'trace': trace, 'results': results, 'seeds': len(stats)}
+
+
+def _row(config, tables, *, reading, regime, n, model, assumption, strategy, res, trace,
+         seeds) -> dict[str, Any]:
+    table = tables[model]
+    return {
+        'model': model, 'regime': regime, 'strategy': strategy, 'reading': reading,
+        'assumption': assumption, 'num_replicas': n, 'seeds': seeds, 'hours': config.hours,
+        'drop_pct': res['drop_pct']['mean'], 'drop_pct_std': res['drop_pct']['std'],
+        'drop_pct_min': res['drop_pct']['min'], 'drop_pct_max': res['drop_pct']['max'],
+        'tokens_per_sec': res['tokens_per_sec']['mean'],
+        'tokens_per_sec_std': res['tokens_per_sec']['std'],
+        'fault_free_tokens_per_sec': res['fault_free_tokens_per_sec']['mean'],
+        'events_mean': res['events']['mean'], 'lost_steps_mean': res['lost_steps']['mean'],
+        'recovery_sec_mean': res['recovery_sec']['mean'],
+        'step_ratio_when_down': res['step_ratio_when_down']['mean'],
+        'time_frac_any_down': trace['time_frac_any_down']['mean'],
+        'mean_replicas_down': trace['mean_replicas_down']['mean'],
+        'cost_source': table.source, 'step_time_source': table.step_sec_source,
+    }
+
+
+def monte_carlo(config: SimConfig, tables: dict[str, costs_lib.CostTable],
+                recovery: recovery_lib.RecoveryTable,
+                log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Table 2 (every model and regime at `replicas`) and the size sweep."""
+    config.validate()
+    rows, sweep_rows, traces = [], [], []
+    start = time.perf_counter()
+    for reading in config.readings:
+        for regime in config.regimes:
+            t0 = time.perf_counter()
+            out = run_setting(config, tables, recovery, reading=reading, regime=regime,
+                              num_replicas=config.replicas, seeds=config.seeds,
+                              models=config.models)
+            traces.append({'part': 'table2', 'reading': reading, 'regime': regime,
+                           'num_replicas': config.replicas, 'seeds': out['seeds'],
+                           **out['trace']})
+            for (model, assumption, strategy), res in out['results'].items():
+                rows.append(_row(config, tables, reading=reading, regime=regime,
+                                 n=config.replicas, model=model, assumption=assumption,
+                                 strategy=strategy, res=res, trace=out['trace'],
+                                 seeds=out['seeds']))
+            frac = out['trace']['time_frac_any_down']['mean']
+            log(f'[simulate] table 2, reading {reading}, regime {regime:<6} n={config.replicas}:'
+                f' {out["seeds"]} seed(s), >=1 replica down {100 * frac:.1f}% of the time '
+                f'({time.perf_counter() - t0:.1f} s)')
+    for regime in config.sweep_regimes if config.sizes else ():
+        for n in config.sizes:
+            for reading in config.readings:
+                t0 = time.perf_counter()
+                seeds = config.seeds_for(n)
+                out = run_setting(config, tables, recovery, reading=reading, regime=regime,
+                                  num_replicas=n, seeds=seeds, models=(config.sweep_model,))
+                traces.append({'part': 'sweep', 'reading': reading, 'regime': regime,
+                               'num_replicas': n, 'seeds': out['seeds'], **out['trace']})
+                for (model, assumption, strategy), res in out['results'].items():
+                    sweep_rows.append(_row(config, tables, reading=reading, regime=regime,
+                                           n=n, model=model, assumption=assumption,
+                                           strategy=strategy, res=res, trace=out['trace'],
+                                           seeds=out['seeds']))
+                log(f'[simulate] sweep, {regime}, reading {reading}, n={n:>4}: {seeds} seed(s), '
+                    f'mean {out["trace"]["mean_replicas_down"]["mean"]:.1f} replicas down '
+                    f'({time.perf_counter() - t0:.1f} s)')
+    log(f'[simulate] done in {time.perf_counter() - start:.1f} s')
+    return {'config': dataclasses.asdict(config),
+            'primary': {'reading': 'A', 'assumption': 'in_process',
+                        'why': "the paper's setting: failures injected into healthy processes "
+                               "of a 32-GPU cluster, one GPU per failure"},
+            'rows': rows, 'sweep_rows': sweep_rows,
+            'traces': traces,
+            'cost_tables': {name: t.to_json() for name, t in tables.items()},
+            'recovery': recovery.to_json()}
+
+
+# ------------------------------------------------------------- end to end
+
+
+def run(config: SimConfig, *, out_dir: str | None = None, cost: str = 'analytic',
+        bench_json: str = '', roles_json: str = '', bench_metric: str = 'step_ms',
+        recovery_json: str = '', events_json: str = '',
+        recovery_overrides: dict | None = None,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Loads the tables, runs the Monte Carlo, writes the reports to `out_dir`."""
+    from studies.cluster import report as cluster_report  # matplotlib only when writing
+
+    config.validate()
+    bench = costs_lib.load_json(bench_json, '--bench_json') if bench_json else None
+    roles = costs_lib.load_json(roles_json, '--roles_json') if roles_json else None
+    tables = cost_tables(config, source=cost, bench=bench, roles=roles,
+                         bench_metric=bench_metric, bench_path=bench_json,
+                         roles_path=roles_json)
+    drill = costs_lib.load_json(recovery_json, '--recovery_json') if recovery_json else None
+    measured = (recovery_lib.measured_in_process(
+        recovery_lib.compare_reports(events_json, costs_lib.load_json)) if events_json else None)
+    recovery = recovery_lib.recovery_table(drill=drill, measured=measured,
+                                           overrides=recovery_overrides,
+                                           drill_path=recovery_json or '--recovery_json')
+    for name, t in tables.items():
+        log(f'[simulate] {name}: {t.source} costs, mecefo x{t.ratio("mecefo"):.3f}, '
+            f'ndb_naive x{t.ratio("ndb_naive"):.3f}, fault-free step {t.step_sec * 1e3:.1f} ms '
+            f'({t.step_sec_source}), refresh {t.refresh_sec:.3f} s + '
+            f'{t.refresh_split_sec:.3f} s / live ({t.refresh_source})')
+    result = monte_carlo(config, tables, recovery, log=log)
+    if out_dir:
+        paths = cluster_report.write(result, out_dir)
+        log('[simulate] wrote ' + ', '.join(paths.values()))
+    return result

@@ -1,0 +1,71 @@
+"""Compile time against depth: what a new topology costs after a failure.
+
+After a failure the controller compiles the train step for a mesh and layout
+it has not seen. With blocks under `nn.scan` that program holds one block
+body whatever the depth, so its compile time should barely grow with the
+number of layers; a Python loop of blocks compiles every block. For each
+depth this compiles, on the config's full mesh of fake CPU devices, the
+MeCeFO failure program (replica 3 down: its neighbour runs two shards in
+neighbour mode, everyone else one shard exactly), ahead of time from shapes
+only, scanned and looped, and reports seconds and ratios to the shallowest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+SCAN_MODES = (True, False)
+
+
+def compile_seconds(cfg, num_layers: int, scan_layers: bool) -> float:
+    import jax
+
+    from mecefo_jax.faults.strategies import layout_for
+    from mecefo_jax.model import optim
+    from mecefo_jax.model.llama import build_model
+    from mecefo_jax.parallel import sharding
+    from mecefo_jax.parallel import state as state_lib
+    from mecefo_jax.parallel.topology import TopologyCache
+
+    model = build_model(cfg, num_layers=num_layers, scan_layers=scan_layers)
+    optimizer = optim.make_optimizer(cfg.train)
+    rank = cfg.mecefo.rank
+    mesh = sharding.make_mesh(cfg.mesh)
+    cache = TopologyCache(model, optimizer, state_lib.state_shardings(model, optimizer, mesh, rank),
+                          rank, refresh=cfg.mecefo.refresh,
+                          refresh_iters=cfg.mecefo.refresh_iters,
+                          refresh_split_min_elements=cfg.mecefo.refresh_split_min_elements)
+    replicas = mesh.shape[sharding.DATA_AXIS]
+    live = tuple(r != min(3, replicas - 1) for r in range(replicas))
+    topology = cache.get([row for row, up in zip(sharding.mesh_rows(mesh), live) if up])
+    layout = layout_for('mecefo', live, cfg.data.global_batch_size // replicas)
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            state_lib.abstract_train_state(model, optimizer, rank=rank),
+                            topology.state_shardings)
+    spec = topology.batch_spec(layout, cfg.data.seq_len + 1)
+    start = time.perf_counter()
+    topology.compiled_step(abstract, spec, layout)
+    return time.perf_counter() - start
+
+
+def run(cfg, depths, out_dir: str | None = None, log=print) -> dict:
+    rows = []
+    for scan in SCAN_MODES:
+        for depth in depths:
+            seconds = compile_seconds(cfg, depth, scan)
+            rows.append({'scan_layers': scan, 'num_layers': depth, 'compile_sec': seconds})
+            log(f'compile: scan_layers={scan} layers={depth}: {seconds:.2f} s')
+    for row in rows:
+        base = next(r for r in rows if r['scan_layers'] == row['scan_layers']
+                    and r['num_layers'] == min(depths))
+        row['ratio_to_shallowest'] = row['compile_sec'] / base['compile_sec']
+    result = {'rows': rows, 'depths': list(depths), 'mesh': dataclasses.asdict(cfg.mesh),
+              'd_model': cfg.model.d_model,
+              'what': 'AOT compile of the MeCeFO failure train step (replica 3 down)'}
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, 'bench_compile.json'), 'w') as f:
+            json.dump(result, f, indent=2)
+    return result

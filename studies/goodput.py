@@ -1,0 +1,240 @@
+"""Modelled time and time to target: the arithmetic of the time-to-target experiment.
+
+This module owns the *record* of a run, plain JSON so that a report can be
+rebuilt from stored runs with other cost constants: `executed` ([clock, step,
+layout number] per executed step), `layouts` (`LayoutBook` entries: live mask
+and device programs), `events` (each live-set change: kind, clock, step,
+lost steps), `refresh_steps`, `saves` (checkpoint/restart's) and `relaunch`
+(whether a change relaunches the job). And what is computed from it: the
+modelled cluster time at which each step's state exists, the time at which
+the validation loss first reaches a target, and how many seeds a paired gap
+needs. No jax is run here: everything is arithmetic on records.
+
+Modelled time is deterministic: the same record gives the same seconds on any
+machine, and no timing taken during the run enters it.
+
+* A step lasts `fault.step_time_sec` times its slowest live device's program
+  cost in normal steps (`faults/costs.py`'s analytic FLOP model of the
+  config's own shape, through `role_cost`, exactly as the `mecefo_planned`
+  planner weighs layouts: `config_planner`). A fault-free step costs 1.
+  Given a `bench_step.json` (`scripts/gpu_report.py`, `scripts/bench_step.py`)
+  the programs cost its measured wall-time ratios instead (`bench_table`):
+  the same layouts, timed as the bench's machine ran its shape.
+* Each live-set change costs the stated `TimeCosts`: in place (every strategy
+  but checkpoint/restart) detect + rebuild, plus compile when the new layout
+  was not compiled before in the run (the controller keeps every topology it
+  has built); checkpoint/restart relaunches the job: detect +
+  `fault.relaunch_delay_sec` + restore + compile, every time.
+* Every projection refresh the controller did (MeCeFO strategies: at a
+  failure onset, and every `mecefo.tau` steps while a neighbour is active)
+  costs what `faults/refresh_costs.py` charges a replica for the config's
+  shape (its products split over the live replicas). Under any
+  `mecefo.projection` but 'weights' the controller does none, and records none.
+* Every checkpoint checkpoint/restart saves blocks training for
+  `TimeCosts.checkpoint_save_sec`; the steps it redoes after a restore are
+  executed steps like any other.
+
+The time of a step's state is that after its last execution (a step redone
+after a rollback counts when it is redone: the state of its first execution
+was lost).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import statistics
+
+from mecefo_jax.faults import refresh_costs
+from mecefo_jax.neighbour.layout import ROLE_NORMAL, Program
+from studies.cluster.recovery import DEFAULT_BREAKDOWN
+
+HOUR = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeCosts:
+    """The stated costs of modelled time, in cluster seconds (not measurements).
+
+    Round figures for a GPU job, the same as the cluster projection's
+    (`experiments/cluster/recovery.py`), so that they can be argued with in
+    one place; `fault.step_time_sec` and `fault.relaunch_delay_sec` come from
+    the config.
+    """
+    # A dead replica noticed (heartbeat or collective timeout).
+    detect_sec: float = DEFAULT_BREAKDOWN['disk']['detect_sec']
+    # The live state moved onto the survivors' mesh, in place: as a restore from
+    # host memory.
+    rebuild_sec: float = DEFAULT_BREAKDOWN['memory']['restore_sec']
+    # A layout's step compiled (its first slow step included).
+    compile_sec: float = DEFAULT_BREAKDOWN['disk']['compile_sec']
+    # checkpoint/restart's restore from shared storage.
+    restore_sec: float = DEFAULT_BREAKDOWN['disk']['restore_sec']
+    # What one asynchronous save blocks training for: the device-to-host copy of a
+    # replica's state (a 350M model's parameters and Adam moments, 4.2 GB, at about
+    # 2 GB/s of effective PCIe bandwidth); the write to storage overlaps training.
+    checkpoint_save_sec: float = 2.0
+    # The projection refresh's FLOP rate and link bandwidth (faults/refresh_costs.py).
+    refresh_tflops: float = refresh_costs.DEFAULT_REFRESH_TFLOPS
+    link_gbps: float = refresh_costs.DEFAULT_LINK_GBPS
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            rates = field.name in ('refresh_tflops', 'link_gbps')
+            if (value <= 0) if rates else (value < 0):
+                raise ValueError(f'TimeCosts.{field.name}={value!r} must be {"> 0" if rates else ">= 0"}.')
+
+
+class LayoutBook:
+    """Distinct (live mask, device programs) pairs of a run, numbered as first seen.
+
+    A record keeps per executed step only the number; the programs are what
+    modelled time needs (the slowest one sets the step), the live mask what
+    a refresh and a compile depend on.
+    """
+
+    def __init__(self, layouts: list | None = None):
+        self.layouts = list(layouts or [])
+        self._index = {_key(x): i for i, x in enumerate(self.layouts)}
+
+    def index(self, live, layout) -> int:
+        """The number of `layout` (a `layout.Layout`) on the replicas `live`."""
+        return self.add({'live': [bool(x) for x in live],
+                         'programs': [[p.role, p.rows, p.exact] for p in layout.programs]})
+
+    def add(self, entry: dict) -> int:
+        """The number of an entry (of this or another book)."""
+        key = _key(entry)
+        if key not in self._index:
+            self._index[key] = len(self.layouts)
+            self.layouts.append(entry)
+        return self._index[key]
+
+
+def _key(entry: dict) -> tuple:
+    return tuple(entry['live']), tuple(tuple(p) for p in entry['programs'])
+
+
+class TimeModel:
+    """Modelled seconds of a run's record for one config (see module docstring)."""
+
+    def __init__(self, cfg, num_replicas: int, costs: TimeCosts | None = None,
+                 bench: dict | None = None):
+        from mecefo_jax.faults.costs import bench_table, role_cost, shape_of
+        from mecefo_jax.faults.planner import config_planner
+        from mecefo_jax.neighbour.projections import resolve_rank
+        self.costs = costs = costs or TimeCosts()
+        self.step_time_sec = cfg.fault.step_time_sec
+        self.relaunch_sec = cfg.fault.relaunch_delay_sec
+        self.shard = cfg.data.global_batch_size // num_replicas
+        m = cfg.model
+        rank = resolve_rank(cfg.mecefo.rank, m.d_model, m.ffn_hidden)
+        if bench is None:
+            self._cost = config_planner(cfg, self.shard).cost  # the planner's own cost table
+            self.step_cost_source = ("analytic FLOPs of the config's shape "
+                                     f'(mecefo.projection={cfg.mecefo.projection})')
+        else:
+            table = bench_table(bench, shape_of(m), metric='step_ms', seq_len=cfg.data.seq_len,
+                                replica_seqs=self.shard, mfu=1.0, rank=rank,
+                                recompute_ffn=cfg.mecefo.remat_ffn)
+            self._cost = role_cost(table, self.shard)
+            self.step_cost_source = f'measured wall-time ratios, {table.note}'
+        self._normal = self._cost(ROLE_NORMAL, self.shard)
+        if cfg.mecefo.projection != 'weights':  # the controller refreshes nothing
+            self.refresh = {'refresh_sec': 0.0, 'refresh_split_sec': 0.0, 'refresh_source':
+                            f'none: mecefo.projection={cfg.mecefo.projection} reads no '
+                            'projections'}
+        else:
+            self.refresh = refresh_costs.refresh_charge(
+                shape_of(m), method=cfg.mecefo.refresh, rank=rank,
+                iterations=cfg.mecefo.refresh_iters, tflops=costs.refresh_tflops,
+                link_gbps=costs.link_gbps,
+                split_min_elements=cfg.mecefo.refresh_split_min_elements)
+
+    def step_ratio(self, layout: dict) -> float:
+        """The slowest program of a `LayoutBook` entry, in normal steps."""
+        from mecefo_jax.faults.planner import program_cost
+        return max(program_cost(self._cost, Program(*p)) for p in layout['programs']) / self._normal
+
+    def refresh_sec(self, live: int) -> float:
+        return self.refresh['refresh_sec'] + self.refresh['refresh_split_sec'] / live
+
+    def change_sec(self, relaunch: bool, new_layout: bool) -> float:
+        """One live-set change: a relaunch (checkpoint/restart) or in place."""
+        c = self.costs
+        if relaunch:
+            return c.detect_sec + self.relaunch_sec + c.restore_sec + c.compile_sec
+        return c.detect_sec + c.rebuild_sec + (c.compile_sec if new_layout else 0.0)
+
+    def timeline(self, record: dict) -> tuple[dict[int, float], dict[str, float]]:
+        """({steps done: modelled seconds after the last execution of that step},
+        {seconds per part: compute, changes, refresh, checkpoints; steps executed, redone})."""
+        events = {e['clock']: e for e in record['events']}
+        refresh = collections.Counter(record['refresh_steps'])
+        saves = collections.Counter(record['saves'])
+        ratios = [self.step_ratio(x) for x in record['layouts']]
+        parts = dict.fromkeys(('compute_sec', 'change_sec', 'refresh_sec', 'checkpoint_sec'), 0.0)
+        # The full mesh's step is compiled before training starts, in every run alike.
+        seen = {_key({'live': [True] * len(record['layouts'][0]['live']),
+                      'programs': [[ROLE_NORMAL, self.shard, 0]]})}
+        done, t = {}, 0.0
+
+        def charge(part: str, seconds: float) -> None:
+            nonlocal t
+            parts[part] += seconds
+            t += seconds
+        for clock, step, index in record['executed']:
+            layout = record['layouts'][index]
+            if clock in events:  # the live set changed before this step
+                charge('change_sec', self.change_sec(record['relaunch'], _key(layout) not in seen))
+            seen.add(_key(layout))
+            if saves[step]:  # checkpoint/restart saved the state entering this step
+                saves[step] -= 1
+                charge('checkpoint_sec', self.costs.checkpoint_save_sec)
+            if refresh[step]:  # the projections were refreshed before this step
+                refresh[step] -= 1
+                charge('refresh_sec', self.refresh_sec(sum(layout['live'])))
+            charge('compute_sec', ratios[index] * self.step_time_sec)
+            done[step + 1] = t
+        parts['executed_steps'] = len(record['executed'])
+        parts['redone_steps'] = len(record['executed']) - len(done)
+        return done, parts
+
+
+def time_to_target(curve, times: dict[int, float], target: float) -> float | None:
+    """Modelled seconds at which the validation loss first reaches `target`, or None.
+
+    `curve` is [(steps done, val loss)] in step order, `times` the timeline.
+    Linear in modelled time between the two evaluations that bracket the
+    first crossing; the first evaluation itself when it already crosses.
+    """
+    previous = None
+    for step, loss in curve:
+        if loss <= target:
+            t = times[step]
+            if previous is None:
+                return t
+            step0, loss0 = previous
+            t0 = times[step0]
+            return t0 + (loss0 - target) / (loss0 - loss) * (t - t0)
+        previous = (step, loss)
+    return None
+
+
+Z_975, Z_80 = statistics.NormalDist().inv_cdf(0.975), statistics.NormalDist().inv_cdf(0.8)
+
+
+def seeds_to_separate(differences) -> float | None:
+    """Seeds a paired difference needs for a two-sided 5% test at 80% power.
+
+    n = ((z_0.975 + z_0.8) * sigma / delta)^2, with delta the mean and sigma
+    the sample std of the per-seed differences (a normal approximation); None
+    with fewer than two seeds, infinity when the mean difference is 0.
+    """
+    values = [v for v in differences if v is not None]
+    if len(values) < 2:
+        return None
+    delta, sigma = statistics.fmean(values), statistics.stdev(values)
+    if delta == 0:
+        return float('inf') if sigma else None
+    return ((Z_975 + Z_80) * sigma / delta) ** 2

@@ -1,0 +1,275 @@
+"""Exact SVD against the cheap subspace-iteration refresh of V, at a config's FFN shapes.
+
+    python scripts/bench_refresh.py --config configs/llama_7b.py --out DIR
+
+One layer's FFN kernels are enough: w_gate and w_up share the [d, h] shape
+(measured once as w_gate), w_down is [h, d]. For each shape, on the default
+backend with one device: seconds (jit, AOT-compiled, median of repeats) and
+FLOPs of the full SVD (`top_singular_vectors`, the reference refresh; its
+first run gives the pre-drift V) and of
+the cheap refresh (`subspace_iteration` warm-started from the held V), and the
+energy ||kernel^T V||_F^2 that V captures relative to the exact top-r
+subspace's, cold (random start) and warm started, on random weights and
+after a drift.
+
+FLOPs: XLA's cost analysis counts what XLA itself computes; the LAPACK SVD
+and QR run as custom calls it counts as nothing, so `full_flops` and
+`cheap_flops` are operation counts of the algorithms (Golub & Van Loan,
+Matrix Computations, 3rd ed., section 5.4.5: R-SVD giving Sigma, the thin U
+and V, 6 M N^2 + 20 N^3 for M >= N; thin Householder QR of [k, r],
+2 k r^2 - 2 r^3 / 3), with XLA's figures beside them as `*_flops_xla`.
+
+Drift: the weights after `tau` optimizer steps are modelled as W + D with D
+i.i.d. N(0, (lr * sqrt(tau))^2): AdamW moves each entry by about lr per step,
+in a direction that is random from step to step. V is refreshed every tau
+steps, so the warm start is the exact V of the pre-drift weights; the
+drifted kernel's exact top-r energy comes from its Gram eigenvalues (float64),
+saving an SVD per shape (half an hour each at 7B on 2 CPU cores). With
+`checkpoints` (a run's checkpoint directory) the same is measured on a real
+drift: V exact at the run's second-latest checkpoint, refreshed at the latest.
+Writes bench_refresh.json and bench_refresh.md into the output directory.
+"""
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from mecefo_jax.faults.refresh_costs import subspace_flops
+from mecefo_jax.neighbour import projections as proj_lib
+from mecefo_jax.parallel import aot
+
+ITERATION_SWEEP = (1, 2, 3, 4)  # energy ratios also reported for these iteration counts
+
+
+def ffn_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """Distinct FFN kernel shapes of one layer: [d, h] (w_gate, as w_up) and [h, d]."""
+    d, h = cfg.model.d_model, cfg.model.ffn_hidden
+    return {'w_gate': (d, h), 'w_down': (h, d)}
+
+
+def svd_flops(n: int, m: int) -> float:
+    """R-SVD count for Sigma, thin U and V of an [n, m] matrix (GVL 5.4.5)."""
+    big, small = max(n, m), min(n, m)
+    return 6.0 * big * small ** 2 + 20.0 * small ** 3
+
+
+
+
+def energy(kernel_nm, v_nr) -> float:
+    """||kernel^T V||_F^2: the squared singular mass V captures (in float64 on the host)."""
+    import numpy as np
+    k = np.asarray(kernel_nm, np.float64)
+    v = np.asarray(v_nr, np.float64)
+    return float(np.sum((k.T @ v) ** 2))
+
+
+def top_energy(kernel_nm, r: int) -> float:
+    """Sum of the top-r squared singular values, from the eigenvalues of the smaller Gram
+    matrix in float64: the exact reference for a drifted kernel without another SVD."""
+    import numpy as np
+    k = np.asarray(kernel_nm, np.float64)
+    gram = k @ k.T if k.shape[0] <= k.shape[1] else k.T @ k
+    return float(np.sum(np.linalg.eigvalsh(gram)[-r:]))
+
+
+def _timed(fn, args, repeats: int):
+    """(last output, wall seconds per run, process CPU seconds per run).
+
+    CPU seconds are reported beside wall seconds because on a shared machine
+    the wall clock mostly measures the other processes.
+    """
+    times, cpu = [], []
+    out = None
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        out = jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return out, times, cpu
+
+
+def _compile(fn, *args):
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
+def bench_shape(name, n, m, r, *, iterations, drift_std, seed, full_repeats, cheap_repeats,
+                log=print) -> dict:
+    """Timings, FLOPs and energy ratios for one [n, m] kernel shape."""
+    keys = jax.random.split(jax.random.key(seed), 3)
+    k0 = jax.random.normal(keys[0], (n, m), jnp.float32) * n ** -0.5  # the model's init
+    k1 = k0 + drift_std * jax.random.normal(keys[1], (n, m), jnp.float32)
+    full, full_compile = _compile(lambda k: proj_lib.top_singular_vectors(k, r), k0)
+    cheap, cheap_compile = _compile(
+        lambda k, v: proj_lib.subspace_iteration(k, r, v, iterations=iterations),
+        k0, jnp.zeros((n, r), jnp.float32))
+    log(f'  {name} [{n}, {m}] r={r}: compiled (svd {full_compile:.1f} s, '
+        f'subspace {cheap_compile:.1f} s); {full_repeats} full SVD(s)...')
+    v0, full_times, full_cpu = _timed(full, (k0,), full_repeats)  # v0: the pre-drift reference V
+    log(f'  {name}: full SVD {statistics.median(full_times):.3f} s; subspace iteration...')
+    jax.block_until_ready(cheap(k1, v0))  # warm-up
+    _, cheap_times, cheap_cpu = _timed(cheap, (k1, v0), cheap_repeats)
+    log(f'  {name}: subspace {statistics.median(cheap_times):.4f} s; energies...')
+    exact0, exact1 = energy(k0, v0), top_energy(k1, r)
+    sweep = {}
+    for its in sorted(set(ITERATION_SWEEP) | {iterations}):
+        cold0 = proj_lib.subspace_iteration(k0, r, None, iterations=its, key=keys[2])
+        warm1 = proj_lib.subspace_iteration(k1, r, v0, iterations=its)
+        sweep[its] = {'cold_random': energy(k0, cold0) / exact0,
+                      'warm_drifted': energy(k1, warm1) / exact1}
+    return {
+        'name': name, 'shape': [n, m], 'rank': r, 'iterations': iterations,
+        'full_sec': statistics.median(full_times), 'full_sec_runs': full_times,
+        'full_sec_min': min(full_times), 'full_cpu_sec': statistics.median(full_cpu),
+        'cheap_cpu_sec': statistics.median(cheap_cpu),
+        'cheap_sec_min': min(cheap_times),
+        'cheap_sec': statistics.median(cheap_times), 'cheap_sec_runs': cheap_times,
+        'full_compile_sec': full_compile, 'cheap_compile_sec': cheap_compile,
+        'full_flops': svd_flops(n, m), 'cheap_flops': subspace_flops(n, m, r, iterations),
+        'full_flops_xla': aot.flops_of(full), 'cheap_flops_xla': aot.flops_of(cheap),
+        'energy_ratio_cold': sweep[iterations]['cold_random'],
+        # The SVD's top-r energy against the Gram eigenvalues': 1 up to rounding.
+        'exact_energy_check': exact0 / top_energy(k0, r),
+        'energy_ratio_warm': sweep[iterations]['warm_drifted'],
+        'energy_ratio_stale': energy(k1, v0) / exact1,  # no refresh at all
+        'energy_ratio_by_iterations': {str(k): v for k, v in sweep.items()},
+    }
+
+
+def checkpoint_kernels(directory: str, layer: int = 0) -> tuple[list[int], dict]:
+    """One layer's FFN kernels and held V at a run's two latest checkpoint steps.
+
+    (steps, {name: [kernel_early, v_early, kernel_late, v_late]}).
+    """
+    import orbax.checkpoint as ocp
+    steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+    if len(steps) < 2:
+        raise ValueError(f'--checkpoints {directory}: needs two checkpoint steps, found {steps}')
+    checkpointer = ocp.StandardCheckpointer()
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    kernels = {}
+    for step in steps[-2:]:
+        path = os.path.join(directory, str(step), 'state')
+        meta = checkpointer.metadata(path)
+        meta = getattr(meta, 'item_metadata', meta)
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                              meta)
+        state = checkpointer.restore(path, target)
+        ffn, held = state['params']['layers']['ffn'], state['projections']['layers']['ffn']
+        for name in proj_lib.FFN_KERNEL_NAMES:
+            kernels.setdefault(name, []).append(jnp.asarray(ffn[name]['kernel'][layer]))
+            kernels[name].append(jnp.asarray(held[name]['kernel'][layer]))
+    return steps[-2:], kernels
+
+
+def real_drift(cfg, directory: str, log=print) -> dict:
+    """Energy ratios on a real run's drift: V exact at the earlier step, refreshed at the later."""
+    iterations = cfg.mecefo.refresh_iters
+    steps, kernels = checkpoint_kernels(directory)
+    rows = {}
+    for name, (early, _, late, held) in kernels.items():
+        r = held.shape[-1]
+        v_early = proj_lib.top_singular_vectors(early, r)
+        exact = energy(late, proj_lib.top_singular_vectors(late, r))
+        by_iters = {str(its): energy(late, proj_lib.subspace_iteration(
+                        late, r, v_early, iterations=its)) / exact
+                    for its in sorted(set(ITERATION_SWEEP) | {iterations})}
+        # A failure onset warm-starts from whatever V the state holds (in a run
+        # without failures: the one computed at initialisation).
+        onset = energy(late, proj_lib.subspace_iteration(late, r, held,
+                                                         iterations=iterations)) / exact
+        rows[name] = {'shape': list(early.shape), 'rank': r,
+                      'energy_ratio_warm': by_iters[str(iterations)],
+                      'energy_ratio_stale': energy(late, v_early) / exact,
+                      'energy_ratio_from_held_v': onset,
+                      'held_v_energy_ratio': energy(late, held) / exact,
+                      'energy_ratio_by_iterations': by_iters}
+        log(f'  real drift {name} steps {steps[0]}->{steps[1]}: warm '
+            f"{rows[name]['energy_ratio_warm']:.5f}, stale {rows[name]['energy_ratio_stale']:.5f},"
+            f' from the held V {onset:.5f}')
+    return {'checkpoints': directory, 'steps': steps, 'kernels': rows,
+            'energy_ratio_warm': min(row['energy_ratio_warm'] for row in rows.values())}
+
+
+def run(cfg, out_dir: str, *, full_repeats: int = 2, cheap_repeats: int = 5,
+        seed: int = 0, checkpoints: str = '', log=print) -> dict:
+    """Benchmarks every FFN shape of `cfg`; writes bench_refresh.{json,md} into out_dir."""
+    method, iterations, tau = cfg.mecefo.refresh, cfg.mecefo.refresh_iters, cfg.mecefo.tau
+    drift_std = cfg.train.learning_rate * tau ** 0.5
+    log(f'refresh bench on {jax.default_backend()} ({jax.devices()[0].device_kind}): '
+        f'iterations={iterations}, drift std {drift_std:.3g} (lr {cfg.train.learning_rate} '
+        f'x sqrt(tau={tau}))')
+    rows = []
+    os.makedirs(out_dir, exist_ok=True)
+    for name, (n, m) in ffn_shapes(cfg).items():
+        r = proj_lib.resolve_rank(cfg.mecefo.rank, n, m)
+        rows.append(bench_shape(name, n, m, r, iterations=iterations, drift_std=drift_std,
+                                seed=seed, full_repeats=full_repeats,
+                                cheap_repeats=cheap_repeats, log=log))
+        with open(os.path.join(out_dir, 'bench_refresh.partial.json'), 'w') as f:
+            json.dump(rows, f, indent=2)  # a long run's finished shapes survive a kill
+    full_sec = sum(row['full_sec'] for row in rows)
+    full_cpu, cheap_cpu = (sum(row[k] for row in rows) for k in ('full_cpu_sec', 'cheap_cpu_sec'))
+    cheap_sec = sum(row['cheap_sec'] for row in rows)
+    result = {
+        'backend': jax.default_backend(), 'device_kind': jax.devices()[0].device_kind,
+        'refresh': method, 'refresh_iters': iterations, 'tau': tau,
+        'drift': f'W + N(0, (lr*sqrt(tau))^2) per entry, std {drift_std:.4g}',
+        'full_sec': full_sec, 'cheap_sec': cheap_sec, 'speedup': full_sec / cheap_sec,
+        'full_cpu_sec': full_cpu, 'cheap_cpu_sec': cheap_cpu, 'cpu_speedup': full_cpu / cheap_cpu,
+        'load_average': os.getloadavg()[0],
+        'full_flops': sum(row['full_flops'] for row in rows),
+        'cheap_flops': sum(row['cheap_flops'] for row in rows),
+        'full_flops_xla': sum(row['full_flops_xla'] for row in rows),
+        'cheap_flops_xla': sum(row['cheap_flops_xla'] for row in rows),
+        'energy_ratio_warm': min(row['energy_ratio_warm'] for row in rows),
+        'energy_ratio_cold': min(row['energy_ratio_cold'] for row in rows),
+        'shapes': rows,
+    }
+    result['flops_ratio'] = result['full_flops'] / result['cheap_flops']
+    if checkpoints:
+        result['real_drift'] = real_drift(cfg, checkpoints, log=log)
+        result['energy_ratio_warm_real'] = result['real_drift']['energy_ratio_warm']
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, 'bench_refresh.json'), 'w') as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(out_dir, 'bench_refresh.md'), 'w') as f:
+        f.write(markdown(result))
+    return result
+
+
+def markdown(result: dict) -> str:
+    """One row per kernel shape plus the one-layer total (w_gate counted once)."""
+    lines = [f"Refresh of V on {result['backend']} ({result['device_kind']}), "
+             f"{result['refresh_iters']} subspace iterations, drift: {result['drift']}.",
+             '',
+             '| kernel | shape | r | SVD s | subspace s | speedup | SVD GFLOP | subspace GFLOP '
+             '| FLOP ratio | energy cold | energy warm | energy stale |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|']
+    for row in result['shapes']:
+        lines.append(
+            f"| {row['name']} | {row['shape'][0]}x{row['shape'][1]} | {row['rank']} "
+            f"| {row['full_sec']:.3f} | {row['cheap_sec']:.4f} "
+            f"| {row['full_sec'] / row['cheap_sec']:.1f}x | {row['full_flops'] / 1e9:.2f} "
+            f"| {row['cheap_flops'] / 1e9:.3f} | {row['full_flops'] / row['cheap_flops']:.1f}x "
+            f"| {row['energy_ratio_cold']:.4f} | {row['energy_ratio_warm']:.5f} "
+            f"| {row['energy_ratio_stale']:.5f} |")
+    lines += ['', f"Total: SVD {result['full_sec']:.3f} s, subspace {result['cheap_sec']:.4f} s "
+              f"({result['speedup']:.1f}x; CPU seconds {result['full_cpu_sec']:.3f} against "
+              f"{result['cheap_cpu_sec']:.4f}, {result['cpu_speedup']:.1f}x; load average "
+              f"{result['load_average']:.1f}); FLOPs {result['flops_ratio']:.1f}x fewer; "
+              f"energy_ratio_warm {result['energy_ratio_warm']:.5f} "
+              f"(XLA's FLOP counts: SVD {result['full_flops_xla']:.3g}, "
+              f"subspace {result['cheap_flops_xla']:.3g}: the LAPACK calls count as 0).", '']
+    if 'real_drift' in result:
+        drift = result['real_drift']
+        lines += [f"Real drift, checkpoints {drift['steps'][0]} -> {drift['steps'][1]} of "
+                  f"{drift['checkpoints']}: " + ', '.join(
+                      f"{name} {row['shape'][0]}x{row['shape'][1]} warm "
+                      f"{row['energy_ratio_warm']:.5f} (stale {row['energy_ratio_stale']:.5f})"
+                      for name, row in drift['kernels'].items()), '']
+    return '\n'.join(lines)
