@@ -11,7 +11,7 @@
 | `compile_time` | a new failure topology's compile time against depth |
 | `memory_plan` | per-device memory plans of the real step, compiled ahead of time |
 | `role_timer` | each role program's wall time, for modelled step time |
-| `observers` | a run's measuring observers: modelled time, program usage, coverage, gradient error |
+| `probes` | a run's measuring observers: modelled time, program usage, coverage, gradient error |
 | `compare` | every fault strategy side by side on one failure schedule |
 | `compare_over_seeds` | the same over several failure seeds: mean, spread, a ranking |
 | `quality` | validation perplexity under failures (the paper's Table 3 analogue) |

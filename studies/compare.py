@@ -5,7 +5,7 @@ failure schedule, then reports modelled throughput, wall-clock throughput
 (labelled as such: fake CPU devices share the host's cores), final
 validation loss and lost steps.
 
-Modelled time (experiments/observers.py): each step lasts `fault.step_time_sec`
+Modelled time (studies/probes.py): each step lasts `fault.step_time_sec`
 times the measured ratio of its slowest live device's program to a normal
 device's (each role's program timed alone on one device), plus the measured
 rebuild, compile, restore and blocking-checkpoint seconds and the modelled
@@ -79,7 +79,7 @@ def _train_observed(cfg, workdir: str, timer) -> dict:
     from mecefo_jax.run import run as train_run
     from mecefo_jax.training.observers import TokenCount
     from mecefo_jax.training.run_setup import build_run
-    from studies.observers import ModelledTime, ProgramUsage
+    from studies.probes import ModelledTime, ProgramUsage
     run = build_run(cfg, workdir)
     normal = full_layout(run.num_shards, run.shard_batch)
     observers = [TokenCount(cfg.data.seq_len), ProgramUsage(timer),

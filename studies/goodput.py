@@ -56,7 +56,7 @@ class TimeCosts:
     """The stated costs of modelled time, in cluster seconds (not measurements).
 
     Round figures for a GPU job, the same as the cluster projection's
-    (`experiments/cluster/recovery.py`), so that they can be argued with in
+    (`studies/cluster/recovery.py`), so that they can be argued with in
     one place; `fault.step_time_sec` and `fault.relaunch_delay_sec` come from
     the config.
     """

@@ -15,7 +15,7 @@ within a seed the runs differ only by what the failures did.
 
 Gradient error of the neighbour. While some replica is a MeCeFO neighbour,
 on the 1st, (k+1)-th, ... such step (`grad_error_every` = k) an observer
-(experiments/observers.py, `GradientError`) takes the batch the step is about to train on, and for every neighbour
+(studies/probes.py, `GradientError`) takes the batch the step is about to train on, and for every neighbour
 computes, on the parameters and projections the step will use, the
 neighbour-mode gradient of its rows (own shard + adopted ones) and the exact
 gradient of the same rows, and their relative error per parameter group with
@@ -81,7 +81,7 @@ def train_one(cfg, run_spec: Run, seed: int, workdir: str, *,
     from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.run import run as train_run
     from mecefo_jax.training.run_setup import build_run
-    from studies.observers import Coverage, GradientError, ProgramUsage
+    from studies.probes import Coverage, GradientError, ProgramUsage
     run_cfg = run_config(cfg, run_spec, seed, evals)
     start = time.perf_counter()
     run = build_run(run_cfg, workdir)

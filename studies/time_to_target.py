@@ -86,7 +86,7 @@ def train_record(run_cfg, workdir: str, *, steps: int, target, settings: Setting
     """Train one run (afresh, or from the state in `start_dir`) under `TargetWatch`."""
     from mecefo_jax.run import run as train_run
     from mecefo_jax.training.run_setup import build_run
-    from studies.observers import TargetWatch
+    from studies.probes import TargetWatch
     shutil.rmtree(workdir, ignore_errors=True)  # what an interrupted attempt left
     run = build_run(run_cfg, workdir)
     watch = TargetWatch(run, steps=steps, target=target, evaluate_at=settings.evaluate_at(steps),

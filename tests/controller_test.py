@@ -36,7 +36,7 @@ from mecefo_jax.parallel import state as state_lib
 from mecefo_jax.training import resume, run_setup
 from mecefo_jax.training.metrics import read_metrics
 from mecefo_jax.training.observers import Observer, TokenCount
-from studies.observers import GradientError
+from studies.probes import GradientError
 
 N = 8  # replicas (fake devices, mesh.model = 1)
 STEPS = 10

@@ -63,7 +63,7 @@ def _train_section() -> ConfigDict:
     section.steps = 200  # optimizer steps
     # Steps the learning-rate schedule spans (warmup + cosine); 0: train.steps. Past
     # them the LR stays at its final value, so a run set to go on past its planned
-    # end (experiments/time_to_target.py) is the same run, continued.
+    # end (studies/time_to_target.py) is the same run, continued.
     section.lr_schedule_steps = 0
     section.learning_rate = 3e-3  # peak learning rate after warmup
     section.warmup_fraction = 0.1  # linear warmup over this fraction of steps

@@ -21,7 +21,7 @@ loop's observers once that step is timed. Every SVD refresh is waited for
 and timed (its first call on a topology includes compiling it) and counted
 in the measured overhead: on the event that triggered it, or as a refresh
 between events every `mecefo.tau` steps. Modelled cluster time and token
-accounting are observers' work (experiments/observers.py, observers.py).
+accounting are observers' work (studies/probes.py, observers.py).
 """
 import dataclasses
 import time

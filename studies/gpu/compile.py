@@ -1,7 +1,7 @@
 """Report section `compile`: the compile time of a new failure topology's step at 24 layers.
 
 After a failure every survivor compiles a step it has not seen. With two or
-more devices this is `experiments/compile_time.py`'s program: the MeCeFO
+more devices this is `studies/compile_time.py`'s program: the MeCeFO
 failure step on the config's full mesh, replica 3 (or the last) down, its
 neighbour running two shards in neighbour mode. On one device no replica
 can fail and leave a survivor, and a one-replica mesh runs one program
@@ -60,7 +60,7 @@ def run(ctx) -> dict:
         seconds = compile_time.compile_seconds(cfg, shape['layers'], scan_layers=True)
         replicas, width = sharding.mesh_shape(cfg.mesh, devices)
         out.update(what=f'MeCeFO failure step on a {replicas}x{width} mesh, one replica down '
-                        '(experiments/compile_time.py)')
+                        '(studies/compile_time.py)')
     else:
         from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL
         batch = STEP_SHAPES['step'][kind]['batch']

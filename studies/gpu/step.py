@@ -1,6 +1,6 @@
 """Report sections `step` (350M) and `step_1b`: one device's train step in every role.
 
-Built from the step-cost benchmark's pieces (`experiments/step_modes.py`'s
+Built from the step-cost benchmark's pieces (`studies/step_modes.py`'s
 mode layouts and plain DP step, `step_measure.py`'s interleaved timer,
 `step_efficiency.py`'s MFU), with what a GPU run adds and what a
 10-minute budget allows:

@@ -172,7 +172,7 @@ class GradientError(Observer):
 
 
 class TargetWatch(Observer):
-    """The time-to-target experiment's view of a run (experiments/time_to_target.py).
+    """The time-to-target experiment's view of a run (studies/time_to_target.py).
 
     Per executed step: its clock, step and layout (a `goodput.LayoutBook`
     entry, from which modelled time follows). The validation loss after every
