@@ -18,6 +18,7 @@ DTYPES = ('float32', 'bfloat16')
 DATA_SOURCES = ('embedded', 'python_docs', 'tfds', 'text')
 PARITY_CODES = ('', 'xor')
 RECOVERIES = ('memory', 'disk')
+TIME_MODELS = ('steps', 'wall_clock')
 
 
 def _require(ok: bool, dotted: str, value: Any, rule: str, fix: Any) -> None:
@@ -61,9 +62,10 @@ def _check_data(cfg: Config) -> None:
              '~/.cache/mecefo_jax')
     _require(0.0 <= d.val_fraction < 1.0, 'data.val_fraction', d.val_fraction,
              'must be in [0, 1): the fraction of documents held out for validation', 0.05)
-    replicas = cfg.mesh.data
+    field = 'mesh.replicas' if cfg.mesh.replicas else 'mesh.data'
+    replicas = cfg.mesh.replicas or cfg.mesh.data
     _require(replicas < 1 or d.global_batch_size % replicas == 0, 'data.global_batch_size',
-             d.global_batch_size, f'must be a multiple of mesh.data={replicas}',
+             d.global_batch_size, f'must be a multiple of {field}={replicas}',
              max(replicas, d.global_batch_size // max(replicas, 1) * replicas))
 
 
@@ -72,6 +74,8 @@ def _check_mesh(cfg: Config) -> None:
     _require(m.data == -1 or m.data >= 1, 'mesh.data', m.data,
              'must be -1 (every device left over by mesh.model) or >= 1', -1)
     _at_least(m, 'mesh', 1, {'model': 1, 'num_cpu_devices': 8})
+    _require(m.replicas >= 0, 'mesh.replicas', m.replicas,
+             'must be >= 0 (0: one replica per data row of the mesh)', 0)
 
 
 def _check_train(cfg: Config) -> None:
@@ -119,8 +123,8 @@ def _check_events(cfg: Config) -> None:
         events = parse_events(cfg.fault.events)
         if events:
             # With mesh.data=-1 the replica count waits for the devices (the controller).
-            replicas = (cfg.mesh.data if cfg.mesh.data >= 1
-                        else max(1, max(e.replica for e in events) + 1))
+            replicas = (cfg.mesh.replicas or (cfg.mesh.data if cfg.mesh.data >= 1
+                        else max(1, max(e.replica for e in events) + 1)))
             validate_events(events, num_replicas=replicas, total_steps=cfg.train.steps)
     except ValueError as error:
         raise ConfigError(f'{error} Set --config.fault.events=STEP:REPLICA:STEPS,...') from None
@@ -145,6 +149,12 @@ def _check_fault(cfg: Config) -> None:
     _require(f.step_time_sec > 0, 'fault.step_time_sec', f.step_time_sec,
              'must be > 0 (cluster seconds per step)', 60.0)
     _at_least(f, 'fault', 1, {'checkpoint_every': 10})
+    _one_of('fault.time_model', f.time_model, TIME_MODELS)
+    _require(0.0 <= f.allreduce_exposed < 1.0, 'fault.allreduce_exposed', f.allreduce_exposed,
+             'must be in [0, 1): the exposed share of the all-reduce in a fault-free step', 0.0)
+    _require(f.time_model == 'wall_clock' or f.allreduce_exposed == 0.0, 'fault.allreduce_exposed',
+             f.allreduce_exposed, "prices steps on the wall clock only: set fault.time_model='wall_clock'",
+             0.0)
     _require(f.max_neighbour_rows == 0 or f.strategy == 'mecefo_planned',
              'fault.max_neighbour_rows', f.max_neighbour_rows,
              f'caps the plans of fault.strategy=mecefo_planned only, not {f.strategy!r}', 0)

@@ -54,6 +54,11 @@ def _mesh_section() -> ConfigDict:
     section.data = -1  # data-parallel replicas; -1 uses every device left over by mesh.model
     section.model = 1  # tensor-parallel width (shards heads and FFN hidden)
     section.num_cpu_devices = 8  # with no accelerator, simulate this many CPU devices
+    # Logical data-parallel replicas simulated as rows on the mesh's data rows; 0: one replica
+    # per data row (a failure then takes a device's row out of the mesh). With R > 0 a failure
+    # is a role of rows, never a new mesh, and one GPU can hold a 32-replica cluster's batch
+    # (mecefo_jax/neighbour/row_packing.py). Single-process jobs only.
+    section.replicas = 0
     return section
 
 
@@ -144,6 +149,14 @@ def _fault_section() -> ConfigDict:
     section.mtbf_hours = 0.0  # custom cluster-wide mean time between failures (with mttr_hours)
     section.mttr_hours = 0.0  # custom mean time to recovery
     section.step_time_sec = 60.0  # cluster seconds per step, converts hours to steps
+    # How failures meet the steps: 'steps' (an outage lasts the same steps under every
+    # strategy) | 'wall_clock' (the trace is in cluster seconds; each step advances the clock
+    # by step_time_sec x its layout's step ratio, so a strategy whose step is c times slower
+    # lives through about 1/c as many steps of the same outage: faults/step_clock.py).
+    section.time_model = 'steps'
+    # wall_clock: the exposed share of the gradient all-reduce in a fault-free step (0 to <1).
+    # It dilutes a slower device's extra compute: c_eff = 1 + (c - 1)(1 - allreduce_exposed).
+    section.allreduce_exposed = 0.0
     section.seed = 0  # seed of the random failure process (identical on every host)
     section.max_concurrent = 0  # cap on replicas down at once; 0 = all but one
     # mecefo_planned: at most this many rows per step in neighbour mode, closer to exact

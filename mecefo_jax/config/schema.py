@@ -64,6 +64,7 @@ class MeshSection:
     data: int
     model: int
     num_cpu_devices: int
+    replicas: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,8 @@ class FaultSection:
     mtbf_hours: float
     mttr_hours: float
     step_time_sec: float
+    time_model: str
+    allreduce_exposed: float
     seed: int
     max_concurrent: int
     max_neighbour_rows: int

@@ -1,5 +1,10 @@
 """The host-level fault controller: inject failures, move training, recover.
 
+With replicas as rows (`mesh.replicas`) a failure never changes the mesh: the
+layout's rows are packed onto the same devices (`neighbour/row_packing.py`) and
+only the packing's row counts key a program. On `fault.time_model='wall_clock'` the
+schedule is read at the run's own cluster seconds (`step_clock.py`).
+
 Before every step the controller compares the schedule's live mask with the
 current one (agreed across processes through `multihost.agreed_live_mask`).
 On a change it rebuilds the mesh from the live replica rows (data shrinks,
@@ -29,6 +34,7 @@ import time
 import jax
 
 from mecefo_jax.faults import schedule as schedule_lib
+from mecefo_jax.faults import step_clock
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import (
     AllReplicasDownError,
@@ -88,6 +94,11 @@ class FaultController:
         self._absent = tuple(not present for present in run.present)
         self.topology = run.topologies.get(run.present_rows)
         self.layout = self._layout(run.present)
+        self.packing = run.packing(self.layout)
+        # fault.time_model='wall_clock': the schedule is read at the run's own cluster seconds.
+        self.clock = (step_clock.WallClock(cfg.fault.step_time_sec,
+                                           step_clock.layout_step_ratio(cfg, run.num_shards))
+                      if cfg.fault.time_model == 'wall_clock' else None)
         self.events: list[Event] = []
         self.refresh_steps: list[int] = []
         self._tau_refresh_sec = 0.0  # refreshes between events (every tau steps)
@@ -126,7 +137,7 @@ class FaultController:
             self._log_schedule(clock)
         data_state = None
         start = time.perf_counter()
-        scheduled = self.schedule.live_mask(clock)
+        scheduled = self.schedule.live_mask(self.clock.schedule_step(clock) if self.clock else clock)
         desired = multihost.agreed_live_mask([up and not absent for up, absent in
                                     zip(scheduled, self._absent)])
         detect_sec = time.perf_counter() - start
@@ -135,8 +146,8 @@ class FaultController:
         elif self._needs_refresh(step, failure_onset=False):
             state, seconds = self._refresh(state, step)
             self._tau_refresh_sec += seconds
-        return state, Plan(self.topology, self.layout, self.live,
-                                     data_state=data_state)
+        return state, Plan(self.topology, self.layout, self.live, data_state=data_state,
+                           packing=self.packing)
 
     def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:
         """After dispatching a step: the events whose first step this was, now timed.
@@ -145,6 +156,8 @@ class FaultController:
         other step stays asynchronous.
         """
         del clock, step
+        if self.clock is not None:
+            self.clock.advance(self.layout.programs)
         if self._pending is None:
             return []
         event, self._pending = self._pending, None
@@ -163,7 +176,8 @@ class FaultController:
                 'refresh_sec': self._tau_refresh_sec + sum(e.refresh_sec for e in self.events),
                 'measured_overhead_sec': overhead,
                 'checkpoint_block_sec': self.checkpoint_block_sec,
-                'relaunch_sec_modelled': sum(e.relaunch_sec_modelled for e in self.events)}
+                'relaunch_sec_modelled': sum(e.relaunch_sec_modelled for e in self.events),
+                'cluster_sec': None if self.clock is None else self.clock.seconds}
 
     # -- internals ----------------------------------------------------------
 
@@ -194,14 +208,15 @@ class FaultController:
                       recovered=recovering, detect_sec=detect_sec,
                       relaunch=any(self._absent[r] for r in failing))
         start = time.perf_counter()
-        rows = [row for row, up in zip(self.run.full_rows, desired) if up]
-        topology = self.run.topologies.get(rows)
+        topology = self.run.topologies.get(self.run.rows_for(desired))
         state, data_state = self._recover(topology, step, state, event, start)
         self.live, self.topology = desired, topology
         self.layout = self._layout(desired)
+        self.packing = self.run.packing(self.layout)
+        step_layout = self.layout if self.packing is None else self.packing
         start = time.perf_counter()
-        spec = topology.batch_spec(self.layout, self.run.cfg.data.seq_len + 1)
-        _, compile_sec = topology.compiled_step(state, spec, self.layout)
+        spec = topology.batch_spec(step_layout, self.run.cfg.data.seq_len + 1)
+        _, compile_sec = topology.compiled_step(state, spec, step_layout)
         self.compiles += compile_sec > 0
         event.compile_sec = compile_sec
         if self._needs_refresh(int(state.step), failure_onset=bool(failing)):

@@ -156,6 +156,10 @@ class Layout:
     def examples(self) -> int:
         return sum(self.rows(i) for i in range(len(self.replicas)))
 
+    def assemble(self, tokens_nbt: np.ndarray) -> dict[str, np.ndarray]:
+        """The step's arrays for this layout (`assemble`); a `row_packing.Packing` answers alike."""
+        return assemble(self, tokens_nbt)
+
 
 def full_layout(num_replicas: int, shard_batch: int) -> Layout:
     """Fault-free data parallelism: replica i computes shard i exactly."""

@@ -15,6 +15,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from mecefo_jax.neighbour.layout import Layout, full_layout
+from mecefo_jax.neighbour.row_packing import Packing
 from mecefo_jax.parallel.topology import Topology
 
 if TYPE_CHECKING:
@@ -28,6 +29,13 @@ class Plan:
     layout: Layout
     live: tuple[bool, ...]  # which replicas are up (absent ones of a relaunch are down)
     data_state: dict | None = None  # set when the controller rolled training back
+    # Replicas as rows (mesh.replicas > 0): `layout`'s rows packed onto the mesh's devices.
+    packing: Packing | None = None
+
+    @property
+    def step_layout(self) -> Layout | Packing:
+        """What the step computes where: the packing of replicas as rows, else the layout."""
+        return self.layout if self.packing is None else self.packing
 
 
 class StaticController:
@@ -37,13 +45,14 @@ class StaticController:
         if not all(run.present):
             raise ValueError('Some replicas have no devices in this job: train it under the '
                              'fault controller (main.run picks it).')
-        self._topology = run.topologies.get(run.full_rows)
+        self._topology = run.topologies.get(run.present_rows)
         self._layout = full_layout(run.num_shards, run.shard_batch)
         self._live = (True,) * run.num_shards
+        self._packing = run.packing(self._layout)
 
     def prepare(self, clock: int, step: int, state):
         del clock, step
-        return state, Plan(self._topology, self._layout, self._live)
+        return state, Plan(self._topology, self._layout, self._live, packing=self._packing)
 
     def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:
         """No failure or recovery to report.
@@ -58,4 +67,4 @@ class StaticController:
         """What failures cost: nothing, as the fault controller would report it."""
         return {'events': [], 'lost_steps': 0, 'refresh_steps': [], 'compiles': 0,
                 'refresh_sec': 0.0, 'measured_overhead_sec': 0.0,
-                'checkpoint_block_sec': 0.0, 'relaunch_sec_modelled': 0.0}
+                'checkpoint_block_sec': 0.0, 'relaunch_sec_modelled': 0.0, 'cluster_sec': None}

@@ -17,7 +17,6 @@ import time
 import jax
 import numpy as np
 
-from mecefo_jax.neighbour.layout import assemble
 from mecefo_jax.training import resume
 from mecefo_jax.training.controller import Plan, StaticController
 from mecefo_jax.training.evaluate import evaluate
@@ -126,13 +125,13 @@ class _Loop:
         tokens_nbt = next(run.train_data)
         for observer in self.observers:
             observer.on_plan(PlannedStep(self.clock, step, state, plan, tokens_nbt))
-        host_batch = assemble(plan.layout, tokens_nbt)
+        host_batch = plan.step_layout.assemble(tokens_nbt)
         host_batch['step'] = np.int32(step)
         batch = plan.topology.put_batch(host_batch)
-        step_fn, compile_sec = plan.topology.compiled_step(state, batch, plan.layout)
+        step_fn, compile_sec = plan.topology.compiled_step(state, batch, plan.step_layout)
         dispatched = time.perf_counter()
         state, metrics = step_fn(state, batch)
-        self.in_flight.append(_InFlight(step, plan.topology.num_replicas, metrics, position))
+        self.in_flight.append(_InFlight(step, len(plan.layout.replicas), metrics, position))
         events = self.controller.after_dispatch(self.clock, step, state, dispatched)
         done = StepDone(self.clock, step, state, plan, tokens_nbt, run.train_data.get_state(),
                         metrics, dispatched, compile_sec)

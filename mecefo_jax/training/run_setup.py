@@ -12,6 +12,7 @@ import os
 from mecefo_jax.checkpointing import checkpoint as ckpt_lib
 from mecefo_jax.model import optim
 from mecefo_jax.model.llama import Llama, build_model
+from mecefo_jax.neighbour.row_packing import Packing, pack
 from mecefo_jax.parallel import sharding
 from mecefo_jax.parallel import state as state_lib
 from mecefo_jax.parallel.topology import TopologyCache
@@ -25,7 +26,7 @@ class Run:
     workdir: str
     model: Llama
     optimizer: object
-    full_rows: tuple
+    full_rows: tuple  # device rows: one per replica, or the mesh's rows with replicas as rows
     topologies: TopologyCache
     train_data: object
     val_data: object
@@ -40,14 +41,35 @@ class Run:
                                               rank=self.cfg.mecefo.rank)
 
     @property
+    def replicas_as_rows(self) -> bool:
+        """`mesh.replicas` logical replicas packed as rows onto the mesh's devices."""
+        return self.cfg.mesh.replicas > 0
+
+    @property
     def num_shards(self) -> int:
         """Logical data-parallel replicas: the global batch always has this many shards."""
-        return len(self.full_rows)
+        return self.cfg.mesh.replicas if self.replicas_as_rows else len(self.full_rows)
 
     @property
     def present(self) -> tuple[bool, ...]:
         """Which replicas have devices in this job (all, unless relaunched on survivors)."""
+        if self.replicas_as_rows:
+            return (True,) * self.num_shards
         return tuple(row is not None for row in self.full_rows)
+
+    def rows_for(self, live) -> tuple:
+        """The device rows the step runs on while `live` replicas are up.
+
+        One replica per row: the live replicas' rows (a failure shrinks the mesh).
+        Replicas as rows: every row, always (a failure only changes the packing).
+        """
+        if self.replicas_as_rows:
+            return self.present_rows
+        return tuple(row for row, up in zip(self.full_rows, live) if up)
+
+    def packing(self, layout) -> Packing | None:
+        """`layout`'s rows packed onto the devices (replicas as rows), else None."""
+        return pack(layout, len(self.present_rows)) if self.replicas_as_rows else None
 
     @property
     def present_rows(self) -> tuple:
@@ -84,11 +106,14 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     present_rows = [row for row in replica_rows if row is not None]
     if not present_rows:
         raise ValueError('build_run: no replica has devices in this job.')
+    if cfg.mesh.replicas and len(present_rows) < len(replica_rows):
+        raise ValueError(f'mesh.replicas={cfg.mesh.replicas} simulates replicas as rows in one job; '
+                         'a relaunch on survivors needs one replica per row: set --config.mesh.replicas=0.')
     mesh = sharding.mesh_from_rows(present_rows)
     rank = cfg.mecefo.rank
     refresh, refresh_iters = cfg.mecefo.refresh, cfg.mecefo.refresh_iters
     base_shardings = state_lib.state_shardings(model, optimizer, mesh, rank)
-    num_shards = len(replica_rows)
+    num_shards = cfg.mesh.replicas or len(replica_rows)
     vocab = cfg.model.vocab_size
     train_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
                                         split='train')

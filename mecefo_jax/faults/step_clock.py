@@ -1,0 +1,75 @@
+"""Failures in wall-clock time: one trace in cluster seconds, met by each run at its own pace.
+
+A regime gives failures in hours. Counted in steps, every strategy would
+live through the same number of steps of an outage, and a strategy whose
+step is c times slower would be charged c times the outage's seconds. On the
+wall clock (`fault.time_model='wall_clock'`) the trace stays in seconds: an
+outage of the events' `duration_steps` lasts that many fault-free steps of
+`fault.step_time_sec` each, and each executed step advances the run's clock
+by `fault.step_time_sec` times its layout's step ratio. A strategy whose step
+is c times slower then sees about ceil(D / (c t)) steps of an outage of D
+seconds.
+
+A step's ratio is its slowest replica's program cost against a normal
+replica's, from the analytic FLOP costs of the config's shape that the
+`mecefo_planned` planner weighs (`planner.config_planner`), diluted by the
+exposed share φ of the gradient all-reduce (`fault.allreduce_exposed`):
+c_eff = 1 + (c - 1)(1 - φ), since every replica waits for the same exposed
+all-reduce whatever its compute.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from mecefo_jax.faults.planner import config_planner, program_cost
+from mecefo_jax.neighbour.layout import ROLE_NORMAL, Program
+
+
+def diluted(ratio: float, exposed: float) -> float:
+    """A compute ratio c as a whole step's ratio when a share `exposed` of the fault-free
+    step is all-reduce that no replica can shorten: 1 + (c - 1)(1 - exposed)."""
+    if not 0.0 <= exposed < 1.0:
+        raise ValueError(f'fault.allreduce_exposed={exposed!r} must be in [0, 1).')
+    return 1.0 + (ratio - 1.0) * (1.0 - exposed)
+
+
+def layout_step_ratio(cfg, num_replicas: int) -> Callable[[Sequence[Program]], float]:
+    """fn(programs) -> the step's duration in fault-free steps (see module docstring)."""
+    shard = cfg.data.global_batch_size // num_replicas
+    cost = config_planner(cfg, shard).cost
+    normal = float(cost(ROLE_NORMAL, shard))
+    exposed = cfg.fault.allreduce_exposed
+
+    def ratio(programs: Sequence[Program]) -> float:
+        compute = max(program_cost(cost, p) for p in programs) / normal
+        return diluted(compute, exposed)
+    return ratio
+
+
+class WallClock:
+    """A run's cluster seconds, and the schedule's step index they fall in.
+
+    The failure schedule is indexed by fault-free steps of `step_time_sec`; the
+    clock reads it at `floor(seconds / step_time_sec)`. It starts at the run's
+    first executed step times `step_time_sec`: exact for a run that resumes
+    before its first failure (as the time-to-target study's forks do), since
+    every step before a failure is a fault-free one.
+    """
+
+    def __init__(self, step_time_sec: float, ratio: Callable[[Sequence[Program]], float]):
+        self.step_time_sec, self._ratio = step_time_sec, ratio
+        self.seconds: float | None = None
+
+    def schedule_step(self, clock: int) -> int:
+        """The schedule's step index now; `clock` (executed steps) starts the clock."""
+        if self.seconds is None:
+            self.seconds = clock * self.step_time_sec
+        # A hair of slack: sums of step times land on outage boundaries up to round-off.
+        return math.floor(self.seconds / self.step_time_sec + 1e-9)
+
+    def advance(self, programs: Sequence[Program]) -> float:
+        """After a step of `programs`: its seconds, added to the clock."""
+        seconds = self.step_time_sec * self._ratio(programs)
+        self.seconds = (self.seconds or 0.0) + seconds
+        return seconds
