@@ -24,14 +24,7 @@ import math
 
 import numpy as np
 
-from mecefo_jax.neighbour.layout import (
-    ROLE_MIXED,
-    ROLE_NEIGHBOUR,
-    ROLE_NORMAL,
-    Layout,
-    Piece,
-    Program,
-)
+from mecefo_jax.neighbour.layout import ROLE_MIXED, ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program
 
 
 @dataclasses.dataclass(frozen=True)
