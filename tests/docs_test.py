@@ -1,8 +1,15 @@
 """The repository must explain itself: no references to documents users lack.
 
-Users get the tracked files and nothing else, so no tracked file may point at
+Users get the committed files and nothing else, so no such file may point at
 the project's private design notes, and every link or repository path named in
-the README and in docs/ must resolve to a tracked file (or a heading in it).
+the README and in docs/ must resolve to one (or a heading in it). The files
+checked are those a commit of this work tree would hold: the tracked ones still
+on disk plus the new ones git does not ignore, so a change is checked before it
+is committed (in a clean checkout that is exactly the tracked files).
+
+The README is the front door: short, with the two set-up commands that CI
+runs; docs/architecture.md holds the map, in the order of the layers that
+tests/structure_test.py enforces.
 """
 import fnmatch
 import os
@@ -16,17 +23,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORBIDDEN = ('DESIGN' + '.md', '..' + '/shared')
 MARKDOWN_LINK = re.compile(r'\[[^\]]*\]\(([^)\s]+)\)')
 # A code span naming a path inside the repository, e.g. `mecefo_jax/model/llama.py`.
-REPO_PATH_SPAN = re.compile(r'`((?:mecefo_jax|configs|scripts|tests|docs)/[^`\s]*)`')
+REPO_PATH_SPAN = re.compile(r'`((?:mecefo_jax|studies|configs|scripts|tests|docs)/[^`\s]*)`')
+README_MAX_LINES = 180
+# The README's set-up commands: the first trains, the second is exactly what CI runs.
+TRAIN_COMMAND = 'pip install -e . && python -m mecefo_jax.main --config configs/tiny.py --workdir runs/tiny'
+TEST_COMMAND = "pip install -e '.[test]' && python -m pytest tests"
 
 
 @pytest.fixture(scope='module')
 def tracked():
     try:
-        out = subprocess.run(['git', 'ls-files', '-z'], cwd=REPO, check=True,
-                             capture_output=True).stdout
+        out = subprocess.run(['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'],
+                             cwd=REPO, check=True, capture_output=True).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         pytest.skip(f'not a git checkout ({error}); the check needs the tracked file list')
-    return sorted(p for p in out.decode('utf-8').split('\0') if p)
+    paths = {p for p in out.decode('utf-8').split('\0') if p}
+    return sorted(p for p in paths if os.path.isfile(os.path.join(REPO, p)))
 
 
 def _documents(tracked):
@@ -65,10 +77,7 @@ def _exists(path, tracked):
 def test_no_tracked_file_mentions_the_private_design_notes(tracked):
     offenders = []
     for path in tracked:
-        full = os.path.join(REPO, path)
-        if not os.path.isfile(full):
-            continue  # deleted in the work tree but not yet in the index
-        with open(full, 'rb') as f:
+        with open(os.path.join(REPO, path), 'rb') as f:
             data = f.read()
         for word in FORBIDDEN:
             if word.encode() in data:
@@ -109,3 +118,45 @@ def test_repository_paths_named_in_docs_exist(tracked):
 
 def test_readme_links_the_algorithm_page(tracked):
     assert 'docs/algorithm.md' in MARKDOWN_LINK.findall(_read('README.md'))
+
+
+def test_the_readme_is_a_front_door():
+    lines = _read('README.md').splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f'README.md has {len(lines)} lines, over {README_MAX_LINES}: move detail and results '
+        'into docs/ and link them')
+
+
+def test_the_readme_gives_the_two_set_up_commands_and_ci_runs_the_second():
+    readme = _read('README.md')
+    for command in (TRAIN_COMMAND, TEST_COMMAND):
+        assert command in readme, f'README.md lost its set-up command: {command}'
+    ci = _read('.ci/run').splitlines()
+    assert TEST_COMMAND in ci, f".ci/run must run exactly the README's test command: {TEST_COMMAND}"
+
+
+def test_the_architecture_page_lists_the_layers_in_order_and_every_package():
+    from tests.structure_test import LAYERS
+    page = _read('docs/architecture.md')
+    assert 'docs/architecture.md' in MARKDOWN_LINK.findall(_read('README.md'))
+    layers = page[page.index('## The layers'):]
+    layers = layers[:layers.index('\n## ')]
+    positions = []
+    for name, modules in LAYERS:
+        paths = [_module_path(m) for m in modules if m != 'mecefo_jax']  # the root: no code
+        missing = [p for p in paths if f'`{p}`' not in layers]
+        assert not missing, f'docs/architecture.md lacks layer {name!r}: {missing}'
+        positions.append(min(layers.index(f'`{p}`') for p in paths))
+    assert positions == sorted(positions), 'docs/architecture.md lists the layers out of order'
+    packages = sorted(p for p in os.listdir(os.path.join(REPO, 'mecefo_jax'))
+                      if os.path.isfile(os.path.join(REPO, 'mecefo_jax', p, '__init__.py')))
+    missing = [p for p in packages if f'`mecefo_jax/{p}/`' not in page]
+    assert not missing, f'docs/architecture.md lacks packages: {missing}'
+
+
+def _module_path(module: str) -> str:
+    """`mecefo_jax.run` -> mecefo_jax/run.py; a package -> its folder with a slash."""
+    path = module.replace('.', '/')
+    if os.path.isdir(os.path.join(REPO, path)):
+        return path + '/'
+    return path + '.py'
