@@ -3,7 +3,7 @@
 python scripts/compare_faults.py --config configs/tiny.py --regime high --seeds 3 --out DIR
 
 With --seeds S the comparison runs S times, with fault.seed = base, base+1, ...
-(base: --config.fault.seed), each seed into DIR/seed<k>/, and DIR/compare_faults.{json,md,png}
+(base: --config.fault.seed), each seed into DIR/seed<k>/, and DIR/compare_faults.{json,md}
 report mean, std, min and max of every figure and which drop-% rankings are significant.
 """
 import json

@@ -1,14 +1,16 @@
 """Real crashes on one machine, recovered from memory, from disk and simulated.
 
-See studies/crash_drill.py.
+See tests/drills/crash_drill.py (the jobs) and docs/crash_drill.md (what the figures mean).
 
   python scripts/crash_drill.py --config configs/small.py --out runs/drill
   python scripts/crash_drill.py --config configs/tiny.py --nodes 4 --out runs/drill_nodes
 """
 import os
+import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -34,6 +36,11 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the random kill steps.')
 flags.mark_flags_as_required(['config', 'out'])
 
 
+def _command() -> str:
+    """This run's command line, the script named from the repository's root (as results cite it)."""
+    return shlex.join(['python', os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]])
+
+
 def main(argv):
     del argv
     from mecefo_jax.command_line import start
@@ -41,14 +48,14 @@ def main(argv):
     cfg.train.steps = _STEPS.value  # the drill's own flags set these two fields
     cfg.train.eval_every = 0
     # Overrides included: the launcher hands them to every worker. The
-    # simulated run and the overhead measurement run here, on the devices all
-    # the workers together have.
+    # simulated run runs here, on the devices all the workers together have.
     cfg = start(cfg, cpu_devices=lambda c: _WORKERS.value * c.launch.local_devices)
-    from studies.crash_drill import run_drill
+    from tests.drills.crash_drill import run_drill
     path = config_flags.get_config_filename(flags.FLAGS['config'])  # recorded in the report
     run_drill(cfg, os.path.abspath(path), os.path.abspath(_OUT.value), workers=_WORKERS.value,
               nodes=_NODES.value, kill_step=_KILL.value, return_after=_RETURN.value,
-              checkpoint_every=_CKPT.value, random_kills=_RANDOM.value, seed=_SEED.value)
+              checkpoint_every=_CKPT.value, random_kills=_RANDOM.value, seed=_SEED.value,
+              command=_command())
     print(open(os.path.join(_OUT.value, 'crash_drill.md')).read())
 
 

@@ -1,24 +1,13 @@
 """Side-by-side comparison of fault-tolerance strategies under one schedule.
 
 Runs `fault_free` and every strategy on the same data and the same seeded
-failure schedule, then reports modelled throughput, wall-clock throughput
-(labelled as such: fake CPU devices share the host's cores), final
-validation loss and lost steps.
-
-Modelled time (studies/probes.py): each step lasts `fault.step_time_sec`
-times the measured ratio of its slowest live device's program to a normal
-device's (each role's program timed alone on one device), plus the measured
-rebuild, compile, restore and blocking-checkpoint seconds and the modelled
-relaunch delay of checkpoint/restart. `unscaled_tokens_per_sec` is the same
-sum with the raw per-device times instead (dominated by compile time on CPU).
-
-The report also carries the cost table behind that model: every device
-program's measured seconds and its ratio to the normal program, and, per
-strategy, on how many steps each program ran and was the slowest one, so
-what each baseline pays per step is visible. Any figure on which a baseline
-beats MeCeFO is stated in the markdown with both values.
-
-Over several failure seeds: `compare_over_seeds`.
+failure schedule, and reports per strategy: modelled throughput (each step
+lasts `fault.step_time_sec` times its slowest live device's program over a
+normal device's, each program timed alone on one device, plus the measured
+overheads: studies/probes.py), wall-clock throughput, final validation loss,
+lost steps, the per-program cost table and which programs each strategy ran,
+and every figure on which a baseline beats MeCeFO (`baseline_wins`). How to
+read it: docs/failures.md. Over several failure seeds: `compare_over_seeds`.
 """
 import json
 import os
@@ -26,9 +15,15 @@ import time
 
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.faults.strategies import STRATEGIES
-from studies.report import fmt, pyplot, significance
+from studies.report import fmt, markdown_table, significance
 
 RUNS = ('fault_free',) + STRATEGIES
+# What a run's summary (run.run with the probes) gives each strategy's entry as it is.
+SUMMARY_FIGURES = ('modeled_tokens_per_sec', 'final_val_loss', 'lost_steps', 'executed_steps',
+                   'useful_tokens', 'modelled_sec', 'modelled_compute_sec',
+                   'unscaled_tokens_per_sec', 'measured_overhead_sec', 'checkpoint_block_sec',
+                   'relaunch_sec_modelled', 'compiles', 'degraded_steps', 'neighbour_steps',
+                   'program_steps', 'slowest_program_steps')
 
 
 def _run_config(cfg, name: str, regime: str):
@@ -88,7 +83,7 @@ def _train_observed(cfg, workdir: str, timer) -> dict:
 
 
 def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
-    """Run every strategy, write compare_faults.{json,md,png}, return the JSON dict."""
+    """Run every strategy, write compare_faults.{json,md}, return the JSON dict."""
     from mecefo_jax.faults import schedule as schedule_lib
     from mecefo_jax.model import optim
     from mecefo_jax.model.llama import build_model
@@ -111,30 +106,13 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
         summary = _train_observed(_run_config(cfg, name, regime), workdir, timer)
         wall = time.perf_counter() - start
         summary.pop('state')
-        results[name] = {
-            'modeled_tokens_per_sec': summary['modeled_tokens_per_sec'],
-            'wall_tokens_per_sec': summary['useful_tokens'] / wall,
-            'final_val_loss': summary['final_val_loss'],
-            'lost_steps': summary['lost_steps'],
-            'executed_steps': summary['executed_steps'],
-            'useful_tokens': summary['useful_tokens'],
-            'modelled_sec': summary['modelled_sec'],
-            'modelled_compute_sec': summary['modelled_compute_sec'],
-            'unscaled_tokens_per_sec': summary['unscaled_tokens_per_sec'],
-            'measured_overhead_sec': summary['measured_overhead_sec'],
-            'checkpoint_block_sec': summary['checkpoint_block_sec'],
-            'relaunch_sec_modelled': summary['relaunch_sec_modelled'],
-            'compiles': summary['compiles'],
+        results[name] = {key: summary[key] for key in SUMMARY_FIGURES}
+        results[name].update(
+            wall_tokens_per_sec=summary['useful_tokens'] / wall,
             # Modelled compute per executed step, in normal-step units.
-            'mean_step_ratio': summary['modelled_compute_sec'] / (
+            mean_step_ratio=summary['modelled_compute_sec'] / (
                 max(summary['executed_steps'], 1) * step_time),
-            'degraded_steps': summary['degraded_steps'],
-            'neighbour_steps': summary['neighbour_steps'],
-            'program_steps': summary['program_steps'],
-            'slowest_program_steps': summary['slowest_program_steps'],
-            'events': _event_timings(summary['events']),
-            'val_curve': _val_curve(workdir),
-        }
+            events=_event_timings(summary['events']), val_curve=_val_curve(workdir))
         log(f"[compare] {name}: modelled {results[name]['modeled_tokens_per_sec']:.0f} tok/s, "
             f"val loss {results[name]['final_val_loss']:.4f}")
     normal = Program(ROLE_NORMAL, cfg.data.global_batch_size // num_replicas(cfg))
@@ -150,17 +128,16 @@ def compare(cfg, regime: str, out_dir: str, *, runs=RUNS, log=print) -> dict:
               'steps': cfg.train.steps, 'step_time_sec': step_time,
               'normal_program': normal.name, 'programs': programs, 'strategies': results}
     report['baseline_wins'] = baseline_wins(results)
-    write_report(report, out_dir, markdown_table, plot)
+    write_report(report, out_dir, markdown)
     return report
 
 
-def write_report(report: dict, out_dir: str, markdown, plot_to) -> None:
-    """compare_faults.json, and .md and .png by `markdown(report)` and `plot_to(report, path)`."""
+def write_report(report: dict, out_dir: str, markdown) -> None:
+    """compare_faults.json, and compare_faults.md by `markdown(report)`."""
     with open(os.path.join(out_dir, 'compare_faults.json'), 'w') as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(out_dir, 'compare_faults.md'), 'w') as f:
         f.write(markdown(report))
-    plot_to(report, os.path.join(out_dir, 'compare_faults.png'))
 
 
 def program_table(seconds_by_name: dict, normal_name: str) -> dict:
@@ -184,44 +161,44 @@ def add_relative_figures(results: dict) -> None:
             100.0 * (entry['final_val_loss'] / ref['final_val_loss'] - 1.0) if ref else None)
 
 
-# (figure, label, higher is better, format): what "a baseline beats MeCeFO" is judged on.
-WIN_FIGURES = (
-    ('modeled_tokens_per_sec', 'modelled throughput (tok/s)', True, '.2f'),
-    ('final_val_loss', 'final validation loss', False, '.4f'),
-    ('mean_step_ratio', 'mean step cost (x normal step)', False, '.3f'),
-    ('worst_step_ratio', 'slowest program (x normal step)', False, '.3f'),
-    ('measured_overhead_sec', 'measured overhead (s)', False, '.2f'),
-)
+# (figure, higher is better): what "a baseline beats MeCeFO" is judged on.
+WIN_FIGURES = (('modeled_tokens_per_sec', True), ('final_val_loss', False),
+               ('mean_step_ratio', False), ('worst_step_ratio', False),
+               ('measured_overhead_sec', False))
 REFERENCE = 'mecefo'
 
 
-def baseline_wins(strategies: dict, spreads: dict | None = None) -> list[str]:
-    """Sentences for every figure on which a baseline beats `mecefo`, with both values.
+def baseline_wins(strategies: dict, spreads: dict | None = None) -> list[dict]:
+    """Every figure on which a baseline beats `mecefo`, with both values.
 
     `strategies[name][figure]` is a number (one run) or the mean over seeds;
-    with `spreads` ({name: {figure: {'std', 'values'}}}) each sentence also says
+    with `spreads` ({name: {figure: {'std', 'values'}}}) each win also says
     whether the gap exceeds the spread (see `significance`).
     """
     ref = strategies.get(REFERENCE)
-    if ref is None:
-        return []
-    lines = []
+    wins = []
     for name, entry in strategies.items():
-        if name in (REFERENCE, 'fault_free'):
+        if ref is None or name in (REFERENCE, 'fault_free'):
             continue
-        for figure, label, higher, spec in WIN_FIGURES:
+        for figure, higher in WIN_FIGURES:
             mine, theirs = ref.get(figure), entry.get(figure)
-            if mine is None or theirs is None:
+            if mine is None or theirs is None or not ((theirs > mine) if higher else (theirs < mine)):
                 continue
-            if (theirs > mine) if higher else (theirs < mine):
-                rel = f' ({100.0 * (theirs / mine - 1.0):+.2f}%)' if mine else ''
-                line = (f'`{name}` beats `{REFERENCE}` on {label}: '
-                        f'{format(theirs, spec)} vs {format(mine, spec)}{rel}')
-                if spreads is not None:
-                    sig = significance(spreads[REFERENCE][figure], spreads[name][figure])
-                    line += f'; {sig["verdict"]}'
-                lines.append(line + '.')
-    return lines
+            win = {'strategy': name, 'figure': figure, 'value': theirs, REFERENCE: mine,
+                   'relative_pct': 100.0 * (theirs / mine - 1.0) if mine else None}
+            if spreads is not None:
+                sig = significance(spreads[REFERENCE][figure], spreads[name][figure])
+                win.update(gap=sig['gap'], spread=sig['spread'], significant=sig['significant'])
+            wins.append(win)
+    return wins
+
+
+def wins_table(wins: list[dict]) -> str:
+    keys = ('strategy', 'figure', 'value', REFERENCE, 'relative_pct', 'gap', 'spread',
+            'significant')
+    keys = [k for k in keys if any(k in w for w in wins)]
+    return markdown_table(keys, [[fmt(w.get(k), '.4g') if isinstance(w.get(k), float)
+                                  else fmt(w.get(k), '') for k in keys] for w in wins])
 
 
 def num_replicas(cfg) -> int:
@@ -237,76 +214,30 @@ def program_counts(counter: dict) -> str:
     return ', '.join(f'{k} ({v})' for k, v in sorted(counter.items())) or '-'
 
 
-def markdown_table(report: dict) -> str:
-    lines = [f"Regime `{report['regime']}`, schedule `{report['schedule'] or 'none'}`, "
-             f"{report['steps']} steps.", '',
-             '| strategy | modelled tok/s | drop % | unscaled tok/s | wall tok/s | final val loss '
-             '| vs fault-free % | lost steps | events | overhead s (measured) '
-             '| relaunch s (modelled) |',
-             '|---|---|---|---|---|---|---|---|---|---|---|']
-    for name, r in report['strategies'].items():
-        lines.append(
-            f"| {name} | {r['modeled_tokens_per_sec']:.2f} | {fmt(r['throughput_drop_pct'], '.2f')} | "
-            f"{r['unscaled_tokens_per_sec']:.0f} | {r['wall_tokens_per_sec']:.0f} | {r['final_val_loss']:.4f} | "
-            f"{fmt(r['val_loss_vs_fault_free_pct'], '+.2f')} | {r['lost_steps']} | {len(r['events'])} | "
-            f"{r['measured_overhead_sec']:.2f} | {r['relaunch_sec_modelled']:.0f} |")
-    if 'fault_free' not in report['strategies']:
-        lines += ['', 'fault_free was not run: drops and loss changes are n/a.']
+def markdown(report: dict) -> str:
+    """One seed's tables: strategies, device programs, programs per strategy, baseline wins."""
+    strategies = markdown_table(
+        ('strategy', 'modelled tok/s', 'drop %', 'unscaled tok/s', 'wall tok/s',
+         'final val loss', 'vs fault-free %', 'lost steps', 'events', 'overhead s (measured)',
+         'relaunch s (modelled)'),
+        [[name, f"{r['modeled_tokens_per_sec']:.2f}", fmt(r['throughput_drop_pct'], '.2f'),
+          f"{r['unscaled_tokens_per_sec']:.0f}", f"{r['wall_tokens_per_sec']:.0f}",
+          f"{r['final_val_loss']:.4f}", fmt(r['val_loss_vs_fault_free_pct'], '+.2f'),
+          r['lost_steps'], len(r['events']), f"{r['measured_overhead_sec']:.2f}",
+          f"{r['relaunch_sec_modelled']:.0f}"] for name, r in report['strategies'].items()])
+    tables = [f"# Regime `{report['regime']}`, schedule `{report['schedule'] or 'none'}`, "
+              f"{report['steps']} steps", strategies]
     if report.get('programs'):
-        lines += ['', *program_markdown(report['programs'], report['normal_program']),
-                  '', *usage_markdown(report['strategies'])]
-    wins = report.get('baseline_wins')
-    if wins is not None:
-        lines += ['', *wins_markdown(wins)]
-    return '\n'.join(lines) + '\n'
-
-
-def program_markdown(programs: dict, normal_name: str) -> list[str]:
-    """The per-device program table: seconds alone on one device, ratio to normal."""
-    lines = [f'Device programs, each timed alone on one device (median of interleaved calls); '
-             f'ratio to the normal program `{normal_name}`:', '',
-             '| program | seconds | x normal |', '|---|---|---|']
-    for name, p in programs.items():
-        lines.append(f"| {name} | {p['seconds']:.5f} | {p['ratio_to_normal']:.3f} |")
-    return lines
-
-
-def usage_markdown(strategies: dict) -> list[str]:
-    """Which programs each strategy's layouts ran, and what its steps cost."""
-    lines = ['Programs per strategy (executed steps on which some device ran it; steps on '
-             'which it was the slowest, i.e. set the step time):', '',
-             '| strategy | programs run (steps) | slowest (steps) | mean step x normal '
-             '| worst step x normal | steps degraded | steps with a neighbour |',
-             '|---|---|---|---|---|---|---|']
-    for name, r in strategies.items():
-        lines.append(f"| {name} | {program_counts(r['program_steps'])} | "
-                     f"{program_counts(r['slowest_program_steps'])} | {r['mean_step_ratio']:.3f} | "
-                     f"{r['worst_step_ratio']:.3f} | {r['degraded_steps']} | "
-                     f"{r['neighbour_steps']} |")
-    return lines
-
-
-def wins_markdown(wins: list[str]) -> list[str]:
-    if not wins:
-        return [f'No baseline beats `{REFERENCE}` on any of: '
-                + ', '.join(label for _, label, _, _ in WIN_FIGURES) + '.']
-    return [f'Where a baseline beats `{REFERENCE}`:', ''] + [f'- {w}' for w in wins]
-
-
-def plot(report: dict, path: str) -> None:
-    plt = pyplot()
-    names = list(report['strategies'])
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(13, 4.5))
-    bars.bar(names, [report['strategies'][n]['modeled_tokens_per_sec'] for n in names])
-    bars.set_ylabel('modelled tokens/s')
-    bars.set_title(f"Throughput, regime {report['regime'] or 'explicit'}")
-    bars.tick_params(axis='x', rotation=30)
-    for n in names:
-        curve = report['strategies'][n]['val_curve']
-        curves.plot([s for s, _ in curve], [v for _, v in curve], marker='o', label=n)
-    curves.set_xlabel('step')
-    curves.set_ylabel('validation loss')
-    curves.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        tables.append(markdown_table(
+            ('program', 'seconds alone on one device', f"x {report['normal_program']}"),
+            [[name, f"{p['seconds']:.5f}", f"{p['ratio_to_normal']:.3f}"]
+             for name, p in report['programs'].items()]))
+        tables.append(markdown_table(
+            ('strategy', 'programs run (steps)', 'slowest (steps)', 'mean step x normal',
+             'worst step x normal', 'steps degraded', 'steps with a neighbour'),
+            [[name, program_counts(r['program_steps']), program_counts(r['slowest_program_steps']),
+              f"{r['mean_step_ratio']:.3f}", f"{r['worst_step_ratio']:.3f}", r['degraded_steps'],
+              r['neighbour_steps']] for name, r in report['strategies'].items()]))
+    if report.get('baseline_wins'):
+        tables.append(wins_table(report['baseline_wins']))
+    return '\n\n'.join(tables) + '\n'

@@ -9,15 +9,15 @@ import os
 import time
 
 from mecefo_jax.config_resolve import updated
-from studies.compare import (
-    RUNS,
-    baseline_wins,
-    compare,
-    program_counts,
-    wins_markdown,
-    write_report,
+from studies.compare import RUNS, baseline_wins, compare, program_counts, wins_table, write_report
+from studies.report import (
+    distinct_seeds,
+    fmt,
+    format_spread,
+    markdown_table,
+    significance,
+    stats,
 )
-from studies.report import distinct_seeds, fmt, format_spread, pyplot, significance, stats
 
 # Figures shown in the seed tables (all scalar figures are aggregated in the JSON).
 SEED_MAIN = (('throughput_drop_pct', 'drop %', '.2f'),
@@ -41,7 +41,7 @@ def compare_seeds(cfg, regime: str, out_dir: str, *, seeds, runs=RUNS, log=print
 
     Each seed sets `fault.seed` (a new failure trace; data order and
     initialisation stay fixed) and re-times the device programs, interleaved,
-    in its own `compare` call. Writes compare_faults.{json,md,png} in out_dir.
+    in its own `compare` call. Writes compare_faults.{json,md} in out_dir.
     """
     seeds = distinct_seeds(seeds)
     os.makedirs(out_dir, exist_ok=True)
@@ -55,7 +55,7 @@ def compare_seeds(cfg, regime: str, out_dir: str, *, seeds, runs=RUNS, log=print
         report['wall_sec'] = time.perf_counter() - start
         reports.append(report)
     report = aggregate(reports)
-    write_report(report, out_dir, seeds_markdown, plot_seeds)
+    write_report(report, out_dir, seeds_markdown)
     return report
 
 
@@ -115,102 +115,42 @@ def ranking(strategies: dict) -> list[dict]:
     return rows
 
 
-def _seed_table(strategies: dict, columns) -> list[str]:
-    lines = ['| strategy | ' + ' | '.join(label for _, label, _ in columns) + ' |',
-             '|---|' + '---|' * len(columns)]
-    for name, s in strategies.items():
-        lines.append(f'| {name} | ' + ' | '.join(format_spread(s.get(k), spec)
-                                                  for k, _, spec in columns) + ' |')
-    return lines
+def _spread_table(strategies: dict, columns) -> str:
+    return markdown_table(['strategy'] + [label for _, label, _ in columns],
+                          [[name] + [format_spread(s.get(k), spec) for k, _, spec in columns]
+                           for name, s in strategies.items()])
+
+
+def _yes_no(value) -> str:
+    return 'n/a' if value is None else ('yes' if value else 'no')
 
 
 def seeds_markdown(report: dict) -> str:
-    seeds = report['seeds']
-    lines = [f"Regime `{report['regime']}`, {report['steps']} steps, "
-             f"fault.step_time_sec={report['step_time_sec']:g}, {len(seeds)} failure seeds. "
-             'Cells: mean ± sample std [min, max] over seeds.', '',
-             '| fault.seed | schedule (step:replica:duration) | wall s |', '|---|---|---|']
-    for s in seeds:
-        lines.append(f"| {s['fault_seed']} | `{s['schedule'] or 'none'}` | "
-                     f"{fmt(s['wall_sec'], '.0f')} |")
-    if len({s['schedule'] for s in seeds}) < len(seeds):
-        lines += ['', 'Some seeds share a schedule (explicit `fault.events`?): their spread '
-                  'is timing noise only.']
+    """The seeds' tables: cells are mean ± sample std [min, max] over seeds."""
     strategies = report['strategies']
-    lines += ['', *_seed_table(strategies, SEED_MAIN), '', *_seed_table(strategies, SEED_MORE)]
-    if 'fault_free' not in strategies:
-        lines += ['', 'fault_free was not run: drops and loss changes are n/a.']
-
-    lines += ['', f"Device programs, each timed alone on one device, once per seed; ratio to "
-              f"the normal program `{report['normal_program']}`:", '',
-              '| program | seeds timed | seconds | x normal |', '|---|---|---|---|']
-    for name, p in report['programs'].items():
-        lines.append(f"| {name} | {p['seeds_timed']} | {format_spread(p['seconds'], '.5f')} | "
-                     f"{format_spread(p['ratio_to_normal'], '.3f')} |")
-    lines += ['', 'Programs per strategy, mean steps over seeds (on which some device ran it; '
-              'on which it was the slowest):', '',
-              '| strategy | programs run (mean steps) | slowest (mean steps) |', '|---|---|---|']
-    for name, s in strategies.items():
-        run = {p: round(v['mean'], 1) for p, v in s['program_steps'].items()}
-        slow = {p: round(v['mean'], 1) for p, v in s['slowest_program_steps'].items()}
-        lines.append(f'| {name} | {program_counts(run)} | {program_counts(slow)} |')
-
-    lines += ['', 'Drop-% ranking (smallest first). A gap is significant when it exceeds the '
-              'sum of the two sample stds; "every seed" says whether the order holds in each '
-              'seed (same trace for all strategies within a seed).', '',
-              '| rank | strategy | drop % | gap to next | spread (std sum) | significant '
-              '| same order in every seed |', '|---|---|---|---|---|---|---|']
-    def yes_no(value) -> str:
-        return 'n/a' if value is None else ('yes' if value else 'no')
-
-    for row in report['ranking']:
-        pair = (['-'] * 4 if 'next' not in row else
-                [fmt(row['gap'], '.2f'), fmt(row['spread'], '.2f'),
-                 yes_no(row['significant']), yes_no(row['same_order_in_every_seed'])])
-        lines.append(f"| {row['rank']} | {row['strategy']} | "
-                     f"{format_spread(row['drop_pct'], '.2f')} | "
-                     + ' | '.join(pair) + ' |')
-    lines += ['', *ranking_sentences(report['ranking'])]
-    lines += ['', *wins_markdown(report['baseline_wins'])]
-    return '\n'.join(lines) + '\n'
-
-
-def ranking_sentences(rows: list[dict]) -> list[str]:
-    if not rows:
-        return ['No drop-% ranking: fault_free was not run.']
-    out = []
-    for row in rows[:-1]:
-        a, b = row['strategy'], row['next']
-        if row['significant'] is None:
-            out.append(f'- `{a}` < `{b}`: {row["verdict"]}.')
-        elif row['significant']:
-            out.append(f"- `{a}` ranks above `{b}` significantly: gap {row['gap']:.2f} points "
-                       f"> spread {row['spread']:.2f}.")
-        else:
-            out.append(f"- `{a}` vs `{b}`: the ranking is not significant (gap "
-                       f"{row['gap']:.2f} points <= spread {row['spread']:.2f}).")
-    return out
-
-
-def plot_seeds(report: dict, path: str) -> None:
-    plt = pyplot()
-    names = list(report['strategies'])
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-    # Loss as a change vs fault-free when there is one: absolute losses differ by too
-    # little to read on bars starting at zero.
-    loss = (('val_loss_vs_fault_free_pct', 'final val loss vs fault-free %')
-            if 'fault_free' in names else ('final_val_loss', 'final validation loss'))
-    for ax, (key, label) in zip(axes, (('throughput_drop_pct', 'modelled throughput drop %'),
-                                       loss)):
-        shown = [n for n in names if report['strategies'][n].get(key)]
-        s = [report['strategies'][n][key] for n in shown]
-        ax.bar(shown, [x['mean'] for x in s], yerr=[x['std'] or 0.0 for x in s], capsize=4)
-        for i, x in enumerate(s):
-            ax.plot([i] * len(x['values']), x['values'], 'k.', ms=4)
-        ax.set_ylabel(label)
-        ax.tick_params(axis='x', rotation=30)
-    axes[0].set_title(f"Regime {report['regime'] or 'explicit'}, {len(report['seeds'])} seeds "
-                      '(bar: mean, whisker: std, dots: seeds)')
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    tables = [f"# Regime `{report['regime']}`, {report['steps']} steps, "
+              f"fault.step_time_sec={report['step_time_sec']:g}, {len(report['seeds'])} seeds",
+              markdown_table(('fault.seed', 'schedule (step:replica:duration)', 'wall s'),
+                             [[s['fault_seed'], f"`{s['schedule'] or 'none'}`",
+                               fmt(s['wall_sec'], '.0f')] for s in report['seeds']]),
+              _spread_table(strategies, SEED_MAIN), _spread_table(strategies, SEED_MORE),
+              markdown_table(('program', 'seeds timed', 'seconds alone on one device',
+                              f"x {report['normal_program']}"),
+                             [[name, p['seeds_timed'], format_spread(p['seconds'], '.5f'),
+                               format_spread(p['ratio_to_normal'], '.3f')]
+                              for name, p in report['programs'].items()]),
+              markdown_table(('strategy', 'programs run (mean steps)', 'slowest (mean steps)'),
+                             [[name] + [program_counts({p: round(v['mean'], 1)
+                                                        for p, v in s[key].items()})
+                                        for key in ('program_steps', 'slowest_program_steps')]
+                              for name, s in strategies.items()]),
+              markdown_table(('rank', 'strategy', 'drop %', 'next', 'gap', 'spread (std sum)',
+                              'significant', 'same order in every seed'),
+                             [[row['rank'], row['strategy'], format_spread(row['drop_pct'], '.2f'),
+                               row.get('next', '-'), fmt(row.get('gap'), '.2f'),
+                               fmt(row.get('spread'), '.2f'), _yes_no(row.get('significant')),
+                               _yes_no(row.get('same_order_in_every_seed'))]
+                              for row in report['ranking']])]
+    if report['baseline_wins']:
+        tables.append(wins_table(report['baseline_wins']))
+    return '\n\n'.join(tables) + '\n'

@@ -1,13 +1,15 @@
-"""Compile time against depth: what a new topology costs after a failure.
+"""Compile time: what a new failure topology's step costs a survivor, cold and ahead of time.
 
 After a failure the controller compiles the train step for a mesh and layout
-it has not seen. With blocks under `nn.scan` that program holds one block
-body whatever the depth, so its compile time should barely grow with the
-number of layers; a Python loop of blocks compiles every block. For each
-depth this compiles, on the config's full mesh of fake CPU devices, the
-MeCeFO failure program (replica 3 down: its neighbour runs two shards in
-neighbour mode, everyone else one shard exactly), ahead of time from shapes
-only, scanned and looped, and reports seconds and ratios to the shallowest.
+it has not seen. `failure_step_compile` is the one measurement (the GPU
+report's `compile` section calls it too): with two or more data replicas,
+the MeCeFO failure step on the config's mesh with replica 3 (or the last)
+down, its neighbour running two shards in neighbour mode; on one device,
+where no replica can fail and leave a survivor and a one-replica mesh runs
+no per-device role switch, the normal step (B rows) and the neighbour step
+(2B) compiled apart, their sum an upper bound (the switched step shares one
+optimizer update). `run` sweeps depths, scanned and looped: under `nn.scan`
+the program holds one block body whatever the depth.
 """
 from __future__ import annotations
 
@@ -19,17 +21,43 @@ import time
 SCAN_MODES = (True, False)
 
 
-def compile_seconds(cfg, num_layers: int, scan_layers: bool) -> float:
+def failure_step_compile(cfg, num_layers: int, *, scan_layers: bool = True,
+                         shard_batch: int | None = None) -> dict:
+    """{'compile_sec', 'what'} (one device: also each program's seconds); see the module
+    docstring. `shard_batch`: sequences per replica, default the config's global batch
+    over its data replicas."""
+    import jax
+
+    from mecefo_jax.model.llama import build_model
+    from mecefo_jax.parallel import sharding
+    model = build_model(cfg, num_layers=num_layers, scan_layers=scan_layers)
+    replicas, width = sharding.mesh_shape(cfg.mesh, jax.device_count())
+    batch = shard_batch or cfg.data.global_batch_size // replicas
+    if replicas >= 2:
+        return {'compile_sec': _failure_step_sec(cfg, model, batch),
+                'what': f'MeCeFO failure step on a {replicas}x{width} mesh, one replica down'}
+    from studies.step_measure import mode_program, new_bench
+    bench = new_bench(cfg, batch, jax.devices()[0], log=None, model=model)
+    out = {}
+    for role, mode in (('normal', 'normal'), ('neighbour', 'mecefo')):
+        make, args, _ = mode_program(bench, mode)
+        start = time.perf_counter()
+        make(model).lower(*args).compile()
+        out[f'{role}_compile_sec'] = time.perf_counter() - start
+    return dict(out, compile_sec=sum(out.values()),
+                what=f'one device: the normal step (x {batch}) and the neighbour step '
+                     f'(x {2 * batch}) compiled apart, their sum')
+
+
+def _failure_step_sec(cfg, model, shard_batch: int) -> float:
     import jax
 
     from mecefo_jax.faults.strategies import layout_for
     from mecefo_jax.model import optim
-    from mecefo_jax.model.llama import build_model
     from mecefo_jax.parallel import sharding
     from mecefo_jax.parallel import state as state_lib
     from mecefo_jax.parallel.topology import TopologyCache
 
-    model = build_model(cfg, num_layers=num_layers, scan_layers=scan_layers)
     optimizer = optim.make_optimizer(cfg.train)
     rank = cfg.mecefo.rank
     mesh = sharding.make_mesh(cfg.mesh)
@@ -40,7 +68,7 @@ def compile_seconds(cfg, num_layers: int, scan_layers: bool) -> float:
     replicas = mesh.shape[sharding.DATA_AXIS]
     live = tuple(r != min(3, replicas - 1) for r in range(replicas))
     topology = cache.get([row for row, up in zip(sharding.mesh_rows(mesh), live) if up])
-    layout = layout_for('mecefo', live, cfg.data.global_batch_size // replicas)
+    layout = layout_for('mecefo', live, shard_batch)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             state_lib.abstract_train_state(model, optimizer, rank=rank),
                             topology.state_shardings)
@@ -51,10 +79,11 @@ def compile_seconds(cfg, num_layers: int, scan_layers: bool) -> float:
 
 
 def run(cfg, depths, out_dir: str | None = None, log=print) -> dict:
+    """Compile seconds of the failure step at every depth, scanned and looped; bench_compile.json."""
     rows = []
     for scan in SCAN_MODES:
         for depth in depths:
-            seconds = compile_seconds(cfg, depth, scan)
+            seconds = failure_step_compile(cfg, depth, scan_layers=scan)['compile_sec']
             rows.append({'scan_layers': scan, 'num_layers': depth, 'compile_sec': seconds})
             log(f'compile: scan_layers={scan} layers={depth}: {seconds:.2f} s')
     for row in rows:
@@ -62,8 +91,7 @@ def run(cfg, depths, out_dir: str | None = None, log=print) -> dict:
                     and r['num_layers'] == min(depths))
         row['ratio_to_shallowest'] = row['compile_sec'] / base['compile_sec']
     result = {'rows': rows, 'depths': list(depths), 'mesh': dataclasses.asdict(cfg.mesh),
-              'd_model': cfg.model.d_model,
-              'what': 'AOT compile of the MeCeFO failure train step (replica 3 down)'}
+              'd_model': cfg.model.d_model}
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, 'bench_compile.json'), 'w') as f:

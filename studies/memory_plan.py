@@ -1,42 +1,23 @@
 """Per-device memory plan of the train step, compiled ahead of time with no parameters.
 
-This module owns the answer to "does a config fit its devices, in both
-roles?" (`scripts/memory_plan.py` is its command line). It compiles
-`step.make_train_step` for the config's mesh with the state given as
-`jax.ShapeDtypeStruct`s carrying their shardings (`jit(...).lower(...)
-.compile()`), so nothing is materialised and a 7B model is planned on a
-laptop, and it reads XLA's buffer assignment (`memory_analysis()`):
-
-  normal     Program(ROLE_NORMAL, b), the fault-free program, with b = global
-             batch / data replicas (mesh.data = -1 is resolved against
-             `num_devices`, default 32 = the paper's 4 nodes x 8 GPUs);
-  neighbour  Program(ROLE_NEIGHBOUR, 2b): own + one adopted shard joined, in
-             MeCeFO's neighbour mode (Hu et al., NeurIPS 2025, arXiv 2510.16415).
-
-A device's program depends on its replica only, not on how many replicas
-there are: parameters and optimizer state are replicated over 'data' and
-split over 'model', and the batch rows a device holds are its replica's. So
-one replica's devices (`mesh.model` of them) suffice in principle to compile
-one device's program. We compile on TWO replicas (a 2 x model mesh, both
-running the role's program, so 2 x mesh.model fake devices): that adds the
-real data-parallel all-reduce and the shard_map a neighbour runs under (a
-single replica left alone runs without them; see step.py).
-`failure_step=True` also compiles what a device really
-runs during a failure: the `lax.switch` over both programs, one normal
-replica and one neighbour, rows padded to 2b.
-
-Per device, bytes of: parameters, optimizer state and SVD projections (from
-the compiled program's input shardings), gradients (one float32 copy of the
-parameters, sharded like them: an estimate, XLA holds them in temporaries),
-temporaries (XLA's temp: gradients, activations kept for the backward pass,
-optimizer scratch), activations and other temporaries (temp - gradients), and
-the peak (arguments + outputs + temporaries - aliased bytes; the state is
-donated, so its outputs reuse its buffers).
-
-The programs are compiled for CPU devices (fake ones from
-`--xla_force_host_platform_device_count`). XLA:CPU may compute bfloat16 dots
-in float32 and its fusion and buffer assignment differ from XLA:GPU's, so the
-bytes are an estimate of the GPU's, not a measurement of it (`NOTE`).
+Does a config fit its devices, in both roles? (`scripts/memory_plan.py` is
+its command line.) It compiles `step.make_train_step` with the state given
+as `jax.ShapeDtypeStruct`s carrying their shardings, so nothing is
+materialised and a 7B model is planned on a laptop, and reads XLA's buffer
+assignment (`memory_analysis()`) for `normal` (Program(ROLE_NORMAL, b), b =
+global batch / data replicas, mesh.data = -1 resolved against `num_devices`)
+and `neighbour` (Program(ROLE_NEIGHBOUR, 2b): own + one adopted shard), and
+with `failure_step=True` the `lax.switch` step of a failure (one normal and
+one neighbour replica, rows padded to 2b). A device's program depends on its
+replica only, so two replicas are compiled (2 x mesh.model fake CPU
+devices): enough for the real data-parallel all-reduce and the neighbour's
+shard_map. Per device: parameters, optimizer state and projections (from the
+input shardings), gradients (an estimate: one float32 copy of the
+parameters), temporaries, activations (temp - gradients) and the peak
+(arguments + outputs + temporaries - aliased; the state is donated).
+On CPU devices the bytes estimate the GPU's, they do not measure them:
+XLA:CPU may compute bfloat16 dots in float32, and its fusion and buffer
+assignment differ from XLA:GPU's (docs/usage.md).
 """
 from __future__ import annotations
 
@@ -49,12 +30,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from studies.report import markdown_table
+
 OUTPUT_FILE = 'memory_plan.json'
 REPLICAS = 2  # replicas compiled (see the module docstring)
 GB = 1e9
-NOTE = ('Compiled for CPU devices: XLA:CPU may compute bfloat16 dots in float32 and its '
-        'fusion and buffer assignment differ from XLA:GPU, so these bytes estimate the '
-        'GPU bytes; they do not measure them.')
 
 
 def device_bytes(abstract_tree, shardings) -> int:
@@ -81,7 +61,7 @@ def resolve(cfg, num_devices: int) -> dict[str, int]:
 
 
 def _role_entry(compiled, state_abs, programs, limit_bytes) -> dict[str, Any]:
-    from mecefo_jax.parallel.aot import memory_of
+    from studies.xla_costs import memory_of
     in_shardings = compiled.input_shardings[0][0]  # (args, kwargs) -> args -> state
     params = device_bytes(state_abs.params, in_shardings.params)
     optimizer = device_bytes(state_abs.opt_state, in_shardings.opt_state)
@@ -163,7 +143,7 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
     return {'config': config_summary(cfg, b), 'mesh': mesh_info, 'num_devices': num_devices,
             'limit_bytes': limit, 'roles': roles, 'fits': all(r['fits'] for r in roles.values()),
             'remat_policy': cfg.model.remat_policy, 'platform': platform,
-            'jax_version': jax.__version__, 'note': NOTE}
+            'jax_version': jax.__version__}
 
 
 ROWS = (('parameters', 'parameters_bytes'), ('optimizer state', 'optimizer_bytes'),
@@ -174,19 +154,15 @@ ROWS = (('parameters', 'parameters_bytes'), ('optimizer state', 'optimizer_bytes
 
 
 def format_plan(result: dict[str, Any]) -> str:
-    m, roles = result['mesh'], result['roles']
-    lines = [f"mesh data={m['data']} x model={m['model']} on {result['num_devices']} devices; "
-             f"global batch {m['global_batch']} -> {m['per_replica_batch']} sequences per "
-             f"replica (neighbour: {2 * m['per_replica_batch']}); seq_len "
-             f"{result['config']['seq_len']}; remat_policy={result['remat_policy']}",
-             f"{'per device, GB':<24}" + ''.join(f'{name:>14}' for name in roles)]
-    for label, key in ROWS:
-        lines.append(f'{label:<24}' + ''.join(f'{r[key] / GB:>14.2f}' for r in roles.values()))
-    limit = result['limit_bytes'] / GB
-    lines.append(f"{'fits in ' + f'{limit:g} GB':<24}"
-                 + ''.join(f"{'yes' if r['fits'] else 'NO':>14}" for r in roles.values()))
-    lines.append(result['note'])
-    return '\n'.join(lines)
+    """Per-device GB by role, as a markdown table."""
+    roles, limit = result['roles'], result['limit_bytes'] / GB
+    rows = [[label] + [f'{r[key] / GB:.2f}' for r in roles.values()] for label, key in ROWS]
+    rows.append([f'fits in {limit:g} GB'] + [('yes' if r['fits'] else 'NO') for r in roles.values()])
+    m = result['mesh']
+    return (f"mesh data={m['data']} x model={m['model']} on {result['num_devices']} devices, "
+            f"{m['per_replica_batch']} sequences per replica, seq_len "
+            f"{result['config']['seq_len']}, remat_policy={result['remat_policy']}\n\n"
+            + markdown_table(['per device, GB'] + list(roles), rows))
 
 
 def main(cfg, out_dir: str | None, **kwargs) -> dict[str, Any]:

@@ -2,32 +2,16 @@
 
     python scripts/bench_refresh.py --config configs/llama_7b.py --out DIR
 
-One layer's FFN kernels are enough: w_gate and w_up share the [d, h] shape
-(measured once as w_gate), w_down is [h, d]. For each shape, on the default
-backend with one device: seconds (jit, AOT-compiled, median of repeats) and
-FLOPs of the full SVD (`top_singular_vectors`, the reference refresh; its
-first run gives the pre-drift V) and of
-the cheap refresh (`subspace_iteration` warm-started from the held V), and the
-energy ||kernel^T V||_F^2 that V captures relative to the exact top-r
-subspace's, cold (random start) and warm started, on random weights and
-after a drift.
-
-FLOPs: XLA's cost analysis counts what XLA itself computes; the LAPACK SVD
-and QR run as custom calls it counts as nothing, so `full_flops` and
-`cheap_flops` are operation counts of the algorithms (Golub & Van Loan,
-Matrix Computations, 3rd ed., section 5.4.5: R-SVD giving Sigma, the thin U
-and V, 6 M N^2 + 20 N^3 for M >= N; thin Householder QR of [k, r],
-2 k r^2 - 2 r^3 / 3), with XLA's figures beside them as `*_flops_xla`.
-
-Drift: the weights after `tau` optimizer steps are modelled as W + D with D
-i.i.d. N(0, (lr * sqrt(tau))^2): AdamW moves each entry by about lr per step,
-in a direction that is random from step to step. V is refreshed every tau
-steps, so the warm start is the exact V of the pre-drift weights; the
-drifted kernel's exact top-r energy comes from its Gram eigenvalues (float64),
-saving an SVD per shape (half an hour each at 7B on 2 CPU cores). With
-`checkpoints` (a run's checkpoint directory) the same is measured on a real
-drift: V exact at the run's second-latest checkpoint, refreshed at the latest.
-Writes bench_refresh.json and bench_refresh.md into the output directory.
+`bench_shape` is the one measurement of the refresh (the GPU report's
+`refresh` section calls it too): for one FFN kernel shape on one device,
+seconds (jit, AOT-compiled, median of repeats) and FLOPs of the full SVD
+(`top_singular_vectors`) and of the subspace refresh warm-started from the
+held V, and the energy ||kernel^T V||_F^2 that V captures relative to the
+exact top-r subspace's: cold (random start, random weights), warm (after a
+modelled drift of `tau` AdamW steps) and stale (no refresh). `run` does every
+FFN shape of a config (and, with `checkpoints`, a real run's drift) and
+writes bench_refresh.json and .md. What the figures mean, the FLOP counts and
+the drift model: docs/algorithm.md, "Cheap projection refresh".
 """
 import json
 import os
@@ -36,10 +20,12 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from mecefo_jax.faults.refresh_costs import subspace_flops
 from mecefo_jax.neighbour import projections as proj_lib
-from mecefo_jax.parallel import aot
+from studies import xla_costs as aot
+from studies.report import fmt, markdown_table
 
 ITERATION_SWEEP = (1, 2, 3, 4)  # energy ratios also reported for these iteration counts
 
@@ -56,11 +42,8 @@ def svd_flops(n: int, m: int) -> float:
     return 6.0 * big * small ** 2 + 20.0 * small ** 3
 
 
-
-
 def energy(kernel_nm, v_nr) -> float:
     """||kernel^T V||_F^2: the squared singular mass V captures (in float64 on the host)."""
-    import numpy as np
     k = np.asarray(kernel_nm, np.float64)
     v = np.asarray(v_nr, np.float64)
     return float(np.sum((k.T @ v) ** 2))
@@ -69,7 +52,6 @@ def energy(kernel_nm, v_nr) -> float:
 def top_energy(kernel_nm, r: int) -> float:
     """Sum of the top-r squared singular values, from the eigenvalues of the smaller Gram
     matrix in float64: the exact reference for a drifted kernel without another SVD."""
-    import numpy as np
     k = np.asarray(kernel_nm, np.float64)
     gram = k @ k.T if k.shape[0] <= k.shape[1] else k.T @ k
     return float(np.sum(np.linalg.eigvalsh(gram)[-r:]))
@@ -114,13 +96,14 @@ def bench_shape(name, n, m, r, *, iterations, drift_std, seed, full_repeats, che
     jax.block_until_ready(cheap(k1, v0))  # warm-up
     _, cheap_times, cheap_cpu = _timed(cheap, (k1, v0), cheap_repeats)
     log(f'  {name}: subspace {statistics.median(cheap_times):.4f} s; energies...')
-    exact0, exact1 = energy(k0, v0), top_energy(k1, r)
+    h0, h1 = np.asarray(k0, np.float64), np.asarray(k1, np.float64)  # copied to the host once
+    exact0, exact1 = energy(h0, v0), top_energy(h1, r)
     sweep = {}
     for its in sorted(set(ITERATION_SWEEP) | {iterations}):
         cold0 = proj_lib.subspace_iteration(k0, r, None, iterations=its, key=keys[2])
         warm1 = proj_lib.subspace_iteration(k1, r, v0, iterations=its)
-        sweep[its] = {'cold_random': energy(k0, cold0) / exact0,
-                      'warm_drifted': energy(k1, warm1) / exact1}
+        sweep[its] = {'cold_random': energy(h0, cold0) / exact0,
+                      'warm_drifted': energy(h1, warm1) / exact1}
     return {
         'name': name, 'shape': [n, m], 'rank': r, 'iterations': iterations,
         'full_sec': statistics.median(full_times), 'full_sec_runs': full_times,
@@ -133,9 +116,9 @@ def bench_shape(name, n, m, r, *, iterations, drift_std, seed, full_repeats, che
         'full_flops_xla': aot.flops_of(full), 'cheap_flops_xla': aot.flops_of(cheap),
         'energy_ratio_cold': sweep[iterations]['cold_random'],
         # The SVD's top-r energy against the Gram eigenvalues': 1 up to rounding.
-        'exact_energy_check': exact0 / top_energy(k0, r),
+        'exact_energy_check': exact0 / top_energy(h0, r),
         'energy_ratio_warm': sweep[iterations]['warm_drifted'],
-        'energy_ratio_stale': energy(k1, v0) / exact1,  # no refresh at all
+        'energy_ratio_stale': energy(h1, v0) / exact1,  # no refresh at all
         'energy_ratio_by_iterations': {str(k): v for k, v in sweep.items()},
     }
 
@@ -218,7 +201,7 @@ def run(cfg, out_dir: str, *, full_repeats: int = 2, cheap_repeats: int = 5,
     result = {
         'backend': jax.default_backend(), 'device_kind': jax.devices()[0].device_kind,
         'refresh': method, 'refresh_iters': iterations, 'tau': tau,
-        'drift': f'W + N(0, (lr*sqrt(tau))^2) per entry, std {drift_std:.4g}',
+        'drift_std': drift_std,  # of W + N(0, (lr sqrt(tau))^2) per entry
         'full_sec': full_sec, 'cheap_sec': cheap_sec, 'speedup': full_sec / cheap_sec,
         'full_cpu_sec': full_cpu, 'cheap_cpu_sec': cheap_cpu, 'cpu_speedup': full_cpu / cheap_cpu,
         'load_average': os.getloadavg()[0],
@@ -243,33 +226,28 @@ def run(cfg, out_dir: str, *, full_repeats: int = 2, cheap_repeats: int = 5,
 
 
 def markdown(result: dict) -> str:
-    """One row per kernel shape plus the one-layer total (w_gate counted once)."""
-    lines = [f"Refresh of V on {result['backend']} ({result['device_kind']}), "
-             f"{result['refresh_iters']} subspace iterations, drift: {result['drift']}.",
-             '',
-             '| kernel | shape | r | SVD s | subspace s | speedup | SVD GFLOP | subspace GFLOP '
-             '| FLOP ratio | energy cold | energy warm | energy stale |',
-             '|---|---|---|---|---|---|---|---|---|---|---|---|']
-    for row in result['shapes']:
-        lines.append(
-            f"| {row['name']} | {row['shape'][0]}x{row['shape'][1]} | {row['rank']} "
-            f"| {row['full_sec']:.3f} | {row['cheap_sec']:.4f} "
-            f"| {row['full_sec'] / row['cheap_sec']:.1f}x | {row['full_flops'] / 1e9:.2f} "
-            f"| {row['cheap_flops'] / 1e9:.3f} | {row['full_flops'] / row['cheap_flops']:.1f}x "
-            f"| {row['energy_ratio_cold']:.4f} | {row['energy_ratio_warm']:.5f} "
-            f"| {row['energy_ratio_stale']:.5f} |")
-    lines += ['', f"Total: SVD {result['full_sec']:.3f} s, subspace {result['cheap_sec']:.4f} s "
-              f"({result['speedup']:.1f}x; CPU seconds {result['full_cpu_sec']:.3f} against "
-              f"{result['cheap_cpu_sec']:.4f}, {result['cpu_speedup']:.1f}x; load average "
-              f"{result['load_average']:.1f}); FLOPs {result['flops_ratio']:.1f}x fewer; "
-              f"energy_ratio_warm {result['energy_ratio_warm']:.5f} "
-              f"(XLA's FLOP counts: SVD {result['full_flops_xla']:.3g}, "
-              f"subspace {result['cheap_flops_xla']:.3g}: the LAPACK calls count as 0).", '']
+    """One row per kernel shape, then the one-layer totals (w_gate counted once), as tables."""
+    shapes = markdown_table(
+        ('kernel', 'shape', 'r', 'SVD s', 'subspace s', 'SVD GFLOP', 'subspace GFLOP',
+         'energy cold', 'energy warm', 'energy stale'),
+        [[row['name'], 'x'.join(map(str, row['shape'])), row['rank'], f"{row['full_sec']:.3f}",
+          f"{row['cheap_sec']:.4f}", f"{row['full_flops'] / 1e9:.2f}",
+          f"{row['cheap_flops'] / 1e9:.3f}", f"{row['energy_ratio_cold']:.4f}",
+          f"{row['energy_ratio_warm']:.5f}", f"{row['energy_ratio_stale']:.5f}"]
+         for row in result['shapes']])
+    keys = ('backend', 'device_kind', 'refresh_iters', 'drift_std', 'full_sec', 'cheap_sec',
+            'speedup', 'full_cpu_sec', 'cheap_cpu_sec', 'cpu_speedup', 'load_average',
+            'flops_ratio', 'full_flops_xla', 'cheap_flops_xla', 'energy_ratio_warm',
+            'energy_ratio_warm_real')
+    totals = markdown_table(('figure', 'value'), [
+        (k, fmt(result[k], '.5g') if isinstance(result[k], float) else result[k])
+        for k in keys if k in result])
+    tables = [shapes, totals]
     if 'real_drift' in result:
         drift = result['real_drift']
-        lines += [f"Real drift, checkpoints {drift['steps'][0]} -> {drift['steps'][1]} of "
-                  f"{drift['checkpoints']}: " + ', '.join(
-                      f"{name} {row['shape'][0]}x{row['shape'][1]} warm "
-                      f"{row['energy_ratio_warm']:.5f} (stale {row['energy_ratio_stale']:.5f})"
-                      for name, row in drift['kernels'].items()), '']
-    return '\n'.join(lines)
+        tables.append(markdown_table(
+            ('real drift', 'steps', 'shape', 'energy warm', 'energy stale', 'from the held V'),
+            [[name, '->'.join(map(str, drift['steps'])), 'x'.join(map(str, row['shape'])),
+              f"{row['energy_ratio_warm']:.5f}", f"{row['energy_ratio_stale']:.5f}",
+              f"{row['energy_ratio_from_held_v']:.5f}"] for name, row in drift['kernels'].items()]))
+    return '\n\n'.join(tables) + '\n'

@@ -1,12 +1,13 @@
-"""What every experiment report shares: number formatting, spreads over seeds, plots.
+"""What every experiment report shares: number formatting, spreads over seeds, tables, plots.
 
-The experiments (step cost, strategy comparison, quality, crash drill,
-cluster projection) write JSON for scripts and markdown for people; the
-helpers here make a missing figure read the same way everywhere ('n/a') and
-a figure over seeds read as 'mean ± std [min, max]'.
+The experiments write JSON (what the run measured) and markdown tables made
+by `markdown_table` alone; what the figures mean is written once, by hand, in
+docs/. A missing figure reads 'n/a' everywhere and a figure over seeds
+'mean ± std [min, max]'.
 """
 import math
 import statistics
+from collections.abc import Sequence
 
 
 def fmt(value, spec: str = '.2f', missing: str = 'n/a') -> str:
@@ -14,6 +15,17 @@ def fmt(value, spec: str = '.2f', missing: str = 'n/a') -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return missing
     return format(value, spec)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """A markdown table: one header row, then a row per entry of `rows` (cells as str)."""
+    lines = ['| ' + ' | '.join(headers) + ' |', '|' + '---|' * len(headers)]
+    for row in rows:
+        if len(row) != len(headers):
+            raise ValueError(f'markdown_table: a row of {len(row)} cells under {len(headers)} '
+                             f'headers ({list(headers)}): {list(row)}')
+        lines.append('| ' + ' | '.join(str(cell) for cell in row) + ' |')
+    return '\n'.join(lines)
 
 
 def distinct_seeds(seeds) -> list[int]:
@@ -72,28 +84,20 @@ def bootstrap_mean(values, *, resamples: int = 10_000, seed: int = 0,
 def significance(a: dict | None, b: dict | None) -> dict:
     """Whether two figures' means differ by more than their spread.
 
-    The gap |mean_b - mean_a| is called significant when it exceeds
-    std_a + std_b (sample stds over seeds): a loose one-sigma-each criterion,
-    as few seeds allow no more. Every seed runs all strategies on the same
-    trace, so the paired view is reported too: whether b - a has the same
-    sign in every seed.
+    The gap |mean_b - mean_a| is significant when it exceeds std_a + std_b
+    (sample stds over seeds): a loose one-sigma-each criterion, as few seeds
+    allow no more; None with one seed (no spread) or a missing figure. Every
+    seed runs all strategies on the same trace, so the paired view is given
+    too: whether b - a has the same sign in every seed.
     """
     if a is None or b is None:
-        return {'gap': None, 'spread': None, 'significant': None,
-                'same_order_in_every_seed': None, 'verdict': 'n/a'}
+        return {'gap': None, 'spread': None, 'significant': None, 'same_order_in_every_seed': None}
     gap = abs(b['mean'] - a['mean'])
     sign = math.copysign(1.0, b['mean'] - a['mean'])
     same_order = all((vb - va) * sign > 0 for va, vb in zip(a['values'], b['values']))
-    if a['std'] is None or b['std'] is None:
-        return {'gap': gap, 'spread': None, 'significant': None,
-                'same_order_in_every_seed': same_order,
-                'verdict': 'one seed: no spread, so significance is unknown'}
-    spread = a['std'] + b['std']
-    significant = gap > spread
-    verdict = (f'the gap {gap:.4g} {"exceeds" if significant else "is within"} the spread '
-               f'{spread:.4g} (std sum): {"significant" if significant else "not significant"}')
-    return {'gap': gap, 'spread': spread, 'significant': significant,
-            'same_order_in_every_seed': same_order, 'verdict': verdict}
+    spread = None if a['std'] is None or b['std'] is None else a['std'] + b['std']
+    return {'gap': gap, 'spread': spread, 'significant': None if spread is None else gap > spread,
+            'same_order_in_every_seed': same_order}
 
 
 def format_spread(s: dict | None, spec: str) -> str:

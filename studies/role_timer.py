@@ -1,21 +1,14 @@
 """Modelled step time: the slowest live device's own program, timed alone.
 
 Fake CPU devices share the host's cores, so wall-clock time on one machine
-cannot show a straggler. A synchronous step on real hardware lasts as long as
-its slowest device, so we time each device program (role, rows: see
-layout.py) by itself on one device and take the maximum over the devices of
-a layout.
-On a GPU the same timing gives real figures.
-
-Programs are timed interleaved, one call of each per round, and the median
-per program is kept: timing millisecond-scale programs one after another on a
-shared CPU scatters by 2x between repetitions, while interleaving exposes
-every program to the same conditions. Every layout of a run is known in
-advance (it is a function of the schedule's live masks), so `measure` takes
-all of them at once; a program first met later is timed with those already known.
+cannot show a straggler; a synchronous step lasts as long as its slowest
+device. So each device program (role, rows: see layout.py) is timed by itself
+on one device, all of a run's programs interleaved (`step_measure.time_interleaved`,
+so load changes on a shared CPU hit every program alike; median kept), and a
+layout's step is the maximum over its devices. On a GPU the same timing
+gives real figures.
 """
 import statistics
-import time
 
 import jax
 import numpy as np
@@ -24,6 +17,7 @@ from mecefo_jax.neighbour.layout import ROLE_MIXED, Layout, Piece, Program, asse
 from mecefo_jax.parallel import sharding
 from mecefo_jax.parallel import state as state_lib
 from mecefo_jax.parallel import step as step_lib
+from studies.step_measure import StepRunner, time_interleaved
 
 
 def layout_keys(layout: Layout) -> set[Program]:
@@ -61,16 +55,11 @@ class RoleTimer:
         if self._state is None:
             self._state, self._shardings = state_lib.create_train_state(
                 self._model, self._optimizer, self._mesh, seed=0, rank=self._rank)
-        compiled = {p: self._compile(p) for p in programs}
-        times = {p: [] for p in compiled}
-        for i in range(self._warmup + self._iters):
-            for program, (step, batch) in compiled.items():
-                start = time.perf_counter()
-                self._state, metrics = step(self._state, batch)
-                jax.block_until_ready((self._state, metrics))
-                if i >= self._warmup:
-                    times[program].append(time.perf_counter() - start)
-        self._cache.update({p: statistics.median(t) for p, t in times.items()})
+        runner = StepRunner(self._state)
+        calls = {p: runner.mecefo(*self._compile(p)) for p in programs}
+        times = time_interleaved(calls, warmup=self._warmup, iters=self._iters)
+        self._state = runner.state
+        self._cache.update({p: statistics.median(t) / 1e3 for p, t in times.items()})
 
     def _compile(self, program: Program):
         """One device running `program` alone: its rows in its role (a mixed one's

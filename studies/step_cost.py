@@ -1,23 +1,12 @@
 """Step-cost benchmark: what one device pays for a full train step in each role.
 
-This module owns the per-device cost comparison of MeCeFO (Hu et al.,
-NeurIPS 2025, arXiv 2510.16415) against exact and plain baselines, and the
-fault-free overhead check; `scripts/bench_step.py` is its command line.
-
-It runs the benchmark and writes `bench_step.json`; its parts live beside
-it, one job each:
-
-  step_modes       the modes, the layout and program of each, the plain DP
-                   baseline and the benchmark's tokens;
-  grad_error       ||g_mecefo - g_exact|| / ||g_exact|| per parameter group;
-  step_measure     every mode compiled on one device (FLOPs, memory) and
-                   timed interleaved: the figures per mode;
-  step_efficiency  the fault-free overhead against plain DP, and the
-                   model-FLOPs utilisation (GPU);
-  step_cost_table  the plain-text table `main` prints.
-
-`result['modes'][mode]` holds the mode's figures (`step_measure`), and
-`ratios[mode]` = mode / normal.
+The per-device cost of MeCeFO (Hu et al., NeurIPS 2025, arXiv 2510.16415)
+against exact and plain baselines, and the fault-free overhead check;
+`scripts/bench_step.py` is its command line. It writes `bench_step.json`:
+`modes[mode]` holds each mode's figures (`step_measure`: every mode compiled
+on one device and timed interleaved; the modes are `step_modes`'), `ratios[mode]`
+= mode / normal, beside the gradient error of mecefo against ndb_naive
+(`grad_error`) and the fault-free overhead and MFU (`step_efficiency`).
 """
 from __future__ import annotations
 
@@ -30,8 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from studies.grad_error import grad_rel_error, grad_rel_error_by_param, two_shard_gradients
-from studies.step_cost_table import format_table
+from studies.fidelity import grad_rel_error, grad_rel_error_by_param, two_shard_gradients
+from studies.report import fmt, markdown_table
 from studies.step_efficiency import fault_free_overhead, normal_step_mfu
 from studies.step_measure import (
     Bench,
@@ -136,15 +125,6 @@ def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: in
         'modes': modes, 'ratios': {}, 'grad_rel_error': None,
         'grad_rel_error_by_param': None, 'optimizer_update': optimizer_update_cost(bench),
         'overhead': None, 'mfu': None,
-        'measured': ('the full train step (step.make_train_step: forward, backward, '
-                     'gradient combination, AdamW update, state checks; state donated) on '
-                     'one device; plain_dp is an independent jax.jit data-parallel step'),
-        'flops_note': ('flops: XLA cost analysis of the step compiled with '
-                       'ModelConfig.unroll_loops=True (XLA counts a while body once); '
-                       'flops_xla_raw: the count of the scanned program that runs'),
-        'memory_note': ('peak_bytes = argument + output + temp - alias bytes of the real '
-                        'step (state donated). XLA:CPU computes bf16 dots in float32, so CPU '
-                        'bytes of a bf16 model estimate, and may exceed, GPU bytes'),
         'config': summary, 'device': f'{device.platform}:{device.device_kind}',
         'jax_version': jax.__version__, 'warmup': warmup, 'iters': iters, 'seed': seed,
         'details': details,
@@ -167,6 +147,32 @@ def run_benchmark(cfg, out_dir: str | None = None, *, batch: int = 4, warmup: in
             json.dump(result, f, indent=2)
         log(f'bench: wrote {path}')
     return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The modes' figures and ratios, then the run's other figures, as markdown tables."""
+    rows = []
+    for mode, v in result['modes'].items():
+        r = result['ratios'][mode]
+        rows.append([mode, f"{v['flops'] / 1e9:.2f}", fmt(r['flops'], '.3f'),
+                     f"{v['flops_xla_raw'] / 1e9:.2f}", f"{v['temp_bytes'] / 2**20:.1f}",
+                     fmt(r['temp_bytes'], '.3f'), f"{v['peak_bytes'] / 2**20:.1f}",
+                     fmt(r['peak_bytes'], '.3f'), fmt(v['step_ms'], '.2f'), fmt(r['step_ms'], '.3f')])
+    modes = markdown_table(('mode', 'GFLOPs (unrolled)', 'x', 'GFLOPs (scanned)', 'temp MiB', 'x',
+                            'peak MiB', 'x', 'step ms', 'x'), rows)
+    other = [('AdamW update GFLOPs', f"{result['optimizer_update']['flops'] / 1e9:.3f}")]
+    other += [(f'grad rel error, {group} (mecefo vs exact)', f'{value:.4g}')
+              for group, value in (result['grad_rel_error'] or {}).items()]
+    overhead, mfu = result.get('overhead') or {}, result.get('mfu') or {}
+    for key in ('skipped', 'fault_free_ms', 'plain_dp_ms', 'ratio', 'paired_ratio_median', 'met'):
+        if key in overhead:
+            other.append((f'fault-free overhead: {key}', fmt(overhead[key], '.4g')
+                          if isinstance(overhead[key], float) else overhead[key]))
+    for key in ('formula', 'xla', 'peak_tflops', 'reason'):
+        if key in mfu:
+            other.append((f'MFU: {key}', fmt(mfu[key], '.4g') if isinstance(mfu[key], float)
+                          else mfu[key]))
+    return modes + '\n\n' + markdown_table(('figure', 'value'), other)
 
 
 def main(cfg, out_dir: str, **kwargs) -> dict[str, Any]:

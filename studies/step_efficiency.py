@@ -1,22 +1,12 @@
 """What MeCeFO's machinery costs when nothing fails, and how much of the device a step uses.
 
-Fault-free overhead (`overhead`)
---------------------------------
-The fault-free train step (`layout.full_layout` over the config's full mesh,
-e.g. 8 fake CPU devices) against `plain_dp` on the same mesh, state and
-global batch (`batch` sequences per data replica), timed interleaved; the
-ratio of medians is the price of MeCeFO's machinery when nothing has failed
-(the median and quartiles of the per-round ratios show how noisy it is).
-
-Model-FLOPs utilisation (GPU only)
-----------------------------------
-On a GPU, `mfu` (`normal_step_mfu`) gives the normal step's model FLOPs per second over the
-device's peak (`peak_tflops`, else `PEAK_TFLOPS` by device kind), with the
-model FLOPs counted two ways: `formula` = 6 x matmul parameters (everything
-but the embedding table, which is a gather) x tokens + 12 x layers x d_model
-x seq_len x tokens (attention scores and context, forward and backward, the
-PaLM convention, not halved for the causal mask), and `xla` = the unrolled
-XLA count of the whole normal step. On CPU it is reported as not applicable.
+`fault_free_overhead`: the fault-free step against `plain_dp` on the
+config's full mesh, same state and global batch, timed interleaved (the
+ratio of medians, and the median and quartiles of the per-round ratios).
+`normal_step_mfu` (GPU): the normal step's model FLOPs per second over the
+device's peak, the FLOPs counted by formula (6 x matmul parameters x tokens
++ 12 x layers x d_model x seq_len x tokens, PaLM, causal mask not halved)
+and by XLA's unrolled count.
 """
 from __future__ import annotations
 
@@ -27,10 +17,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from mecefo_jax.parallel.aot import flops_of, memory_of
-from studies.grad_error import path_names
+from studies.fidelity import path_names
 from studies.step_measure import StepRunner, time_interleaved
 from studies.step_modes import make_plain_dp_step
+from studies.xla_costs import flops_of, memory_of
 
 OVERHEAD_TARGET = 1.03  # fault-free step time / plain_dp step time
 # Dense bf16 peak TFLOP/s by device-kind substring, most specific first.
@@ -90,16 +80,13 @@ def fault_free_overhead(cfg, model, optimizer, *, batch: int, warmup: int, iters
 
 
 def normal_step_mfu(cfg, params_abs, normal, batch, device, peak_override):
-    """Model-FLOPs utilisation of the normal step (GPU): see the module docstring."""
+    """Model-FLOPs utilisation of the normal step (GPU), counted two ways (module docstring)."""
     peak, source = peak_tflops_for(device, peak_override)
     tokens = batch * cfg.data.seq_len
     formula = model_flops_per_token(cfg, params_abs) * tokens
     seconds = normal['step_ms'] / 1e3
     out = {'applicable': peak is not None, 'peak_tflops': peak, 'peak_source': source,
            'tokens_per_step': tokens, 'formula_flops': formula, 'xla_flops': normal['flops'],
-           'counting': ('formula: 6 x matmul params (all but the embedding table) x tokens '
-                        '+ 12 x layers x d_model x seq_len x tokens (PaLM; causal mask not '
-                        'halved); xla: XLA cost analysis of the unrolled normal train step'),
            'dtype': cfg.model.dtype}
     if peak is not None:
         out['formula'] = formula / seconds / (peak * 1e12)

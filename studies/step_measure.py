@@ -1,38 +1,14 @@
 """The step-cost modes compiled on one device, and timed: their FLOPs, memory and wall time.
 
-Figures per mode (`modes[mode]`, and `ratios[mode]` = mode / normal)
---------------------------------------------------------------------
-  flops       XLA's cost analysis of the train step compiled with
-              `ModelConfig.unroll_loops=True`. The model's layer scan and the
-              loss's chunk scan are while loops, and XLA's cost analysis
-              counts a while body ONCE whatever its trip count; unrolled, the
-              program does the same arithmetic as straight-line code and the
-              count is complete. `flops_xla_raw` is the count of the program
-              that really runs (loops counted once), kept for reference;
-              `details[mode]['while_loops_in_flops_program']` should be 0. A
-              program with no loop at all (one block, one loss chunk) is
-              counted as it is (`details[mode]['flops_source']`).
-  temp_bytes  `memory_analysis().temp_size_in_bytes` of the real (scanned)
-              step: XLA's scratch (gradients, activations kept for the
-              backward pass, optimizer intermediates).
-  peak_bytes  arguments + outputs + temporaries - aliased bytes of the real
-              step: everything the program holds while it runs. The state is
-              donated, so its outputs reuse the argument buffers and count
-              once; XLA packs the temporaries into one allocation by buffer
-              liveness, so temp is already their peak. (XLA's own
-              `peak_memory_in_bytes`, kept in `details`, leaves temporaries
-              out on XLA:CPU.)
-  step_ms     median wall time of one call, after `warmup` untimed calls, the
-              modes called round-robin ("interleaved", in a fresh random
-              order each round) so that load changes on a shared machine hit
-              every mode alike. `iters=0` skips all
-              timing (and the gradient error, which needs real parameters):
-              nothing is materialised, so a 350M model at full depth is costed
-              on a CPU in minutes.
-
-Two XLA:CPU facts bias CPU figures: it computes bfloat16 dots in float32
-(more temporary bytes and slower steps than a GPU would show), and its
-pipeline may CSE a `jax.checkpoint`'s recomputation back into the forward.
+Per mode: `flops`, XLA's cost analysis of the step compiled with
+`ModelConfig.unroll_loops=True` (XLA counts a while body once whatever its
+trip count; `flops_xla_raw` is the scanned program's count, and a program
+with no loop is counted as it is); `temp_bytes` and `peak_bytes` (arguments
++ outputs + temporaries - aliased, the state donated) of the real step;
+`step_ms`, the median of calls interleaved with the other modes in a fresh
+random order each round, so that load changes on a shared machine hit every
+mode alike. XLA:CPU computes bfloat16 dots in float32, so CPU bytes and
+times of a bf16 model overstate a GPU's.
 """
 from __future__ import annotations
 
@@ -45,8 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mecefo_jax.parallel.aot import abstract, abstract_batch, count_while_loops, flops_of, memory_of
+from mecefo_jax.parallel.aot import abstract, abstract_batch
 from studies.step_modes import MODES, make_plain_dp_step, mode_layout, unrolled
+from studies.xla_costs import count_while_loops, flops_of, memory_of
 
 
 @dataclasses.dataclass
@@ -67,13 +44,14 @@ class Bench:
         return self.cfg.data.seq_len + 1
 
 
-def new_bench(cfg, batch: int, device, log) -> Bench:
-    """The model of `cfg`, its optimizer, a one-device mesh on `device` and the abstract state."""
+def new_bench(cfg, batch: int, device, log, model=None) -> Bench:
+    """`model` (default: the model of `cfg`), its optimizer, a one-device mesh on `device`
+    and the abstract state."""
     from mecefo_jax.model.llama import build_model
     from mecefo_jax.model.optim import make_optimizer
     from mecefo_jax.parallel import sharding
     from mecefo_jax.parallel.state import abstract_train_state, state_shardings
-    model = build_model(cfg)
+    model = build_model(cfg) if model is None else model
     mesh = sharding.mesh_from_rows([[device]])
     optimizer = make_optimizer(cfg.train)
     rank = cfg.mecefo.rank
@@ -101,7 +79,7 @@ def _compile_pair(bench: Bench, make, args, mode):
                             'flops_source': 'unrolled step'}
 
 
-def _mode_program(bench: Bench, mode: str):
+def mode_program(bench: Bench, mode: str):
     """(make(model) -> jitted step, its abstract args, what it computes) for one mode."""
     from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR
     from mecefo_jax.parallel import sharding
@@ -125,7 +103,7 @@ def compile_modes(bench: Bench):
     """Compile every mode: (figures per mode, details per mode, the real programs)."""
     modes, details, compiled = {}, {}, {}
     for mode in MODES:
-        make, args, info = _mode_program(bench, mode)
+        make, args, info = mode_program(bench, mode)
         real, counting, times = _compile_pair(bench, make, args, mode)
         memory = memory_of(real)
         compiled[mode] = real

@@ -1,33 +1,19 @@
 """The step-cost benchmark's per-device modes: which program one device runs in each role.
 
-For the SAME per-device batch (`batch` sequences of `seq_len + 1` random
-tokens from a fixed seed; shard 0 is the device's own, shard 1 an adopted
-one) each mode is compiled on ONE device (a 1x1 ("data", "model") mesh) as
-the whole train step `step.make_train_step(..., programs)`: forward,
-backward, gradient combination, AdamW update and the step's state checks,
-with the state donated. A single program means no `lax.switch`: the role is
-a compile-time constant and the program is exactly what such a device runs.
-
-  normal            Program(ROLE_NORMAL, B): the fault-free program (plain
-                    GSPMD path of step.py);
-  ndb_naive         Program(ROLE_NORMAL, 2B): own + adopted shard joined,
-                    exact backward (naive neighbour-do-both);
-  mecefo            Program(ROLE_NEIGHBOUR, 2B): joined, MeCeFO neighbour mode;
-  mecefo_per_batch  Program(ROLE_NEIGHBOUR, B): the neighbour's per-batch cost;
-  plain_dp          an independently written `jax.jit` data-parallel step
-                    (`make_plain_dp_step`: value_and_grad of the mean
-                    next-token loss of the same model, the same optax
-                    optimizer, donated params and optimizer state; no layout,
-                    weights, step check or roles), on B sequences.
-
-`random_tokens` gives the two shards every mode reads (own, adopted).
+For the same per-device batch (shard 0 the device's own, shard 1 an adopted
+one) each mode is the whole train step on one device, its role a
+compile-time constant: `normal` (B rows), `ndb_naive` (own + adopted, exact),
+`mecefo` (own + adopted, neighbour mode), `mecefo_per_batch` (B rows,
+neighbour mode), and `plain_dp`, an independently written `jax.jit`
+data-parallel step on B rows (the baseline).
 """
 from __future__ import annotations
 
 import jax
 import numpy as np
 
-from mecefo_jax.parallel.aot import abstract, abstract_batch, flops_of
+from mecefo_jax.parallel.aot import abstract, abstract_batch
+from studies.xla_costs import flops_of
 
 MODES = ('normal', 'ndb_naive', 'mecefo', 'mecefo_per_batch', 'plain_dp')
 MECEFO_MODES = MODES[:4]  # the modes that run step.make_train_step

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from mecefo_jax.host import workdir_lock
-from studies import chaos_verify
+from tests.drills import chaos_verify
 
 
 def _record(launch_dir, generation: int, worker: int, pid: int, start_ticks) -> None:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from mecefo_jax.faults import costs as costs_lib
-from studies.cluster import explanation as report_lib
 from studies.cluster import recovery as recovery_lib
+from studies.cluster import report as report_lib
 from studies.cluster import sim
 from studies.cluster import traces as traces_lib
 
@@ -429,8 +429,8 @@ def test_script_runs_end_to_end_without_jax(tmp_path):
     assert len(combos) == len(rows) == 2 * 2 * 2 * 2 * len(sim.STRATEGIES)
     assert {r['num_replicas'] for r in result['sweep_rows']} == {8, 16}
     md = (out / 'simulate_cluster.md').read_text()
-    assert '| 350M | high | 1186.0 | 1.07 |' in md  # the paper's figures beside ours
-    assert 'Ordering against the paper' in md
+    assert '| A | in_process | 350M | high | 1186.0 | 1.07 |' in md  # the paper's figures beside ours
+    assert result['explanation']['A/in_process/350M']['paper_drop_pct'] == 1.07
     assert (out / 'simulate_cluster.png').stat().st_size > 0
 
 

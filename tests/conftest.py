@@ -165,13 +165,13 @@ class _Clusters:
     def shared(self, nodes: int):
         if self.current is None or self.nodes != nodes:
             self.close()
-            from studies.sim_cluster import SimulatedCluster
+            from tests.drills.sim_cluster import SimulatedCluster
             self.current, self.nodes = SimulatedCluster(nodes), nodes
         return self.current
 
     def private(self, nodes: int):
         self.close()
-        from studies.sim_cluster import SimulatedCluster
+        from tests.drills.sim_cluster import SimulatedCluster
         return SimulatedCluster(nodes)
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from studies import crash_drill, crash_drill_jobs
+from tests.drills import crash_drill, crash_drill_jobs
 
 
 def write_ends(workdir, generation, ends):
@@ -62,7 +62,7 @@ def test_a_preempted_job_ends_the_drill(monkeypatch, tmp_path):
 
 
 def test_random_kill_steps_are_uniform_over_the_range_and_the_same_for_a_seed():
-    from studies import crash_drill_random as rnd
+    from tests.drills import crash_drill_random as rnd
     steps = rnd.kill_steps(0, 2000, 44, 71)
     assert steps == rnd.kill_steps(0, 2000, 44, 71) and steps != rnd.kill_steps(1, 2000, 44, 71)
     assert min(steps) == 44 and max(steps) == 71  # both ends drawn, nothing outside
@@ -76,7 +76,7 @@ def test_random_kills_report_each_kills_loss_and_what_disk_would_lose(monkeypatc
     """Jobs faked: each recovery row as the launcher writes it; the drill's figures from them."""
     from configs.tiny import get_config
     from mecefo_jax.config_resolve import resolve
-    from studies import crash_drill_random as rnd
+    from tests.drills import crash_drill_random as rnd
     made = []
 
     def fake_job(cfg, values, workdir, workers, log):

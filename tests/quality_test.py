@@ -157,7 +157,7 @@ def test_summary_pairs_each_run_with_the_fault_free_run_of_its_seed():
     assert grad['samples'] == 2 and grad['ffn'] == {'mean': pytest.approx(0.6), 'max': 0.7}
     # high: 300 steps of 60 s over a 0.5 h MTBF.
     assert report['expected_arrivals']['high'] == pytest.approx(10.0)
-    assert 'ours +2.00%, NOT met' in quality.markdown(report)
+    assert '| mecefo | +1.60 | +2.00 | NOT met |' in quality.markdown(report)
 
 
 def test_expected_arrivals_follow_the_regime_reading():
@@ -178,7 +178,7 @@ def test_summary_without_fault_free_leaves_the_target_unevaluated():
                                grad_error_every=10, config_name='x')
     assert report['runs']['mecefo_high']['ppl_vs_fault_free_pct'] is None
     assert report['target']['met'] is None
-    assert 'not evaluated' in quality.markdown(report)
+    assert '| mecefo | +1.60 | n/a | n/a |' in quality.markdown(report)
 
 
 def test_runs_flag_is_checked():

@@ -8,7 +8,7 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.subprocess]
 
 _START = """
-from studies.sim_cluster import SimulatedCluster
+from tests.drills.sim_cluster import SimulatedCluster
 with SimulatedCluster(2, connect=False) as cluster:
     print('up at', cluster.address)
     first = next(n for n in cluster.nodes if n != cluster.head)

@@ -6,7 +6,5 @@
 | `recovery` | per-event recovery overheads (in-process, from memory, from disk) |
 | `settings` | the strategies, the config, the cost tables (`faults/costs.py`, `faults/refresh_costs.py`) |
 | `sim` | the synchronous-step throughput model and the Monte Carlo driver |
-| `explanation` | where and why the ordering differs from the paper's, computed from the result |
-| `report_markdown` | the markdown report, section by section |
-| `report` | writes the result: JSON, markdown and the size plot |
+| `report` | the JSON, markdown tables and size plot; the figures behind the ordering against the paper |
 """

@@ -1,35 +1,17 @@
 """Per-event recovery overheads for the cluster simulator.
 
 This module owns the *recovery table*: what one live-set change (a failure,
-a return, or both at once) costs a strategy in seconds of no progress and in
-redone steps, under each of the two assumptions the simulator reports:
-
-``in_process``
-    The failure is masked inside a healthy process (what the controller does
-    today, and how the paper injects failures): the strategy switches layout
-    on a topology whose step was compiled ahead, the state is already on the
-    survivors. Cost: the `in_process` entry (default 0 s, 0 steps: the
-    paper's assumption). `checkpoint_restart` still restores its last Orbax
-    checkpoint from disk (`disk.restore_sec`) and redoes the steps since.
-
-``real_crash``
-    A failure kills a process; JAX cannot continue a collective without it,
-    so every strategy tears the job down and relaunches on the survivors, on
-    each failure and on each return. Strategies with in-memory snapshots
-    (every one but `checkpoint_restart`) pay the `memory` entry; the
-    checkpoint strategy pays the `disk` entry.
-
-Each entry has `recovery_sec` (wall seconds from the event to the first
-useful step), `restore_sec` (the part spent loading the state, reported for
-reference) and `lost_steps` (steps redone per event; `None` for `disk` means
-"the steps since the last checkpoint", derived from the trace and the
-checkpoint period).
-
-Sources, later ones overriding earlier ones field by field: the stated
-defaults (`DEFAULTS`, with their breakdown in `DEFAULT_BREAKDOWN`), the
-measured events of a strategy comparison (`compare_faults.json`, in-process
-overheads measured on this machine), a crash drill (`crash_drill.json`,
-with `memory` and `disk` objects), and command-line flags.
+a return, or both at once) costs a strategy in seconds of no progress
+(`recovery_sec`, of which `restore_sec` loads the state) and in redone steps
+(`lost_steps`; None: the steps since the last checkpoint), per entry:
+`in_process` (a failure masked in a healthy process, the paper's
+assumption), `memory` (a real crash recovered from in-memory snapshots) and
+`disk` (`checkpoint_restart`'s Orbax restore). Which strategy pays which
+entry under each assumption is in docs/cluster.md. Sources, later ones
+overriding earlier ones field by field: the stated defaults (`DEFAULTS`,
+by component in `DEFAULT_BREAKDOWN`), the measured events of a strategy
+comparison (`compare_faults.json`), a crash drill (`crash_drill.json`) and
+command-line flags.
 """
 from __future__ import annotations
 

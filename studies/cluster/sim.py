@@ -1,62 +1,14 @@
 """Cluster-scale projection of the fault-tolerance strategies (Monte Carlo).
 
 This module owns the *throughput model* of a strategy over a failure trace
-and the Monte Carlo that runs it over many seeded traces, models, regimes,
-readings and cluster sizes. Its pieces live beside it, one concern each:
-`traces` (failure traces and per-live-set loads), `costs`
-(per-role step costs), `recovery` (per-event overheads), `settings`
-(strategies, config, cost tables) and `report` (JSON, markdown, plot;
-with `explanation` and `report_markdown`). Pure numpy: nothing here imports
-jax, so a projection to 1,024 replicas runs in seconds on a laptop.
-
-The model, per interval of constant live set (continuous time):
-
-* data parallelism over n replicas, one synchronous step at a time, each
-  step as long as its slowest device: ``step_sec * cost / plain``, with the
-  busiest device's cost from the cost table (`step_costs`);
-* a step yields the global batch's tokens (``drop``: only the live
-  replicas' shards, so its throughput counts *useful* tokens);
-* each live-set change costs the strategy's recovery time of no progress; a
-  change during an ongoing recovery restarts it (recovery ends at
-  ``max(previous end, change + recovery_sec)``), it does not queue;
-* a change in which some replica fails loses `lost_steps` executed steps
-  (``None``: the steps since the last checkpoint, every `checkpoint_every`
-  steps; a return loses nothing: a planned restart saves first, as the
-  controller's `checkpoint_restart` does);
-* throughput = useful tokens / horizon; drop % = 1 - throughput / the
-  fault-free throughput on the same cluster.
-
-Strategies (the registry of `faults/strategies.py`, plus `fault_free`). The
-model reads each entry's fields, not its name: where failed shards go sets
-the busiest device (the nearest neighbour: 1 + adopted shards; split evenly:
-1 + f/(n-f); the planner: its slowest device; nowhere: one shard, and only
-the live shards' tokens), `neighbour_mode` its program and the refresh, and
-`restores_at_failure` the disk recovery:
-
-| strategy           | busiest device, f of n down                  | tokens | per event |
-|--------------------|----------------------------------------------|--------|-----------|
-| fault_free         | one shard (no failures)                      | all    | -         |
-| mecefo             | neighbour mode, 1 + adopted shards           | all    | recovery  |
-| ndb_naive          | exact, 1 + adopted shards                    | all    | recovery  |
-| mecefo_planned     | the planner's slowest device (>= 1)          | all    | recovery  |
-| elastic            | exact, 1 + f/(n-f) in one larger batch       | all    | recovery  |
-| drop               | one shard                                    | (n-f)/n| recovery  |
-| checkpoint_restart | as elastic                                   | all    | disk restore + redo |
-
-The neighbour-mode strategies (mecefo, mecefo_planned) also pay the
-projection refresh, as the controller does: one refresh of no
-progress at each onset, and 1 / tau of one per step while some replica is
-down (a refresh every `tau` steps while a neighbour is active). One refresh
-takes `--refresh_sec`, or else what the library's refresh costs a replica
-(`faults/refresh_costs.py`): under `--refresh_method subspace` (the default)
-its products divided by the live replicas (the refresh splits them over the
-data axis), its replicated QRs at an assumed `--svd_tflops` and its
-collectives at `--link_gbps`; under `svd` the whole thin SVD on every
-replica at `--svd_tflops`.
-
-`mecefo_planned` asks the planner (`faults/planner.py`, the same code the
-controller runs) for its slowest device once per distinct (live, failed)
-count of a trace: that pair alone sets it.
+(`simulate`) and the Monte Carlo that runs it over many seeded traces,
+models, regimes, readings and cluster sizes (`monte_carlo`). A step lasts as
+long as its busiest device, each live-set change costs the strategy's
+recovery, and the neighbour-mode strategies also pay the projection refresh;
+the model and its strategy table are described in docs/cluster.md. The
+strategies are read from `faults/strategies.py` by their fields, not their
+names. Pure numpy: nothing here imports jax, so a projection to 1,024
+replicas runs in seconds on a laptop.
 """
 from __future__ import annotations
 
@@ -70,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from mecefo_jax.faults import costs as costs_lib
-from mecefo_jax.faults import costs as faults_costs
 from mecefo_jax.faults import planner as planner_lib
 from mecefo_jax.faults.strategies import SPECS, Orphans, StrategySpec
 from mecefo_jax.neighbour.layout import ROLE_NORMAL
@@ -129,7 +80,7 @@ def step_costs(strategy: str, iv: traces_lib.Intervals,
 @functools.lru_cache(maxsize=64)
 def _planner(cost: costs_lib.CostTable, shard: int) -> planner_lib.Planner:
     # One per table and shard size: its budgets are cached across traces.
-    raw = faults_costs.role_cost(cost, shard)
+    raw = costs_lib.role_cost(cost, shard)
     normal = raw(ROLE_NORMAL, shard)
     return planner_lib.Planner(shard, lambda role, rows: raw(role, rows) / normal)
 
@@ -186,7 +137,7 @@ def simulate(strategy: str, iv: traces_lib.Intervals, cost: costs_lib.CostTable,
     ratio, useful = step_costs(strategy, iv, cost)
     spec = _spec(strategy)
     # Neighbour modes refresh the projections at each onset and every tau
-    # steps while a replica is down (module docstring).
+    # steps while a replica is down (docs/cluster.md).
     live = np.maximum(iv.num_replicas - iv.failed, 1)
     refresh = (cost.refresh_sec + cost.refresh_split_sec / live
                if spec is not None and spec.neighbour_mode else np.zeros(live.shape))
@@ -288,12 +239,12 @@ def run_setting(config: SimConfig, tables: dict[str, costs_lib.CostTable],
     return {'trace': trace, 'results': results, 'seeds': len(stats)}
 
 
-def _row(config, tables, *, reading, regime, n, model, assumption, strategy, res, trace,
-         seeds) -> dict[str, Any]:
+def _row(config, tables, setting: dict, model, assumption, strategy, res, trace) -> dict[str, Any]:
     table = tables[model]
     return {
-        'model': model, 'regime': regime, 'strategy': strategy, 'reading': reading,
-        'assumption': assumption, 'num_replicas': n, 'seeds': seeds, 'hours': config.hours,
+        'model': model, 'regime': setting['regime'], 'strategy': strategy,
+        'reading': setting['reading'], 'assumption': assumption,
+        'num_replicas': setting['num_replicas'], 'seeds': setting['seeds'], 'hours': config.hours,
         'drop_pct': res['drop_pct']['mean'], 'drop_pct_std': res['drop_pct']['std'],
         'drop_pct_min': res['drop_pct']['min'], 'drop_pct_max': res['drop_pct']['max'],
         'tokens_per_sec': res['tokens_per_sec']['mean'],
@@ -308,55 +259,42 @@ def _row(config, tables, *, reading, regime, n, model, assumption, strategy, res
     }
 
 
+def _settings(config: SimConfig):
+    """(part, reading, regime, replicas, seeds, models) of every setting: Table 2, then the sweep."""
+    for reading in config.readings:
+        for regime in config.regimes:
+            yield 'table2', reading, regime, config.replicas, config.seeds, config.models
+    for regime in config.sweep_regimes if config.sizes else ():
+        for n in config.sizes:
+            for reading in config.readings:
+                yield 'sweep', reading, regime, n, config.seeds_for(n), (config.sweep_model,)
+
+
 def monte_carlo(config: SimConfig, tables: dict[str, costs_lib.CostTable],
                 recovery: recovery_lib.RecoveryTable,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Table 2 (every model and regime at `replicas`) and the size sweep."""
     config.validate()
-    rows, sweep_rows, traces = [], [], []
+    rows = {'table2': [], 'sweep': []}
+    traces = []
     start = time.perf_counter()
-    for reading in config.readings:
-        for regime in config.regimes:
-            t0 = time.perf_counter()
-            out = run_setting(config, tables, recovery, reading=reading, regime=regime,
-                              num_replicas=config.replicas, seeds=config.seeds,
-                              models=config.models)
-            traces.append({'part': 'table2', 'reading': reading, 'regime': regime,
-                           'num_replicas': config.replicas, 'seeds': out['seeds'],
-                           **out['trace']})
-            for (model, assumption, strategy), res in out['results'].items():
-                rows.append(_row(config, tables, reading=reading, regime=regime,
-                                 n=config.replicas, model=model, assumption=assumption,
-                                 strategy=strategy, res=res, trace=out['trace'],
-                                 seeds=out['seeds']))
-            frac = out['trace']['time_frac_any_down']['mean']
-            log(f'[simulate] table 2, reading {reading}, regime {regime:<6} n={config.replicas}:'
-                f' {out["seeds"]} seed(s), >=1 replica down {100 * frac:.1f}% of the time '
-                f'({time.perf_counter() - t0:.1f} s)')
-    for regime in config.sweep_regimes if config.sizes else ():
-        for n in config.sizes:
-            for reading in config.readings:
-                t0 = time.perf_counter()
-                seeds = config.seeds_for(n)
-                out = run_setting(config, tables, recovery, reading=reading, regime=regime,
-                                  num_replicas=n, seeds=seeds, models=(config.sweep_model,))
-                traces.append({'part': 'sweep', 'reading': reading, 'regime': regime,
-                               'num_replicas': n, 'seeds': out['seeds'], **out['trace']})
-                for (model, assumption, strategy), res in out['results'].items():
-                    sweep_rows.append(_row(config, tables, reading=reading, regime=regime,
-                                           n=n, model=model, assumption=assumption,
-                                           strategy=strategy, res=res, trace=out['trace'],
-                                           seeds=out['seeds']))
-                log(f'[simulate] sweep, {regime}, reading {reading}, n={n:>4}: {seeds} seed(s), '
-                    f'mean {out["trace"]["mean_replicas_down"]["mean"]:.1f} replicas down '
-                    f'({time.perf_counter() - t0:.1f} s)')
+    for part, reading, regime, n, seeds, models in _settings(config):
+        t0 = time.perf_counter()
+        out = run_setting(config, tables, recovery, reading=reading, regime=regime,
+                          num_replicas=n, seeds=seeds, models=models)
+        setting = {'part': part, 'reading': reading, 'regime': regime, 'num_replicas': n,
+                   'seeds': out['seeds']}
+        traces.append({**setting, **out['trace']})
+        rows[part] += [_row(config, tables, setting, model, assumption, strategy, res, out['trace'])
+                       for (model, assumption, strategy), res in out['results'].items()]
+        log(f'[simulate] {part}, reading {reading}, regime {regime:<6} n={n:>4}: '
+            f'{out["seeds"]} seed(s), >=1 replica down '
+            f'{100 * out["trace"]["time_frac_any_down"]["mean"]:.1f}% of the time, '
+            f'{out["trace"]["mean_replicas_down"]["mean"]:.1f} on average '
+            f'({time.perf_counter() - t0:.1f} s)')
     log(f'[simulate] done in {time.perf_counter() - start:.1f} s')
-    return {'config': dataclasses.asdict(config),
-            'primary': {'reading': 'A', 'assumption': 'in_process',
-                        'why': "the paper's setting: failures injected into healthy processes "
-                               "of a 32-GPU cluster, one GPU per failure"},
-            'rows': rows, 'sweep_rows': sweep_rows,
-            'traces': traces,
+    return {'config': dataclasses.asdict(config), 'rows': rows['table2'],
+            'sweep_rows': rows['sweep'], 'traces': traces,
             'cost_tables': {name: t.to_json() for name, t in tables.items()},
             'recovery': recovery.to_json()}
 

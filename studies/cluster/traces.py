@@ -1,48 +1,19 @@
 """Failure traces for the cluster simulator, and what each live set costs.
 
-This module owns (1) sampling seeded failure traces in continuous time over
-a long horizon and (2) cutting a trace into intervals of constant live set,
-with the per-strategy load each live set puts on the busiest replica. Pure
-numpy: no jax import.
-
-Two readings of the paper's regimes (cluster-wide MTBF / MTTR, `REGIMES`):
-
-Reading A (`'A'`), per cluster
-    Failures arrive for the whole cluster as a Poisson process at rate
-    1/MTBF; each takes one replica (one GPU), chosen uniformly among the live
-    ones, down for an exponential time of mean MTTR. As in
-    `faults/schedule.py`, an arrival that would leave no replica live is
-    dropped. The paper states its regimes for its 32-GPU cluster; at another
-    size we keep the per-replica rate (cluster rate x n/32, `rate_scaling=
-    'per_replica'`) or the cluster rate (`'cluster'`).
-
-Reading B (`'B'`), per node
-    Each node of `node_size` (8) replicas fails at rate 1/MTBF while up,
-    taking its replicas down together for an exponential time of mean MTTR.
-    A failure that would leave no node live is suppressed. With the paper's
-    figures each node is then down MTTR/(MTBF+MTTR) of the time (80% under
-    ``high``): we show this reading because the brief asks for both, not
-    because it is plausible.
-
-Traces start with every replica live (as a training run does) and changes
-are instantaneous in continuous time; outages still running at the horizon
-are cut there.
-
-Per-interval loads reproduce `faults/strategies.py` exactly (the tests check
-it against `adopters` and `layout_for` on random masks), vectorised so that
-a 1,024-replica trace with thousands of changes takes a fraction of a second:
-
-* ``mecefo`` / ``ndb_naive``: each failed shard goes to its nearest live
-  ring neighbour; at a tie the less loaded one, the next one first. The
-  busiest adopter computes ``1 + load`` shards.
-* ``mecefo_planned``: not here. Its busiest device depends on the numbers
-  of live and failed replicas alone, and `cluster.sim` asks the planner
-  itself (`faults/planner.py`), once per distinct pair.
-* ``elastic`` / ``checkpoint_restart``: the orphaned examples re-split over
-  all live replicas in one larger batch: the busiest gets
-  ``ceil(f * s / (n - f))`` extra sequences of a shard of s (the ideal; the
-  project's greedy layout is within one or two sequences of it), or exactly
-  ``f / (n - f)`` shards when `shard_seqs` is None (continuous batches).
+This module owns (1) sampling seeded failure traces in continuous time under
+the two readings of the paper's regimes (`READINGS`; docs/cluster.md) and
+(2) cutting a trace into intervals of constant live set, with the load each
+live set puts on the busiest replica. Traces start with every replica live;
+a failure that would leave nothing live is dropped, as in
+`faults/schedule.py`. The loads reproduce `faults/strategies.py` exactly
+(the tests check it against `adopters` and `layout_for` on random masks),
+vectorised so that a 1,024-replica trace with thousands of changes takes a
+fraction of a second: `mecefo` / `ndb_naive` give each failed shard to its
+nearest live ring neighbour (busiest: 1 + its adopted shards); `elastic` /
+`checkpoint_restart` re-split the orphaned sequences over every live replica
+(busiest: ceil(f s / (n - f)) extra sequences of a shard of s, or f / (n - f)
+shards for continuous batches). `mecefo_planned` is not here: `cluster.sim`
+asks the planner itself. Pure numpy: no jax import.
 """
 from __future__ import annotations
 

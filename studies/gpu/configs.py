@@ -9,8 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 
 def load(name: str, overrides: dict | None = None):

@@ -8,8 +8,12 @@ publish is about a millisecond):
   * device-to-host bandwidth of the whole train state: `jax.device_get`, and
     the worker's own path (`pinned_local_copies`, then reading the pinned
     copies), best of a few;
-  * a plain host copy of as many bytes (`np.copyto`), the yardstick of the
-    snapshot's write;
+  * the snapshot path on the train state, each part against a plain host
+    copy of the same bytes (`np.copyto`) in the same run: the one
+    measurement of it, `studies.snapshot_bench.path_figures` (`paths`; its
+    copy is `bandwidth.host_copy_*`, the yardstick of the snapshot's write).
+    It runs last, so that a section cut short by its time limit keeps the
+    per-step figures;
   * snapshot overhead per step: wall time per step of the normal train step
     run back to back, with the worker's `SnapshotHook` at `snapshot.every=1`
     against none, blocks of steps alternated over rounds (medians): waiting
@@ -40,19 +44,13 @@ from studies.gpu.step import Setup
 # Steps per timed block: at 350M one snapshot (4.4 GB copied and checksummed)
 # takes seconds, so every=1 blocks are kept short to fit the section's time.
 # The chosen interval alone is timed over whole intervals within `max_chosen_steps` (twice:
-# snapshotting and plain); a longer interval is left untimed.
+# snapshotting and plain); a longer interval is left untimed. The snapshot path's figures
+# are medians of `path_repeats` (each repeat moves the whole train state several times).
 RUNS = {'full': {'steps': 3, 'rounds': 2, 'max_auto_steps': 200, 'max_chosen_steps': 200,
-                 'copies': 3},
+                 'copies': 3, 'path_repeats': 2},
         'smoke': {'steps': 3, 'rounds': 2, 'max_auto_steps': 12, 'max_chosen_steps': 1000,
-                  'copies': 2}}
+                  'copies': 2, 'path_repeats': 1}}
 KEEPER_SLOTS = 2  # one process: the snapshot being written and the last published
-
-
-def host_copy(nbytes: int, repeats: int) -> dict:
-    """A plain host memory copy (`np.copyto`) of `nbytes`, best of `repeats`."""
-    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-    sec = best_sec(lambda: np.copyto(dst, src), repeats)
-    return {'host_copy_sec': sec, 'host_copy_gbps': nbytes / sec / 1e9}
 
 
 def best_sec(fn, repeats: int) -> float:
@@ -189,7 +187,6 @@ def run(ctx) -> dict:
                                   rank=cfg.mecefo.rank)
     out = {'config_name': shape['config'], 'batch': batch}
     out['bandwidth'] = bandwidth(state, runs['copies'])
-    out['bandwidth'].update(host_copy(out['bandwidth']['state_bytes'], runs['copies']))
     ctx.log(f'state {out["bandwidth"]["state_bytes"] / 2**20:.1f} MiB: device_get '
             f'{out["bandwidth"]["device_get_gbps"]:.2f} GB/s')
     ctx.partial(out)
@@ -205,6 +202,19 @@ def run(ctx) -> dict:
         out.update(overhead(loop, runs, ctx))
         ctx.partial(out)
         out['auto'] = auto(loop, cfg, out, runs)
+    ctx.partial(out)
+    out['paths'] = paths(loop.state, runs['path_repeats'])
+    out['bandwidth'].update(host_copy_sec=out['paths']['copy_sec'],
+                            host_copy_gbps=out['paths']['bytes'] / out['paths']['copy_sec'] / 1e9)
     out['keeper'] = (f'one keeper in the measuring process (no actor call per publish), '
                      f'{KEEPER_SLOTS} slots in shared memory')
     return out
+
+
+def paths(state, repeats: int) -> dict:
+    """The snapshot path on `state` (`snapshot_bench.path_figures`), in a keeper of its own
+    (the loop's is gone, and its shared memory with it)."""
+    from mecefo_jax.snapshot import LocalKeeper
+    from studies import snapshot_bench
+    with LocalKeeper('gpu_report_paths', slots=KEEPER_SLOTS) as keeper:
+        return snapshot_bench.with_ratios(snapshot_bench.path_figures(state, keeper, repeats=repeats))

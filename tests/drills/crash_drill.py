@@ -21,17 +21,17 @@ nodes on this machine (`sim_cluster`), on `workers` worker actors of
    their keepers and the worker rejoining on another node;
 7. `random` (`random_kills` jobs): worker 1 SIGKILLed at a uniformly random
    step under the default cadence, what it lost and how long the way back
-   took, beside the snapshot-aligned kill of (1) (`crash_drill_random`);
+   took, beside the snapshot-aligned kill of (1) (`crash_drill_random`).
 
-and measures the snapshot overhead per step in one process: steps with and
-without snapshots, interleaved block by block. It writes `crash_drill.json`
-and `crash_drill.md`.
+It writes `crash_drill.json` and `crash_drill.md` (its tables, and what the
+run found against its bounds). What a snapshot costs a step is measured
+apart, by `python -m studies.snapshot_bench` and the GPU report's snapshot
+section, not here.
 
 This module runs the drill and gathers its figures; its parts live beside
 it: `crash_drill_jobs` (the launcher jobs and what their records say),
-`crash_drill_nodes` (the node-loss and launcher-restart jobs),
-`crash_drill_overhead` (the measurements made in one process) and
-`crash_drill_report` (the markdown).
+`crash_drill_nodes` (the node-loss and launcher-restart jobs) and
+`crash_drill_report` (the tables and the findings).
 """
 from __future__ import annotations
 
@@ -39,17 +39,16 @@ import json
 import os
 
 from mecefo_jax.config_resolve import updated
-from studies import crash_drill_jobs as jobs_lib
-from studies.crash_drill_overhead import restore_comparison, snapshot_overhead
-from studies.crash_drill_random import KILLS, random_kills
-from studies.crash_drill_report import markdown
+from tests.drills import crash_drill_jobs as jobs_lib
+from tests.drills.crash_drill_random import KILLS, random_kills
+from tests.drills.crash_drill_report import drill_findings, markdown
 
 
 def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, nodes: int = 1,
               kill_step: int, return_after: int, checkpoint_every: int,
-              random_kills: int = KILLS, seed: int = 0, log=print) -> dict:
-    """Every job on a simulated cluster of `nodes` Ray nodes, the measurements alone; the report."""
-    from studies.sim_cluster import SimulatedCluster
+              random_kills: int = KILLS, seed: int = 0, command: str = '', log=print) -> dict:
+    """Every job on a simulated cluster of `nodes` Ray nodes; the report, with what it found."""
+    from tests.drills.sim_cluster import SimulatedCluster
     _check_fresh(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     with SimulatedCluster(nodes) as cluster:
@@ -59,12 +58,14 @@ def run_drill(cfg, config_path: str, out_dir: str, *, workers: int = 4, nodes: i
                                  return_after=return_after, checkpoint_every=checkpoint_every,
                                  log=log)
         report = _report(cfg, config_path, out_dir, workers, nodes, jobs, kill_step=kill_step,
-                         return_after=return_after, checkpoint_every=checkpoint_every, log=log)
+                         return_after=return_after, checkpoint_every=checkpoint_every,
+                         command=command, log=log)
         report['ray_start_sec'] = cluster.start_sec
         if random_kills > 0:
             report['random_kill'] = random_kill_report(cfg, out_dir, workers, report['memory'],
                                                        checkpoint_every=checkpoint_every,
                                                        kills=random_kills, seed=seed, log=log)
+    report['findings'] = drill_findings(report)
     with open(os.path.join(out_dir, 'crash_drill.json'), 'w') as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(out_dir, 'crash_drill.md'), 'w') as f:
@@ -94,8 +95,8 @@ def _check_fresh(out_dir: str) -> None:
 
 
 def _report(cfg, config_path: str, out_dir: str, workers: int, nodes: int, jobs: dict, *,
-            kill_step: int, return_after: int, checkpoint_every: int, log) -> dict:
-    """The drill's figures from its jobs, with the measurements only one process can make."""
+            kill_step: int, return_after: int, checkpoint_every: int, command: str, log) -> dict:
+    """The drill's figures from its jobs, and its parameters against the simulated failure."""
     from mecefo_jax.launch.placement import Placement
     placement = Placement(workers, cfg.launch.local_devices, cfg.mesh.model)
     sim_cfg = updated(cfg, jobs_lib.base_values(cfg, out_dir, placement.replicas))
@@ -105,27 +106,24 @@ def _report(cfg, config_path: str, out_dir: str, workers: int, nodes: int, jobs:
         sim_cfg, memory, mem, placement.replicas_of(jobs_lib.VICTIM), out_dir, 'memory', log)
     job_every = jobs_lib.chosen_interval(memory, os.path.join(out_dir, 'memory'),
                                          cfg.snapshot.every)
-    overhead = snapshot_overhead(cfg, os.path.join(out_dir, 'overhead'),
-                                 every=cfg.snapshot.every, log=log)
-    every = overhead['snapshot_every']
-    alone = restore_comparison(cfg, os.path.join(out_dir, 'restore_alone'), log=log)
     jobs_lib.add_step_and_cold_compile(mem, dsk, memory, disk, jobs['ahead'], out_dir, workers)
     report = {
-        'config': config_path, 'workers': workers, 'nodes': nodes,
+        'command': command, 'config': config_path, 'workers': workers, 'nodes': nodes,
         'local_devices': cfg.launch.local_devices,
         'replicas': placement.replicas, 'steps': cfg.train.steps, 'kill_step': kill_step,
         'return_after_steps': return_after, 'checkpoint_every': checkpoint_every,
+        # The jobs' own Orbax period, which caps auto's interval (the disk and
+        # random-kill jobs set `checkpoint_every` instead).
+        'config_checkpoint_every': int(cfg.train.checkpoint_every),
         'memory': mem, 'disk': dsk,
         'launcher_restart': jobs_lib.restart_recovery(jobs['launcher_restart']),
         'restore_speedup_memory_vs_disk': (dsk['restore_sec'] / mem['restore_sec']
                                            if mem['restore_sec'] else None),
-        'restore_alone': alone,
-        'snapshot_overhead_pct': overhead['overhead_pct'], 'snapshot_overhead': overhead,
-        'snapshot_every': every, 'snapshot_every_setting': cfg.snapshot.every,
+        'snapshot_every_setting': cfg.snapshot.every,
         'snapshot_every_memory_job': job_every,
         # A kill at a random step redoes half a save interval on average; the
         # memory job's kill lands right after a snapshot (scripts/crash_drill.py).
-        'expected_lost_steps_per_failure': every / 2,
+        'expected_lost_steps_per_failure': job_every / 2 if job_every else None,
         'expected_lost_steps_per_failure_disk': checkpoint_every / 2,
         **versus_simulated, **jobs_lib.parity_summary(jobs['parity']),
         'compile_ahead': {'cpu_sec': jobs['ahead']['cpu_sec'],

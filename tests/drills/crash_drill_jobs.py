@@ -19,7 +19,7 @@ import time
 
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch.supervisor import Launcher
-from studies import crash_drill_nodes
+from tests.drills import crash_drill_nodes
 
 VICTIM = 1  # the worker the memory, disk and launcher-restart jobs lose
 # Recovery components, in the order a recovery goes through them.

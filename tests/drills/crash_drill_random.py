@@ -20,7 +20,7 @@ import re
 import statistics
 
 from mecefo_jax.snapshot.cadence import PROBE_STEPS, SETTLE_STEPS
-from studies.crash_drill_jobs import VICTIM, compile_ahead, job_recovery, run_job
+from tests.drills.crash_drill_jobs import VICTIM, compile_ahead, job_recovery, run_job
 
 KILLS = 3
 _CHOICE = re.compile(r'snapshot\.every=auto: every (\d+) step')

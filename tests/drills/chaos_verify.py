@@ -3,10 +3,10 @@
 * Nothing lost: the job reached its last step, and every step's final record
   (a redone step's newest) is there exactly once, on the batch the reference
   pipeline gives at that step, with every live replica's shard computed
-  (`final_provenance`).
+  (`check_provenance`, which names each step that is not).
 * The right model: the launcher's final parameters equal an in-process run of
   the same config under the same sequence of live replica sets, read from
-  the provenance (`simulate`), within `REL_TOL` of each leaf's scale.
+  the provenance (`simulate`), within `findings.REL_TOL` of each leaf's scale.
 * Nothing leaked: no worker process, keeper actor, keeper segment, lock or
   cluster process is left (`leaks`).
 
@@ -23,10 +23,6 @@ import numpy as np
 
 from mecefo_jax.host import workdir_lock
 from mecefo_jax.snapshot import shm
-
-# Relative to each leaf's largest magnitude: the cross-process all-reduce sums the
-# replicas in another order than the in-process one (float32 reassociation).
-REL_TOL = 1e-5
 
 
 def _rows(path: str) -> list[dict]:
@@ -71,24 +67,30 @@ def kill_rows(records: list[dict], workdir: str) -> list[dict]:
     return out
 
 
-def final_provenance(workdir: str, cfg, replicas: int) -> dict[int, dict]:
-    """Each step's final record, checked (module docstring); AssertionError naming the step."""
+def check_provenance(workdir: str, cfg, replicas: int) -> tuple[dict[int, dict], list[str]]:
+    """Each step's final record, and what is wrong with them (module docstring): the steps
+    without a record, and each step off its reference batch or with a replica's shard
+    not computed."""
     from mecefo_jax.data import pipeline as data_lib
     final: dict[int, dict] = {}
     for row in _rows(os.path.join(workdir, 'launch', 'provenance.jsonl')):
         final[row['step']] = row
     steps = int(cfg.train.steps)
     missing = sorted(set(range(steps)) - set(final))
-    assert not missing, f'steps without a record: {missing[:10]}'
+    problems = [f'steps without a record: {missing[:10]}'] if missing else []
     reference = data_lib.make_pipeline(cfg.data, vocab_size=int(cfg.model.vocab_size),
                                        num_shards=replicas, split='train')
     shard = int(cfg.data.global_batch_size) // replicas
     for step in range(steps):
         batch = next(reference)
-        row = final[step]
-        assert row['batch_sha256'] == hashlib.sha256(batch).hexdigest(), f'step {step}: batch'
-        assert row['covered'] == {str(r): shard for r in row['replicas']}, f'step {step}: covered'
-    return final
+        row = final.get(step)
+        if row is None:
+            continue
+        if row['batch_sha256'] != hashlib.sha256(batch).hexdigest():
+            problems.append(f'step {step}: not its reference batch')
+        if row['covered'] != {str(r): shard for r in row['replicas']}:
+            problems.append(f"step {step}: a live replica's shard not computed")
+    return final, problems
 
 
 def fault_events(final: dict[int, dict], replicas: int) -> str:

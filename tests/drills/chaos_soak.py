@@ -126,7 +126,7 @@ class Soak:
         return kinds
 
     def run(self) -> list[dict]:
-        from studies.sim_cluster import SimulatedCluster
+        from tests.drills.sim_cluster import SimulatedCluster
         os.makedirs(self.out_dir, exist_ok=True)
         self.cluster = SimulatedCluster(self.nodes)
         self.start = time.time()
