@@ -19,8 +19,6 @@ _FULL_REPEATS = flags.DEFINE_integer('full_repeats', 3, 'Timed full SVDs per sha
                                      lower_bound=1)
 _CHEAP_REPEATS = flags.DEFINE_integer('cheap_repeats', 5, 'Timed subspace refreshes per shape.',
                                       lower_bound=1)
-_CHECKPOINTS = flags.DEFINE_string('checkpoints', '', "A run's checkpoint directory: also "
-                                   "measure the warm refresh on its last two steps' drift.")
 flags.mark_flags_as_required(['config', 'out'])
 
 
@@ -29,8 +27,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     from studies import refresh_bench
     result = refresh_bench.run(_CONFIG.value, _OUT.value, full_repeats=_FULL_REPEATS.value,
-                               cheap_repeats=_CHEAP_REPEATS.value,
-                               checkpoints=_CHECKPOINTS.value)
+                               cheap_repeats=_CHEAP_REPEATS.value)
     print(refresh_bench.markdown(result))
 
 

@@ -1,7 +1,7 @@
 """What if these replicas fail? Every strategy's layout and modelled step: see mecefo_jax/faults/plan.py.
 
   python scripts/plan_faults.py --config configs/llama_350m.py --replicas 32 --down 3,4,17
-  python scripts/plan_faults.py --config configs/tiny.py --down 3 --cost roles:compare_faults.json --json
+  python scripts/plan_faults.py --config configs/llama_350m.py --down 3 --cost bench:bench_step.json --json
 
 Nothing is compiled or run. Override any config field with --config.SECTION.FIELD=VALUE.
 """

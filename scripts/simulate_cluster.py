@@ -4,8 +4,8 @@ r"""Project the fault-tolerance strategies to a cluster: see studies/cluster/sim
   python scripts/simulate_cluster.py --out DIR --cost bench --bench_json bench_step.json \
       --recovery_json crash_drill.json --assumption real_crash --seeds 200
 
-Writes simulate_cluster.json (rows: one per reading x assumption x model x
-regime x strategy), simulate_cluster.md (the paper's Table-2 layout with the
+Writes simulate_cluster.json (rows: one per assumption x model x regime x
+strategy), simulate_cluster.md (the paper's Table-2 layout with the
 paper's figures beside ours, and the computed explanation) and
 simulate_cluster.png (drop % against cluster size). Pure numpy: no jax.
 """
@@ -29,8 +29,6 @@ flags.DEFINE_float('hours', _DEFAULT.hours, 'Horizon of each trace.')
 flags.DEFINE_list('models', list(_DEFAULT.models), 'Paper model sizes.')
 flags.DEFINE_list('regimes', list(_DEFAULT.regimes),
                   'none, low, mid, high, custom (with --mtbf_hours/--mttr_hours).')
-flags.DEFINE_list('readings', list(_DEFAULT.readings),
-                  'A: per cluster, one replica per failure; B: per node of 8.')
 flags.DEFINE_enum('assumption', 'both', ('both',) + cluster_sim.ASSUMPTIONS,
                   'in_process: failures masked, no relaunch; real_crash: relaunch on every '
                   'failure and return.')
@@ -38,10 +36,8 @@ flags.DEFINE_list('strategies', list(_DEFAULT.strategies), 'Strategies to projec
 flags.DEFINE_float('mtbf_hours', 0.0, "The 'custom' regime's MTBF.")
 flags.DEFINE_float('mttr_hours', 0.0, "The 'custom' regime's MTTR.")
 flags.DEFINE_enum('rate_scaling', _DEFAULT.rate_scaling, ('per_replica', 'cluster'),
-                  'Reading A away from 32 replicas: keep the per-replica rate or the '
-                  'cluster rate.')
+                  'Away from 32 replicas: keep the per-replica rate or the cluster rate.')
 flags.DEFINE_integer('replicas', _DEFAULT.replicas, 'Table-2 cluster.')
-flags.DEFINE_integer('node_size', _DEFAULT.node_size, 'Devices per node (reading B).')
 flags.DEFINE_list('sizes', [str(s) for s in _DEFAULT.sizes],
                   'Cluster sizes of the sweep ("" skips it).')
 flags.DEFINE_string('sweep_model', _DEFAULT.sweep_model, 'Model of the size sweep.')
@@ -49,11 +45,9 @@ flags.DEFINE_list('sweep_regimes', list(_DEFAULT.sweep_regimes), 'Regimes of the
 flags.DEFINE_integer('sweep_seeds', _DEFAULT.sweep_seeds,
                      'Seeds per sweep size; 0: min(seeds, max(4, seeds * replicas / n)).')
 # Workload and costs
-flags.DEFINE_enum('cost', 'analytic', ('analytic', 'bench', 'roles'), 'Where step costs come from.')
+flags.DEFINE_enum('cost', 'analytic', ('analytic', 'bench'), 'Where step costs come from.')
 flags.DEFINE_string('bench_json', '', 'bench_step.json (for --cost bench).')
 flags.DEFINE_enum('bench_metric', 'step_ms', ('step_ms', 'flops'), 'Which bench figure to use.')
-flags.DEFINE_string('roles_json', '',
-                    'compare_faults.json (its programs table, for --cost roles).')
 flags.DEFINE_integer('global_batch', _DEFAULT.global_batch, 'Sequences per step.')
 flags.DEFINE_integer('seq_len', _DEFAULT.seq_len, 'Tokens per sequence.')
 flags.DEFINE_integer('rank', _DEFAULT.rank, 'MeCeFO low-rank r.')
@@ -82,7 +76,6 @@ flags.DEFINE_enum('granularity', _DEFAULT.granularity, ('sequence', 'continuous'
                   'How a failed shard is split over neighbours.')
 # Recovery
 flags.DEFINE_string('recovery_json', '', 'crash_drill.json (memory / disk).')
-flags.DEFINE_string('events_json', '', 'compare_faults.json: measured in-process overheads.')
 flags.DEFINE_integer('checkpoint_every', _DEFAULT.checkpoint_every,
                      'checkpoint_restart: Orbax save period in steps.')
 for _entry in RECOVERY_ENTRIES:
@@ -101,9 +94,9 @@ def _ints(name: str) -> tuple[int, ...]:
 def sim_config() -> cluster_sim.SimConfig:
     """The SimConfig the flags describe."""
     f = FLAGS
-    names = ('models', 'regimes', 'readings', 'strategies', 'sweep_regimes')
+    names = ('models', 'regimes', 'strategies', 'sweep_regimes')
     lists = {n: tuple(x.strip() for x in f[n].value if x.strip()) for n in names}
-    scalars = ('replicas', 'node_size', 'seeds', 'hours', 'sweep_model',
+    scalars = ('replicas', 'seeds', 'hours', 'sweep_model',
                'sweep_seeds', 'mtbf_hours', 'mttr_hours', 'rate_scaling', 'global_batch',
                'seq_len', 'rank', 'tau', 'refresh_sec', 'svd_tflops', 'link_gbps',
                'refresh_method', 'refresh_iters', 'refresh_split_min_elements',
@@ -125,8 +118,7 @@ def main(argv):
                 overrides.setdefault(entry, {})[field] = value
     try:
         cluster_sim.run(config, out_dir=FLAGS.out, cost=FLAGS.cost, bench_json=FLAGS.bench_json,
-                        roles_json=FLAGS.roles_json, bench_metric=FLAGS.bench_metric,
-                        recovery_json=FLAGS.recovery_json, events_json=FLAGS.events_json,
+                        bench_metric=FLAGS.bench_metric, recovery_json=FLAGS.recovery_json,
                         recovery_overrides=overrides,
                         log=lambda msg: print(msg, flush=True))
     except ValueError as err:

@@ -7,7 +7,7 @@ for train.steps steps (its final validation loss is the seed's target), then
 every other run until it reaches that loss (at most --limit_factor x
 train.steps), and reports per run the goodput (fault-free time to target over
 the run's, in modelled cluster time), the perplexity increase at equal steps
-and the paired goodput difference to --default, with 95% bootstrap intervals
+and the paired goodput difference to --default, with 95% Student-t intervals
 over seeds. Writes DIR/time_to_target.{json,md,png}; each finished (seed, run)
 is kept in DIR/seed<s>/<run>.json, so rerunning an interrupted command goes on
 where it stopped. --smoke runs a tiny version (configs/tiny.py, 8 steps, 2

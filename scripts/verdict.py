@@ -1,16 +1,19 @@
-"""The verdict study: does `drop` beat MeCeFO where the paper ran it? See
-studies/verdict_points.py for the points, docs/verdict.md for the results.
+"""The verdict study: does `drop` beat MeCeFO, at points moved towards the paper's regime?
+See studies/verdict_points.py for the points, docs/verdict.md for the results.
 
   python scripts/verdict.py --work DIR                      # every point, then the report
+  python scripts/verdict.py --work DIR --points paper_like --seeds 1
   python scripts/verdict.py --work DIR --points small,paper_like --seeds 4
-  python scripts/verdict.py --work DIR --report_only        # rebuild the report from DIR
+  python scripts/verdict.py --work docs/results/verdict_runs --report_only  # the committed report
 
 Each point runs `scripts/time_to_target.py`'s experiment in a process of its
 own (a point of 32 replicas needs 32 fake devices from the start) under
 DIR/<point>/; every finished (seed, run) is kept there, so rerunning the
 same command after an interruption goes on where it stopped, and adding a
-run or a seed later trains only what is new. The report
-(verdict.{json,md,png}) goes to --report_dir and covers what has finished.
+run or a seed later trains only what is new (a stored record of another data
+seed or failure clock is trained again: new runs meet their failures on the
+wall clock, `verdict_points.wall_clock`). The report (verdict.{json,md,png})
+goes to --report_dir and covers what has finished.
 """
 import os
 import subprocess
@@ -23,7 +26,8 @@ from absl import app, flags  # noqa: E402
 
 _WORK = flags.DEFINE_string('work', None, 'Where every point keeps its runs (resumable).',
                             required=True)
-_POINTS = flags.DEFINE_list('points', [], 'Points to run, in order; default: every point.')
+_POINTS = flags.DEFINE_list('points', [], 'Points to run, a comma list in order (e.g. '
+                            'small,paper_like); default: every point.')
 _SEEDS = flags.DEFINE_integer('seeds', 0, "Seeds per point; 0: each point's minimum "
                               '(verdict_points.Point.min_seeds).', lower_bound=0)
 _RUNS = flags.DEFINE_string('runs', '', "time_to_target's --runs for every point; '': "
@@ -38,9 +42,12 @@ def _run_point(name: str) -> None:
     """One point's time-to-target experiment, in this process."""
     from configs.small import get_config
     from mecefo_jax.command_line import start
+    from mecefo_jax.config_resolve import updated
     from studies import verdict_points as vp
+    from studies.replicas import num_replicas
     point = vp.POINTS[name]
     cfg = start(vp.point_config(get_config(), point))  # fake devices: the point's count
+    cfg = updated(cfg, vp.wall_clock(cfg, num_replicas(cfg)))
     import jax
     jax.config.update('jax_compilation_cache_dir', os.path.join(_WORK.value, 'xla_cache'))
     from studies import time_to_target as ttt

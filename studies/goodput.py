@@ -6,20 +6,24 @@ layout number] per executed step), `layouts` (`LayoutBook` entries: live mask
 and device programs), `events` (each live-set change: kind, clock, step,
 lost steps), `refresh_steps`, `saves` (checkpoint/restart's) and `relaunch`
 (whether a change relaunches the job). And what is computed from it: the
-modelled cluster time at which each step's state exists, the time at which
-the validation loss first reaches a target, and how many seeds a paired gap
-needs. No jax is run here: everything is arithmetic on records.
+modelled cluster time at which each step's state exists, and the time at
+which the validation loss first reaches a target. No jax is run here: everything is arithmetic on records.
 
 Modelled time is deterministic: the same record gives the same seconds on any
 machine, and no timing taken during the run enters it.
 
 * A step lasts `fault.step_time_sec` times its slowest live device's program
-  cost in normal steps (`faults/costs.py`'s analytic FLOP model of the
-  config's own shape, through `role_cost`, exactly as the `mecefo_planned`
-  planner weighs layouts: `config_planner`). A fault-free step costs 1.
-  Given a `bench_step.json` (`scripts/gpu_report.py`, `scripts/bench_step.py`)
-  the programs cost its measured wall-time ratios instead (`bench_table`):
-  the same layouts, timed as the bench's machine ran its shape.
+  cost in normal steps, diluted by the exposed share phi of the gradient
+  all-reduce: 1 + (c - 1)(1 - phi) (`faults/step_clock.py`). Under the
+  analytic costs c is the FLOP model of the config's own shape, as the
+  `mecefo_planned` planner weighs layouts, and the ratio is the fault
+  controller's own (`step_clock.layout_step_ratio`, phi from
+  `fault.allreduce_exposed`): under `fault.time_model='wall_clock'` the run
+  met its failures on this very clock. A fault-free step costs 1. Given a
+  `bench_step.json` (`scripts/gpu_report.py`, `scripts/bench_step.py`) the
+  programs cost its measured wall-time ratios instead (`bench_table`), with
+  the phi given (`studies/allreduce.py` models it): the same layouts, timed
+  as the bench's machine ran its shape.
 * Each live-set change costs the stated `TimeCosts`: in place (every strategy
   but checkpoint/restart) detect + rebuild, plus compile when the new layout
   was not compiled before in the run (the controller keeps every topology it
@@ -42,9 +46,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import statistics
 
-from mecefo_jax.faults import refresh_costs
+from mecefo_jax.faults import refresh_costs, step_clock
 from mecefo_jax.neighbour.layout import ROLE_NORMAL, Program
 from studies.cluster.recovery import DEFAULT_BREAKDOWN
 
@@ -119,27 +122,29 @@ class TimeModel:
     """Modelled seconds of a run's record for one config (see module docstring)."""
 
     def __init__(self, cfg, num_replicas: int, costs: TimeCosts | None = None,
-                 bench: dict | None = None):
-        from mecefo_jax.faults.costs import bench_table, role_cost, shape_of
-        from mecefo_jax.faults.planner import config_planner
+                 bench: dict | None = None, exposed: float | None = None):
+        """`exposed`: phi of the all-reduce; None takes the config's `fault.allreduce_exposed`."""
+        from mecefo_jax.config_resolve import updated
+        from mecefo_jax.faults.costs import shape_of
         from mecefo_jax.neighbour.projections import resolve_rank
         self.costs = costs = costs or TimeCosts()
         self.step_time_sec = cfg.fault.step_time_sec
         self.relaunch_sec = cfg.fault.relaunch_delay_sec
         self.shard = cfg.data.global_batch_size // num_replicas
+        self.exposed = cfg.fault.allreduce_exposed if exposed is None else exposed
+        if self.exposed != cfg.fault.allreduce_exposed:
+            cfg = updated(cfg, {'fault.time_model': 'wall_clock', 'fault.allreduce_exposed': self.exposed})
         m = cfg.model
         rank = resolve_rank(cfg.mecefo.rank, m.d_model, m.ffn_hidden)
         if bench is None:
-            self._cost = config_planner(cfg, self.shard).cost  # the planner's own cost table
+            self._ratio = step_clock.layout_step_ratio(cfg, num_replicas)  # the controller's clock
             self.step_cost_source = ("analytic FLOPs of the config's shape "
                                      f'(mecefo.projection={cfg.mecefo.projection})')
         else:
-            table = bench_table(bench, shape_of(m), metric='step_ms', seq_len=cfg.data.seq_len,
-                                replica_seqs=self.shard, mfu=1.0, rank=rank,
-                                recompute_ffn=cfg.mecefo.remat_ffn)
-            self._cost = role_cost(table, self.shard)
-            self.step_cost_source = f'measured wall-time ratios, {table.note}'
-        self._normal = self._cost(ROLE_NORMAL, self.shard)
+            self._ratio, note = self._bench_ratio(cfg, bench, rank)
+            self.step_cost_source = f'measured wall-time ratios, {note}'
+        if self.exposed:
+            self.step_cost_source += f', all-reduce exposed share {self.exposed:.3f}'
         if cfg.mecefo.projection != 'weights':  # the controller refreshes nothing
             self.refresh = {'refresh_sec': 0.0, 'refresh_split_sec': 0.0, 'refresh_source':
                             f'none: mecefo.projection={cfg.mecefo.projection} reads no '
@@ -151,10 +156,25 @@ class TimeModel:
                 link_gbps=costs.link_gbps,
                 split_min_elements=cfg.mecefo.refresh_split_min_elements)
 
-    def step_ratio(self, layout: dict) -> float:
-        """The slowest program of a `LayoutBook` entry, in normal steps."""
+    def _bench_ratio(self, cfg, bench: dict, rank):
+        """(fn(programs) -> the step's ratio under the bench's measured costs, diluted; the
+        bench table's note)."""
+        from mecefo_jax.faults.costs import bench_table, role_cost, shape_of
         from mecefo_jax.faults.planner import program_cost
-        return max(program_cost(self._cost, Program(*p)) for p in layout['programs']) / self._normal
+        table = bench_table(bench, shape_of(cfg.model), metric='step_ms', seq_len=cfg.data.seq_len,
+                            replica_seqs=self.shard, mfu=1.0, rank=rank,
+                            recompute_ffn=cfg.mecefo.remat_ffn)
+        cost = role_cost(table, self.shard)
+        normal = cost(ROLE_NORMAL, self.shard)
+
+        def ratio(programs) -> float:
+            return step_clock.diluted(max(program_cost(cost, p) for p in programs) / normal,
+                                      self.exposed)
+        return ratio, table.note
+
+    def step_ratio(self, layout: dict) -> float:
+        """A `LayoutBook` entry's step in fault-free steps: its slowest program, diluted."""
+        return self._ratio([Program(*p) for p in layout['programs']])
 
     def refresh_sec(self, live: int) -> float:
         return self.refresh['refresh_sec'] + self.refresh['refresh_split_sec'] / live
@@ -219,22 +239,3 @@ def time_to_target(curve, times: dict[int, float], target: float) -> float | Non
             return t0 + (loss0 - target) / (loss0 - loss) * (t - t0)
         previous = (step, loss)
     return None
-
-
-Z_975, Z_80 = statistics.NormalDist().inv_cdf(0.975), statistics.NormalDist().inv_cdf(0.8)
-
-
-def seeds_to_separate(differences) -> float | None:
-    """Seeds a paired difference needs for a two-sided 5% test at 80% power.
-
-    n = ((z_0.975 + z_0.8) * sigma / delta)^2, with delta the mean and sigma
-    the sample std of the per-seed differences (a normal approximation); None
-    with fewer than two seeds, infinity when the mean difference is 0.
-    """
-    values = [v for v in differences if v is not None]
-    if len(values) < 2:
-        return None
-    delta, sigma = statistics.fmean(values), statistics.stdev(values)
-    if delta == 0:
-        return float('inf') if sigma else None
-    return ((Z_975 + Z_80) * sigma / delta) ** 2

@@ -3,118 +3,17 @@
 Each is handed to `run.run(observers=...)` (see mecefo_jax/training/observers.py);
 none changes what is trained.
 
-Modelled time (`ModelledTime`, with a `RoleTimer`) uses the same clock as
-the failure schedule: a fault-free step lasts `fault.step_time_sec` of
-cluster time, the hours of a failure regime are converted with it, and a
-step under some layout lasts that times the measured ratio of its slowest
-device's program to a normal device's. The controller's measured overheads
-(detect, rebuild, compile, restore, refresh, blocking checkpoints) and the
-modelled relaunch delay are added in seconds. The unscaled sum of raw
-per-device times is reported too.
-
-`ProgramUsage` counts which device programs each executed step ran (and
-which set its pace); `Coverage` what the failures took away; `GradientError`
-the neighbour's relative gradient error against the exact gradient;
+`GradientError` measures the neighbour's relative gradient error against the
+exact gradient;
 `TargetWatch` the layouts and validation losses of a time-to-target run, and
 when it has reached its target.
 """
-import collections
 
 import jax
 
 from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, assemble
 from mecefo_jax.training.observers import Observer
-from studies import grad_error
-
-
-class ModelledTime(Observer):
-    """Modelled cluster seconds and tokens/s (see module docstring).
-
-    Reads `useful_tokens` (a `TokenCount` placed before it) and the
-    controller's `measured_overhead_sec` and `relaunch_sec_modelled` from
-    the report it summarises.
-    """
-
-    def __init__(self, timer, step_time_sec: float, normal_layout: Layout):
-        self.timer, self.step_time_sec, self.normal_layout = timer, step_time_sec, normal_layout
-        self.modelled_compute_sec = 0.0  # cluster seconds
-        self.measured_compute_sec = 0.0  # raw sum of slowest-device program times
-
-    def on_step(self, done) -> None:
-        slowest = self.timer.step_seconds(done.layout)
-        normal = self.timer.step_seconds(self.normal_layout)
-        self.measured_compute_sec += slowest
-        self.modelled_compute_sec += self.step_time_sec * slowest / normal
-
-    def summary(self, report: dict) -> dict:
-        missing = [k for k in ('useful_tokens', 'measured_overhead_sec', 'relaunch_sec_modelled')
-                   if k not in report]
-        if missing:
-            raise KeyError(f'ModelledTime needs {missing} in the report: put a TokenCount '
-                           'observer before it.')
-        tokens = report['useful_tokens']
-        added = report['measured_overhead_sec'] + report['relaunch_sec_modelled']
-        total = self.modelled_compute_sec + added
-        unscaled = self.measured_compute_sec + added
-        return {'modelled_compute_sec': self.modelled_compute_sec, 'modelled_sec': total,
-                'modeled_tokens_per_sec': tokens / max(total, 1e-12),
-                'unscaled_modelled_sec': unscaled,
-                'unscaled_tokens_per_sec': tokens / max(unscaled, 1e-12),
-                'role_seconds': self.timer.table()}
-
-
-class ProgramUsage(Observer):
-    """Per executed step (redone steps of checkpoint/restart included, as the
-    modelled time counts them): the programs some device ran, the one that
-    set the pace (with a timer), and whether a neighbour or a degraded mesh
-    was in use."""
-
-    def __init__(self, timer=None):
-        self.timer = timer
-        self.program_steps = collections.Counter()
-        self.slowest_program_steps = collections.Counter()
-        self.neighbour_steps = 0
-        self.degraded_steps = 0
-
-    def on_step(self, done) -> None:
-        programs = done.layout.programs
-        self.program_steps.update(p.name for p in programs)
-        if self.timer is not None:
-            self.slowest_program_steps[max(programs, key=self.timer.seconds).name] += 1
-        self.neighbour_steps += done.layout.uses_neighbour_mode
-        self.degraded_steps += not all(done.live)
-
-    def summary(self, report: dict) -> dict:
-        return {'program_steps': dict(self.program_steps),
-                'slowest_program_steps': dict(self.slowest_program_steps),
-                'neighbour_steps': self.neighbour_steps, 'degraded_steps': self.degraded_steps}
-
-
-class Coverage(Observer):
-    """Live replicas per step, the examples no one computed, and the rows in neighbour mode.
-
-    The share of rows computed in neighbour mode is what a placement trades
-    for speed: those rows send no attention gradient and low-rank FFN
-    weight gradients.
-    """
-
-    def __init__(self, global_batch_size: int):
-        self.global_batch_size = global_batch_size
-        self.live_replica_steps = 0
-        self.skipped_examples = 0  # examples of the global batch no one computed (drop)
-        self.neighbour_rows = self.computed_rows = 0
-
-    def on_step(self, done) -> None:
-        layout = done.layout
-        self.live_replica_steps += len(layout.replicas)
-        self.skipped_examples += self.global_batch_size - layout.examples()
-        self.computed_rows += layout.examples()
-        self.neighbour_rows += layout.neighbour_mode_rows()
-
-    def summary(self, report: dict) -> dict:
-        return {'live_replica_steps': self.live_replica_steps,
-                'skipped_examples': self.skipped_examples,
-                'neighbour_row_pct': 100.0 * self.neighbour_rows / max(self.computed_rows, 1)}
+from studies import fidelity
 
 
 class GradientError(Observer):
@@ -125,7 +24,7 @@ class GradientError(Observer):
     parameters and projections the step will use, the neighbour-mode
     gradient of its rows (own shard + adopted ones) and the exact gradient of
     the same rows, and their relative error per parameter group
-    (`grad_error.grad_rel_error`).
+    (`fidelity.grad_rel_error`).
     """
 
     def __init__(self, model, every: int):
@@ -161,12 +60,12 @@ class GradientError(Observer):
             exact = self._grads(params, projections, batch['tokens'], batch['weights'], False)
             self.grad_errors.append({'step': step, 'replica': layout.replicas[i],
                                      'rows': layout.neighbour_rows(i),
-                                     **grad_error.grad_rel_error(approx, exact)})
+                                     **fidelity.grad_rel_error(approx, exact)})
 
     def _grads(self, params, projections, tokens, weights, neighbour: bool):
         """Gradient of the summed token loss (the same divisor cancels in the ratio)."""
         if self._grad is None:
-            self._grad = grad_error.token_grad_fn(self.model)
+            self._grad = fidelity.token_grad_fn(self.model)
         return jax.device_get(self._grad(params, projections, tokens, weights,
                                          neighbour=neighbour))
 

@@ -9,8 +9,7 @@ seconds (jit, AOT-compiled, median of repeats) and FLOPs of the full SVD
 held V, and the energy ||kernel^T V||_F^2 that V captures relative to the
 exact top-r subspace's: cold (random start, random weights), warm (after a
 modelled drift of `tau` AdamW steps) and stale (no refresh). `run` does every
-FFN shape of a config (and, with `checkpoints`, a real run's drift) and
-writes bench_refresh.json and .md. What the figures mean, the FLOP counts and
+FFN shape of a config and writes bench_refresh.json and .md. What the figures mean, the FLOP counts and
 the drift model: docs/algorithm.md, "Cheap projection refresh".
 """
 import json
@@ -123,63 +122,8 @@ def bench_shape(name, n, m, r, *, iterations, drift_std, seed, full_repeats, che
     }
 
 
-def checkpoint_kernels(directory: str, layer: int = 0) -> tuple[list[int], dict]:
-    """One layer's FFN kernels and held V at a run's two latest checkpoint steps.
-
-    (steps, {name: [kernel_early, v_early, kernel_late, v_late]}).
-    """
-    import orbax.checkpoint as ocp
-    steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit())
-    if len(steps) < 2:
-        raise ValueError(f'--checkpoints {directory}: needs two checkpoint steps, found {steps}')
-    checkpointer = ocp.StandardCheckpointer()
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    kernels = {}
-    for step in steps[-2:]:
-        path = os.path.join(directory, str(step), 'state')
-        meta = checkpointer.metadata(path)
-        meta = getattr(meta, 'item_metadata', meta)
-        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                              meta)
-        state = checkpointer.restore(path, target)
-        ffn, held = state['params']['layers']['ffn'], state['projections']['layers']['ffn']
-        for name in proj_lib.FFN_KERNEL_NAMES:
-            kernels.setdefault(name, []).append(jnp.asarray(ffn[name]['kernel'][layer]))
-            kernels[name].append(jnp.asarray(held[name]['kernel'][layer]))
-    return steps[-2:], kernels
-
-
-def real_drift(cfg, directory: str, log=print) -> dict:
-    """Energy ratios on a real run's drift: V exact at the earlier step, refreshed at the later."""
-    iterations = cfg.mecefo.refresh_iters
-    steps, kernels = checkpoint_kernels(directory)
-    rows = {}
-    for name, (early, _, late, held) in kernels.items():
-        r = held.shape[-1]
-        v_early = proj_lib.top_singular_vectors(early, r)
-        exact = energy(late, proj_lib.top_singular_vectors(late, r))
-        by_iters = {str(its): energy(late, proj_lib.subspace_iteration(
-                        late, r, v_early, iterations=its)) / exact
-                    for its in sorted(set(ITERATION_SWEEP) | {iterations})}
-        # A failure onset warm-starts from whatever V the state holds (in a run
-        # without failures: the one computed at initialisation).
-        onset = energy(late, proj_lib.subspace_iteration(late, r, held,
-                                                         iterations=iterations)) / exact
-        rows[name] = {'shape': list(early.shape), 'rank': r,
-                      'energy_ratio_warm': by_iters[str(iterations)],
-                      'energy_ratio_stale': energy(late, v_early) / exact,
-                      'energy_ratio_from_held_v': onset,
-                      'held_v_energy_ratio': energy(late, held) / exact,
-                      'energy_ratio_by_iterations': by_iters}
-        log(f'  real drift {name} steps {steps[0]}->{steps[1]}: warm '
-            f"{rows[name]['energy_ratio_warm']:.5f}, stale {rows[name]['energy_ratio_stale']:.5f},"
-            f' from the held V {onset:.5f}')
-    return {'checkpoints': directory, 'steps': steps, 'kernels': rows,
-            'energy_ratio_warm': min(row['energy_ratio_warm'] for row in rows.values())}
-
-
 def run(cfg, out_dir: str, *, full_repeats: int = 2, cheap_repeats: int = 5,
-        seed: int = 0, checkpoints: str = '', log=print) -> dict:
+        seed: int = 0, log=print) -> dict:
     """Benchmarks every FFN shape of `cfg`; writes bench_refresh.{json,md} into out_dir."""
     method, iterations, tau = cfg.mecefo.refresh, cfg.mecefo.refresh_iters, cfg.mecefo.tau
     drift_std = cfg.train.learning_rate * tau ** 0.5
@@ -214,10 +158,6 @@ def run(cfg, out_dir: str, *, full_repeats: int = 2, cheap_repeats: int = 5,
         'shapes': rows,
     }
     result['flops_ratio'] = result['full_flops'] / result['cheap_flops']
-    if checkpoints:
-        result['real_drift'] = real_drift(cfg, checkpoints, log=log)
-        result['energy_ratio_warm_real'] = result['real_drift']['energy_ratio_warm']
-    os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, 'bench_refresh.json'), 'w') as f:
         json.dump(result, f, indent=2)
     with open(os.path.join(out_dir, 'bench_refresh.md'), 'w') as f:
@@ -237,17 +177,8 @@ def markdown(result: dict) -> str:
          for row in result['shapes']])
     keys = ('backend', 'device_kind', 'refresh_iters', 'drift_std', 'full_sec', 'cheap_sec',
             'speedup', 'full_cpu_sec', 'cheap_cpu_sec', 'cpu_speedup', 'load_average',
-            'flops_ratio', 'full_flops_xla', 'cheap_flops_xla', 'energy_ratio_warm',
-            'energy_ratio_warm_real')
+            'flops_ratio', 'full_flops_xla', 'cheap_flops_xla', 'energy_ratio_warm')
     totals = markdown_table(('figure', 'value'), [
         (k, fmt(result[k], '.5g') if isinstance(result[k], float) else result[k])
-        for k in keys if k in result])
-    tables = [shapes, totals]
-    if 'real_drift' in result:
-        drift = result['real_drift']
-        tables.append(markdown_table(
-            ('real drift', 'steps', 'shape', 'energy warm', 'energy stale', 'from the held V'),
-            [[name, '->'.join(map(str, drift['steps'])), 'x'.join(map(str, row['shape'])),
-              f"{row['energy_ratio_warm']:.5f}", f"{row['energy_ratio_stale']:.5f}",
-              f"{row['energy_ratio_from_held_v']:.5f}"] for name, row in drift['kernels'].items()]))
-    return '\n\n'.join(tables) + '\n'
+        for k in keys])
+    return f'{shapes}\n\n{totals}\n'

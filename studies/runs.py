@@ -109,9 +109,11 @@ def _is_weight(text: str) -> bool:
 
 def run_config(cfg, run: Run, seed: int, evals: int):
     """`cfg` for one run of one seed: its strategy, regime, cap, rank, projection rule and
-    seeds; no checkpoints."""
+    seeds; no checkpoints. The seed sets the initialisation, the failure trace and the data
+    order alike, so seeds differ in all three and every run of a seed shares them."""
     return updated(cfg, {
-        'train.seed': seed, 'fault.seed': seed, 'fault.events': '', 'fault.regime': run.regime,
+        'train.seed': seed, 'fault.seed': seed, 'data.seed': seed, 'fault.events': '',
+        'fault.regime': run.regime,
         'fault.strategy': 'mecefo' if run.strategy == 'fault_free' else run.strategy,
         'fault.max_neighbour_rows': run.cap,
         'mecefo.rank': run.rank or cfg.mecefo.rank,

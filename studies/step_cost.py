@@ -6,7 +6,7 @@ against exact and plain baselines, and the fault-free overhead check;
 `modes[mode]` holds each mode's figures (`step_measure`: every mode compiled
 on one device and timed interleaved; the modes are `step_modes`'), `ratios[mode]`
 = mode / normal, beside the gradient error of mecefo against ndb_naive
-(`grad_error`) and the fault-free overhead and MFU (`step_efficiency`).
+(`fidelity`) and the fault-free overhead and MFU (`step_efficiency`).
 """
 from __future__ import annotations
 

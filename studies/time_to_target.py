@@ -7,9 +7,13 @@ crossing, goodput) `goodput.py`'s, the derived runs `replay.py`'s, the
 report `time_to_target_report.py`'s.
 
 Per seed s every run starts from the same initialisation and data order
-(`train.seed = fault.seed = s`, `data.seed` fixed) and every strategy of a
-regime sees the same failure trace (it depends on `fault.seed`, the regime,
-`fault.regime_replicas` and the replica count only). The target is the
+(`train.seed = fault.seed = data.seed = s`) and every strategy of a regime
+sees the same failure trace (it depends on `fault.seed`, the regime,
+`fault.regime_replicas` and the replica count only). Under
+`fault.time_model='wall_clock'` that trace is in cluster seconds, and each
+run meets it at its own pace (`faults/step_clock.py`): the derived runs too
+(`wall_clock_events`). A stored record made under another data seed or clock
+is another run: it is trained again. The target is the
 fault-free run's validation loss after `train.steps` steps. Every other run
 goes on past `train.steps` until an evaluation reaches the target, at most to
 `limit_factor` x `train.steps` (then it did not reach it); its learning-rate
@@ -65,6 +69,32 @@ def failure_trace(run_cfg, replicas: int) -> list:
     """The run's failure events over its whole length (the fault controller's own call)."""
     from mecefo_jax.faults.schedule import events_from_config
     return events_from_config(run_cfg.fault, num_replicas=replicas, total_steps=run_cfg.train.steps)
+
+
+def wall_clock_events(strategy: str, events, run_cfg, replicas: int) -> list:
+    """`events` (in fault-free steps of `fault.step_time_sec`) as a derived strategy's own
+    executed steps meet them on the wall clock: each step advances the clock by its layout's
+    ratio (`step_clock`, as the fault controller does), and a replica is down over the
+    steps whose clock falls in its outage. `replay` then runs on these as on any trace."""
+    from mecefo_jax.faults import step_clock
+    from mecefo_jax.faults.schedule import FailureEvent, FailureSchedule
+    from mecefo_jax.faults.strategies import layout_for
+    schedule = FailureSchedule(events, replicas)
+    clock = step_clock.WallClock(run_cfg.fault.step_time_sec,
+                                 step_clock.layout_step_ratio(run_cfg, replicas))
+    shard, horizon = run_cfg.data.global_batch_size // replicas, run_cfg.train.steps
+    down, out = {}, []
+    for step in range(horizon):  # no step is faster than a fault-free one: the trace ends here
+        live = schedule.live_mask(clock.schedule_step(step))
+        for replica, up in enumerate(live):
+            if not up and replica not in down:
+                down[replica] = step
+            elif up and replica in down:
+                start = down.pop(replica)
+                out.append(FailureEvent(start, replica, step - start))
+        clock.advance(layout_for(strategy, live, shard).programs)
+    out += [FailureEvent(start, replica, horizon - start) for replica, start in down.items()]
+    return sorted(out, key=lambda e: (e.step, e.replica))
 
 
 def _restore_from(directory: str):
@@ -123,6 +153,19 @@ def _latest_fork(seed_dir: str, first_failure: int) -> int:
     return max((s for s in saved if s <= first_failure), default=0)
 
 
+def _stale(record: dict, run_cfg) -> str:
+    """Why a stored record is not this run ('' where it is): another data seed, or, for a
+    run with failures, another clock. Records from before a field existed hold its first
+    value (data seed 0, 'steps', no all-reduce)."""
+    if record.get('data_seed', 0) != run_cfg.data.seed:
+        return f"ran on data.seed={record.get('data_seed', 0)}, not {run_cfg.data.seed}"
+    clock = (record.get('time_model', 'steps'), record.get('allreduce_exposed', 0.0))
+    wanted = (run_cfg.fault.time_model, run_cfg.fault.allreduce_exposed)
+    if record['strategy'] != 'fault_free' and clock != wanted:
+        return f'met its failures on the clock {clock}, not {wanted}'
+    return ''
+
+
 RECORD_KEYS = ('executed', 'layouts', 'events', 'refresh_steps', 'saves', 'relaunch',
                'val_curve', 'row_losses')
 
@@ -146,11 +189,15 @@ class _Seed:
     def record(self, run: Run, free: dict | None, runs) -> dict:
         """The stored record of `run`, or obtained now (and stored)."""
         name = run_name(*run)
+        run_cfg, events = self.trace(run)
         if os.path.exists(self.path(name)):
             with open(self.path(name)) as f:
-                return json.load(f)
+                stored = json.load(f)
+            stale = _stale(stored, run_cfg)
+            if not stale:
+                return stored
+            self.log(f'[ttt] seed {self.seed}: {name}: the stored record {stale}; training it again')
         from mecefo_jax.faults.schedule import format_events
-        run_cfg, events = self.trace(run)
         first = events[0].step if events else None
         self.log(f'[ttt] seed {self.seed}: {name}: start (' + (
             f'{len(events)} failure(s) in {run_cfg.train.steps} steps, the first at step {first})'
@@ -165,7 +212,10 @@ class _Seed:
                   'projection': run.projection or self.cfg.mecefo.projection,
                   'skip_attention': run_cfg.mecefo.skip_attention,
                   'attention_top_blocks': run_cfg.mecefo.attention_top_blocks,
-                  'seed': self.seed, 'how': how, 'schedule': format_events(events),
+                  'seed': self.seed, 'data_seed': run_cfg.data.seed,
+                  'time_model': run_cfg.fault.time_model,
+                  'allreduce_exposed': run_cfg.fault.allreduce_exposed,
+                  'how': how, 'schedule': format_events(events),
                   'first_failure': first, **record, 'wall_sec': time.perf_counter() - start,
                   'cpu_sec': time.process_time() - cpu}
         write_json(self.path(name), record)
@@ -191,6 +241,8 @@ class _Seed:
 
     def _obtain(self, run: Run, run_cfg, events, free: dict) -> tuple[str, dict]:
         if run.strategy in DERIVED:
+            if run_cfg.fault.time_model == 'wall_clock':
+                events = wall_clock_events(run.strategy, events, run_cfg, self.replicas)
             record = replay(run.strategy, events, num_replicas=self.replicas,
                             shard_batch=run_cfg.data.global_batch_size // self.replicas,
                             steps=self.steps, checkpoint_every=run_cfg.fault.checkpoint_every)
@@ -216,7 +268,7 @@ class _Seed:
 
 def run_all(cfg, out_dir: str, *, seeds, runs, settings: Settings, log=print) -> dict:
     """{seed: {run name: record}}: every (seed, run), the fault-free run of a seed first."""
-    from studies.compare import num_replicas
+    from studies.replicas import num_replicas
     replicas = num_replicas(cfg)
     records = {}
     for seed in seeds:

@@ -5,7 +5,7 @@ records: per run, goodput (the fault-free run's time to target over the
 run's, per seed: 1.0 is fault-free; 0 for a seed that did not reach the
 target within the limit, so the mean over seeds stays a lower bound that
 counts every seed) and the perplexity increase at equal steps, each as the
-mean over seeds with a 95% percentile-bootstrap interval; the paired
+mean over seeds with a 95% Student-t interval (`intervals.py`); the paired
 difference in goodput between the default run and every other run; and the
 noise of the validation set against the gaps it measures. Modelled time is
 recomputed here from the records (`goodput.TimeModel`), so the report can be
@@ -17,11 +17,13 @@ import os
 import statistics
 
 from mecefo_jax.config_resolve import updated
-from studies.goodput import HOUR, TimeModel, seeds_to_separate, time_to_target
-from studies.report import bootstrap_mean, fmt, pyplot, write_json
+from studies.goodput import HOUR, TimeModel, time_to_target
+from studies.intervals import seeds_to_separate, side, t_interval
+from studies.report import fmt, markdown_table, pyplot, write_json
 
 OUTPUT = 'time_to_target'  # time_to_target.{json,md,png}
-BOOTSTRAP = {'resamples': 10_000, 'seed': 0, 'level': 0.95}
+INTERVAL_NOTE = ('95% two-sided Student-t over seeds (df = seeds - 1), paired per seed for '
+                 'differences (studies/intervals.py)')
 
 
 def _sem(values) -> float | None:
@@ -58,25 +60,32 @@ def _seed_figures(record: dict, model: TimeModel, steps: int, free: dict) -> dic
     }
 
 
-def time_models(cfg, replicas: int, costs, bench: dict | None = None, model_cls=TimeModel):
-    """record -> the `TimeModel` of the record's own rank, projection rule and attention
-    backward (a run of its own weighs its neighbour's step by its own FLOPs); one per key.
-    Records written before `mecefo.projection` existed are of the 'weights' rule. With
-    `bench` every record's steps cost the bench's measured ratios (the bench's own rule).
+def time_models(cfg, replicas: int, costs, bench: dict | None = None, model_cls=TimeModel,
+                exposed: float | None = None):
+    """record -> the `TimeModel` of the record's own rank, projection rule, attention
+    backward and clock (a run of its own weighs its neighbour's step by its own FLOPs and
+    met its failures on its own clock: `fault.time_model`, `fault.allreduce_exposed`); one
+    per key. Records written before a field existed are of its first value ('weights',
+    'steps', no all-reduce). With `bench` every record's steps cost the bench's measured
+    ratios (the bench's own rule), diluted by `exposed` (None: the record's own phi).
     `model_cls` builds each model (a `TimeModel` that prices steps otherwise)."""
     models = {}
 
     def model_for(record: dict) -> TimeModel:
         key = (float(record.get('rank', cfg.mecefo.rank)), record.get('projection', 'weights'),
-               record.get('skip_attention', True), record.get('attention_top_blocks', 0))
+               record.get('skip_attention', True), record.get('attention_top_blocks', 0),
+               record.get('time_model', 'steps'), record.get('allreduce_exposed', 0.0))
         if key not in models:
-            models[key] = model_cls(updated(cfg, {'mecefo.rank': key[0],
-                                                  'mecefo.projection': key[1],
-                                                  'mecefo.skip_attention': key[2],
-                                                  'mecefo.attention_top_blocks': key[3]}),
-                                    replicas, costs, bench)
+            run_cfg = updated(cfg, dict(zip(RECORD_FIELDS, key)))
+            models[key] = model_cls(run_cfg, replicas, costs, bench,
+                                    exposed if bench is not None else None)
         return models[key]
     return model_for
+
+
+# The config fields a record's own `TimeModel` is built with, in `model_for`'s key order.
+RECORD_FIELDS = ('mecefo.rank', 'mecefo.projection', 'mecefo.skip_attention',
+                 'mecefo.attention_top_blocks', 'fault.time_model', 'fault.allreduce_exposed')
 
 
 def figures_per_seed(records: dict, model_for, steps: int) -> dict[str, list[dict]]:
@@ -106,8 +115,8 @@ def _run_summary(rows: list[dict], record: dict) -> dict:
     trained = [r for r in rows if r['how'].startswith('trained')]
     return {
         'strategy': record['strategy'], 'regime': record['regime'], 'cap': record['cap'],
-        'goodput': bootstrap_mean([r['goodput'] for r in rows], **BOOTSTRAP),
-        'ppl_increase_pct': bootstrap_mean([r['ppl_increase_pct'] for r in rows], **BOOTSTRAP),
+        'goodput': t_interval([r['goodput'] for r in rows]),
+        'ppl_increase_pct': t_interval([r['ppl_increase_pct'] for r in rows]),
         'reached': [r['seed'] for r in rows if r['reached']],
         'time_to_target_h': [r['time_to_target_h'] for r in rows],
         'mean_time_to_target_h': mean('time_to_target_h'),
@@ -130,10 +139,10 @@ def paired(runs: dict, default: str) -> dict:
         if name in (default, 'fault_free'):
             continue
         diffs = [a - b for a, b in zip(ours, r['goodput']['per_seed'])]
-        boot = bootstrap_mean(diffs, **BOOTSTRAP)
+        interval = t_interval(diffs)
         # One seed has no spread: its interval is a point and says nothing.
-        significant = (boot['lo'] > 0 or boot['hi'] < 0) if len(diffs) > 1 else None
-        out[name] = {'vs_default': {k: boot[k] for k in ('mean', 'lo', 'hi')}, 'per_seed': diffs,
+        significant = (interval['lo'] > 0 or interval['hi'] < 0) if len(diffs) > 1 else None
+        out[name] = {'vs_default': {k: interval[k] for k in ('mean', 'lo', 'hi')}, 'per_seed': diffs,
                      'significant': significant, 'seeds_needed': seeds_to_separate(diffs)}
     return out
 
@@ -165,7 +174,7 @@ def summarise(records: dict, *, cfg, settings, default: str, val_split_batches: 
         'step_costs': model.step_cost_source,
         'costs': {**dataclasses.asdict(settings.costs), 'step_time_sec': model.step_time_sec,
                   'relaunch_delay_sec': model.relaunch_sec, 'refresh': model.refresh},
-        'bootstrap': BOOTSTRAP, 'runs': runs, 'paired': paired(runs, default),
+        'interval': 't', 'runs': runs, 'paired': paired(runs, default),
     }
 
 
@@ -192,119 +201,79 @@ def _seeds(values, spec: str) -> str:
     return ' / '.join(fmt(v, spec, '-') for v in values)
 
 
-def _verdict(name: str, p: dict, default: str) -> str:
-    d = p['vs_default']
-    if p['significant'] is None:
-        return f'`{default}` − `{name}`: {_interval(d, "+.3f")}, one seed: no interval, no verdict.'
-    if p['significant']:
-        better = default if d['mean'] > 0 else name
-        return (f'`{default}` − `{name}`: {_interval(d, "+.3f")}, significant (the interval '
-                f'excludes 0): `{better}` reaches the target sooner.')
-    need = p['seeds_needed']
-    how_many = ('no number of seeds would (the mean difference is 0)' if need == math.inf else
-                'n/a (one seed)' if need is None else f'about {math.ceil(need)} seeds would')
-    return (f'`{default}` − `{name}`: {_interval(d, "+.3f")}, not significant (the interval '
-            f'holds 0); at the measured variance {how_many}.')
-
-
-def _header(report: dict) -> list[str]:
-    e, c = report['eval'], report['costs']
-    return [
-        f"# Time to target: `{report['config'] or 'config'}`", '',
-        f"Seeds {', '.join(map(str, report['seeds']))} (train.seed = fault.seed; data.seed fixed); "
-        f"{report['replicas']} replicas, regimes read per replica of a "
-        f"{report['regime_replicas']}-replica cluster (fault.regime_replicas). Target: the "
-        f"fault-free run's validation loss after {report['steps']} steps, per seed; a run goes on "
-        f"to at most {report['limit_steps']} steps (learning rate held at its final value past "
-        f"{report['steps']}). Evaluations every {e['eval_every']} steps, every "
-        f"{e['dense_eval_every']} from step {e['dense_from_step']} on, on {e['eval_batches']} "
-        f"fixed validation batches. Modelled time: {c['step_time_sec']:g} s per fault-free step "
-        "times the slowest device's cost in normal steps (from the "
-        f"{report.get('step_costs', 'analytic FLOP model')}), plus the stated recovery, "
-        'refresh and checkpoint costs (below). Intervals: 95% percentile bootstrap over seeds '
-        f"({report['bootstrap']['resamples']} resamples, RNG seed {report['bootstrap']['seed']}). "
-        "Goodput: the fault-free time to target over the run's, per seed; 0 for a seed that did "
-        'not reach the target within the limit (the mean counts every seed: a lower bound). `elastic` and '
-        '`checkpoint_restart` train on the fault-free samples with exact gradients: their curve '
-        'is the fault-free one, on their own modelled clock (their controllers replayed on the '
-        'trace); a run whose first failure comes after the target is the fault-free run.', '']
+def _settings_table(report: dict) -> list[str]:
+    """What the run was: seeds, replicas, target, evaluations, step costs (meaning:
+    docs/time_to_target.md)."""
+    e = report['eval']
+    rows = [('seeds (train.seed = fault.seed = data.seed)', ', '.join(map(str, report['seeds']))),
+            ('replicas; regimes read per replica of', f"{report['replicas']}; "
+             f"{report['regime_replicas']}"),
+            ('target: fault-free val loss after (steps); limit', f"{report['steps']}; "
+             f"{report['limit_steps']}"),
+            ('evaluations: every; dense every, from step; batches',
+             f"{e['eval_every']}; {e['dense_eval_every']}, {e['dense_from_step']}; "
+             f"{e['eval_batches']}"),
+            ('step costs', report['step_costs']), ('intervals', INTERVAL_NOTE)]
+    return [f"# Time to target: `{report['config'] or 'config'}`", '',
+            markdown_table(('setting', 'value'), rows), '']
 
 
 def _goodput_table(report: dict) -> list[str]:
-    lines = ["## Goodput (fault-free time to target / the run's; 0: not reached)", '',
-             '| run | goodput | per seed | reached | time to target h (per seed) | hours at '
-             f"{report['steps']} steps (mean) | steps to target (mean) |",
-             '|---|---|---|---|---|---|---|']
     n = len(report['seeds'])
-    for name, r in report['runs'].items():
-        lines.append(f"| {name} | {_interval(r['goodput'], '.3f')} | "
-                     f"{_seeds(r['goodput']['per_seed'], '.3f')} | {len(r['reached'])}/{n} | "
-                     f"{_seeds(r['time_to_target_h'], '.2f')} | "
-                     f"{statistics.fmean(r['hours_at_steps']):.2f} | "
-                     f"{fmt(r.get('mean_steps_to_target'), '.1f')} |")
-    return lines + ['', 'Steps to target: the same crossing counted in steps (interpolated '
-                    'between evaluations), over the seeds that reached it: the progress a step '
-                    'makes, apart from what it costs.', '']
+    rows = [(name, _interval(r['goodput'], '.3f'), _seeds(r['goodput']['per_seed'], '.3f'),
+             f"{len(r['reached'])}/{n}", _seeds(r['time_to_target_h'], '.2f'),
+             f"{statistics.fmean(r['hours_at_steps']):.2f}", fmt(r.get('mean_steps_to_target'), '.1f'))
+            for name, r in report['runs'].items()]
+    headers = ('run', 'goodput', 'per seed', 'reached', 'time to target h (per seed)',
+               f"hours at {report['steps']} steps (mean)", 'steps to target (mean)')
+    return ["## Goodput (fault-free time to target / the run's; 0: not reached)", '',
+            markdown_table(headers, rows), '']
 
 
 def _paired_table(report: dict) -> list[str]:
-    default = report['default']
-    lines = [f"## Paired: `{default}` goodput minus each run's", '',
-             '| run | difference | per seed | significant | seeds to separate (80% power) |',
-             '|---|---|---|---|---|']
-    for name, p in report['paired'].items():
-        need = p['seeds_needed']
-        lines.append(f"| {name} | {_interval(p['vs_default'], '+.3f')} | "
-                     f"{_seeds(p['per_seed'], '+.3f')} | "
-                     f"{ {True: 'yes', False: 'no', None: 'n/a'}[p['significant']]} | "
-                     f"{'-' if p['significant'] else fmt(need, '.0f')} |")
-    lines += ['', 'Seeds to separate: n = ((z_0.975 + z_0.8) σ / δ)², δ and σ the mean and sample '
-              'std of the per-seed differences (two-sided 5% test, 80% power, normal '
-              'approximation).', '']
-    return lines + [f'- {_verdict(name, p, default)}' for name, p in report['paired'].items()] + ['']
+    rows = [(name, _interval(p['vs_default'], '+.3f'), _seeds(p['per_seed'], '+.3f'),
+             side(dict(p['vs_default'], n=len(p['per_seed']))),
+             fmt(p['seeds_needed'], '.0f'))
+            for name, p in report['paired'].items()]
+    return [f"## Paired: `{report['default']}` goodput minus each run's", '',
+            markdown_table(('run', 'difference', 'per seed', 'side of 0',
+                            'seeds to separate (80% power)'), rows), '']
 
 
 def _ppl_table(report: dict) -> list[str]:
-    lines = [f"## Validation perplexity at {report['steps']} steps vs fault-free (%)", '',
-             '| run | increase % | per seed | how it was obtained (per seed) |',
-             '|---|---|---|---|']
-    for name, r in report['runs'].items():
-        hows = '; '.join(dict.fromkeys(s['how'] for s in r['seeds']))
-        lines.append(f"| {name} | {_interval(r['ppl_increase_pct'], '+.2f')} | "
-                     f"{_seeds(r['ppl_increase_pct']['per_seed'], '+.2f')} | {hows} |")
-    return lines + ['']
+    rows = [(name, _interval(r['ppl_increase_pct'], '+.2f'),
+             _seeds(r['ppl_increase_pct']['per_seed'], '+.2f'),
+             '; '.join(dict.fromkeys(s['how'] for s in r['seeds'])))
+            for name, r in report['runs'].items()]
+    return [f"## Validation perplexity at {report['steps']} steps vs fault-free (%)", '',
+            markdown_table(('run', 'increase %', 'per seed', 'how it was obtained (per seed)'),
+                           rows), '']
 
 
 def _noise(report: dict) -> list[str]:
     v = report['val_noise']
-    lines = ["## The validation set's noise against the gaps", '',
-             f"{v['eval_batches']} batches, {v['sequences']} sequences; the validation split holds "
-             f"{v['val_split_batches']:.2f} batches (a set beyond it repeats its text). Standard "
-             'error of the mean validation loss over its sequences (fault-free, mean over seeds): '
-             f"{fmt(v['level_sem'], '.4f')}. Every run is scored on the same sequences, so what "
-             "decides a gap is the error of the paired difference (a run's per-sequence loss minus "
-             'the fault-free one, same seed, after the same steps), over the seeds the run was '
-             'trained in:', '',
-             '| run | mean abs gap in val loss | paired standard error |', '|---|---|---|']
-    for name, gap in v['mean_abs_gap'].items():
-        if name != 'fault_free':
-            lines.append(f"| {name} | {fmt(gap, '.4f', 'none (not trained)')} | "
-                         f"{fmt(v['paired_sem'][name], '.4f', 'none (the fault-free gradients)')} |")
-    return lines + ['']
+    rows = [(name, fmt(gap, '.4f', 'none (not trained)'),
+             fmt(v['paired_sem'][name], '.4f', 'none (the fault-free gradients)'))
+            for name, gap in v['mean_abs_gap'].items() if name != 'fault_free']
+    return ["## The validation set's noise against the gaps", '',
+            markdown_table(('batches', 'sequences', 'split (batches)', 'level standard error'),
+                           [(v['eval_batches'], v['sequences'], f"{v['val_split_batches']:.2f}",
+                             fmt(v['level_sem'], '.4f'))]), '',
+            markdown_table(('run', 'mean abs gap in val loss', 'paired standard error'), rows), '']
 
 
 def _costs(report: dict) -> list[str]:
     c = report['costs']
-    keys = [k for k in c if k != 'refresh']
+    rows = [(f'`{k}`', f'{c[k]:g}') for k in c if k != 'refresh']
+    r = c['refresh']
+    rows.append(('projection refresh', f"{r['refresh_sec']:.3g} s + {r['refresh_split_sec']:.3g} s "
+                 f"/ live replicas ({r['refresh_source']})"))
     return ['## Cost constants (modelled cluster seconds; stated, not measured)', '',
-            *[f'- `{k}` = {c[k]:g}' for k in keys],
-            f"- projection refresh: {c['refresh']['refresh_sec']:.3g} s + "
-            f"{c['refresh']['refresh_split_sec']:.3g} s / live replicas "
-            f"({c['refresh']['refresh_source']})", '']
+            markdown_table(('constant', 'value'), rows), '']
 
 
 def markdown(report: dict) -> str:
-    return '\n'.join(_header(report) + _goodput_table(report) + _paired_table(report)
+    return '\n'.join(_settings_table(report) + _goodput_table(report) + _paired_table(report)
                      + _ppl_table(report) + _noise(report) + _costs(report))
 
 

@@ -26,8 +26,9 @@ TOLERANCE = 1e-5
 class HelperStepModel(TimeModel):
     """`TimeModel` with every layout slower than a normal step charged `helper_step`."""
 
-    def __init__(self, cfg, num_replicas: int, costs=None, bench=None, *, helper_step: float):
-        super().__init__(cfg, num_replicas, costs, bench)
+    def __init__(self, cfg, num_replicas: int, costs=None, bench=None, exposed=None, *,
+                 helper_step: float):
+        super().__init__(cfg, num_replicas, costs, bench, exposed)
         self.helper_step = helper_step
 
     def step_ratio(self, layout: dict) -> float:

@@ -80,13 +80,15 @@ def one_failure_steps(cfg, replicas: int, cost_spec: str) -> dict[str, float]:
     return {name: entry['slowest_cost'] for name, entry in report.items()}
 
 
-def best_split(table, replicas: int, failed: int = FAILED) -> dict:
+def best_split(table, replicas: int, failed: int = FAILED, exposed: float = 0.0) -> dict:
     """The split of a failed shard over k neighbours (1 to MAX_HELPERS) with the lowest
-    break-even v under `table` (a `faults.costs.CostTable`): {helpers, neighbour_step,
-    break_even_v}. A model of the paper's batch: where shards are one row, no row splits."""
+    break-even v under `table` (a `faults.costs.CostTable`), each step diluted by the
+    all-reduce's exposed share `exposed`: {helpers, neighbour_step, break_even_v}. A model
+    of the paper's batch: where shards are one row, no row splits."""
+    from mecefo_jax.faults.step_clock import diluted
     splits = []
     for k in range(1, min(MAX_HELPERS, replicas - failed) + 1):
-        step = float(table.neighbour_cost(1.0 + 1.0 / k))
+        step = diluted(float(table.neighbour_cost(1.0 + 1.0 / k)), exposed)
         splits.append({'helpers': k, 'neighbour_step': step,
                        'break_even_v': break_even_v(replicas, step, failed, helpers=k)})
     return min(splits, key=lambda s: s['break_even_v'])
@@ -104,46 +106,36 @@ def measured_v(steps_to_target: dict) -> float | None:
     return 1.0 - (ours - free) / (control - free)
 
 
-def measured_v_interval(per_seed: dict, *, resamples: int, seed: int, level: float) -> dict | None:
-    """`measured_v` with a percentile-bootstrap interval: {mean, lo, hi, seeds}.
+def measured_v_interval(per_seed: dict) -> dict | None:
+    """`measured_v` with its 95% interval: {mean, lo, hi, seeds}.
 
-    `per_seed` holds each run's steps to target per seed (None: not reached; such
-    a seed is left out). The seeds are resampled with replacement, the three runs
-    together (paired), and v is computed from each resample's means.
+    `per_seed` holds each run's steps to target per seed (None: not reached; such a seed
+    is left out, the three runs together). v = 1 - r, r the ratio of mecefo's mean steps
+    lost to the control's, and r's interval is Fieller's on the paired per-seed steps
+    lost (`intervals.ratio_interval`, Student-t). lo and hi are None where that interval
+    is unbounded: the control's loss is not told apart from none at these seeds.
     """
-    import numpy as np
-
-    from studies.report import percentile_interval, resampled_means
-    names = V_RUNS
-    if not all(n in per_seed for n in names):
+    from studies.intervals import ratio_interval
+    if not all(n in per_seed for n in V_RUNS):
         return None
-    rows = [seed_row for seed_row in zip(*(per_seed[n] for n in names)) if None not in seed_row]
-    if not rows:
-        return None
-    data = np.asarray(rows, float)  # seeds x (free, ours, control)
-    mean = measured_v(dict(zip(names, data.mean(axis=0))))
+    rows = [row for row in zip(*(per_seed[n] for n in V_RUNS)) if None not in row]
+    mean = measured_v(dict(zip(V_RUNS, (sum(c) / len(rows) for c in zip(*rows))))) if rows else None
     if mean is None:
         return None
-    draws = resampled_means(data, resamples=resamples, seed=seed)
-    lost_control = draws[:, 2] - draws[:, 0]
-    valid = lost_control > 0
-    vs = 1.0 - (draws[valid, 1] - draws[valid, 0]) / lost_control[valid]
-    lo, hi = percentile_interval(vs, level)
+    ratio = ratio_interval([ours - free for free, ours, _ in rows],
+                           [control - free for free, _, control in rows])
+    lo, hi = (None, None) if ratio is None else (1.0 - ratio[1], 1.0 - ratio[0])
     return {'mean': mean, 'lo': lo, 'hi': hi, 'seeds': len(rows)}
 
 
-def model_row(cfg, replicas: int, steps_per_seed: dict, cost_spec: str,
-              bootstrap: dict) -> dict:
-    """The point's figures under one step-cost model: the steps of one failure, the
-    break-even v, v as measured (where the control ran, with its interval), the
-    break-even step at it, and the best split of a failed shard (`best_split`)."""
+def model_row(cfg, replicas: int, cost_spec: str, exposed: float = 0.0) -> dict:
+    """The point's figures under one step-cost model, each step diluted by the all-reduce's
+    exposed share `exposed`: the steps of one failure, the break-even v and the best split
+    of a failed shard (`best_split`)."""
     from mecefo_jax.faults.plan import cost_table
-    steps = one_failure_steps(cfg, replicas, cost_spec)
-    v = measured_v_interval(steps_per_seed, **bootstrap)
+    from mecefo_jax.faults.step_clock import diluted
+    steps = {k: diluted(v, exposed) for k, v in one_failure_steps(cfg, replicas, cost_spec).items()}
     shard = cfg.data.global_batch_size // replicas
     return {'one_failure_steps': steps,
             'break_even_v': break_even_v(replicas, steps['mecefo']),
-            'measured_v': None if v is None else v['mean'],
-            'measured_v_interval': v,
-            'break_even_step': None if v is None else break_even_step(replicas, v['mean']),
-            'best_split': best_split(cost_table(cfg, cost_spec, shard), replicas)}
+            'best_split': best_split(cost_table(cfg, cost_spec, shard), replicas, exposed=exposed)}

@@ -21,6 +21,11 @@ its failures last 4x the steps. `horizon4x` moves from `fresh_data`, not from
 `small`: 1,200 steps over the embedded corpus read it 20 times and the
 fault-free run over-learns it (validation loss 3.31 at step 400, 3.02 at 800,
 3.10 at 1,200), which leaves time to target without meaning.
+
+New runs meet their failures on the wall clock (`wall_clock`): a strategy
+whose step is slower lives through fewer steps of the same outage, each
+step priced by the analytic FLOP model diluted by the exposed all-reduce
+modelled for the point (`allreduce.py`).
 """
 from __future__ import annotations
 
@@ -103,3 +108,12 @@ def contenders(point: Point) -> dict[str, str]:
     return {'mecefo': MECEFO_RUN, 'capped plan': run_name(*capped_plan(point)),
             'elastic': run_name('elastic', 'high'),
             'checkpoint_restart': run_name('checkpoint_restart', 'high')}
+
+
+def wall_clock(cfg, replicas: int) -> dict:
+    """The overrides of a point's new runs: failures in cluster seconds, each step priced
+    as the fault controller prices it (analytic FLOPs of the point's shape), diluted by the
+    exposed all-reduce share phi modelled for its shape and replicas (`allreduce.py`)."""
+    from studies.allreduce import step_allreduce
+    return {'fault.time_model': 'wall_clock',
+            'fault.allreduce_exposed': round(step_allreduce(cfg, replicas)['phi'], 4)}

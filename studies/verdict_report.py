@@ -1,39 +1,47 @@
 """The verdict study's report: every point's time-to-target figures side by side.
 
 Reads what `scripts/verdict.py` has stored under its work directory (one
-`time_to_target` experiment per point, `<point>/seed<s>/<run>.json`), and for
-each point summarises the seeds whose fault-free run is done and the runs
-every such seed has (`time_to_target_report.summarise`: goodput, steps to
-target and perplexity increase, each a mean over seeds with a 95% percentile
-bootstrap interval), twice: step costs from the analytic FLOP model, and from
-the measured GPU step ratios of `BENCH` (`--cost bench`; not for the runs
-whose neighbour program the bench did not time, `UNMEASURED`). Beside `drop`'s
-paired differences it gives each MeCeFO run's paired difference against the
-`drop_adopters` control (the value of an approximated row over a dropped
-one), and whether the fault-free validation loss still fell at its last
-evaluation (a target in over-fitting would mean nothing). Writes
-verdict.{json,md,png}.
+time-to-target experiment per point, `<point>/seed<s>/<run>.json`): per
+point, the seeds whose fault-free run and `drop`'s are done, and the runs
+every such seed has. Per run its goodput (`time_to_target_report.figures_per_seed`)
+under three step costs (`COSTS`):
+
+* `analytic`: the FLOP model of the config's shape, on the clock each record
+  ran on (its `fault.time_model` and `fault.allreduce_exposed`);
+* `gpu`: the measured wall-time ratios of `BENCH`, no all-reduce (not for the
+  runs whose neighbour program the bench did not time, `UNMEASURED`);
+* `gpu_allreduce`: the same, diluted by the exposed all-reduce share phi
+  modelled for the point's shape and replicas (`allreduce.py`).
+
+Steps to target and the perplexity increase cost nothing to re-time. Every
+interval is a 95% Student-t interval over the seeds, paired per seed for a
+difference (`intervals.py`); v's is Fieller's. Writes verdict.{json,md,png}:
+JSON and tables, whose meaning docs/verdict.md gives.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
 import os
 
+from studies import allreduce, verdict_breakeven, verdict_model
 from studies import time_to_target_report as ttt_report
-from studies import verdict_breakeven, verdict_model
 from studies import verdict_points as vp
-from studies.report import bootstrap_mean, pyplot, write_json
+from studies.intervals import LEVEL, seeds_to_separate, side, t_interval
+from studies.report import fmt, markdown_table, pyplot, write_json
 from studies.runs import run_name
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, 'docs', 'results', 'gpu', 'bench_step.json')  # the H200's, 350M
+COMMAND = 'python scripts/verdict.py --work docs/results/verdict_runs --report_only'
 CONTROL = vp.CONTROL_RUN
-FIGURES = ('goodput', 'steps_to_target', 'ppl_increase_pct')
+COSTS = ('analytic', 'gpu', 'gpu_allreduce')
 # Runs whose neighbour runs another program than the one the bench timed (its FFN gradient
 # rule or its attention backward): the bench's ratios do not price them.
 UNMEASURED = ('_proj', '_attn')
+MIN_DEFAULT_SEEDS = 4  # the fewest seeds a point needs to set the default fault.strategy
 
 
 def load_records(point_dir: str, order=(), require=()) -> dict:
@@ -56,110 +64,122 @@ def load_records(point_dir: str, order=(), require=()) -> dict:
     return {s: {name: runs[name] for name in order} for s, runs in seeds.items()}
 
 
-def _interval(values) -> dict | None:
-    """{mean, lo, hi, per_seed} over the seeds with a value (None: not reached)."""
-    kept = [v for v in values if v is not None]
-    boot = bootstrap_mean(kept, **ttt_report.BOOTSTRAP) if kept else None
-    return None if boot is None else dict(boot, per_seed=list(values), seeds_with_value=len(kept))
-
-
-def _paired(runs: dict, base: str, sign: int = 1, figure: str = 'goodput') -> dict:
-    """{run: sign * (base's figure - run's), paired per seed, with its interval}; a seed
-    where either has no value (a target not reached) is left out of that pair."""
-    if base not in runs or not runs[base][figure]:
+def paired(per_seed: dict, base: str, sign: int = 1) -> dict:
+    """{run: sign * (base's figure - run's), per seed: its t interval, side of 0 and the
+    seeds that would separate it}; a seed where either has no value is left out."""
+    if per_seed.get(base) is None:
         return {}
-    ours = runs[base][figure]['per_seed']
     out = {}
-    for name, r in runs.items():
-        if name in (base, 'fault_free') or not r[figure]:
+    for name, values in per_seed.items():
+        if name in (base, 'fault_free') or values is None:
             continue
-        diffs = [sign * (a - b) for a, b in zip(ours, r[figure]['per_seed'])
+        diffs = [sign * (a - b) for a, b in zip(per_seed[base], values)
                  if a is not None and b is not None]
-        boot = bootstrap_mean(diffs, **ttt_report.BOOTSTRAP)  # None where no seed pairs
-        if boot is None:
-            continue
-        out[name] = {k: boot[k] for k in ('mean', 'lo', 'hi')}
-        out[name]['seeds_needed'] = ttt_report.seeds_to_separate(diffs)
+        interval = t_interval(diffs)
+        if interval is not None:
+            out[name] = dict(interval, side=side(interval), seeds_needed=seeds_to_separate(diffs))
     return out
 
 
-def _fault_free_falls(records: dict) -> list[bool]:
-    """Per seed: the fault-free run's last evaluation is below the one before it."""
-    falls = []
-    for runs in records.values():
-        curve = runs['fault_free']['val_curve']
-        falls.append(len(curve) > 1 and curve[-1][1] < curve[-2][1])
-    return falls
+def point_map(goodput: dict, drop_minus: dict, control: dict | None, contenders: dict) -> dict:
+    """The point's row of the map under one cost: its best run by mean goodput, drop's
+    paired difference against each of `contenders` ({label: run}), mecefo's against the
+    control."""
+    runs = {n: g for n, g in goodput.items() if n != 'fault_free' and g}
+    best = max(runs, key=lambda n: runs[n]['mean']) if runs else None
+    return {'best': best, 'mecefo_minus_control': control,
+            'drop_minus': {label: dict(drop_minus[n], run=n)
+                           for label, n in contenders.items() if n in drop_minus}}
 
 
-def _sign(diff: dict | None) -> str:
-    """Which side a paired difference's interval is on: '+' above 0, '-' below, '=' across."""
-    if diff is None:
-        return 'n/a'
-    if diff['lo'] == diff['hi']:
-        return 'one seed'  # no interval yet
-    return '+' if diff['lo'] > 0 else '-' if diff['hi'] < 0 else '='
+def _figures(records: dict, cfg, replicas: int, bench: dict | None, exposed) -> dict:
+    """{run: [its figures per seed]} under one step cost."""
+    model_for = ttt_report.time_models(cfg, replicas, None, bench, exposed=exposed)
+    return ttt_report.figures_per_seed(records, model_for, cfg.train.steps)
 
 
-def point_map(p: dict, contenders: dict) -> dict:
-    """The point's row of the map: its best run by mean goodput, drop's paired difference
-    against each of `contenders` ({label: run}), and mecefo's against the control, each
-    with its side of 0."""
-    runs = {n: r for n, r in p['runs'].items() if n != 'fault_free' and r['goodput']}
-    best = max(runs, key=lambda n: runs[n]['goodput']['mean']) if runs else None
-    drop_minus = {label: dict(p['paired'][n], run=n, side=_sign(p['paired'][n]))
-                  for label, n in contenders.items() if n in p['paired']}
-    control = p['vs_control'].get(vp.MECEFO_RUN)
-    return {'best': best, 'drop_minus': drop_minus,
-            'mecefo_minus_control': dict(control, side=_sign(control)) if control else None}
+def _per_seed(rows: dict, figure: str, keep=lambda name: True) -> dict:
+    return {name: [r[figure] for r in seeds] if keep(name) else None for name, seeds in rows.items()}
 
 
-def _hours(records: dict) -> dict:
-    """Wall and CPU hours the point's stored records took to train (replays take none)."""
+def _cost_entry(point: vp.Point, rows: dict, cfg, replicas: int, spec: str,
+                exposed: float) -> dict:
+    """One step cost's figures: goodput per run, paired against drop and the control,
+    the map's row and the progress-rate model under it."""
+    measured = (lambda name: not any(tag in name for tag in UNMEASURED)) if spec != 'analytic' \
+        else (lambda name: True)
+    goodput = _per_seed(rows, 'goodput', measured)
+    drop_minus, vs_control = paired(goodput, vp.DEFAULT), paired(goodput, CONTROL, sign=-1)
+    intervals = {n: None if v is None else t_interval(v) for n, v in goodput.items()}
+    return {'exposed': exposed, 'goodput': intervals, 'paired': drop_minus,
+            'vs_control': vs_control,
+            'map': point_map(intervals, drop_minus, vs_control.get(vp.MECEFO_RUN),
+                             vp.contenders(point)),
+            'model': verdict_model.model_row(cfg, replicas, spec, exposed)}
+
+
+def _point_facts(point: vp.Point, records: dict, cfg, replicas: int) -> dict:
+    """What the point is and how its records ran, before any figure."""
+    failing = [r for seed in records.values() for r in seed.values() if r['strategy'] != 'fault_free']
+    clocks = sorted({r.get('time_model', 'steps') for r in failing})
     runs = [r for seed in records.values() for r in seed.values()]
-    return {k: sum(r.get(f'{k}_sec', 0.0) for r in runs) / 3600 for k in ('wall', 'cpu')}
+    curves = [seed['fault_free']['val_curve'] for seed in records.values()]
+    return {'moves': point.moves, 'overrides': point.overrides, 'seeds': list(records),
+            'model_params': allreduce.param_count(cfg.model),
+            'tokens_per_step': cfg.data.global_batch_size * cfg.data.seq_len,
+            'replicas': replicas, 'steps': cfg.train.steps,
+            'time_model': clocks[0] if len(clocks) == 1 else 'mixed: ' + ', '.join(clocks),
+            'data_seeds': [seed['fault_free'].get('data_seed', 0) for seed in records.values()],
+            'interval': 't',
+            'fault_free_falls_at_last_eval': [len(c) > 1 and c[-1][1] < c[-2][1] for c in curves],
+            'hours': {k: sum(r.get(f'{k}_sec', 0.0) for r in runs) / 3600 for k in ('wall', 'cpu')}}
 
 
 def summarise_point(point: vp.Point, records: dict, bench: dict | None,
                     bench_path: str = BENCH) -> dict:
-    """One point's figures (module docstring), under analytic and bench step costs."""
+    """One point's figures (module docstring)."""
     from configs.small import get_config
     from mecefo_jax.config_resolve import resolve
-    from studies.time_to_target_settings import Settings
     cfg = resolve(vp.point_config(get_config(), point))
-    out = {'moves': point.moves, 'overrides': point.overrides, 'seeds': list(records),
-           'fault_free_falls_at_last_eval': _fault_free_falls(records), 'hours': _hours(records)}
-    for label, costs in (('analytic', None), ('bench', bench)):
-        if label == 'bench' and bench is None:
-            continue
-        settings = Settings(**point.settings, bench=costs)
-        summary = ttt_report.summarise(records, cfg=cfg, settings=settings, default=vp.DEFAULT,
-                                       val_split_batches=math.nan, config_name=point.name)
-        runs = {name: {'goodput': r['goodput'],
-                       'steps_to_target': _interval(r['steps_to_target']),
-                       'ppl_increase_pct': r['ppl_increase_pct']}
-                for name, r in summary['runs'].items()
-                if label == 'analytic' or not any(tag in name for tag in UNMEASURED)}
-        # Steps and perplexity the run's minus drop's: above 0, drop is ahead, as for goodput.
-        entry = {'runs': runs, 'paired': _paired(runs, vp.DEFAULT),
-                 'paired_steps': _paired(runs, vp.DEFAULT, -1, 'steps_to_target'),
-                 'paired_ppl': _paired(runs, vp.DEFAULT, -1, 'ppl_increase_pct'),
-                 'vs_control': _paired(runs, CONTROL, sign=-1), 'step_costs': summary['step_costs']}
-        entry['map'] = point_map(entry, vp.contenders(point))
-        per_seed = {n: r['steps_to_target']['per_seed'] for n, r in runs.items()
-                    if r['steps_to_target']}
-        entry['model'] = verdict_model.model_row(
-            cfg, summary['replicas'], per_seed,
-            'analytic' if label == 'analytic' else f'bench:{bench_path}', ttt_report.BOOTSTRAP)
-        if label == 'analytic':
-            out.update(entry, steps=summary['steps'], replicas=summary['replicas'])
-            out['break_even_helper_step'] = {
-                run: verdict_breakeven.break_even_helper_step(
-                    records, run, vp.DEFAULT, cfg, summary['replicas'], summary['steps'])
-                for run in (vp.MECEFO_RUN, run_name(*vp.capped_plan(point))) if run in runs}
-        else:
-            out['bench'] = entry
+    replicas = len(next(iter(records.values()))['fault_free']['layouts'][0]['live'])
+    out = _point_facts(point, records, cfg, replicas)
+    out['allreduce'] = {'analytic': allreduce.step_allreduce(cfg, replicas),
+                        'gpu': allreduce.step_allreduce(cfg, replicas, bench=bench)}
+    phi = out['allreduce']['gpu']['phi']
+    analytic = _figures(records, cfg, replicas, None, None)
+    rows = {'analytic': analytic}
+    if bench is not None:
+        rows['gpu'] = _figures(records, cfg, replicas, bench, 0.0)
+        rows['gpu_allreduce'] = _figures(records, cfg, replicas, bench, phi)
+    spec = {'analytic': 'analytic', 'gpu': f'bench:{bench_path}', 'gpu_allreduce': f'bench:{bench_path}'}
+    out['costs'] = {label: _cost_entry(point, r, cfg, replicas, spec[label],
+                                       phi if label == 'gpu_allreduce' else 0.0)
+                    for label, r in rows.items()}
+    steps, ppl = _per_seed(analytic, 'steps_to_target'), _per_seed(analytic, 'ppl_increase_pct')
+    out['runs'] = {name: {'goodput': {label: out['costs'][label]['goodput'][name] for label in rows},
+                          'steps_to_target': t_interval(steps[name]),
+                          'ppl_increase_pct': t_interval(ppl[name])} for name in analytic}
+    # Steps and perplexity the run's minus drop's: above 0, drop is ahead, as for goodput.
+    out['paired_steps'], out['paired_ppl'] = paired(steps, vp.DEFAULT, -1), paired(ppl, vp.DEFAULT, -1)
+    v = verdict_model.measured_v_interval(steps)
+    out['v'] = v
+    out['break_even_step'] = None if v is None else verdict_model.break_even_step(replicas, v['mean'])
+    out['break_even_helper_step'] = {
+        run: verdict_breakeven.break_even_helper_step(records, run, vp.DEFAULT, cfg, replicas,
+                                                      cfg.train.steps)
+        for run in (vp.MECEFO_RUN, run_name(*vp.capped_plan(point))) if run in analytic}
     return out
+
+
+def default_point(report: dict) -> str | None:
+    """The point the default `fault.strategy` follows: of those with at least
+    MIN_DEFAULT_SEEDS seeds, the one at the largest shape (model parameters); among equal
+    shapes, the last in the study's order (verdict_points.POINTS runs towards the paper)."""
+    order = list(vp.POINTS)
+    eligible = [n for n, p in report['points'].items() if len(p['seeds']) >= MIN_DEFAULT_SEEDS]
+    if not eligible:
+        return None
+    return max(eligible, key=lambda n: (report['points'][n]['model_params'], order.index(n)))
 
 
 def build(work: str, bench_path: str = BENCH) -> dict:
@@ -174,162 +194,126 @@ def build(work: str, bench_path: str = BENCH) -> dict:
         records = load_records(os.path.join(work, name), order=names, require=(vp.DEFAULT,))
         if records:
             points[name] = summarise_point(point, records, bench, bench_path)
-    return {'default': vp.DEFAULT, 'control': CONTROL, 'bench': os.path.relpath(bench_path, REPO)
-            if bench else None, 'bootstrap': ttt_report.BOOTSTRAP, 'points': points}
+    report = {'command': COMMAND, 'default': vp.DEFAULT, 'control': CONTROL,
+              'bench': os.path.relpath(bench_path, REPO) if bench else None, 'interval': 't',
+              'level': LEVEL, 'cluster': dataclasses.asdict(allreduce.Cluster()), 'points': points}
+    report['default_point'] = default_point(report)
+    return report
 
 
 def _cell(s: dict | None, spec: str = '.3f') -> str:
+    """mean [lo, hi] (side), or n/a; an unbounded interval reads [unbounded]."""
     if s is None:
         return 'n/a'
-    return f"{format(s['mean'], spec)} [{format(s['lo'], spec)}, {format(s['hi'], spec)}]"
+    interval = ('unbounded' if s['lo'] is None else
+                f"{format(s['lo'], spec)}, {format(s['hi'], spec)}")
+    return f"{format(s['mean'], spec)} [{interval}]" + (f" ({s['side']})" if 'side' in s else '')
 
 
-def _sided(diff: dict | None) -> str:
-    """A paired difference with its interval and its side of 0 (`_sign`), or n/a."""
-    return f"{_cell(diff, '+.3f')} ({diff['side']})" if diff else 'n/a'
-
-
-SEEDS_NOTE = ('Seeds to separate: the seeds a paired difference against drop needs for a '
-              'two-sided 5% test at 80% power at the measured variance, ((z_0.975 + z_0.8) σ / '
-              'δ)², δ and σ the mean and sample std of the per-seed differences (a normal '
-              'approximation; at least 2, the fewest an interval needs; ∞: the mean difference is 0).')
-
-
-def _seeds_to_separate(diff: dict | None) -> str:
-    """A paired difference's `seeds_needed`, rounded up; n/a without one."""
+def _seeds_needed(diff: dict | None) -> str:
     need = (diff or {}).get('seeds_needed')
-    if need is None:
-        return 'n/a'
-    return '∞' if math.isinf(need) else str(max(2, math.ceil(need)))
+    return 'n/a' if need is None else '∞' if math.isinf(need) else str(need)
 
 
-def map_lines(report: dict) -> list[str]:
-    """The map: per point (analytic step costs; GPU ones where measured), the best run and
-    drop's paired difference against each contender, its side of 0 in brackets (+: drop
-    sooner, -: the contender sooner, =: the interval holds 0)."""
+def _params(n: int) -> str:
+    return f'{n / 1e9:.1f}B' if n >= 1e9 else f'{n / 1e6:.0f}M' if n >= 1e6 else f'{n / 1e3:.0f}k'
+
+
+def map_table(report: dict) -> str:
+    """The map under GPU costs (analytic where no bench is given): per point its shape,
+    seeds, the clock its records ran on, the best run, drop against each contender and
+    mecefo against the control (95% t, side of 0), the seeds that would separate drop
+    from mecefo, and v."""
     labels = list(vp.contenders(vp.POINTS['small']))
-    lines = ['## The map', '',
-             '| point | seeds | best by goodput | ' + ' | '.join(f'drop − {x}' for x in labels)
-             + ' | `mecefo_high` − control | v measured | break-even v | neighbour step '
-             '| break-even step | break-even v, split | train hours (wall) |',
-             '|---|---|---|' + '---|' * len(labels) + '---|---|---|---|---|---|---|']
+    rows = []
     for name, p in report['points'].items():
-        for label, entry in (('', p), (', GPU costs', p.get('bench'))):
-            if not entry:
-                continue
-            m = entry['map']
-            cells = [_sided(m['drop_minus'].get(x)) for x in labels]
-            control = _sided(m['mecefo_minus_control'])
-            hours = f"{p['hours']['wall']:.2f}" if not label else ''
-            model, split = entry['model'], entry['model']['best_split']
-            v = _cell(model['measured_v_interval'], '.2f')
-            c_star = 'n/a' if model['break_even_step'] is None else f"{model['break_even_step']:.3f}"
-            lines.append(f"| {name}{label} | {len(p['seeds'])} | `{m['best']}` | "
-                         + ' | '.join(cells) + f" | {control} | {v} | "
-                         f"{model['break_even_v']:.2f} | {model['one_failure_steps']['mecefo']:.3f} "
-                         f"| {c_star} | {split['break_even_v']:.2f} ({split['helpers']} at "
-                         f"{split['neighbour_step']:.2f}) | {hours} |")
-    caps = ', '.join(f'{n}: `{vp.contenders(pt)["capped plan"]}`' for n, pt in vp.POINTS.items())
-    return lines + ['', f'The capped plan of each point: {caps}. v: the progress of a row '
-                    "mecefo approximates relative to an exact one, measured as 1 - (mecefo's "
-                    "steps lost) / (the control's), from mean steps to target [95% bootstrap "
-                    "interval, the seeds resampled]; break-even v: "
-                    "where mecefo's progress rate would equal drop's with one replica down "
-                    "(`verdict_model.py`: 1/2 + (c - 1)(n - 1)/2, c the neighbour's step); "
-                    "break-even step: the neighbour step under which mecefo would keep up with "
-                    "drop at the measured v (1 + (2v - 1)/(n - 1); below 1: not even a free "
-                    "neighbour would); break-even v, split: the same with the failed shard "
-                    "split over the k neighbours that need the least v (k/(k + 1) once their "
-                    "step is under a normal one), k and their step in brackets: a model of "
-                    "the paper's batch, since a one-row shard does not split."]
+        c = p['costs'].get('gpu') or p['costs']['analytic']
+        m = c['map']
+        rows.append([name, _params(p['model_params']), len(p['seeds']), p['time_model'],
+                     f"`{m['best']}`", *(_cell(m['drop_minus'].get(x), '+.3f') for x in labels),
+                     _seeds_needed(m['drop_minus'].get('mecefo')),
+                     _cell(m['mecefo_minus_control'], '+.3f'), _cell(p['v'], '.2f')])
+    headers = ['point', 'model', 'seeds', 'failures met in', 'best', *(f'drop − {x}' for x in labels),
+               'seeds to separate drop, mecefo', 'mecefo − control', 'v']
+    return markdown_table(headers, rows)
 
 
-def readme_map(report: dict) -> list[str]:
-    """The README's map, a row per point: the best run and drop's paired difference
-    against mecefo under both step costs, against the capped plan, mecefo against the
-    control, v with its interval and the v it needs (one neighbour; the shard split).
-    `tests/verdict_test.py` holds the README to these lines."""
-    lines = ['| point | moves | seeds | best: analytic / H200 costs | `drop` − `mecefo`: '
-             'analytic / H200 costs | `drop` − capped plan | `mecefo` − `drop_adopters` | '
-             'v [95%] | v needed (H200): one neighbour / split |',
-             '|---|---|---|---|---|---|---|---|---|']
+def costs_table(report: dict) -> str:
+    """drop − mecefo and the rate model under each step cost, beside phi and the re-timing."""
+    rows = []
     for name, p in report['points'].items():
-        gpu = p.get('bench') or p
-        m, mg = p['map'], gpu['map']
-        mecefo = ' / '.join(_sided(x['drop_minus'].get('mecefo')) for x in (m, mg))
-        split = gpu['model']['best_split']
-        lines.append(
-            f"| {name} | {p['moves'].split(' (')[0]} | {len(p['seeds'])} | `{m['best']}` / "
-            f"`{mg['best']}` | {mecefo} | {_sided(m['drop_minus'].get('capped plan'))} | "
-            f"{_sided(m['mecefo_minus_control'])} | "
-            f"{_cell(p['model']['measured_v_interval'], '.2f')} | "
-            f"{gpu['model']['break_even_v']:.2f} / {split['break_even_v']:.2f} |")
-    hours = {name: p['hours']['wall'] for name, p in report['points'].items()}
-    per_point = ', '.join(f'{name} {h:.2f}' for name, h in hours.items())
-    return lines + ['', f'The records above took {sum(hours.values()):.2f} hours of training '
-                    f"on this project's 2-core machine ({per_point})."]
+        cells = [name, f"{p['costs'].get('gpu_allreduce', {}).get('exposed', 0.0):.3f}"]
+        for label in COSTS:
+            c = p['costs'].get(label)
+            cells += ['n/a', 'n/a', 'n/a'] if c is None else [
+                f"`{c['map']['best']}`", _cell(c['map']['drop_minus'].get('mecefo'), '+.3f'),
+                f"{c['model']['break_even_v']:.2f} / {c['model']['best_split']['break_even_v']:.2f}"]
+        helper = ', '.join(f'{fmt(s, ".3f")}' for s in p['break_even_helper_step'].values())
+        rows.append(cells + [fmt(p['break_even_step'], '.3f'), helper, f"{p['hours']['wall']:.2f}"])
+    headers = ['point', 'φ']
+    for label in COSTS:
+        headers += [f'best, {label}', f'drop − mecefo, {label}', f'break-even v, {label}: one / split']
+    return markdown_table(headers + ['break-even step', 'break-even helper step: mecefo, capped',
+                                     'train hours'], rows)
+
+
+def point_table(p: dict) -> str:
+    """Every run of a point: goodput under each cost, drop's paired difference under GPU
+    costs, steps to target and perplexity, each paired against drop."""
+    gpu = p['costs'].get('gpu') or p['costs']['analytic']
+    rows = [[f'`{run}`', *(_cell(r['goodput'].get(label)) for label in COSTS),
+             _cell(gpu['paired'].get(run), '+.3f'), _seeds_needed(gpu['paired'].get(run)),
+             _cell(r['steps_to_target'], '.1f'), _cell(p['paired_steps'].get(run), '+.1f'),
+             _cell(r['ppl_increase_pct'], '+.2f'), _cell(p['paired_ppl'].get(run), '+.2f')]
+            for run, r in p['runs'].items()]
+    return markdown_table(['run', *(f'goodput, {x}' for x in COSTS), 'drop − run, gpu',
+                           'seeds to separate', 'steps to target', 'run − drop', 'ppl increase %',
+                           'run − drop'], rows)
 
 
 def markdown(report: dict) -> str:
-    lines = ['# The verdict: drop against MeCeFO, point by point', '',
-             "Goodput: the fault-free run's modelled time to its final validation loss over "
-             "each run's (1.0 is fault-free), mean over seeds [95% bootstrap interval]; paired: "
-             f"`{report['default']}`'s goodput minus the run's, per seed (above 0: drop is "
-             "sooner), and the run's steps to target and perplexity increase at equal steps "
-             "minus drop's (above 0: drop is ahead; a seed where either did not reach the "
-             "target is left out of the steps' pair); vs control: the run's goodput minus "
-             f"`{report['control']}`'s (above 0: an "
-             'approximated row is worth more than a dropped one). GPU step costs: the '
-             f"measured wall-time ratios of `{report['bench']}` (`--cost bench`), n/a for a run "
-             'whose neighbour runs a program the bench did not time (another FFN gradient '
-             'rule, or an attention backward).', '', *map_lines(report), '']
+    lines = ['# The verdict: drop against MeCeFO, point by point', '', f'`{COMMAND}`', '',
+             '## The map', '', map_table(report), '', '## Under each step cost', '',
+             costs_table(report), '']
     for name, p in report['points'].items():
-        seeds = ', '.join(map(str, p['seeds']))
-        lines += [f"## {name}: {p['moves']}", '',
-                  f"{p['replicas']} replicas, {p['steps']} steps, seeds {seeds}; fault-free "
-                  'validation loss fell at its last evaluation in '
-                  f"{sum(p['fault_free_falls_at_last_eval'])} of {len(p['seeds'])} seeds.", '',
-                  '| run | goodput | paired (drop − run) | vs control | steps to target | '
-                  'paired (run − drop) | ppl increase % | paired (run − drop) | '
-                  'goodput, GPU step costs | seeds to separate from drop: goodput / steps |',
-                  '|---|---|---|---|---|---|---|---|---|---|']
-        bench = p.get('bench', {}).get('runs', {})
-        for run, r in p['runs'].items():
-            paired, control = p['paired'].get(run), p['vs_control'].get(run)
-            lines.append(f"| `{run}` | {_cell(r['goodput'])} | {_cell(paired, '+.3f')} | "
-                         f"{_cell(control, '+.3f')} | {_cell(r['steps_to_target'], '.1f')} | "
-                         f"{_cell(p['paired_steps'].get(run), '+.1f')} | "
-                         f"{_cell(r['ppl_increase_pct'], '+.2f')} | "
-                         f"{_cell(p['paired_ppl'].get(run), '+.2f')} | "
-                         f"{_cell((bench.get(run) or {}).get('goodput'))} | "
-                         f"{_seeds_to_separate(paired)} / "
-                         f"{_seeds_to_separate(p['paired_steps'].get(run))} |")
-        helper = ', '.join(f'`{run}` ' + ('n/a' if c is None else f'{c:.3f}')
-                           for run, c in p.get('break_even_helper_step', {}).items())
-        lines += ['', f'Break-even helper step (records re-timed, `verdict_breakeven.py`): '
-                  f'{helper}; a run keeps up with drop where its slower layouts cost under '
-                  'that many normal steps.', '']
-    return '\n'.join(lines + [SEEDS_NOTE, ''])
+        lines += [f"## {name}: {p['moves']}", '', point_table(p), '']
+    return '\n'.join(lines)
+
+
+def readme_map(report: dict) -> list[str]:
+    """The README's table: per point its model size, seeds, the best run and drop − mecefo
+    under GPU costs (95% t interval, side of 0), and v. `tests/verdict_test.py` holds the
+    README to these lines."""
+    rows = []
+    for name, p in report['points'].items():
+        m = (p['costs'].get('gpu') or p['costs']['analytic'])['map']
+        rows.append([name, _params(p['model_params']), len(p['seeds']), f"`{m['best']}`",
+                     _cell(m['drop_minus'].get('mecefo'), '+.3f'), _cell(p['v'], '.2f')])
+    return markdown_table(['point', 'model', 'seeds', 'best, GPU costs',
+                           '`drop` − `mecefo`, GPU costs [95% t]', 'v [95%]'], rows).split('\n')
 
 
 def plot(report: dict, path: str) -> None:
+    """Goodput per run and point under each step cost, with its t interval."""
     plt = pyplot()
     points = list(report['points'])
     if not points:
         return
-    fig, axes = plt.subplots(1, len(points), figsize=(4 * len(points), 4.5), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(1, len(points), figsize=(4.5 * len(points), 4.5), squeeze=False)
     for ax, name in zip(axes[0], points):
-        runs = [(r, v['goodput']) for r, v in report['points'][name]['runs'].items()
-                if r != 'fault_free' and v['goodput']]
-        ys = range(len(runs))
-        means = [g['mean'] for _, g in runs]
-        errs = [[g['mean'] - g['lo'] for _, g in runs], [g['hi'] - g['mean'] for _, g in runs]]
-        ax.errorbar(means, list(ys), xerr=errs, fmt='o', capsize=3)
-        ax.set_yticks(list(ys), [r for r, _ in runs], fontsize=7)
+        runs = [r for r in report['points'][name]['runs'] if r != 'fault_free']
+        for k, label in enumerate(COSTS):
+            cells = [(y + 0.2 * (k - 1), report['points'][name]['runs'][r]['goodput'].get(label))
+                     for y, r in enumerate(runs)]
+            cells = [(y, g) for y, g in cells if g]
+            ax.errorbar([g['mean'] for _, g in cells], [y for y, _ in cells], fmt='o', capsize=2,
+                        xerr=[[g['mean'] - g['lo'] for _, g in cells],
+                              [g['hi'] - g['mean'] for _, g in cells]], label=label, ms=3)
+        ax.set_yticks(list(range(len(runs))), runs, fontsize=7)
         ax.set_title(name)
         ax.set_xlabel('goodput')
         ax.axvline(1.0, color='grey', lw=0.5)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -21,10 +21,12 @@ from configs import tiny
 from mecefo_jax.config_resolve import resolve
 from mecefo_jax.model.llama import build_model
 from mecefo_jax.model.optim import make_optimizer
-from mecefo_jax.parallel import aot, sharding
+from mecefo_jax.parallel import sharding
 from mecefo_jax.parallel.state import create_train_state
-from studies import grad_error, step_efficiency, step_measure, step_modes
+from studies import fidelity as grad_error
 from studies import step_cost as bench
+from studies import step_efficiency, step_measure, step_modes
+from studies import xla_costs as aot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 2  # sequences per shard

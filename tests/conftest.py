@@ -81,8 +81,8 @@ def _ray_place(item) -> tuple[str, int] | None:
 # The modules that take longest outside the Ray groups (10 to 50 s each here),
 # handed out first so that the two workers end together.
 SLOW_MODULES = ('gpu_report_test', 'controller_test', 'step_test', 'time_to_target_test',
-                'bench_test', 'resume_test', 'quality_test', 'multihost_test', 'compare_test',
-                'model_test', 'train_test')
+                'bench_test', 'resume_test', 'multihost_test', 'model_test', 'train_test',
+                'replicas_as_rows_test', 'fidelity_test')
 
 
 def _module(item) -> str:

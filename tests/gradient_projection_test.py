@@ -17,9 +17,10 @@ from mecefo_jax.faults.refresh_costs import thin_qr_flops
 from mecefo_jax.faults.schedule import FailureSchedule, parse_events
 from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL
 from mecefo_jax.neighbour.lowrank import lowrank_dense, sketch_matrix, sketched_dense
-from mecefo_jax.parallel.aot import flops_of
-from studies import goodput, projection_rules
+from studies import fidelity as projection_rules
+from studies import goodput
 from studies import time_to_target_report as report_lib
+from studies.xla_costs import flops_of
 
 N_IN, M_OUT, RANK = 32, 48, 8
 
@@ -102,6 +103,12 @@ class _Run:
         self.metrics = type('Metrics', (), {'write': lambda _, row: None})()
         self.num_shards, self.present = len(self.full_rows), (True,) * len(self.full_rows)
         self.present_rows, self.shard_batch = self.full_rows, 2
+
+    def rows_for(self, live):
+        return tuple(row for row, up in zip(self.full_rows, live) if up)
+
+    def packing(self, layout):
+        return None  # one replica per device row
 
 
 @pytest.mark.parametrize('projection, refreshed', [('weights', [2, 3, 6]), ('gradient', [])])

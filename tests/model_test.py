@@ -387,7 +387,7 @@ def test_gradient_projection_lowers_the_ffn_error_and_leaves_normal_mode_bitwise
     """`mecefo.projection='gradient'`: the neighbour's FFN error (grad_error's measure,
     against the exact gradient of the same rows) falls below the paper's rule's at the
     same rank; normal mode is the same program; no projections are read."""
-    from studies.grad_error import grad_rel_error, token_grad_fn
+    from studies.fidelity import grad_rel_error, token_grad_fn
     model, _, params, _ = setup
     sketched = _model(projection='gradient', rank=float(RANK))
     params = stack_layers(params)

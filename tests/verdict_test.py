@@ -1,12 +1,12 @@
-"""The verdict study: its points, and its report held to the committed records.
+"""The verdict study: its points, its seeds, and its report held to the committed records.
 
 The study's runs take hours (`scripts/verdict.py`); what is tested here is what
 it is made of: each point moves the axes it names and keeps the tokens per
-step, and the committed report (`docs/results/verdict.json`) is exactly what
-the committed records (`docs/results/verdict_runs/`) give, its map included.
+step, each seed sets its own data order, and the committed report
+(`docs/results/verdict.json`) is exactly what the committed records
+(`docs/results/verdict_runs/`) give, its map included.
 """
 import json
-import math
 import os
 
 import pytest
@@ -60,57 +60,66 @@ def test_the_capped_plan_differs_from_mecefo_at_every_point():
             assert Planner(shard, max_neighbour_rows=8).layout(live).neighbour_mode_rows() == 2
 
 
-@pytest.mark.parametrize('lo, hi, side', [(0.01, 0.2, '+'), (-0.2, -0.01, '-'), (-0.1, 0.1, '='),
-                                          (0.1, 0.1, 'one seed')])
-def test_the_map_says_which_side_of_zero_an_interval_is_on(lo, hi, side):
-    diff = {'mean': (lo + hi) / 2, 'lo': lo, 'hi': hi}
-    entry = {'runs': {'fault_free': {'goodput': {'mean': 1.0}},
-                      'drop_high': {'goodput': {'mean': 0.9}},
-                      'mecefo_high': {'goodput': {'mean': 0.9 - diff['mean']}}},
-             'paired': {'mecefo_high': diff}, 'vs_control': {}}
-    row = vr.point_map(entry, {'mecefo': 'mecefo_high', 'capped plan': 'not_run'})
+def test_each_seed_sets_the_data_order_and_every_strategy_of_a_seed_shares_it(tokenizer_cache):
+    """run_config sets data.seed to the seed: the first batches differ between seeds and are
+    the same for every strategy of one seed."""
+    import numpy as np
+
+    from configs.tiny import get_config as tiny
+    from mecefo_jax.config_resolve import updated
+    from mecefo_jax.data.pipeline import make_pipeline
+    from studies.runs import Run, run_config
+    base = updated(resolve(tiny()), {'data.cache_dir': tokenizer_cache})
+
+    def first_batches(run, seed):
+        cfg = run_config(base, run, seed, evals=1)
+        pipeline = iter(make_pipeline(cfg.data, vocab_size=cfg.model.vocab_size, num_shards=1))
+        return np.stack([next(pipeline) for _ in range(2)])
+    batches = {(strategy, seed): first_batches(Run(strategy, 'high'), seed)
+               for strategy in ('drop', 'mecefo') for seed in (0, 1)}
+    for seed in (0, 1):
+        np.testing.assert_array_equal(batches['drop', seed], batches['mecefo', seed])
+    assert not np.array_equal(batches['drop', 0], batches['drop', 1])
+
+
+@pytest.mark.parametrize('mecefo, side', [((0.85, 0.86, 0.84, 0.85), '+'),
+                                          ((0.95, 0.96, 0.94, 0.95), '−'),
+                                          ((0.80, 1.00, 0.85, 0.95), '='),
+                                          ((0.85,), 'one seed')])
+def test_the_map_says_which_side_of_zero_a_paired_t_interval_is_on(mecefo, side):
+    goodput = {'fault_free': [1.0] * len(mecefo), 'drop_high': [0.9] * len(mecefo),
+               'mecefo_high': list(mecefo)}
+    drop_minus = vr.paired(goodput, 'drop_high')
+    means = {n: {'mean': sum(v) / len(v)} for n, v in goodput.items()}
+    row = vr.point_map(means, drop_minus, None, {'mecefo': 'mecefo_high', 'capped plan': 'not_run'})
     assert list(row['drop_minus']) == ['mecefo']  # a contender the point has not run is left out
     assert row['drop_minus']['mecefo']['side'] == side
-    assert row['best'] == ('mecefo_high' if diff['mean'] < 0 else 'drop_high')
+    assert row['best'] == ('mecefo_high' if means['mecefo_high']['mean'] > 0.9 else 'drop_high')
     assert row['mecefo_minus_control'] is None
 
 
 def test_steps_and_perplexity_are_paired_against_drop_seed_by_seed():
     """Above 0 means drop is ahead for every figure; a seed where a run never reached the
     target leaves the steps' pair, not the perplexity's."""
-    def figure(*per_seed):
-        return {'mean': 0.0, 'per_seed': list(per_seed)}
-    runs = {'fault_free': {'steps_to_target': figure(300, 300, 300)},
-            'drop_high': {'steps_to_target': figure(310, 320, 330),
-                          'ppl_increase_pct': figure(1.0, 2.0, 3.0)},
-            'mecefo_high': {'steps_to_target': figure(315, None, 340),
-                            'ppl_increase_pct': figure(2.0, 2.5, 3.0)}}
-    steps = vr._paired(runs, 'drop_high', -1, 'steps_to_target')['mecefo_high']
-    assert steps['mean'] == pytest.approx((5 + 10) / 2)
-    ppl = vr._paired(runs, 'drop_high', -1, 'ppl_increase_pct')['mecefo_high']
-    assert ppl['mean'] == pytest.approx((1.0 + 0.5 + 0.0) / 3) and ppl['lo'] <= ppl['hi']
+    steps = {'fault_free': [300, 300, 300], 'drop_high': [310, 320, 330], 'mecefo_high': [315, None, 340]}
+    ppl = {'drop_high': [1.0, 2.0, 3.0], 'mecefo_high': [2.0, 2.5, 3.0]}
+    paired_steps = vr.paired(steps, 'drop_high', -1)['mecefo_high']
+    assert paired_steps['mean'] == pytest.approx((5 + 10) / 2) and paired_steps['n'] == 2
+    paired_ppl = vr.paired(ppl, 'drop_high', -1)['mecefo_high']
+    assert paired_ppl['mean'] == pytest.approx((1.0 + 0.5 + 0.0) / 3)
+    assert paired_ppl['lo'] <= paired_ppl['mean'] <= paired_ppl['hi']
 
 
 def test_the_report_says_how_many_seeds_would_separate_a_run_from_drop():
-    """The power formula ((z_0.975 + z_0.8) sd / mean)^2, computed here from NormalDist,
-    rounded up, at least 2; infinite where the mean difference is 0."""
-    import statistics
-    z = statistics.NormalDist().inv_cdf(0.975) + statistics.NormalDist().inv_cdf(0.8)
-
-    def figure(*per_seed):
-        return {'mean': 0.0, 'per_seed': list(per_seed)}
-    runs = {'drop_high': {'goodput': figure(0.9, 0.9, 0.9, 0.9)},
-            'mecefo_high': {'goodput': figure(0.89, 0.87, 0.85, 0.83)},
-            'elastic_high': {'goodput': figure(0.8, 0.8, 0.8, 0.8)},
-            'drop_adopters_high': {'goodput': figure(0.91, 0.89, 0.91, 0.89)}}
-    paired = vr._paired(runs, 'drop_high')
-    diffs = [0.01, 0.03, 0.05, 0.07]
-    expected = math.ceil((z * statistics.stdev(diffs) / statistics.fmean(diffs)) ** 2)
-    assert expected == 4
-    assert vr._seeds_to_separate(paired['mecefo_high']) == str(expected)
-    assert vr._seeds_to_separate(paired['drop_adopters_high']) == '∞'
-    assert vr._seeds_to_separate(paired['elastic_high']) == '2'  # no spread: the floor
-    assert vr._seeds_to_separate(None) == 'n/a'
+    """The seeds a paired t test at 80% power needs (intervals.seeds_to_separate); infinite
+    where the mean difference is 0, 2 where the differences do not spread."""
+    goodput = {'drop_high': [0.9, 0.9, 0.9, 0.9], 'mecefo_high': [0.89, 0.87, 0.85, 0.83],
+               'elastic_high': [0.8, 0.8, 0.8, 0.8], 'drop_adopters_high': [0.91, 0.89, 0.91, 0.89]}
+    paired = vr.paired(goodput, 'drop_high')
+    assert vr._seeds_needed(paired['mecefo_high']) == '6'  # the normal approximation says 4
+    assert vr._seeds_needed(paired['drop_adopters_high']) == '∞'
+    assert vr._seeds_needed(paired['elastic_high']) == '2'
+    assert vr._seeds_needed(None) == 'n/a'
 
 
 def test_only_the_runs_every_seed_has_are_reported(tmp_path):
@@ -134,30 +143,40 @@ def test_the_committed_report_is_what_the_committed_records_give():
         committed = json.load(f)
     built = json.loads(json.dumps(vr.build(os.path.join(RESULTS, 'verdict_runs'))))
     assert built == committed
+    assert built['interval'] == 't' and built['command'] == vr.COMMAND
     for name, point in built['points'].items():
+        cfg = _point_cfg(name)
+        assert point['interval'] == 't' and point['time_model'] in ('steps', 'wall_clock'), name
+        assert point['tokens_per_step'] == cfg.data.global_batch_size * cfg.data.seq_len
+        assert point['model_params'] == point['allreduce']['gpu']['model_params']
         assert set(point['runs']) >= {'fault_free', vp.DEFAULT}, name
-        for run in point['runs'].values():
-            for figure in vr.FIGURES:
-                if run[figure] is not None:
-                    assert set(run[figure]) >= {'mean', 'lo', 'hi', 'per_seed'}
-        best = point['map']['best']
-        assert point['runs'][best]['goodput']['mean'] == max(
-            r['goodput']['mean'] for n, r in point['runs'].items() if n != 'fault_free')
+        costs = point['costs']
+        assert set(costs) == set(vr.COSTS) and costs['gpu']['exposed'] == 0.0
+        assert costs['gpu_allreduce']['exposed'] == point['allreduce']['gpu']['phi'] > 0
+        for label, entry in costs.items():
+            goodput = {n: r['goodput'][label] for n, r in point['runs'].items()}
+            best = entry['map']['best']
+            assert goodput[best]['mean'] == max(g['mean'] for n, g in goodput.items()
+                                                if g and n != 'fault_free'), (name, label)
+            for diff in entry['paired'].values():  # enough seeds at 80% power: 0 is excluded
+                if diff['seeds_needed'] is not None and diff['seeds_needed'] <= diff['n']:
+                    assert diff['side'] in '+−', (name, label, diff)
         assert point['hours']['wall'] > 0
 
 
-def test_the_readme_leads_its_results_with_the_committed_map():
-    with open(os.path.join(ROOT, 'docs', 'results', 'verdict.json')) as f:
+def test_the_readme_and_docs_lead_with_the_committed_map():
+    """README.md's verdict table is `readme_map` (at most 6 columns), docs/verdict.md's map is
+    `map_table`; paste what `python scripts/verdict.py --report_only` prints."""
+    with open(os.path.join(RESULTS, 'verdict.json')) as f:
         report = json.load(f)
-    with open(os.path.join(ROOT, 'README.md')) as f:
-        readme = f.read()
     lines = vr.readme_map(report)
-    assert len(lines) == 2 + len(report['points']) + 2  # the table, then its hours
-    missing = [line for line in lines if line not in readme]
-    assert not missing, ('README.md lacks the map of docs/results/verdict.json; paste what '
-                         f'`python scripts/verdict.py --report_only` prints: {missing}')
-    results = readme.index('## Results')
-    assert results < readme.index(lines[0]) < readme.index('###', readme.index('###', results) + 1)
+    assert len(lines) == 2 + len(report['points']) and lines[0].count('|') - 1 <= 6
+    for doc, want in (('README.md', lines), (os.path.join('docs', 'verdict.md'),
+                                             vr.map_table(report).split('\n'))):
+        with open(os.path.join(ROOT, doc)) as f:
+            text = f.read()
+        missing = [line for line in want if line not in text]
+        assert not missing, f'{doc} lacks the map of docs/results/verdict.json: {missing}'
 
 
 @pytest.mark.parametrize('replicas, step', [(8, 1.0), (8, 1.293), (32, 1.042), (32, 1.0 + 1 / 31)])
@@ -214,22 +233,31 @@ def test_the_best_split_takes_the_fewest_neighbours_that_cost_no_time():
                      neighbour=((1.0, 0.4), (2.0, 0.9)), step_sec=1.0, step_sec_source='')
     assert vm.best_split(free, 32) == {'helpers': 1, 'neighbour_step': pytest.approx(0.9),
                                        'break_even_v': pytest.approx(0.5)}
+    # An exposed all-reduce (phi 0.5) halves every neighbour's step's distance from 1.
+    diluted = vm.best_split(table, 32, exposed=0.5)
+    assert diluted['helpers'] == 2 and diluted['break_even_v'] == pytest.approx(2 / 3)
+    assert diluted['neighbour_step'] == pytest.approx(1 + ((0.663 + 1.042) / 2 - 1) / 2)
 
 
-def test_v_has_a_paired_bootstrap_interval_over_the_seeds():
-    boot = {'resamples': 2000, 'seed': 0, 'level': 0.95}
-    per_seed = {'fault_free': [300.0, 290.0, 310.0, 300.0],
-                'mecefo_high': [310.0, 305.0, 318.0, 306.0],
-                'drop_adopters_high': [320.0, 310.0, 330.0, 322.0]}
-    v = vm.measured_v_interval(per_seed, **boot)
+def test_v_has_fiellers_interval_over_the_seeds():
+    """v = 1 - r, r mecefo's mean steps lost over the control's: its interval is the set of r
+    whose paired differences' t interval holds 0 (intervals.ratio_interval), mirrored."""
+    from studies.intervals import ratio_interval
+    per_seed = {'fault_free': [300.0, 290.0, 310.0, 300.0, 305.0],
+                'mecefo_high': [310.0, 305.0, 318.0, 306.0, 316.0],
+                'drop_adopters_high': [320.0, 310.0, 330.0, 322.0, 324.0]}
+    v = vm.measured_v_interval(per_seed)
     means = {n: sum(x) / len(x) for n, x in per_seed.items()}
-    assert v['mean'] == pytest.approx(vm.measured_v(means)) and v['seeds'] == 4
-    assert v['lo'] < v['mean'] < v['hi']
-    one = vm.measured_v_interval({n: x[:1] for n, x in per_seed.items()}, **boot)
-    assert one['lo'] == one['mean'] == one['hi'] == pytest.approx(0.5)
+    assert v['mean'] == pytest.approx(vm.measured_v(means)) and v['seeds'] == 5
+    lost, control = ([a - f for a, f in zip(per_seed[n], per_seed['fault_free'])]
+                     for n in ('mecefo_high', 'drop_adopters_high'))
+    lo, hi = ratio_interval(lost, control)
+    assert (v['lo'], v['hi']) == pytest.approx((1 - hi, 1 - lo)) and v['lo'] < v['mean'] < v['hi']
+    one = vm.measured_v_interval({n: x[:1] for n, x in per_seed.items()})
+    assert one['mean'] == pytest.approx(0.5) and one['lo'] is one['hi'] is None  # no interval
     # A seed where one of the three runs never reached the target is left out, paired.
     gap = {**per_seed, 'mecefo_high': [None, *per_seed['mecefo_high'][1:]]}
-    assert vm.measured_v_interval(gap, **boot)['seeds'] == 3
+    assert vm.measured_v_interval(gap)['seeds'] == 4
 
 
 def test_v_is_measured_against_the_drop_the_same_rows_control():

@@ -2,7 +2,7 @@
 
 | module | owns |
 |---|---|
-| `traces` | Monte Carlo failure traces (per cluster or per node) and per-live-set loads |
+| `traces` | Monte Carlo failure traces and per-live-set loads |
 | `recovery` | per-event recovery overheads (in-process, from memory, from disk) |
 | `settings` | the strategies, the config, the cost tables (`faults/costs.py`, `faults/refresh_costs.py`) |
 | `sim` | the synchronous-step throughput model and the Monte Carlo driver |

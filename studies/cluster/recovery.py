@@ -9,18 +9,13 @@ assumption), `memory` (a real crash recovered from in-memory snapshots) and
 `disk` (`checkpoint_restart`'s Orbax restore). Which strategy pays which
 entry under each assumption is in docs/cluster.md. Sources, later ones
 overriding earlier ones field by field: the stated defaults (`DEFAULTS`,
-by component in `DEFAULT_BREAKDOWN`), the measured events of a strategy
-comparison (`compare_faults.json`), a crash drill (`crash_drill.json`) and
+by component in `DEFAULT_BREAKDOWN`), a crash drill (`crash_drill.json`) and
 command-line flags.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
-import statistics
 from typing import Any
-
-from mecefo_jax.faults.strategies import SPECS
 
 ENTRIES = ('in_process', 'memory', 'disk')
 FIELDS = ('recovery_sec', 'restore_sec', 'lost_steps')
@@ -87,68 +82,17 @@ def _check(entry: str, field: str, value: Any, origin: str) -> float | None:
     return value
 
 
-def compare_reports(path: str, load) -> list[dict]:
-    """The per-seed reports behind a `compare_faults.json`.
-
-    One seed's report holds its events; the multi-seed one holds only their
-    count per strategy, so its seeds' own reports (`seed<S>/` beside it) are
-    read instead. `load(path, flag)` reads a JSON file.
-    """
-    report = load(path, '--events_json')
-    if not isinstance(report.get('seeds'), list):
-        return [report]
-    base = os.path.dirname(path)
-    return [load(os.path.join(base, f"seed{s['fault_seed']}", 'compare_faults.json'),
-                 '--events_json (its per-seed report)') for s in report['seeds']]
-
-
-def measured_in_process(compare_report, origin: str = '--events_json') -> dict[str, float]:
-    """In-process overheads from a strategy comparison's measured events.
-
-    The median over the failure and recovery events of the strategies that
-    keep running in place (not fault_free, nor one that restores at a failure:
-    checkpoint_restart) of detect + rebuild +
-    compile + restore seconds, and of their lost steps. These are measured on
-    this machine for the comparison's config (CPU, small model). Takes one
-    report or a list of per-seed reports (`compare_reports`). The projection
-    refresh is charged apart (`cluster.sim`), so it is left out here.
-    """
-    reports = compare_report if isinstance(compare_report, list) else [compare_report]
-    seconds, lost = [], []
-    results = [(name, result) for report in reports
-               for name, result in report.get('strategies', {}).items()]
-    for name, result in results:
-        spec = SPECS.get(name)
-        if name == 'fault_free' or (spec is not None and spec.restores_at_failure):
-            continue
-        events = result.get('events', [])
-        if not isinstance(events, list):
-            raise ValueError(f'{origin}: strategies.{name}.events is a summary, not a list of '
-                             f'events; pass a per-seed compare_faults.json (seed<S>/).')
-        for e in events:
-            seconds.append(sum(float(e.get(k) or 0.0) for k in
-                               ('detect_sec', 'rebuild_sec', 'compile_sec', 'restore_sec')))
-            lost.append(float(e.get('lost_steps') or 0.0))
-    if not seconds:
-        raise ValueError(f'{origin}: no failure or recovery events in strategies[*].events; '
-                         f'pass a compare_faults.json from a run with failures.')
-    return {'recovery_sec': statistics.median(seconds), 'restore_sec': 0.0,
-            'lost_steps': statistics.median(lost)}
-
-
-def recovery_table(*, drill: dict | None = None, measured: dict | None = None,
+def recovery_table(*, drill: dict | None = None,
                    overrides: dict[str, dict[str, Any]] | None = None,
                    drill_path: str = '--recovery_json') -> RecoveryTable:
-    """Defaults <- measured in-process events <- crash drill <- flags.
+    """Defaults <- crash drill <- flags.
 
     `drill` is a crash_drill.json dict (`memory` / `disk` / optionally
     `in_process` objects with `recovery_sec`, `restore_sec`, `lost_steps`);
-    `measured` replaces `in_process`; `overrides[entry][field]` wins over all.
+    `overrides[entry][field]` wins over both.
     """
     entries = {name: dict(DEFAULTS[name], source='default') for name in ENTRIES}
     layers = []
-    if measured is not None:
-        layers.append(({'in_process': measured}, 'measured events'))
     if drill is not None:
         if not any(k in drill for k in ENTRIES):  # other keys (timings, logs) are fine
             raise ValueError(f'{drill_path}: expected objects {", ".join(ENTRIES)} (at least '

@@ -35,31 +35,26 @@ PAPER = {
 
 
 def index_rows(rows):
-    return {(r['reading'], r['assumption'], r['model'], r['regime'], r['strategy'],
-             r['num_replicas']): r for r in rows}
+    return {(r['assumption'], r['model'], r['regime'], r['strategy'], r['num_replicas']): r
+            for r in rows}
 
 
-def needed_mttr_hours(p: float, *, reading: str, mtbf_hours: float, num_replicas: int,
-                      node_size: int, rate_scaling: str) -> float:
+def needed_mttr_hours(p: float, *, mtbf_hours: float, num_replicas: int,
+                      rate_scaling: str) -> float:
     """The MTTR at which >= 1 replica is down a fraction `p` of the time.
 
-    Stationary, ignoring the cap: reading A is an M/M/inf queue of failed
-    replicas, P(none down) = exp(-MTTR/MTBF) with the cluster MTBF actually
-    used; reading B has each node down MTTR/(MTBF + MTTR) of the time,
-    independently.
+    Stationary, ignoring the cap: the failed replicas are an M/M/inf queue,
+    P(none down) = exp(-MTTR/MTBF) with the cluster MTBF actually used.
     """
     if not 0 <= p < 1:
         return math.inf
-    if reading == 'A':
-        mtbf = mtbf_hours * (traces_lib.CALIBRATION_REPLICAS / num_replicas
-                             if rate_scaling == 'per_replica' else 1.0)
-        return -mtbf * math.log(1 - p)
-    q = 1 - (1 - p) ** (1 / (num_replicas // node_size))
-    return mtbf_hours * q / (1 - q)
+    mtbf = mtbf_hours * (traces_lib.CALIBRATION_REPLICAS / num_replicas
+                         if rate_scaling == 'per_replica' else 1.0)
+    return -mtbf * math.log(1 - p)
 
 
 def explain(result: dict[str, Any]) -> dict[str, Any]:
-    """Per (reading, assumption, model) under `high`: what MeCeFO's drop is made of.
+    """Per (assumption, model) under `high`: what MeCeFO's drop is made of.
 
     With p the time fraction with >= 1 replica down and r the MeCeFO step
     over the fault-free one while down, the drop is about p (1 - 1/r) plus
@@ -73,33 +68,30 @@ def explain(result: dict[str, Any]) -> dict[str, Any]:
     if 'high' not in cfg['regimes']:
         return out
     mtbf, mttr = traces_lib.REGIMES['high']
-    for reading in cfg['readings']:
-        for assumption in cfg['assumptions']:
-            for model in cfg['models']:
-                rows = {s: idx.get((reading, assumption, model, 'high', s, n))
-                        for s in cfg['strategies'] if s != 'fault_free'}
-                mecefo = rows.get('mecefo')
-                if mecefo is None or model not in PAPER:
-                    continue
-                p, r = mecefo['time_frac_any_down'], mecefo['step_ratio_when_down']
-                paper_d = PAPER[model]['high_drop_pct'] / 100
-                need_p = min(1.0, paper_d / (1 - 1 / r)) if r > 1 else math.inf
-                drops = {s: row['drop_pct'] for s, row in rows.items() if row is not None}
-                out[f'{reading}/{assumption}/{model}'] = {
-                    'reading': reading, 'assumption': assumption, 'model': model,
-                    'mtbf_hours': mtbf, 'mttr_hours': mttr,
-                    'time_frac_any_down': p, 'mecefo_step_ratio_when_down': r,
-                    'mecefo_drop_pct': mecefo['drop_pct'],
-                    'first_order_drop_pct': 100 * p * (1 - 1 / r),
-                    'paper_drop_pct': 100 * paper_d,
-                    'needed_step_ratio_for_paper_drop': 1 / (1 - paper_d / p) if p > paper_d
-                    else math.inf,
-                    'needed_time_frac_down_for_paper_drop': need_p,
-                    'needed_mttr_hours_at_paper_mtbf': needed_mttr_hours(
-                        need_p, reading=reading, mtbf_hours=mtbf, num_replicas=n,
-                        node_size=cfg['node_size'], rate_scaling=cfg['rate_scaling']),
-                    'ordering': sorted(drops, key=drops.get), 'drops_pct': drops,
-                }
+    for assumption in cfg['assumptions']:
+        for model in cfg['models']:
+            rows = {s: idx.get((assumption, model, 'high', s, n))
+                    for s in cfg['strategies'] if s != 'fault_free'}
+            mecefo = rows.get('mecefo')
+            if mecefo is None or model not in PAPER:
+                continue
+            p, r = mecefo['time_frac_any_down'], mecefo['step_ratio_when_down']
+            paper_d = PAPER[model]['high_drop_pct'] / 100
+            need_p = min(1.0, paper_d / (1 - 1 / r)) if r > 1 else math.inf
+            drops = {s: row['drop_pct'] for s, row in rows.items() if row is not None}
+            out[f'{assumption}/{model}'] = {
+                'assumption': assumption, 'model': model, 'mtbf_hours': mtbf, 'mttr_hours': mttr,
+                'time_frac_any_down': p, 'mecefo_step_ratio_when_down': r,
+                'mecefo_drop_pct': mecefo['drop_pct'],
+                'first_order_drop_pct': 100 * p * (1 - 1 / r),
+                'paper_drop_pct': 100 * paper_d,
+                'needed_step_ratio_for_paper_drop': 1 / (1 - paper_d / p) if p > paper_d
+                else math.inf,
+                'needed_time_frac_down_for_paper_drop': need_p,
+                'needed_mttr_hours_at_paper_mtbf': needed_mttr_hours(
+                    need_p, mtbf_hours=mtbf, num_replicas=n, rate_scaling=cfg['rate_scaling']),
+                'ordering': sorted(drops, key=drops.get), 'drops_pct': drops,
+            }
     return out
 
 
@@ -119,21 +111,20 @@ def _table2(result) -> str:
     cfg, idx, n = result['config'], index_rows(result['rows']), result['config']['replicas']
     others = [s for s in cfg['strategies'] if s != 'fault_free']
     rows = []
-    for reading in cfg['readings']:
-        for assumption in cfg['assumptions']:
-            for model in cfg['models']:
-                for regime in cfg['regimes']:
-                    get = lambda s: idx.get((reading, assumption, model, regime, s, n))  # noqa: E731
-                    if get('mecefo') is None:
-                        continue
-                    paper = PAPER.get(model, {})
-                    paper_drop = 0.0 if regime == 'none' else paper.get(f'{regime}_drop_pct')
-                    rows.append([reading, assumption, model, regime, fmt(paper.get(regime), '.1f'),
-                                 fmt(paper_drop, '.2f'),
-                                 f"{get('mecefo')['fault_free_tokens_per_sec'] / 1e3:.1f}",
-                                 f"{get('mecefo')['tokens_per_sec'] / 1e3:.1f}"]
-                                + [_drop(get(s)) for s in others])
-    return markdown_table(['reading', 'assumption', 'model', 'regime', 'paper k tok/s',
+    for assumption in cfg['assumptions']:
+        for model in cfg['models']:
+            for regime in cfg['regimes']:
+                get = lambda s: idx.get((assumption, model, regime, s, n))  # noqa: E731
+                if get('mecefo') is None:
+                    continue
+                paper = PAPER.get(model, {})
+                paper_drop = 0.0 if regime == 'none' else paper.get(f'{regime}_drop_pct')
+                rows.append([assumption, model, regime, fmt(paper.get(regime), '.1f'),
+                             fmt(paper_drop, '.2f'),
+                             f"{get('mecefo')['fault_free_tokens_per_sec'] / 1e3:.1f}",
+                             f"{get('mecefo')['tokens_per_sec'] / 1e3:.1f}"]
+                            + [_drop(get(s)) for s in others])
+    return markdown_table(['assumption', 'model', 'regime', 'paper k tok/s',
                            'paper drop %', 'fault-free k tok/s', 'mecefo k tok/s']
                           + [f'{s} drop %' for s in others], rows)
 
@@ -143,19 +134,10 @@ def _explanation(expl) -> str:
             'mecefo_drop_pct', 'paper_drop_pct', 'needed_step_ratio_for_paper_drop',
             'needed_time_frac_down_for_paper_drop', 'needed_mttr_hours_at_paper_mtbf',
             'mttr_hours')
-    return markdown_table(('reading', 'assumption', 'model') + keys + ('ordering',),
-                          [[e['reading'], e['assumption'], e['model']]
+    return markdown_table(('assumption', 'model') + keys + ('ordering',),
+                          [[e['assumption'], e['model']]
                            + [fmt(e[k], '.4g') for k in keys] + [' < '.join(e['ordering'])]
                            for e in expl.values()])
-
-
-def _traces(result) -> str:
-    keys = ('failure_events', 'change_events', 'time_frac_any_down', 'mean_replicas_down',
-            'time_frac_adopter_2plus')
-    return markdown_table(('part', 'reading', 'regime', 'n', 'seeds') + keys,
-                          [[t['part'], t['reading'], t['regime'], t['num_replicas'], t['seeds']]
-                           + [f"{t[k]['mean']:.4g}" for k in keys]
-                           for t in result['traces'] if t['regime'] != 'none'])
 
 
 def _sweep(result) -> str:
@@ -163,18 +145,16 @@ def _sweep(result) -> str:
     idx, strategies = index_rows(rows), [s for s in cfg['strategies'] if s != 'fault_free']
     cells = []
     for regime in cfg['sweep_regimes']:
-        for reading in cfg['readings']:
-            for assumption in cfg['assumptions']:
-                for n in sorted({r['num_replicas'] for r in rows}):
-                    get = lambda s: idx.get((reading, assumption, cfg['sweep_model'],  # noqa: E731
-                                             regime, s, n))
-                    first = get(strategies[0])
-                    if first is not None:
-                        cells.append([regime, reading, assumption, n, first['seeds'],
-                                      f"{100 * first['time_frac_any_down']:.1f}",
-                                      f"{first['mean_replicas_down']:.2f}"]
-                                     + [_drop(get(s), 1) for s in strategies])
-    return markdown_table(['regime', 'reading', 'assumption', 'n', 'seeds', '>=1 down %',
+        for assumption in cfg['assumptions']:
+            for n in sorted({r['num_replicas'] for r in rows}):
+                get = lambda s: idx.get((assumption, cfg['sweep_model'], regime, s, n))  # noqa: E731
+                first = get(strategies[0])
+                if first is not None:
+                    cells.append([regime, assumption, n, first['seeds'],
+                                  f"{100 * first['time_frac_any_down']:.1f}",
+                                  f"{first['mean_replicas_down']:.2f}"]
+                                 + [_drop(get(s), 1) for s in strategies])
+    return markdown_table(['regime', 'assumption', 'n', 'seeds', '>=1 down %',
                            'mean down'] + [f'{s} drop %' for s in strategies], cells)
 
 
@@ -213,7 +193,6 @@ def markdown(result: dict[str, Any]) -> str:
                  _table2(result))]
     if expl:
         sections.append(("MeCeFO under `high` against the paper's drop", _explanation(expl)))
-    sections.append(('Failure traces (mean over seeds)', _traces(result)))
     if result['sweep_rows']:
         sections.append((f"Drop % against cluster size ({result['config']['sweep_model']})",
                          _sweep(result)))
@@ -224,29 +203,27 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: str) -> bool:
-    """Drop % against cluster size, one panel per (regime, reading, assumption)."""
+    """Drop % against cluster size, one panel per (regime, assumption)."""
     rows = result['sweep_rows']
     if not rows:
         return False
     plt = pyplot()
     cfg = result['config']
-    panels = [(g, r, a) for g in cfg['sweep_regimes'] for r in cfg['readings']
-              for a in cfg['assumptions']]
+    panels = [(g, a) for g in cfg['sweep_regimes'] for a in cfg['assumptions']]
     cols, lines = len(cfg['assumptions']), len(panels) // len(cfg['assumptions'])
     fig, axes = plt.subplots(lines, cols, figsize=(6.5 * cols, 4.2 * lines), squeeze=False)
-    for ax, (regime, reading, assumption) in zip(axes.ravel(), panels):
+    for ax, (regime, assumption) in zip(axes.ravel(), panels):
         for s in cfg['strategies']:
             pts = sorted((r['num_replicas'], r['drop_pct'], r['drop_pct_std']) for r in rows
-                         if r['reading'] == reading and r['assumption'] == assumption
-                         and r['strategy'] == s and r['regime'] == regime)
+                         if r['assumption'] == assumption and r['strategy'] == s
+                         and r['regime'] == regime)
             if pts and s != 'fault_free':
                 x, y, e = zip(*pts)
                 ax.errorbar(x, y, yerr=e, marker='o', ms=3, capsize=2, label=s)
         ax.set_xscale('log', base=2)
         ax.set_xlabel('replicas (GPUs)')
         ax.set_ylabel('throughput drop %')
-        ax.set_title(f"reading {reading}, {assumption} ({cfg['sweep_model']}, {regime})",
-                     fontsize=10)
+        ax.set_title(f"{assumption} ({cfg['sweep_model']}, {regime})", fontsize=10)
         ax.grid(alpha=0.3)
     axes.ravel()[0].legend(fontsize=8)
     fig.tight_layout()

@@ -24,11 +24,9 @@ class SimConfig:
     """Everything a projection depends on (see scripts/simulate_cluster.py)."""
     models: tuple[str, ...] = ('350M', '1B', '7B')
     regimes: tuple[str, ...] = TABLE2_REGIMES
-    readings: tuple[str, ...] = ('A', 'B')
     assumptions: tuple[str, ...] = ASSUMPTIONS
     strategies: tuple[str, ...] = STRATEGIES
     replicas: int = 32
-    node_size: int = 8
     seeds: int = 100
     hours: float = 24.0
     sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -77,15 +75,9 @@ class SimConfig:
         for a in self.assumptions:
             if a not in ASSUMPTIONS:
                 raise ValueError(f'--assumption: {a!r} is unknown; use {ASSUMPTIONS} or both.')
-        for r in self.readings:
-            if r not in traces_lib.READINGS:
-                raise ValueError(f'--readings: {r!r} is unknown; use A and/or B.')
         for regime in self.regimes + (self.sweep_regimes if self.sizes else ()):
             if regime != 'none':
                 traces_lib.regime_rates(regime, self.mtbf_hours, self.mttr_hours)
-        if 'B' in self.readings and any(n % self.node_size for n in (self.replicas,) + self.sizes):
-            raise ValueError(f'reading B needs --replicas and --sizes in multiples of '
-                             f'--node_size={self.node_size}.')
         if self.granularity not in ('sequence', 'continuous'):
             raise ValueError(f"--granularity={self.granularity!r}: use 'sequence' or "
                              f"'continuous'.")
@@ -108,8 +100,7 @@ class SimConfig:
 
 
 def cost_tables(config: SimConfig, *, source: str = 'analytic', bench: dict | None = None,
-                roles: dict | None = None, bench_metric: str = 'step_ms',
-                bench_path: str = '', roles_path: str = '') -> dict[str, costs_lib.CostTable]:
+                bench_metric: str = 'step_ms', bench_path: str = '') -> dict[str, costs_lib.CostTable]:
     """One cost table per model named in the config (Table 2 and the sweep)."""
     names = dict.fromkeys(config.models + ((config.sweep_model,) if config.sizes else ()))
     peak = config.peak_tflops * 1e12
@@ -128,13 +119,8 @@ def cost_tables(config: SimConfig, *, source: str = 'analytic', bench: dict | No
                 raise ValueError(f"--bench_metric={bench_metric!r}: use 'step_ms' or 'flops'.")
             tables[name] = costs_lib.bench_table(bench, shape, metric=bench_metric,
                                                  path=bench_path, **common, **flop_kw)
-        elif source == 'roles':
-            if roles is None:
-                raise ValueError('--cost=roles needs --roles_json PATH (compare_faults.json).')
-            tables[name] = costs_lib.roles_table(roles, shape, path=roles_path, **common,
-                                                 **flop_kw)
         else:
-            raise ValueError(f"--cost={source!r}: use 'analytic', 'bench' or 'roles'.")
+            raise ValueError(f"--cost={source!r}: use 'analytic' or 'bench'.")
         tables[name] = dataclasses.replace(tables[name], **refresh_charge(config, shape))
     return tables
 

@@ -2,7 +2,7 @@
 
 This module owns the *throughput model* of a strategy over a failure trace
 (`simulate`) and the Monte Carlo that runs it over many seeded traces,
-models, regimes, readings and cluster sizes (`monte_carlo`). A step lasts as
+models, regimes and cluster sizes (`monte_carlo`). A step lasts as
 long as its busiest device, each live-set change costs the strategy's
 recovery, and the neighbour-mode strategies also pay the projection refresh;
 the model and its strategy table are described in docs/cluster.md. The
@@ -181,16 +181,11 @@ def simulate(strategy: str, iv: traces_lib.Intervals, cost: costs_lib.CostTable,
 
 
 def trace_stats(iv: traces_lib.Intervals) -> dict[str, float]:
-    """Model-independent figures of one trace."""
+    """Model-independent figures of one trace: the time with any replica down, and
+    the mean number down (each row's `>=1 down %` and `mean down`)."""
     d = iv.duration
-    any_down = iv.failed > 0
-    return {
-        'time_frac_any_down': float(np.sum(d[any_down]) / iv.horizon_sec),
-        'mean_replicas_down': float(np.sum(d * iv.failed) / iv.horizon_sec),
-        'failure_events': float(np.count_nonzero(iv.onset)),
-        'change_events': float(np.count_nonzero(iv.event)),
-        'time_frac_adopter_2plus': float(np.sum(d[iv.adopt_shards >= 3]) / iv.horizon_sec),
-    }
+    return {'time_frac_any_down': float(np.sum(d[iv.failed > 0]) / iv.horizon_sec),
+            'mean_replicas_down': float(np.sum(d * iv.failed) / iv.horizon_sec)}
 
 
 # ---------------------------------------------------------- Monte Carlo
@@ -203,7 +198,7 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def run_setting(config: SimConfig, tables: dict[str, costs_lib.CostTable],
-                recovery: recovery_lib.RecoveryTable, *, reading: str, regime: str,
+                recovery: recovery_lib.RecoveryTable, *, regime: str,
                 num_replicas: int, seeds: int, models) -> dict[str, Any]:
     """Every (model, assumption, strategy) over `seeds` traces of one setting.
 
@@ -221,9 +216,8 @@ def run_setting(config: SimConfig, tables: dict[str, costs_lib.CostTable],
         else:
             mtbf, mttr = traces_lib.regime_rates(regime, config.mtbf_hours, config.mttr_hours)
             trace = traces_lib.sample_trace(
-                num_replicas=num_replicas, reading=reading, mtbf_hours=mtbf, mttr_hours=mttr,
-                horizon_hours=config.hours, seed=seed, node_size=config.node_size,
-                rate_scaling=config.rate_scaling)
+                num_replicas=num_replicas, mtbf_hours=mtbf, mttr_hours=mttr,
+                horizon_hours=config.hours, seed=seed, rate_scaling=config.rate_scaling)
             iv = traces_lib.intervals(trace, shard_seqs=shard)
         stats.append(trace_stats(iv))
         for model in models:
@@ -243,7 +237,7 @@ def _row(config, tables, setting: dict, model, assumption, strategy, res, trace)
     table = tables[model]
     return {
         'model': model, 'regime': setting['regime'], 'strategy': strategy,
-        'reading': setting['reading'], 'assumption': assumption,
+        'assumption': assumption,
         'num_replicas': setting['num_replicas'], 'seeds': setting['seeds'], 'hours': config.hours,
         'drop_pct': res['drop_pct']['mean'], 'drop_pct_std': res['drop_pct']['std'],
         'drop_pct_min': res['drop_pct']['min'], 'drop_pct_max': res['drop_pct']['max'],
@@ -260,14 +254,12 @@ def _row(config, tables, setting: dict, model, assumption, strategy, res, trace)
 
 
 def _settings(config: SimConfig):
-    """(part, reading, regime, replicas, seeds, models) of every setting: Table 2, then the sweep."""
-    for reading in config.readings:
-        for regime in config.regimes:
-            yield 'table2', reading, regime, config.replicas, config.seeds, config.models
+    """(part, regime, replicas, seeds, models) of every setting: Table 2, then the sweep."""
+    for regime in config.regimes:
+        yield 'table2', regime, config.replicas, config.seeds, config.models
     for regime in config.sweep_regimes if config.sizes else ():
         for n in config.sizes:
-            for reading in config.readings:
-                yield 'sweep', reading, regime, n, config.seeds_for(n), (config.sweep_model,)
+            yield 'sweep', regime, n, config.seeds_for(n), (config.sweep_model,)
 
 
 def monte_carlo(config: SimConfig, tables: dict[str, costs_lib.CostTable],
@@ -276,25 +268,22 @@ def monte_carlo(config: SimConfig, tables: dict[str, costs_lib.CostTable],
     """Table 2 (every model and regime at `replicas`) and the size sweep."""
     config.validate()
     rows = {'table2': [], 'sweep': []}
-    traces = []
     start = time.perf_counter()
-    for part, reading, regime, n, seeds, models in _settings(config):
+    for part, regime, n, seeds, models in _settings(config):
         t0 = time.perf_counter()
-        out = run_setting(config, tables, recovery, reading=reading, regime=regime,
-                          num_replicas=n, seeds=seeds, models=models)
-        setting = {'part': part, 'reading': reading, 'regime': regime, 'num_replicas': n,
-                   'seeds': out['seeds']}
-        traces.append({**setting, **out['trace']})
+        out = run_setting(config, tables, recovery, regime=regime, num_replicas=n, seeds=seeds,
+                          models=models)
+        setting = {'regime': regime, 'num_replicas': n, 'seeds': out['seeds']}
         rows[part] += [_row(config, tables, setting, model, assumption, strategy, res, out['trace'])
                        for (model, assumption, strategy), res in out['results'].items()]
-        log(f'[simulate] {part}, reading {reading}, regime {regime:<6} n={n:>4}: '
+        log(f'[simulate] {part}, regime {regime:<6} n={n:>4}: '
             f'{out["seeds"]} seed(s), >=1 replica down '
             f'{100 * out["trace"]["time_frac_any_down"]["mean"]:.1f}% of the time, '
             f'{out["trace"]["mean_replicas_down"]["mean"]:.1f} on average '
             f'({time.perf_counter() - t0:.1f} s)')
     log(f'[simulate] done in {time.perf_counter() - start:.1f} s')
     return {'config': dataclasses.asdict(config), 'rows': rows['table2'],
-            'sweep_rows': rows['sweep'], 'traces': traces,
+            'sweep_rows': rows['sweep'],
             'cost_tables': {name: t.to_json() for name, t in tables.items()},
             'recovery': recovery.to_json()}
 
@@ -303,8 +292,7 @@ def monte_carlo(config: SimConfig, tables: dict[str, costs_lib.CostTable],
 
 
 def run(config: SimConfig, *, out_dir: str | None = None, cost: str = 'analytic',
-        bench_json: str = '', roles_json: str = '', bench_metric: str = 'step_ms',
-        recovery_json: str = '', events_json: str = '',
+        bench_json: str = '', bench_metric: str = 'step_ms', recovery_json: str = '',
         recovery_overrides: dict | None = None,
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Loads the tables, runs the Monte Carlo, writes the reports to `out_dir`."""
@@ -312,15 +300,10 @@ def run(config: SimConfig, *, out_dir: str | None = None, cost: str = 'analytic'
 
     config.validate()
     bench = costs_lib.load_json(bench_json, '--bench_json') if bench_json else None
-    roles = costs_lib.load_json(roles_json, '--roles_json') if roles_json else None
-    tables = cost_tables(config, source=cost, bench=bench, roles=roles,
-                         bench_metric=bench_metric, bench_path=bench_json,
-                         roles_path=roles_json)
+    tables = cost_tables(config, source=cost, bench=bench, bench_metric=bench_metric,
+                         bench_path=bench_json)
     drill = costs_lib.load_json(recovery_json, '--recovery_json') if recovery_json else None
-    measured = (recovery_lib.measured_in_process(
-        recovery_lib.compare_reports(events_json, costs_lib.load_json)) if events_json else None)
-    recovery = recovery_lib.recovery_table(drill=drill, measured=measured,
-                                           overrides=recovery_overrides,
+    recovery = recovery_lib.recovery_table(drill=drill, overrides=recovery_overrides,
                                            drill_path=recovery_json or '--recovery_json')
     for name, t in tables.items():
         log(f'[simulate] {name}: {t.source} costs, mecefo x{t.ratio("mecefo"):.3f}, '

@@ -1,9 +1,10 @@
 """Failure traces for the cluster simulator, and what each live set costs.
 
-This module owns (1) sampling seeded failure traces in continuous time under
-the two readings of the paper's regimes (`READINGS`; docs/cluster.md) and
-(2) cutting a trace into intervals of constant live set, with the load each
-live set puts on the busiest replica. Traces start with every replica live;
+This module owns (1) sampling seeded failure traces in continuous time, the
+paper's regimes read per cluster (failures arrive at 1/MTBF for the whole
+cluster, each taking one replica; docs/cluster.md) and (2) cutting a trace
+into intervals of constant live set, with the load each live set puts on the
+busiest replica. Traces start with every replica live;
 a failure that would leave nothing live is dropped, as in
 `faults/schedule.py`. The loads reproduce `faults/strategies.py` exactly
 (the tests check it against `adopters` and `layout_for` on random masks),
@@ -23,21 +24,18 @@ import numpy as np
 
 from mecefo_jax.faults.schedule import REGIMES  # name -> (mtbf_hours, mttr_hours)
 
-READINGS = {
-    'A': 'per cluster: arrivals at 1/MTBF for the whole cluster, one replica each',
-    'B': 'per node: each node of 8 fails at 1/MTBF, its 8 replicas together',
-}
 CALIBRATION_REPLICAS = 32  # the paper's cluster (4 nodes x 8 A100s)
+# Part of every trace's seed: the stream that earlier runs, whose figures docs/cluster.md
+# quotes, drew for this (per-cluster) reading of the regimes.
+_STREAM = ord('A')
 
 
 @dataclasses.dataclass(frozen=True)
 class Trace:
-    """Outages (unit, start_sec, end_sec) of `num_replicas` replicas grouped in
-    units of `unit_size` (1: replicas, 8: nodes), over [0, horizon_sec)."""
+    """Outages (replica, start_sec, end_sec) of `num_replicas` replicas over [0, horizon_sec)."""
     num_replicas: int
-    unit_size: int
     horizon_sec: float
-    outages: np.ndarray  # float64 [k, 3]: unit, start, end (end may pass the horizon)
+    outages: np.ndarray  # float64 [k, 3]: replica, start, end (end may pass the horizon)
 
 
 def regime_rates(regime: str, mtbf_hours: float = 0.0, mttr_hours: float = 0.0):
@@ -53,71 +51,49 @@ def regime_rates(regime: str, mtbf_hours: float = 0.0, mttr_hours: float = 0.0):
     return REGIMES[regime]
 
 
-def sample_trace(*, num_replicas: int, reading: str, mtbf_hours: float, mttr_hours: float,
-                 horizon_hours: float, seed: int, node_size: int = 8,
-                 rate_scaling: str = 'per_replica') -> Trace:
-    """A seeded trace under `reading` (see module docstring).
+def sample_trace(*, num_replicas: int, mtbf_hours: float, mttr_hours: float,
+                 horizon_hours: float, seed: int, rate_scaling: str = 'per_replica') -> Trace:
+    """A seeded trace: failures at the cluster-wide rate, whatever is live, one replica each.
 
-    The stream depends on (seed, num_replicas, reading, mtbf, mttr) only, so
-    every strategy and model is evaluated on the same traces.
+    `rate_scaling='per_replica'` keeps each replica's rate at the 32-replica
+    calibration (the cluster MTBF scales by 32 / num_replicas); 'cluster'
+    keeps the cluster's. The stream depends on (seed, num_replicas, mtbf,
+    mttr) only, so every strategy and model is evaluated on the same traces.
     """
-    if reading not in READINGS:
-        raise ValueError(f'reading {reading!r} is unknown; use one of {sorted(READINGS)}.')
     if not (mtbf_hours > 0 and mttr_hours > 0 and horizon_hours > 0):
         raise ValueError(f'mtbf_hours, mttr_hours and horizon_hours must be > 0, got '
                          f'{mtbf_hours!r}, {mttr_hours!r}, {horizon_hours!r}.')
     if rate_scaling not in ('per_replica', 'cluster'):
         raise ValueError(f"--rate_scaling={rate_scaling!r}: use 'per_replica' or 'cluster'.")
-    unit_size = 1 if reading == 'A' else node_size
-    if num_replicas < 1 or num_replicas % unit_size:
-        raise ValueError(f'--replicas={num_replicas} must be a positive multiple of the node '
-                         f'size {node_size} under reading B.')
-    units = num_replicas // unit_size
+    if num_replicas < 1:
+        raise ValueError(f'--replicas={num_replicas} must be >= 1.')
     horizon = horizon_hours * 3600.0
     mtbf, mttr = mtbf_hours * 3600.0, mttr_hours * 3600.0
-    if reading == 'A' and rate_scaling == 'per_replica':
+    if rate_scaling == 'per_replica':
         mtbf *= CALIBRATION_REPLICAS / num_replicas
     rng = np.random.default_rng(
-        [seed, num_replicas, ord(reading), int(round(mtbf_hours * 1e6)),
-         int(round(mttr_hours * 1e6))])
-    down_until = np.zeros(units)
+        [seed, num_replicas, _STREAM, int(round(mtbf_hours * 1e6)), int(round(mttr_hours * 1e6))])
+    down_until = np.zeros(num_replicas)
     outages = []
-    t = 0.0
-    while True:
-        if reading == 'A':  # the cluster-wide rate, whatever is live
-            t += rng.exponential(mtbf)
-            if t >= horizon:
-                break
-            live = np.flatnonzero(down_until <= t)
-            if live.size <= 1:
-                continue  # would leave no replica live: dropped, as in schedule.py
-        else:  # each live node at 1/MTBF: redraw at every repair (memoryless)
-            live = np.flatnonzero(down_until <= t)
-            pending = down_until[down_until > t]
-            next_repair = pending.min() if pending.size else np.inf
-            gap = rng.exponential(mtbf / live.size) if live.size > 1 else np.inf
-            if t + gap >= next_repair:
-                if next_repair >= horizon:
-                    break
-                t = next_repair
-                continue
-            t += gap
-            if t >= horizon:
-                break
-        victim = live[rng.integers(live.size)]
-        down_until[victim] = t + rng.exponential(mttr)
-        outages.append((victim, t, down_until[victim]))
-    return Trace(num_replicas, unit_size, horizon, np.array(outages, float).reshape(-1, 3))
+    t = rng.exponential(mtbf)
+    while t < horizon:
+        live = np.flatnonzero(down_until <= t)
+        if live.size > 1:  # else it would leave no replica live: dropped, as in schedule.py
+            victim = live[rng.integers(live.size)]
+            down_until[victim] = t + rng.exponential(mttr)
+            outages.append((victim, t, down_until[victim]))
+        t += rng.exponential(mtbf)
+    return Trace(num_replicas, horizon, np.array(outages, float).reshape(-1, 3))
 
 
-def trace_from_outages(num_replicas: int, horizon_sec: float, outages, unit_size: int = 1) -> Trace:
-    """A hand-written trace: (unit, start_sec, end_sec) triples."""
+def trace_from_outages(num_replicas: int, horizon_sec: float, outages) -> Trace:
+    """A hand-written trace: (replica, start_sec, end_sec) triples."""
     arr = np.array(outages, float).reshape(-1, 3)
-    if arr.size and (arr[:, 0].min() < 0 or arr[:, 0].max() >= num_replicas // unit_size
+    if arr.size and (arr[:, 0].min() < 0 or arr[:, 0].max() >= num_replicas
                      or np.any(arr[:, 2] <= arr[:, 1])):
-        raise ValueError(f'outages {outages!r}: need 0 <= unit < {num_replicas // unit_size} '
+        raise ValueError(f'outages {outages!r}: need 0 <= replica < {num_replicas} '
                          f'and end > start.')
-    return Trace(num_replicas, unit_size, float(horizon_sec), arr)
+    return Trace(num_replicas, float(horizon_sec), arr)
 
 
 # ------------------------------------------------------------- per live set
@@ -264,20 +240,19 @@ def no_failures(num_replicas: int, horizon_sec: float) -> Intervals:
 
 def intervals(trace: Trace, *, shard_seqs: int | None = None) -> Intervals:
     """Cuts `trace` into intervals of constant live set, with their loads."""
-    n, size = trace.num_replicas, trace.unit_size
-    horizon = trace.horizon_sec
+    n, horizon = trace.num_replicas, trace.horizon_sec
     o = trace.outages
     times = np.concatenate([o[:, 1], o[:, 2]])
     deltas = np.concatenate([np.ones(len(o), int), -np.ones(len(o), int)])
-    units = np.concatenate([o[:, 0], o[:, 0]]).astype(int)
+    replicas = np.concatenate([o[:, 0], o[:, 0]]).astype(int)
     keep = times < horizon
-    times, deltas, units = times[keep], deltas[keep], units[keep]
+    times, deltas, replicas = times[keep], deltas[keep], replicas[keep]
     change_at, group = np.unique(times, return_inverse=True)
     # Row 0: everything live from t = 0; row g + 1: after the changes at change_at[g].
-    down = np.zeros((change_at.size + 1, n // size), np.int64)
-    np.add.at(down, (group + 1, units), deltas)
-    masks = np.repeat(np.cumsum(down, 0) == 0, size, axis=1)
-    # Drop changes that leave the live set as it was (a unit failing again
+    down = np.zeros((change_at.size + 1, n), np.int64)
+    np.add.at(down, (group + 1, replicas), deltas)
+    masks = np.cumsum(down, 0) == 0
+    # Drop changes that leave the live set as it was (a replica failing again
     # the instant it returns): they are no event.
     keep_row = np.concatenate([[True], np.any(masks[1:] != masks[:-1], axis=1)])
     masks = masks[keep_row]
