@@ -17,13 +17,17 @@ replica); mesh.model=8 with full remat, 68.9 GB for the neighbour (too close
 to 70): the residual stream is replicated
 over 'model', so a wider 'model' axis (more sequences per replica) grows
 what full remat keeps, the block inputs, and the neighbour keeps twice as many.
+`--config configs/llama_7b.py:gpu`: the GPU variant (see configs/llama_350m.py).
 """
 from mecefo_jax.config import llama_config
+from mecefo_jax.config.defaults import with_variant
+
+GPU = {'model.attention': 'cudnn'}
 
 
-def get_config():
+def get_config(variant: str = ''):
     cfg = llama_config(d_model=4096, num_layers=32, num_heads=32, ffn_hidden=11008,
                        learning_rate=2.5e-4)
     cfg.mesh.model = 4  # 27 GB of float32 params, Adam and gradients per device
     cfg.model.remat_policy = 'full'  # keep block inputs only (see above)
-    return cfg
+    return with_variant(cfg, variant, GPU)

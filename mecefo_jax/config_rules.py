@@ -91,6 +91,10 @@ def _check_train(cfg: Config) -> None:
         value = getattr(t, name)
         _require(0.0 <= value < 1.0, f'train.{name}', value, 'must be in [0, 1)', fix)
     _require(t.eps > 0, 'train.eps', t.eps, 'must be > 0', 1e-8)
+    _one_of('train.flat_optimizer', t.flat_optimizer, (False, True))
+    _require(not t.flat_optimizer or cfg.mesh.model == 1, 'train.flat_optimizer', t.flat_optimizer,
+             f'needs mesh.model=1 (one flat vector cannot follow the tensor-parallel split of '
+             f'mesh.model={cfg.mesh.model})', False)
 
 
 def _check_mecefo(cfg: Config) -> None:

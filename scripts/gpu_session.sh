@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One GPU lease, one command: the GPU report, then configs/llama_60m.py trained end to end.
+# One GPU lease, one command: the GPU report but its MFU sweep (scripts/gpu_mfu.sh runs
+# that), then configs/llama_60m.py trained end to end.
 #
 #   bash scripts/gpu_session.sh OUT [ASSETS]
 #
 # ASSETS (default .gpu) holds what a machine with no network lacks:
-#   whl/*.whl        ml_collections, grain and their missing needs (docs/gpu.md);
+#   whl/*.whl        ml_collections (scripts/gpu_wheels.sh), grain and their missing needs;
 #   corpus.txt       the training text (any UTF-8 text; the last run used CPython's
 #                    standard library sources, 24 MB, cut at 24 M characters);
 #   tokenizer.model  a 32,000-piece sentencepiece model trained on it by the pipeline.
@@ -14,7 +15,8 @@
 set -u
 OUT=${1:?usage: gpu_session.sh OUT [ASSETS]}
 ASSETS=${2:-.gpu}
-REPORT_BUDGET=${REPORT_BUDGET:-360}
+REPORT_BUDGET=${REPORT_BUDGET:-330}
+SECTIONS=${SECTIONS:-environment,step,step_1b,attention,refresh,snapshot,compile}
 TRAIN_LIMIT=${TRAIN_LIMIT:-180}
 TRAIN_STEPS=${TRAIN_STEPS:-300}
 export PYTHONUNBUFFERED=1
@@ -27,9 +29,9 @@ nvidia-smi -L; df -h /dev/shm
 # The snapshot section keeps two 4.4 GB snapshots in shared memory (docs/gpu.md).
 mount -o remount,size=48G /dev/shm 2>/dev/null && df -h /dev/shm
 
-echo "== gpu_report (budget ${REPORT_BUDGET} s) $(date -u +%T)"
+echo "== gpu_report --sections $SECTIONS (budget ${REPORT_BUDGET} s) $(date -u +%T)"
 timeout $((REPORT_BUDGET + 20)) python3 scripts/gpu_report.py --out /tmp/gpu_report \
-  --budget_sec "$REPORT_BUDGET"
+  --sections "$SECTIONS" --budget_sec "$REPORT_BUDGET"
 for f in gpu_report.json gpu_report.md bench_step.json bench_step_1b.json; do
   cp /tmp/gpu_report/$f "$OUT/" 2>/dev/null || echo "missing $f"
 done

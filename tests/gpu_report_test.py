@@ -1,5 +1,9 @@
 """scripts/gpu_report.py: the CPU smoke end to end, and a failing or hung section's report.
 
+The smoke's sweep runs its whole greedy path on a tiny model (every stage,
+one XLA flag in a process of its own, the drift check), step_best runs at
+the batch the sweep found, and the profile's table comes from a CPU trace.
+
 The smoke runs in a subprocess (its sections in their own processes) with
 grain, tensorflow_datasets, tensorflow and matplotlib blocked in every one
 of them by a `sitecustomize` on PYTHONPATH: the report must run on a GPU
@@ -16,7 +20,7 @@ import sys
 import pytest
 
 from mecefo_jax.faults import costs
-from studies.gpu import report, runner, step
+from studies.gpu import profile, report, runner, step, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCKED = ('grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib')
@@ -90,20 +94,61 @@ def test_smoke_step_figures_are_plausible_and_the_simulator_reads_them(smoke):
     s = result['sections']['step']
     assert list(s['modes']) == list(step.SHAPES['step']['smoke']['modes']) and not s['skipped_modes']
     for mode, v in s['modes'].items():
-        assert v['step_ms'] > 0 and v['peak_bytes'] > 0 and v['flops_xla_raw'] > 0
+        assert v['step_ms'] > 0 and v['peak_bytes'] > 0 and v['flops'] > 0
         assert math.isfinite(s['ratios'][mode]['step_ms'])
     assert s['details']['mecefo_planned']['rows'] == 3 * s['batch'] // 2
     assert s['details']['mecefo_mixed']['rows'] == 3 * s['batch'] // 2
     assert s['details']['mecefo_mixed_eighth']['rows'] == s['batch'] + 1
-    assert s['modes']['normal']['flops'] > 0 and s['mfu']['achieved_tflops_xla'] > 0
-    # Blocks are identical, so the count is linear in depth: the 1-2 layer
-    # extrapolation matches the full unrolled count up to XLA's rounding.
-    assert s['flops_extrapolation_check']['ratio'] == pytest.approx(1.0, rel=1e-4)
-    with open(out / 'bench_step.json') as f:
-        bench = json.load(f)
-    table = costs.bench_table(bench, costs.PAPER_MODELS['350M'], metric='step_ms', seq_len=256,
-                              replica_seqs=16, mfu=0.4)
-    assert table.ratio('mecefo') > 0 and table.ratio('plain_dp') > 0
+    # Two shards exact are twice one shard's matmuls (the same optimizer, no matmul).
+    assert s['ratios']['ndb_naive']['flops'] == pytest.approx(2.0, rel=0.01)
+    # No remat: the compiled step's matmuls are the analytic count (6 N + attention).
+    assert s['mfu']['formula'] == pytest.approx(s['mfu']['matmuls'], rel=1e-9) and s['mfu']['formula'] > 0
+    for name in ('bench_step.json', 'bench_step_best.json'):
+        with open(out / name) as f:
+            bench = json.load(f)
+        table = costs.bench_table(bench, costs.PAPER_MODELS['350M'], metric='step_ms',
+                                  seq_len=256, replica_seqs=16, mfu=0.4)
+        assert table.ratio('mecefo') > 0 and table.ratio('ndb_naive') > 0
+
+
+@pytest.mark.subprocess  # the report and its sections
+def test_smoke_sweep_keeps_only_changes_that_are_faster_and_writes_its_files(smoke):
+    result, out, _ = smoke
+    s = result['sections']['sweep']
+    with open(out / sweep.JSON_FILE) as f:
+        assert json.load(f)['cells'] == s['cells']
+    assert '| model | tokens a device |' in (out / sweep.MD_FILE).read_text()
+    cells = s['cells']
+    assert cells[0]['stage'] == 'baseline' and cells[0]['accepted']
+    stages = [c['stage'] for c in cells]
+    assert stages.index('batch') < stages.index('remat') < stages.index('flags')
+    best = cells[0]
+    for cell in cells[1:]:  # each kept change is faster per token than the cell before it
+        assert set(cell) >= {'model', 'tokens_per_device', 'seq_len', 'attention', 'remat_policy',
+                             'scan_layers', 'flat_optimizer', 'xla_flags', 'fits'}
+        assert cell.get('error') or {'step_ms', 'tokens_per_sec', 'mfu', 'peak_mib'} <= set(cell)
+        if cell['accepted']:
+            assert cell['tokens_per_sec'] > best['tokens_per_sec'] * (1 + sweep.MIN_GAIN)
+            best = cell
+    assert s['best']['llama_350m'] == best
+    flagged = [c for c in cells if c['stage'] == 'flags']
+    assert flagged and flagged[0]['xla_flags'] == '='.join(sweep.SMOKE['flags'][0])
+    assert 'cuDNN' in next(c for c in cells if c['stage'] == 'attention')['error']
+    assert s['drift']['llama_350m']['ratio'] > 0
+    assert s['gpu_defaults']['llama_350m']['config']['model.remat_policy'] in ('none', 'full')
+    step_best = result['sections']['step_best']
+    assert step_best['batch'] * step_best['config']['seq_len'] == best['tokens_per_device']
+    assert 'sweep' in step_best['batch_source']
+
+
+@pytest.mark.subprocess  # the report and its sections
+def test_smoke_profile_tables_where_the_step_goes(smoke):
+    result, out, _ = smoke
+    p = result['sections']['profile']
+    assert list(p['categories']) == list(profile.CATEGORIES)
+    assert p['events'] > 0 and p['window_ms_per_step'] > 0 and p['idle_ms_per_step'] >= 0
+    assert p['categories']['matmuls'] > 0 and p['categories']['optimizer'] > 0
+    assert p['top_ops'] and os.path.isdir(p['trace_dir'])
 
 
 @pytest.mark.subprocess  # the report and its sections
@@ -112,6 +157,7 @@ def test_smoke_other_sections_have_positive_times(smoke):
     assert sections['environment']['device_count'] >= 1
     assert sections['environment']['packages']['jax']
     assert sections['step_1b']['modes']['mecefo']['step_ms'] > 0
+    assert sections['step_best']['modes']['ndb_naive']['step_ms'] > 0
     for model in sections['refresh']['models'].values():
         assert model['svd_model_sec'] > 0 and model['matrices'] == 3 * model['num_layers']
     snap = sections['snapshot']
@@ -143,10 +189,10 @@ def test_a_failing_section_is_failed_a_hung_one_timeout_and_the_next_still_runs(
                                                                                  monkeypatch):
     (tmp_path / 'fake_sections.py').write_text(FAKE_SECTIONS)
     monkeypatch.setenv('PYTHONPATH', _env(str(tmp_path))['PYTHONPATH'])
-    sections = [runner.Section('boom', 'fake_sections:boom', weight=10),
-                runner.Section('skip', 'fake_sections:skip', weight=10),
-                runner.Section('hang', 'fake_sections:hang', weight=1),
-                runner.Section('fine', 'fake_sections:fine', weight=10)]
+    sections = [runner.Section('boom', 'fake_sections:boom', seconds=10),
+                runner.Section('skip', 'fake_sections:skip', seconds=10),
+                runner.Section('hang', 'fake_sections:hang', seconds=1),
+                runner.Section('fine', 'fake_sections:fine', seconds=10)]
     results = runner.run_sections(sections, {}, str(tmp_path / 'work'), budget_sec=60,
                                   echo=lambda _: None)
     assert results['boom']['status'] == 'failed'
@@ -160,16 +206,31 @@ def test_a_failing_section_is_failed_a_hung_one_timeout_and_the_next_still_runs(
     assert results['fine']['status'] == 'ok' and results['fine']['value'] == 1
 
 
-def test_limits_share_what_is_left_by_weight_with_a_floor():
-    a, b = runner.Section('a', 'm:f', weight=1), runner.Section('b', 'm:f', weight=3)
-    assert runner.limits_left([a, b], 100.0, min_sec=5) == 25.0
+def test_limits_give_fixed_sections_their_seconds_and_the_rest_to_one():
+    a, b = runner.Section('a', 'm:f', seconds=10), runner.Section('b', 'm:f', seconds=30)
+    rest = runner.Section('rest', 'm:f', seconds=None)
+    assert runner.limits_left([a, b], 100.0, min_sec=5) == 25.0  # no rest: shares of what is left
     assert runner.limits_left([b], 100.0, min_sec=5) == 100.0
     assert runner.limits_left([a, b], 4.0, min_sec=5) == 5
+    assert runner.limits_left([a, rest, b], 100.0, min_sec=5) == 10  # before the rest: its own
+    assert runner.limits_left([rest, b], 90.0, min_sec=5) == 60  # the rest: what b leaves
+    assert runner.limits_left([rest, b], 20.0, min_sec=5) == 5
+    assert runner.limits_left([a, rest, b], 20.0, min_sec=5) == 5  # short: shared, rest last
+    with pytest.raises(ValueError, match='at most one'):
+        runner.limits_left([rest, rest], 100.0, min_sec=5)
+
+
+def test_sections_are_selected_by_name_in_report_order():
+    assert [s.name for s in report.select('mfu')] == list(report.MFU_SECTIONS)
+    assert [s.name for s in report.select('step,environment')] == ['environment', 'step']
+    assert report.select('all') == report.SECTIONS
+    with pytest.raises(ValueError, match='no section nope'):
+        report.select('step,nope')
 
 
 @pytest.mark.subprocess  # the report and its sections
-def test_the_report_process_imports_no_jax():
-    code = ('import sys; from studies.gpu import report; '
+def test_the_report_and_sweep_processes_import_no_jax():
+    code = ('import sys; from studies.gpu import report, sweep; '
             'print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "flax")))')
     proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, check=True)

@@ -78,6 +78,10 @@ def _train_section() -> ConfigDict:
     section.eps = 1e-8  # AdamW epsilon (paper)
     section.weight_decay = 0.01  # AdamW decoupled weight decay (paper)
     section.grad_clip = 1.0  # global-norm clipping; 0 disables
+    # Adam's moments as one vector of every parameter (optax.flatten): one fused update
+    # instead of one per parameter leaf, at the price of packing the gradients each step;
+    # the vector cannot follow a tensor-parallel split, so mesh.model must be 1.
+    section.flat_optimizer = False
     # Sum the replicas' gradients in one fixed order (gather, then sum): bit for bit the same
     # in one process and across processes, for verification runs; gathers every replica's.
     section.ordered_reduction = False
@@ -266,3 +270,25 @@ def llama_config(*, d_model: int, num_layers: int, num_heads: int, ffn_hidden: i
     cfg.mecefo.rank = 128  # low-rank r (the benchmark's target setting)
     cfg.mecefo.tau = 100  # SVD refresh period (paper)
     return cfg
+
+
+# The fields a config's GPU variant may set: how fast a step runs, never what it computes
+# (the CPU config stays the run's recipe).
+GPU_VARIANT_FIELDS = ('model.attention', 'model.remat_policy', 'model.scan_layers',
+                      'model.loss_chunk_tokens', 'train.flat_optimizer')
+
+
+def with_variant(cfg: ConfigDict, variant: str, gpu: dict) -> ConfigDict:
+    """`cfg` as it is (variant ''), or with `gpu` ('section.field': value) set (variant 'gpu',
+    `--config configs/llama_350m.py:gpu`: the settings a GPU sweep found fastest)."""
+    if variant not in ('', 'gpu'):
+        raise ValueError(f"config variant {variant!r}: use none (the config as it is) or 'gpu' "
+                         "(e.g. --config configs/llama_350m.py:gpu).")
+    outside = sorted(set(gpu) - set(GPU_VARIANT_FIELDS))
+    if outside:
+        raise ValueError(f'GPU variant sets {outside}: it may set only {GPU_VARIANT_FIELDS}.')
+    for dotted, value in (gpu.items() if variant == 'gpu' else ()):
+        section, field = dotted.split('.')
+        cfg[section][field] = value
+    return cfg
+

@@ -79,6 +79,7 @@ class TrainSection:
     eps: float
     weight_decay: float
     grad_clip: float
+    flat_optimizer: bool
     ordered_reduction: bool
     seed: int
     log_every: int

@@ -1,7 +1,11 @@
 """AdamW with the paper's settings and its learning-rate schedule."""
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax import lax
 
 from mecefo_jax.config.schema import TrainSection
 
@@ -30,12 +34,54 @@ def _decay_mask(params):
         lambda path, _: getattr(path[-1], 'key', None) != 'scale', params)
 
 
+class FlatMoments(NamedTuple):
+    """The state of `flat(inner)`: `inner`'s, over one vector of every parameter."""
+    inner: optax.OptState
+
+
+def flat(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`optax.flatten(inner)`, its state marked `FlatMoments` (see `hold_where`).
+
+    `optax.tree_map_params` (state shardings, `hold_where`) probes a state's
+    form by calling `init` on placeholder params: here they get the form of
+    the flat state, whose vectors are no params tree, so they read as
+    non-params there (replicated, and held by `hold_where` itself).
+    """
+    flattened = optax.flatten(inner)
+
+    def init(params):
+        leaves = jax.tree.leaves(params)
+        if not leaves or not all(hasattr(leaf, 'shape') for leaf in leaves):
+            return FlatMoments(inner.init(jnp.zeros((0,), jnp.float32)))
+        return FlatMoments(flattened.init(params))
+
+    def update(updates, state, params=None):
+        updates, inner_state = flattened.update(updates, state.inner, params)
+        return updates, FlatMoments(inner_state)
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(train_cfg: TrainSection) -> optax.GradientTransformation:
-    adamw = optax.adamw(
-        learning_rate_schedule(train_cfg), b1=train_cfg.b1, b2=train_cfg.b2,
-        eps=train_cfg.eps, weight_decay=train_cfg.weight_decay, mask=_decay_mask)
-    clip = train_cfg.grad_clip
-    return optax.chain(optax.clip_by_global_norm(clip), adamw) if clip > 0 else adamw
+    """AdamW (+ global-norm clipping); with `train.flat_optimizer` Adam's moments are flat.
+
+    The flat form is `optax.adamw`'s own chain with `scale_by_adam` flattened:
+    the same arithmetic per element, so the same updates. The update runs under
+    the name scope 'optimizer', so a profile can tell its operations apart.
+    """
+    t = train_cfg
+    if t.flat_optimizer:
+        adamw = optax.chain(flat(optax.scale_by_adam(b1=t.b1, b2=t.b2, eps=t.eps)),
+                            optax.add_decayed_weights(t.weight_decay, _decay_mask),
+                            optax.scale_by_learning_rate(learning_rate_schedule(t)))
+    else:
+        adamw = optax.adamw(learning_rate_schedule(t), b1=t.b1, b2=t.b2, eps=t.eps,
+                            weight_decay=t.weight_decay, mask=_decay_mask)
+    optimizer = optax.chain(optax.clip_by_global_norm(t.grad_clip), adamw) if t.grad_clip > 0 else adamw
+
+    def update(updates, state, params=None):
+        with jax.named_scope('optimizer'):
+            return optimizer.update(updates, state, params)
+    return optax.GradientTransformation(optimizer.init, update)
 
 
 def hold_where(optimizer: optax.GradientTransformation, hold, mask, new, old):
@@ -46,7 +92,8 @@ def hold_where(optimizer: optax.GradientTransformation, hold, mask, new, old):
     would otherwise still apply momentum and weight decay, and fold a zero
     gradient into its moments. `mask` is a params-shaped tree of Python bools;
     `new` and `old` are (params, opt_state) pairs; `hold` a traced bool.
-    Shared scalars such as Adam's step count still advance.
+    Shared scalars such as Adam's step count still advance; a flat optimizer's
+    moment vectors keep the masked parameters' stretches.
     """
     new_params, new_opt = new
     old_params, old_opt = old
@@ -55,5 +102,30 @@ def hold_where(optimizer: optax.GradientTransformation, hold, mask, new, old):
 
     def pick(m, n, o):
         return jnp.where(hold, o, n) if m else n
+    opt_state = jax.tree.map(pick, opt_mask, new_opt, old_opt)
     return (jax.tree.map(pick, mask, new_params, old_params),
-            jax.tree.map(pick, opt_mask, new_opt, old_opt))
+            _hold_flat(hold, mask, new_params, opt_state, old_opt))
+
+
+def _hold_flat(hold, mask, params, new_opt, old_opt):
+    """`new_opt` with every `FlatMoments` vector kept at `old_opt` where `mask` is True."""
+    sizes = [int(np.prod(p.shape)) for p in jax.tree.leaves(params)]
+    ends = np.cumsum(sizes)
+    stretches = []  # (start, stop) of runs of masked leaves, in optax.flatten's order
+    for masked, end, size in zip(jax.tree.leaves(mask), ends, sizes):
+        if masked and stretches and stretches[-1][1] == end - size:
+            stretches[-1] = (stretches[-1][0], int(end))
+        elif masked:
+            stretches.append((int(end - size), int(end)))
+
+    def hold_vector(n, o):
+        if n.ndim != 1 or n.shape[0] != (ends[-1] if sizes else 0):
+            return n  # Adam's count
+        for start, stop in stretches:
+            n = lax.dynamic_update_slice(n, jnp.where(hold, o[start:stop], n[start:stop]), (start,))
+        return n
+
+    def visit(n, o):
+        return (FlatMoments(jax.tree.map(hold_vector, n.inner, o.inner))
+                if isinstance(n, FlatMoments) else n)
+    return jax.tree.map(visit, new_opt, old_opt, is_leaf=lambda x: isinstance(x, FlatMoments))

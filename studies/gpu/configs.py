@@ -1,24 +1,28 @@
 """The report's model configs: a `configs/*.py` file with the few fields a section sets.
 
-Sections name a config file (`llama_350m`, `tiny`, ...) and override a few
-existing fields (`{'data.seq_len': 256}`); nothing else of the training
-setup matters to a measurement.
+Sections name a config file (`llama_350m`, `tiny`, ...), optionally its GPU
+variant (`llama_350m:gpu`, the settings the last sweep found fastest on a
+GPU; see configs/llama_350m.py), and override a few existing fields
+(`{'data.seq_len': 256}`); nothing else of the training setup matters to a
+measurement.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load(name: str, overrides: dict | None = None):
-    """The resolved config of configs/NAME.py with `overrides` ('section.field': value) set."""
+    """The resolved config of configs/NAME.py (NAME:VARIANT passes VARIANT to its
+    `get_config`, as `--config configs/NAME.py:VARIANT` does) with `overrides` set."""
+    name, _, variant = name.partition(':')
     path = os.path.join(REPO, 'configs', f'{name}.py')
     spec = importlib.util.spec_from_file_location(f'_gpu_report_config_{name}', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    cfg = module.get_config()
+    cfg = module.get_config(variant) if variant else module.get_config()
     for dotted, value in (overrides or {}).items():
         section, field = dotted.split('.')
         node = getattr(cfg, section)

@@ -2,11 +2,13 @@
 
 A section that raises is reported `failed`, one that outlives its limit is
 killed (its whole process group) and reported `timeout` with whatever it
-saved on the way; either way the next section runs. The budget is shared
-out by weight: each section's limit is its weight's share of the time
-still left, so what a fast section leaves over goes to the later ones.
-Nothing here imports jax: the report process must not claim the GPU that
-its sections measure.
+saved on the way; either way the next section runs. Each section has its
+seconds; one section may take the rest (`seconds=None`, the sweep): it gets
+what is left of the budget once the sections after it have their seconds,
+and the sections before it get theirs exactly. Without such a section, each
+gets its seconds' share of the time still left, so what a fast section
+leaves over goes to the later ones. Nothing here imports jax: the report
+process must not claim the GPU that its sections measure.
 """
 from __future__ import annotations
 
@@ -27,16 +29,27 @@ TAIL_LINES = 30
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-    """`target` is 'module:function', called with a `child.Context`."""
+    """`target` is 'module:function', called with a `child.Context`; `seconds`: its limit
+    at the full budget, or None for the one section that takes the rest."""
     name: str
     target: str
-    weight: float = 1.0
+    seconds: float | None = 60.0
 
 
 def limits_left(sections, left_sec: float, min_sec: float) -> float:
-    """The first section's share of `left_sec`, by weight, and at least `min_sec`."""
-    total = sum(s.weight for s in sections)
-    return max(min_sec, left_sec * sections[0].weight / total)
+    """The first of `sections`' limit out of `left_sec` (module docstring), at least `min_sec`."""
+    first, later = sections[0], sections[1:]
+    if sum(s.seconds is None for s in sections) > 1:
+        raise ValueError(f'sections {[s.name for s in sections if s.seconds is None]}: '
+                         'at most one section can take the rest of the budget.')
+    fixed_later = sum(s.seconds for s in later if s.seconds is not None)
+    if first.seconds is None:
+        limit = left_sec - fixed_later
+    elif any(s.seconds is None for s in later) and left_sec >= first.seconds + fixed_later:
+        limit = first.seconds
+    else:
+        limit = left_sec * first.seconds / (first.seconds + fixed_later)
+    return max(min_sec, limit)
 
 
 def _pump(stream, name: str, tail: collections.deque, log_file, echo) -> None:
@@ -60,8 +73,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_section(section: Section, limit_sec: float, params: dict, work_dir: str,
-                echo=print) -> dict:
-    """Run one section in a child process; its result object with status and timing."""
+                echo=print, env: dict | None = None) -> dict:
+    """Run one section in a child process; its result object with status and timing.
+
+    `env` is added to the child's environment (XLA_FLAGS: they must be set before jax
+    starts, so a setting of XLA's is measured in a process of its own)."""
     os.makedirs(work_dir, exist_ok=True)
     result_path = os.path.join(work_dir, f'{section.name}.result.json')
     for path in (result_path, child.partial_path(result_path)):
@@ -73,7 +89,7 @@ def run_section(section: Section, limit_sec: float, params: dict, work_dir: str,
     # `studies` is not installed with the library: the child finds it from the checkout.
     checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (checkout, os.environ.get('PYTHONPATH', '')) if p)
-    env = dict(os.environ, PYTHONUNBUFFERED='1', PYTHONPATH=path)
+    env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED='1', PYTHONPATH=path)
     env.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', '0.92')  # one section owns the device
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
     start = time.monotonic()

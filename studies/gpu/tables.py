@@ -1,15 +1,14 @@
 """gpu_report.md: one markdown table per section (no jax: the report process formats it)."""
 from __future__ import annotations
 
-from studies.report import fmt
+from studies.report import fmt, markdown_table
 
 MIB = 2 ** 20
 GIB = 2 ** 30
 
 
 def _table(header, rows) -> list[str]:
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-    return lines + ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
+    return markdown_table(header, rows).splitlines()
 
 
 def _scaled(value, scale, spec='.1f'):
@@ -39,23 +38,69 @@ def step(r) -> list[str]:
                      _scaled(v.get('flops'), 1e9, '.4g'), fmt(x.get('flops'), '.3f'),
                      _scaled(v.get('peak_bytes'), MIB), _scaled(v.get('device_peak_bytes'), MIB),
                      fmt(d.get('compile_sec'), '.1f')))
-    lines = [f"{r.get('config_name')} on {r.get('device')}, batch {r.get('batch')} "
-             f"(asked {r.get('batch_requested')}; {(r.get('fit') or {}).get('note', '')})", '']
-    lines += _table(('mode', 'rows', 'step ms', 'x normal', 'GFLOP', 'x normal',
+    lines = [f"{r.get('config_name')} on {r.get('device')}, batch {r.get('batch')} x "
+             f"{(r.get('config') or {}).get('seq_len')} (asked {r.get('batch_requested')}, "
+             f"{r.get('batch_source')}; {(r.get('fit') or {}).get('note', '')})", '']
+    lines += _table(('mode', 'rows', 'step ms', 'x normal', 'matmul GFLOP', 'x normal',
                      'planned peak MiB', 'device peak MiB', 'compile s'), rows)
     if r.get('skipped_modes'):
         lines += ['', f"Not compiled for lack of time: {', '.join(r['skipped_modes'])}."]
     m = r.get('mfu') or {}
-    if m.get('applicable'):
-        lines += ['', f"MFU of normal: {m['formula']:.1%} (formula FLOPs), {m['xla']:.1%} "
-                      f"(XLA FLOPs), peak {m['peak_tflops']} TFLOP/s ({m['peak_source']})."]
-    elif m:
-        lines += ['', f"MFU: n/a ({m.get('reason')}); achieved "
-                      f"{fmt(m.get('achieved_tflops_formula'), '.4g')} TFLOP/s (formula), "
-                      f"{fmt(m.get('achieved_tflops_xla'), '.4g')} TFLOP/s (XLA)."]
+    if m:
+        lines += ['', f"MFU of normal: {fmt(m.get('formula'), '.1%')} (6 N + attention FLOPs), "
+                      f"{fmt(m.get('matmuls'), '.1%')} (the compiled step's matmuls), of "
+                      f"{_scaled(m.get('peak_flops'), 1e12, '.0f')} TFLOP/s."]
     if r.get('bench_json'):
         lines += ['', f"Wrote `{r['bench_json']}` (simulator: `--cost bench --bench_json`)."]
     return lines
+
+
+def _settings(c) -> str:
+    return (f"{c['attention']}, remat {c['remat_policy']}, "
+            f"{'scanned' if c['scan_layers'] else 'unrolled'}, "
+            f"{'flat' if c['flat_optimizer'] else 'per-leaf'} AdamW"
+            + (f", `{c['xla_flags']}`" if c.get('xla_flags') else ''))
+
+
+def _cell_row(c) -> tuple:
+    return (c['model'], c['tokens_per_device'], c['seq_len'], _settings(c),
+            fmt(c.get('step_ms'), '.2f'), fmt(c.get('tokens_per_sec'), ',.0f'),
+            fmt(c.get('mfu'), '.1%'), fmt(c.get('mfu_matmuls'), '.1%'), fmt(c.get('peak_mib'), ',.0f'))
+
+
+def sweep(r) -> list[str]:
+    """The best cell per model and batch, the drift check, then every cell in order."""
+    head = ('model', 'tokens a device', 'seq', 'settings', 'step ms', 'tokens/s', 'MFU',
+            'MFU (matmuls)', 'planned peak MiB')
+    best = [c for batches in (r.get('best_by_batch') or {}).values() for c in batches.values()]
+    lines = ['Best cell per model and batch (MFU: 6 N + attention FLOPs over 989 TFLOP/s; '
+             "matmuls: the compiled step's, remat recomputation included):", '']
+    lines += _table(head, [_cell_row(c) for c in best])
+    lines += ['', 'Best per model:', '']
+    lines += _table(head, [_cell_row(c) for c in (r.get('best') or {}).values()])
+    drift = r.get('drift') or {}
+    lines += ['', 'Drift (the baseline cell rerun at the end): ' + (', '.join(
+        f"{m} {d['first_ms']:.2f} -> {d['rerun_ms']:.2f} ms (x{d['ratio']:.3f})"
+        for m, d in drift.items()) or 'not run'), '']
+    rows = [(i, c['stage'], 'kept' if c.get('accepted') else '', *_cell_row(c),
+             'does not fit' if not c.get('fits') else (c.get('error') or '')[:80])
+            for i, c in enumerate(r.get('cells') or [])]
+    return lines + _table(('#', 'stage', 'kept', *head, 'note'), rows)
+
+
+def profile(r) -> list[str]:
+    cats = r.get('categories') or {}
+    total = sum(cats.values()) or 1.0
+    lines = [f"{r.get('config_name')}, batch {r.get('batch')} x {r.get('seq_len')}, "
+             f"{r.get('steps')} steps traced ({r.get('source')} events): "
+             f"{fmt(r.get('window_ms_per_step'), '.2f')} ms a step from first to last op, "
+             f"{fmt(r.get('idle_ms_per_step'), '.2f')} ms of it idle", '']
+    lines += _table(('where', 'ms a step', 'share of op time'),
+                    [(k, fmt(v, '.3f'), fmt(v / total, '.1%')) for k, v in cats.items()])
+    lines += ['', 'Largest ops:', '']
+    return lines + _table(('op', 'where', 'ms a step'),
+                          [(o['op'], o['category'], fmt(o['ms_per_step'], '.3f'))
+                           for o in r.get('top_ops') or []])
 
 
 def attention(r) -> list[str]:
@@ -126,8 +171,9 @@ def compile_(r) -> list[str]:
                     fmt(r.get('compile_sec'), '.2f'))])
 
 
-FORMATTERS = {'environment': environment, 'step': step, 'step_1b': step, 'attention': attention,
-              'refresh': refresh, 'snapshot': snapshot, 'compile': compile_}
+FORMATTERS = {'environment': environment, 'sweep': sweep, 'step': step, 'step_best': step,
+              'step_1b': step, 'profile': profile, 'attention': attention, 'refresh': refresh,
+              'snapshot': snapshot, 'compile': compile_}
 
 
 def section(name: str, result: dict) -> list[str]:
