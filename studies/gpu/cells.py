@@ -17,12 +17,11 @@ import jax
 
 from studies import step_modes
 from studies.gpu import configs
+from studies.gpu.configs import KNOB_FIELDS as _FIELDS
+from studies.gpu.configs import KNOBS
 from studies.gpu.programs import PEAK_FLOPS, Setup, compile_all, mfu
-from studies.gpu.sweep import KNOBS
 from studies.xla_costs import matmul_flops
 
-_FIELDS = {'attention': 'model.attention', 'remat_policy': 'model.remat_policy',
-           'scan_layers': 'model.scan_layers', 'flat_optimizer': 'train.flat_optimizer'}
 WARMUP = 2
 TIMED_SEC = 1.5  # steps timed per cell: about this long, between MIN_ITERS and MAX_ITERS
 MIN_ITERS, MAX_ITERS = 2, 20

@@ -11,6 +11,11 @@ from __future__ import annotations
 import importlib.util
 import os
 
+# The config fields a sweep cell sets, by the sweep's name for each (studies/gpu/sweep.py).
+KNOB_FIELDS = {'attention': 'model.attention', 'remat_policy': 'model.remat_policy',
+               'scan_layers': 'model.scan_layers', 'flat_optimizer': 'train.flat_optimizer'}
+KNOBS = tuple(KNOB_FIELDS)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -32,9 +32,9 @@ import time
 
 from studies.gpu import runner, tables
 from studies.gpu.child import write_json
+from studies.gpu.configs import KNOBS
 
 MIN_GAIN = 0.01  # a change is kept when it is at least 1 % faster per token
-KNOBS = ('attention', 'remat_policy', 'scan_layers', 'flat_optimizer')  # config knobs a cell sets
 FULL = {'models': {'llama_350m': ('llama_350m:gpu', {}), 'llama_1b': ('llama_1b:gpu', {})},
         'baseline': {'tokens_per_device': 4096, 'seq_len': 256},
         'tokens': (16384, 32768, 65536), 'seqs': (1024,), 'remats': ('none', 'save_dots', 'full'),
