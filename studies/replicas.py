@@ -10,4 +10,4 @@ def num_replicas(cfg) -> int:
     import jax
 
     from mecefo_jax.parallel.sharding import mesh_shape
-    return mesh_shape(cfg.mesh, len(jax.devices()))[0]
+    return cfg.mesh.replicas or mesh_shape(cfg.mesh, len(jax.devices()))[0]  # or rows' replicas

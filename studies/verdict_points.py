@@ -13,9 +13,11 @@ point below moves one axis, and `paper_like` moves them all:
 | fresh_data | 8 (4) | 300 | python_docs, under one pass | per replica, concurrent |
 | horizon4x | 8 (4) | 1,200 | python_docs, one pass | per replica, concurrent |
 | paper_like | 32 (1) | 1,200 | python_docs, one pass | one at a time |
+| paper_like_60m | 32 (1), rows on one device | one pass | python_docs exported, 60M shape | one at a time |
 
-Tokens per step stay 32 x 128 everywhere. Failures follow the paper's `high`
-regime read per replica of a 32-replica cluster; a point of 4x the steps
+Tokens per step stay 32 x 128 everywhere but at paper_like_60m (32 x 256).
+Failures follow the paper's `high` regime read per replica of a 32-replica
+cluster; a point of 4x the steps
 keeps the failures per fraction of the run (`fault.step_time_sec` / 4), so
 its failures last 4x the steps. `horizon4x` moves from `fresh_data`, not from
 `small`: 1,200 steps over the embedded corpus read it 20 times and the
@@ -30,7 +32,9 @@ modelled for the point (`allreduce.py`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
+from studies import verdict_60m
 from studies.runs import Run, run_name
 
 FRESH = {'data.source': 'python_docs'}
@@ -70,6 +74,7 @@ class Point:
     min_seeds: int = 4
     cap: int = CAP  # the capped plan's fault.max_neighbour_rows
     extra_runs: tuple = ()  # runs beside CORE_RUNS (the controls and rules, where they are run)
+    late: Callable[[], dict] | None = None  # overrides read when the point is built (its files)
 
 
 POINTS = {p.name: p for p in (
@@ -83,12 +88,15 @@ POINTS = {p.name: p for p in (
           settings=LONG_EVALS),
     Point('paper_like', {**FRESH, **LONG, **WIDE, **SERIAL}, 'every axis at once',
           settings=LONG_EVALS, min_seeds=6, cap=ONE_ROW_CAP, extra_runs=CONTROL + RULES[-1:]),
+    Point('paper_like_60m', SERIAL, "shape: configs/llama_60m.py's, 256 tokens, one pass of an "
+          'exported corpus, 32 replicas as rows on one device (from paper_like; verdict_60m.py)',
+          cap=ONE_ROW_CAP, extra_runs=CONTROL, late=verdict_60m.overrides),
 )}
 
 
 def point_config(base, point: Point):
     """`base` (configs/small.py's ConfigDict) with the point's overrides, unresolved."""
-    for dotted, value in point.overrides.items():
+    for dotted, value in {**point.overrides, **(point.late() if point.late else {})}.items():
         section, _, field = dotted.partition('.')
         setattr(getattr(base, section), field, value)
     return base
