@@ -38,7 +38,9 @@ from studies import verdict_60m
 from studies.runs import Run, run_name
 
 FRESH = {'data.source': 'python_docs'}
-WIDE = {'mesh.num_cpu_devices': 32}  # 32 replicas of one sequence: the same tokens per step
+# 32 replicas of one sequence (the same tokens per step), as rows on the 8 fake devices: the same
+# gradients as 32 devices (tests/replicas_as_rows_test.py), at two compiled steps a run.
+WIDE = {'mesh.replicas': 32}
 SERIAL = {'fault.max_concurrent': 1}
 LONG = {'train.steps': 1200, 'fault.step_time_sec': 15.0}
 # Evaluations at 4x the steps: as many, at the same fractions of the run.

@@ -27,7 +27,7 @@ def paper_like():
     records = vr.load_records(os.path.join(ROOT, 'docs', 'results', 'verdict_runs', 'paper_like'),
                               order=names, require=(vp.DEFAULT,))
     assert len(records) >= 2
-    return records, cfg, cfg.mesh.num_cpu_devices, cfg.train.steps  # one sequence per replica
+    return records, cfg, cfg.mesh.replicas or cfg.mesh.num_cpu_devices, cfg.train.steps  # one sequence per replica
 
 
 def test_layouts_no_slower_than_a_normal_step_keep_their_time(paper_like):

@@ -39,7 +39,7 @@ def test_every_point_keeps_the_tokens_per_step_and_moves_what_it_names():
         assert cfg.data.global_batch_size * cfg.data.seq_len == tokens, name
         assert point.min_seeds >= (6 if name == 'paper_like' else 4), name
     paper = _point_cfg('paper_like')
-    assert paper.mesh.num_cpu_devices == 32 and paper.fault.max_concurrent == 1
+    assert paper.mesh.replicas == 32 and paper.fault.max_concurrent == 1
     assert paper.data.source == 'python_docs' and paper.train.steps == 4 * small.train.steps
     # 4x the steps, the same failures per fraction of the run
     assert paper.fault.step_time_sec * 4 == small.fault.step_time_sec
@@ -275,7 +275,7 @@ def test_v_is_measured_against_the_drop_the_same_rows_control():
 def test_one_failure_steps_price_drop_elastic_and_the_neighbour():
     for name in ('small', 'paper_like'):
         cfg = _point_cfg(name)
-        n = cfg.mesh.num_cpu_devices
+        n = cfg.mesh.replicas or cfg.mesh.num_cpu_devices
         steps = vm.one_failure_steps(cfg, n, 'analytic')
         assert steps['drop'] == 1.0 and steps['elastic'] >= 1 + 1 / (n - 1)
         assert 1.0 < steps['mecefo'] < 2.0  # two shards, cheaper than two exact ones
