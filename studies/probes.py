@@ -76,7 +76,7 @@ class TargetWatch(Observer):
     Per executed step: its clock, step and layout (a `goodput.LayoutBook`
     entry, from which modelled time follows). The validation loss after every
     step `evaluate_at(steps done)` names, on the run's fixed validation
-    batches (`train.evaluate`), and after `steps` steps also per validation
+    batches (`training.evaluate.evaluate`), and after `steps` steps also per validation
     sequence (for the noise of a paired gap). It asks the loop to stop once
     the run has done `steps` steps and some evaluation has reached `target`
     (with no target, at `steps`). `fork_dirs` ({steps done: directory}) saves

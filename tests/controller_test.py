@@ -172,7 +172,7 @@ class Result:
 
 
 def fault_run(cfg, workdir, topologies, *, checkpoint_every=None, watch=(), observers=()):
-    """main.run with a Probe (and `observers`) on a run sharing `topologies`."""
+    """run.run with a Probe (and `observers`) on a run sharing `topologies`."""
     run = run_setup.build_run(cfg, workdir, checkpoint_every=checkpoint_every)
     run = dataclasses.replace(run, topologies=topologies, train_data=RecordingData(run.train_data))
     precompiled = {}

@@ -13,7 +13,7 @@ from mecefo_jax.config_resolve import resolve
 def test_half_a_custom_failure_process_is_an_error_not_a_silent_fault_free_run(field, tmp_path):
     cfg = get_config()
     cfg.fault[field] = 2.0  # the other one left at 0: almost surely a typo
-    # Refused when the config is resolved, before main.run could start anything.
+    # Refused when the config is resolved, before run.run could start anything.
     with pytest.raises(ConfigError, match=r'fault\.mttr_hours=.*fault\.mtbf_hours='):
         resolve(cfg)
     # And if it got that far, the schedule still refuses it.

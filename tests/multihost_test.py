@@ -1,6 +1,6 @@
 """Two processes x 4 CPU devices through jax.distributed, one failure and a recovery.
 
-Each process runs tests/multihost_driver.py (main.run under failures, strategy
+Each process runs tests/multihost_driver.py (run.run under failures, strategy
 `mecefo`, on the global 8-replica mesh) and writes its view of the parameters;
 the test checks both processes took the same decisions and ended (and passed
 through the failure) with bitwise identical parameters. Replica 3 lives on

@@ -230,6 +230,6 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
 
 
 def _eval_rows(run, replicas: int) -> int:
-    """Rows of one padded eval batch per replica, as `train.evaluate` builds it."""
+    """Rows of one padded eval batch per replica, as `training.evaluate.evaluate` builds it."""
     rows = len(next(run.val_data).reshape(-1, run.val_data.seq_len + 1))
     return (rows + -rows % replicas) // replicas

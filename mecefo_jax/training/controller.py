@@ -44,7 +44,7 @@ class StaticController:
     def __init__(self, run: Run):
         if not all(run.present):
             raise ValueError('Some replicas have no devices in this job: train it under the '
-                             'fault controller (main.run picks it).')
+                             'fault controller (mecefo_jax.run.run picks it).')
         self._topology = run.topologies.get(run.present_rows)
         self._layout = full_layout(run.num_shards, run.shard_batch)
         self._live = (True,) * run.num_shards

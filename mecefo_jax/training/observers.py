@@ -1,6 +1,6 @@
 """Observers: what measures a training run, kept apart from what trains it.
 
-`train.train(observers=...)` calls every observer at four points: `on_plan`
+`training.loop.train(observers=...)` calls every observer at four points: `on_plan`
 before a step is dispatched (the state entering it, where it runs, its global
 batch), `on_step` after it is dispatched (its output state and metrics, not
 waited for), `on_event` when the controller reports a failure or recovery
@@ -33,7 +33,7 @@ class PlannedStep:
     clock: int
     step: int
     state: object
-    plan: object  # a topology.Plan: topology, layout, live mask, data_state
+    plan: object  # a training.controller.Plan: topology, layout, live mask, data_state
     tokens_nbt: np.ndarray
 
 
@@ -51,7 +51,7 @@ class StepDone:
     clock: int
     step: int
     state: object
-    plan: object  # a topology.Plan: topology, layout, live mask, data_state
+    plan: object  # a training.controller.Plan: topology, layout, live mask, data_state
     tokens_nbt: np.ndarray | None
     data_position: dict
     metrics: dict
