@@ -36,6 +36,9 @@ _REPORT_DIR = flags.DEFINE_string('report_dir', os.path.join(ROOT, 'docs', 'resu
                                   'Where verdict.{json,md,png} are written.')
 _REPORT_ONLY = flags.DEFINE_bool('report_only', False, 'Train nothing: report what DIR holds.')
 _POINT = flags.DEFINE_string('point', '', 'Internal: run this one point in this process.')
+_DEVICE_PER_REPLICA = flags.DEFINE_bool(
+    'device_per_replica', False, 'Give a point of replicas as rows (mesh.replicas) one fake '
+    'device per replica instead: the same run, for timing the rows against it.')
 
 
 def _run_point(name: str) -> None:
@@ -46,7 +49,10 @@ def _run_point(name: str) -> None:
     from studies import verdict_points as vp
     from studies.replicas import num_replicas
     point = vp.POINTS[name]
-    cfg = start(vp.point_config(get_config(), point))  # fake devices: the point's count
+    base = vp.point_config(get_config(), point)
+    if _DEVICE_PER_REPLICA.value and base.mesh.replicas:
+        base.mesh.num_cpu_devices, base.mesh.replicas = base.mesh.replicas, 0
+    cfg = start(base)  # fake devices: the point's count
     cfg = updated(cfg, vp.wall_clock(cfg, num_replicas(cfg)))
     import jax
     jax.config.update('jax_compilation_cache_dir', os.path.join(_WORK.value, 'xla_cache'))
@@ -74,7 +80,8 @@ def main(argv):
     if not _REPORT_ONLY.value:
         for name in names:
             flags_here = [f'--work={_WORK.value}', f'--point={name}', f'--seeds={_SEEDS.value}',
-                          f'--runs={_RUNS.value}']
+                          f'--runs={_RUNS.value}',
+                          f'--device_per_replica={_DEVICE_PER_REPLICA.value}']
             code = subprocess.call([sys.executable, os.path.abspath(__file__), *flags_here])
             if code:
                 sys.exit(f'point {name} failed (exit {code}); rerun to go on where it stopped.')
