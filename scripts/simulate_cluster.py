@@ -1,13 +1,14 @@
-r"""Project the fault-tolerance strategies to a cluster: see studies/cluster/sim.py.
+r"""Project the fault-tolerance strategies to a cluster (studies/cluster/, docs/cluster.md).
 
   python scripts/simulate_cluster.py --out /tmp/simc
   python scripts/simulate_cluster.py --out DIR --cost bench --bench_json bench_step.json \
       --recovery_json crash_drill.json --assumption real_crash --seeds 200
 
 Writes simulate_cluster.json (rows: one per assumption x model x regime x
-strategy), simulate_cluster.md (the paper's Table-2 layout with the
-paper's figures beside ours, and the computed explanation) and
-simulate_cluster.png (drop % against cluster size). Pure numpy: no jax.
+strategy, the size sweep's, the cost and recovery tables and the explanation),
+simulate_cluster.md (the paper's Table-2 layout with the paper's figures beside
+ours, and the size sweep) and simulate_cluster.png (drop % against cluster
+size). Pure numpy: no jax.
 """
 import os
 import sys
@@ -16,11 +17,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
+from mecefo_jax.faults import costs as costs_lib  # noqa: E402
+from studies.cluster import recovery as recovery_lib  # noqa: E402
+from studies.cluster import report as cluster_report  # noqa: E402
 from studies.cluster import sim as cluster_sim  # noqa: E402
 
 _DEFAULT = cluster_sim.SimConfig()
-RECOVERY_ENTRIES = ('in_process', 'memory', 'disk')
-RECOVERY_FIELDS = ('recovery_sec', 'restore_sec', 'lost_steps')
 
 flags.DEFINE_string('out', '', 'Output directory ("" prints only).')
 # Monte Carlo
@@ -46,8 +48,7 @@ flags.DEFINE_integer('sweep_seeds', _DEFAULT.sweep_seeds,
                      'Seeds per sweep size; 0: min(seeds, max(4, seeds * replicas / n)).')
 # Workload and costs
 flags.DEFINE_enum('cost', 'analytic', ('analytic', 'bench'), 'Where step costs come from.')
-flags.DEFINE_string('bench_json', '', 'bench_step.json (for --cost bench).')
-flags.DEFINE_enum('bench_metric', 'step_ms', ('step_ms', 'flops'), 'Which bench figure to use.')
+flags.DEFINE_string('bench_json', '', 'bench_step.json (for --cost bench; its step_ms).')
 flags.DEFINE_integer('global_batch', _DEFAULT.global_batch, 'Sequences per step.')
 flags.DEFINE_integer('seq_len', _DEFAULT.seq_len, 'Tokens per sequence.')
 flags.DEFINE_integer('rank', _DEFAULT.rank, 'MeCeFO low-rank r.')
@@ -78,8 +79,8 @@ flags.DEFINE_enum('granularity', _DEFAULT.granularity, ('sequence', 'continuous'
 flags.DEFINE_string('recovery_json', '', 'crash_drill.json (memory / disk).')
 flags.DEFINE_integer('checkpoint_every', _DEFAULT.checkpoint_every,
                      'checkpoint_restart: Orbax save period in steps.')
-for _entry in RECOVERY_ENTRIES:
-    for _field in RECOVERY_FIELDS:
+for _entry in recovery_lib.ENTRIES:
+    for _field in recovery_lib.FIELDS:
         flags.DEFINE_float(f'{_entry}_{_field}', None, f'Override the {_entry} {_field}.')
 FLAGS = flags.FLAGS
 
@@ -107,20 +108,37 @@ def sim_config() -> cluster_sim.SimConfig:
                                  assumptions=assumptions, sizes=_ints('sizes'))
 
 
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
 def main(argv):
     del argv
     config = sim_config()
     overrides = {}
-    for entry in RECOVERY_ENTRIES:
-        for field in RECOVERY_FIELDS:
+    for entry in recovery_lib.ENTRIES:
+        for field in recovery_lib.FIELDS:
             value = FLAGS[f'{entry}_{field}'].value
             if value is not None:
                 overrides.setdefault(entry, {})[field] = value
     try:
-        cluster_sim.run(config, out_dir=FLAGS.out, cost=FLAGS.cost, bench_json=FLAGS.bench_json,
-                        bench_metric=FLAGS.bench_metric, recovery_json=FLAGS.recovery_json,
-                        recovery_overrides=overrides,
-                        log=lambda msg: print(msg, flush=True))
+        if FLAGS.cost == 'bench' and not FLAGS.bench_json:
+            raise ValueError('--cost=bench needs --bench_json PATH (bench_step.json).')
+        config.validate()
+        bench = costs_lib.load_json(FLAGS.bench_json, '--bench_json') if FLAGS.cost == 'bench' else None
+        tables = cluster_sim.cost_tables(config, bench=bench, bench_path=FLAGS.bench_json)
+        drill = (costs_lib.load_json(FLAGS.recovery_json, '--recovery_json') if FLAGS.recovery_json
+                 else None)
+        recovery = recovery_lib.recovery_table(drill=drill, overrides=overrides,
+                                               drill_path=FLAGS.recovery_json or '--recovery_json')
+        for name, t in tables.items():
+            log(f'[simulate] {name}: {t.source} costs, mecefo x{t.ratio("mecefo"):.3f}, '
+                f'ndb_naive x{t.ratio("ndb_naive"):.3f}, fault-free step {t.step_sec * 1e3:.1f} ms '
+                f'({t.step_sec_source}), refresh {t.refresh_sec:.3f} s + '
+                f'{t.refresh_split_sec:.3f} s / live ({t.refresh_source})')
+        result = cluster_sim.monte_carlo(config, tables, recovery, log=log)
+        if FLAGS.out:
+            log('[simulate] wrote ' + ', '.join(cluster_report.write(result, FLAGS.out)))
     except ValueError as err:
         sys.exit(f'simulate_cluster: {err}')
 

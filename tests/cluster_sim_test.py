@@ -38,8 +38,7 @@ def _drop(strategy, iv, cost=KNOWN, recovery=ZERO, assumption='in_process', ever
 
 
 def _permanent(n=8, replica=3, horizon=10 * HOUR, shard_seqs=None):
-    trace = traces_lib.trace_from_outages(n, horizon, [(replica, 0.0, 1e12)])
-    return traces_lib.intervals(trace, shard_seqs=shard_seqs)
+    return traces_lib.intervals(n, horizon, [(replica, 0.0, 1e12)], shard_seqs=shard_seqs)
 
 
 # ---------------------------------------------------------------- closed forms
@@ -51,7 +50,7 @@ def test_no_failures_every_strategy_drops_nothing(assumption):
     # without a failure (a stray plain_dp factor or an event at t=0 would).
     table = costs_lib.analytic_table(costs_lib.PAPER_MODELS['350M'], seq_len=256,
                                      replica_seqs=16, rank=128, recompute_ffn=True, mfu=0.4)
-    iv = traces_lib.no_failures(32, 24 * HOUR)
+    iv = traces_lib.intervals(32, 24 * HOUR)
     for strategy in sim.STRATEGIES:
         assert _drop(strategy, iv, table, recovery_lib.recovery_table(),
                      assumption) == pytest.approx(0.0, abs=1e-9), strategy
@@ -94,8 +93,8 @@ def test_a_change_during_a_recovery_restarts_it():
     rec = recovery_lib.recovery_table(overrides={'memory': {'recovery_sec': 65.0,
                                                             'lost_steps': 0.0}})
     horizon = HOUR
-    trace = traces_lib.trace_from_outages(8, horizon, [(3, 0.0, 10.0)])
-    got = _drop('elastic', traces_lib.intervals(trace), recovery=rec, assumption='real_crash')
+    iv = traces_lib.intervals(8, horizon, [(3, 0.0, 10.0)])
+    got = _drop('elastic', iv, recovery=rec, assumption='real_crash')
     assert got == pytest.approx(100 * 75.0 / horizon, rel=1e-9)
 
 
@@ -106,8 +105,8 @@ def test_checkpoint_restart_redoes_the_steps_since_its_checkpoint():
     # so the failure of replica 5 at 2090.5 s loses only the 50 steps since.
     horizon, restore = 3 * HOUR, 40.0
     rec = recovery_lib.recovery_table(overrides={'disk': {'restore_sec': restore}})
-    trace = traces_lib.trace_from_outages(8, horizon, [(3, 1000.5, 2000.5), (5, 2090.5, 1e12)])
-    out = sim.simulate('checkpoint_restart', traces_lib.intervals(trace), KNOWN, rec,
+    iv = traces_lib.intervals(8, horizon, [(3, 1000.5, 2000.5), (5, 2090.5, 1e12)])
+    out = sim.simulate('checkpoint_restart', iv, KNOWN, rec,
                        assumption='in_process', global_tokens=100.0, checkpoint_every=300)
     one_down = 1 + 1 / 7  # elastic step while one replica is down
     executed = (1000.5 + (1000.0 - restore) / one_down + (2090.5 - 2000.5 - restore)
@@ -120,8 +119,8 @@ def test_checkpoint_restart_redoes_the_steps_since_its_checkpoint():
 def test_lost_steps_from_a_drill_are_capped_by_the_work_done():
     rec = recovery_lib.recovery_table(overrides={'memory': {'recovery_sec': 0.0,
                                                             'lost_steps': 5.0}})
-    early = traces_lib.trace_from_outages(8, HOUR, [(3, 2.0, 100.0)])
-    out = sim.simulate('mecefo', traces_lib.intervals(early), KNOWN, rec,
+    early = traces_lib.intervals(8, HOUR, [(3, 2.0, 100.0)])
+    out = sim.simulate('mecefo', early, KNOWN, rec,
                        assumption='real_crash', global_tokens=1.0, checkpoint_every=1000)
     assert out['lost_steps'] == pytest.approx(2.0)  # only 2 steps existed to lose
 
@@ -131,9 +130,9 @@ def test_lost_steps_from_a_drill_are_capped_by_the_work_done():
 
 def test_traces_are_reproducible_from_their_seed():
     kw = dict(num_replicas=32, mtbf_hours=0.5, mttr_hours=2.0, horizon_hours=24.0)
-    a = traces_lib.sample_trace(seed=7, **kw).outages
-    b = traces_lib.sample_trace(seed=7, **kw).outages
-    c = traces_lib.sample_trace(seed=8, **kw).outages
+    a = traces_lib.sample_trace(seed=7, **kw)
+    b = traces_lib.sample_trace(seed=7, **kw)
+    c = traces_lib.sample_trace(seed=8, **kw)
     assert len(a) > 5
     np.testing.assert_array_equal(a, b)
     assert a.shape != c.shape or not np.array_equal(a, c)
@@ -145,12 +144,12 @@ def test_mean_replicas_down_matches_littles_law():
     # 0.4 is a 4-sigma bound; the healthy start biases it by ~MTTR/horizon.
     trace = traces_lib.sample_trace(num_replicas=32, mtbf_hours=0.5,
                                     mttr_hours=2.0, horizon_hours=2000.0, seed=0)
-    stats = sim.trace_stats(traces_lib.intervals(trace))
+    stats = sim.trace_stats(traces_lib.intervals(32, 2000 * HOUR, trace))
     assert stats['mean_replicas_down'] == pytest.approx(4.0, abs=0.4)
     # Per-replica scaling: 64 replicas see twice the cluster-wide rate.
     trace = traces_lib.sample_trace(num_replicas=64, mtbf_hours=0.5,
                                     mttr_hours=2.0, horizon_hours=2000.0, seed=0)
-    assert sim.trace_stats(traces_lib.intervals(trace))['mean_replicas_down'] == pytest.approx(
+    assert sim.trace_stats(traces_lib.intervals(64, 2000 * HOUR, trace))['mean_replicas_down'] == pytest.approx(
         8.0, abs=0.8)
 
 
@@ -158,7 +157,7 @@ def test_a_failure_that_would_leave_no_replica_live_is_dropped():
     # Two replicas, failures four times as frequent as repairs: both would often be down.
     trace = traces_lib.sample_trace(num_replicas=2, mtbf_hours=0.5, mttr_hours=2.0,
                                     horizon_hours=200.0, seed=1, rate_scaling='cluster')
-    iv = traces_lib.intervals(trace)
+    iv = traces_lib.intervals(2, 200 * HOUR, trace)
     assert set(np.unique(iv.failed)) == {0, 1}
 
 
@@ -166,39 +165,27 @@ def test_a_failure_that_would_leave_no_replica_live_is_dropped():
 
 
 def test_loads_agree_with_the_projects_layout():
-    # The simulator's vectorised rules must be the layouts the controller
-    # would build (faults/strategies.py): adopters exactly; the
-    # elastic re-split is exact (each survivor takes at most ceil(orphans/live)).
+    # The simulator's loads must be the layouts the controller would build
+    # (faults/strategies.py): adopters exactly, and the elastic re-split exactly
+    # (each survivor takes at most ceil(orphans / live) sequences).
     from mecefo_jax.faults.strategies import adopters, layout_for
     rng = np.random.default_rng(0)
-    masks, ns = [], []
     for _ in range(300):
-        n = int(rng.choice([2, 3, 5, 8, 16, 32]))
+        n = int(rng.choice([2, 3, 5, 8, 16, 32, 40, 64]))
+        down = rng.choice(n, int(rng.integers(1, n)), replace=False)
         mask = np.ones(n, bool)
-        mask[rng.choice(n, int(rng.integers(1, n)), replace=False)] = False
-        masks.append(mask)
-        ns.append(n)
-    for n in sorted(set(ns)):
-        rows = np.array([m for m in masks if m.size == n])
-        got = traces_lib.batch_shards(rows, shard_seqs=4)
-        for mask, (adopt, elastic) in zip(rows, got):
-            load = {}
-            for adopter in adopters(list(mask)).values():
-                load[adopter] = load.get(adopter, 0) + 1
-            assert adopt == 1 + max(load.values()), mask
-            layout = layout_for('elastic', list(mask), 4)
-            busiest = max(layout.rows(i) for i in range(len(layout.replicas))) / 4
-            assert elastic == busiest, mask
-
-
-def test_vectorised_loads_match_the_one_row_reference():
-    rng = np.random.default_rng(1)
-    for n, shard in ((9, None), (64, 16), (40, 3)):
-        rows = np.ones((50, n), bool)
-        for r in range(50):
-            rows[r, rng.choice(n, int(rng.integers(0, n)), replace=False)] = False
-        ref = [traces_lib.live_set_shards(m, shard_seqs=shard) for m in rows]
-        np.testing.assert_allclose(traces_lib.batch_shards(rows, shard_seqs=shard), ref)
+        mask[down] = False
+        iv = traces_lib.intervals(n, HOUR, [(r, 1.0, 2 * HOUR) for r in down], shard_seqs=4)
+        load = {}
+        for adopter in adopters(list(mask)).values():
+            load[adopter] = load.get(adopter, 0) + 1
+        assert (iv.failed[-1], iv.adopt_shards[-1]) == (down.size, 1 + max(load.values())), mask
+        np.testing.assert_array_equal(traces_lib.adopter_loads(mask),
+                                      [load.get(i, 0) for i in range(n)])
+        layout = layout_for('elastic', list(mask), 4)
+        busiest = max(layout.rows(i) for i in range(len(layout.replicas))) / 4
+        assert iv.elastic_shards[-1] == busiest, mask
+        assert (iv.adopt_shards[0], iv.elastic_shards[0]) == (1.0, 1.0)  # all live before t = 1 s
 
 
 # ---------------------------------------------------------------------- costs
@@ -366,11 +353,12 @@ def test_recovery_sources_override_field_by_field():
     drill = {'memory': {'recovery_sec': 42.0, 'restore_sec': 3.0, 'lost_steps': 2},
              'disk': {'recovery_sec': 300.0}}
     rec = recovery_lib.recovery_table(drill=drill, overrides={'disk': {'lost_steps': 7}})
-    assert (rec.memory.recovery_sec, rec.memory.lost_steps) == (42.0, 2.0)
-    assert rec.memory.source == 'crash drill'
-    assert (rec.disk.recovery_sec, rec.disk.lost_steps) == (300.0, 7.0)
-    assert rec.disk.restore_sec == recovery_lib.DEFAULTS['disk']['restore_sec']
-    assert rec.in_process.recovery_sec == 0.0
+    assert (rec['memory']['recovery_sec'], rec['memory']['lost_steps']) == (42.0, 2.0)
+    assert rec['memory']['source'] == 'crash drill'
+    assert (rec['disk']['recovery_sec'], rec['disk']['lost_steps']) == (300.0, 7.0)
+    assert rec['disk']['source'] == 'crash drill + flag'
+    assert rec['disk']['restore_sec'] == recovery_lib.DEFAULTS['disk']['restore_sec']
+    assert rec['in_process']['recovery_sec'] == 0.0
     with pytest.raises(ValueError, match='memory.recovery_sec'):
         recovery_lib.recovery_table(drill={'memory': {'recovery_sec': -1}})
     with pytest.raises(ValueError, match='recovery_json'):
@@ -420,6 +408,10 @@ def test_bad_config_names_the_flag():
         sim.SimConfig(global_batch=500).validate()
     with pytest.raises(ValueError, match='--models'):
         sim.SimConfig(models=('3B',)).validate()
+    with pytest.raises(ValueError, match='--checkpoint_every=0 must be > 0'):
+        sim.SimConfig(checkpoint_every=0).validate()
+    with pytest.raises(ValueError, match='--mtbf_hours and --mttr_hours > 0'):
+        sim.SimConfig(regimes=('custom',), mtbf_hours=1.0).validate()
 
 
 def test_kernels_under_the_split_threshold_are_charged_whole_on_every_replica():

@@ -1,24 +1,11 @@
-"""Per-event recovery overheads for the cluster simulator.
-
-This module owns the *recovery table*: what one live-set change (a failure,
-a return, or both at once) costs a strategy in seconds of no progress
-(`recovery_sec`, of which `restore_sec` loads the state) and in redone steps
-(`lost_steps`; None: the steps since the last checkpoint), per entry:
-`in_process` (a failure masked in a healthy process, the paper's
-assumption), `memory` (a real crash recovered from in-memory snapshots) and
-`disk` (`checkpoint_restart`'s Orbax restore). Which strategy pays which
-entry under each assumption is in docs/cluster.md. Sources, later ones
-overriding earlier ones field by field: the stated defaults (`DEFAULTS`,
-by component in `DEFAULT_BREAKDOWN`), a crash drill (`crash_drill.json`) and
-command-line flags.
-"""
+"""What one live-set change costs in no-progress seconds and redone steps, per way of
+recovering (docs/cluster.md says which strategy pays which)."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-ENTRIES = ('in_process', 'memory', 'disk')
-FIELDS = ('recovery_sec', 'restore_sec', 'lost_steps')
+ENTRIES = ('in_process', 'memory', 'disk')  # masked failure; crash + snapshots; Orbax restore
+FIELDS = ('recovery_sec', 'restore_sec', 'lost_steps')  # lost_steps None: since the last checkpoint
 
 # The defaults, by component (seconds). Not measurements: round figures for
 # a GPU job of this size, stated so that they can be argued with and
@@ -51,67 +38,37 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Recovery:
-    """One way of recovering, per live-set change."""
-    recovery_sec: float
-    restore_sec: float
-    lost_steps: float | None
-    source: str = 'default'
-
-
-@dataclasses.dataclass(frozen=True)
-class RecoveryTable:
-    in_process: Recovery
-    memory: Recovery
-    disk: Recovery
-
-    def to_json(self) -> dict[str, Any]:
-        return {name: dataclasses.asdict(getattr(self, name)) for name in ENTRIES}
-
-
-def _check(entry: str, field: str, value: Any, origin: str) -> float | None:
-    if value is None and field == 'lost_steps':
-        return None
+def _number(value: Any, where: str) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f'{origin}: {entry}.{field}={value!r} is not a number.') from None
+        raise ValueError(f'{where}={value!r} is not a number.') from None
     if value < 0:
-        raise ValueError(f'{origin}: {entry}.{field}={value!r} must be >= 0.')
+        raise ValueError(f'{where}={value!r} must be >= 0.')
     return value
 
 
-def recovery_table(*, drill: dict | None = None,
-                   overrides: dict[str, dict[str, Any]] | None = None,
-                   drill_path: str = '--recovery_json') -> RecoveryTable:
-    """Defaults <- crash drill <- flags.
-
-    `drill` is a crash_drill.json dict (`memory` / `disk` / optionally
-    `in_process` objects with `recovery_sec`, `restore_sec`, `lost_steps`);
-    `overrides[entry][field]` wins over both.
-    """
-    entries = {name: dict(DEFAULTS[name], source='default') for name in ENTRIES}
-    layers = []
-    if drill is not None:
-        if not any(k in drill for k in ENTRIES):  # other keys (timings, logs) are fine
-            raise ValueError(f'{drill_path}: expected objects {", ".join(ENTRIES)} (at least '
-                             f'one) with {", ".join(FIELDS)}; got keys {sorted(drill)}.')
-        layers.append(({k: v for k, v in drill.items() if k in ENTRIES}, 'crash drill'))
-    if overrides:
-        layers.append((overrides, 'flag'))
-    for layer, origin in layers:
+def recovery_table(*, drill: dict | None = None, overrides: dict[str, dict[str, Any]] | None = None,
+                   drill_path: str = '--recovery_json') -> dict[str, dict[str, Any]]:
+    """{entry: {recovery_sec, restore_sec, lost_steps, source}}: `DEFAULTS`, overridden field
+    by field by `drill` (crash_drill.json: objects `memory`, `disk`, optionally `in_process`;
+    other keys are ignored), then by `overrides[entry][field]` (the flags)."""
+    if drill is not None and not any(k in drill for k in ENTRIES):
+        raise ValueError(f'{drill_path}: expected objects {", ".join(ENTRIES)} (at least '
+                         f'one) with {", ".join(FIELDS)}; got keys {sorted(drill)}.')
+    table = {name: dict(DEFAULTS[name], source='default') for name in ENTRIES}
+    drill = {k: v for k, v in (drill or {}).items() if k in ENTRIES}
+    for layer, origin in ((drill, 'crash drill'), (overrides or {}, 'flag')):
         for entry, values in layer.items():
-            if entry not in ENTRIES:
-                raise ValueError(f'recovery entry {entry!r} is unknown; use {ENTRIES}.')
-            if not isinstance(values, dict):
-                raise ValueError(f'{origin}: {entry} must be an object with {FIELDS}.')
-            changed = False
-            for field, value in values.items():
-                if field in FIELDS:
-                    entries[entry][field] = _check(entry, field, value, origin)
-                    changed = True
+            if entry not in ENTRIES or not isinstance(values, dict):
+                raise ValueError(f'{origin}: recovery entry {entry!r} must be one of {ENTRIES}, '
+                                 f'an object with {FIELDS}.')
+            changed = [f for f in values if f in FIELDS]
+            for field in changed:
+                value = values[field]
+                table[entry][field] = (None if value is None and field == 'lost_steps'
+                                       else _number(value, f'{origin}: {entry}.{field}'))
             if changed:
-                prev = entries[entry]['source']
-                entries[entry]['source'] = origin if prev == 'default' else f'{prev} + {origin}'
-    return RecoveryTable(**{name: Recovery(**entries[name]) for name in ENTRIES})
+                prev = table[entry]['source']
+                table[entry]['source'] = origin if prev == 'default' else f'{prev} + {origin}'
+    return table
