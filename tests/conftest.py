@@ -56,13 +56,14 @@ jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 # The Ray modules in two groups, each run on one pytest-xdist worker in this
 # order, the two groups side by side. Within a group: the modules on the
 # shared cluster first, then one that loses a node of a cluster of its own,
-# then one that starts a cluster under a fresh HOME (a module not listed runs
-# last in the second group). The groups take about as long as each other.
+# then one that starts a cluster under a fresh HOME, then the chaos soak (a process
+# that owns its cluster); a module not listed runs last in the second group. The
+# groups take about as long as each other.
 RAY_GROUPS = {
     'ray-a': ('snapshot_keeper_test', 'snapshot_test', 'parity_test', 'launch_test',
-              'launch_deaths_test'),
+              'launch_deaths_test', 'sharded_launch_test'),
     'ray-b': ('launcher_process_test', 'compile_ahead_test', 'node_loss_test',
-              'sim_cluster_test'),
+              'sim_cluster_test', 'chaos_soak_test'),
 }
 _RAY_ORDER = [(group, module) for group, modules in RAY_GROUPS.items() for module in modules]
 

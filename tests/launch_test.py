@@ -1,14 +1,16 @@
 """The launcher on Ray surviving real crashes, run in the test's process (tests/launch_jobs.py's job).
 
 The session's shared simulated Ray cluster of 2 nodes (a worker on each).
-One job is SIGKILLed and recovered from the keepers' memory, then rejoined;
-another has a worker SIGSTOPped (a hang) and detected by its silence, or
-stalled with its threads still answering; another loses a keeper, or both
-workers at once. The launcher run as a process (interrupted, stopped, killed,
-cleaned up) is tests/launcher_process_test.py's; node losses are
-tests/node_loss_test.py's; snapshot publication under a crash, parity
-rebuilds and the two-lost-members error are tests/snapshot_test.py's and
-tests/parity_test.py's.
+Each generation starts its worker processes afresh, so one job carries several
+of the deaths asserted here where they do not interfere, each asserted on its
+own recovery row: one job is SIGKILLed and recovered from the keepers' memory,
+rejoined, then loses worker 1's keeper and rejoins again; another loses both
+workers at once, then has a worker SIGSTOPped (a hang) and detected by its
+silence; another is stalled with its threads still answering. The launcher run
+as a process (interrupted, stopped, killed, cleaned up) is
+tests/launcher_process_test.py's; node losses are tests/node_loss_test.py's;
+snapshot publication under a crash, parity rebuilds and the two-lost-members
+error are tests/snapshot_test.py's and tests/parity_test.py's.
 """
 import glob
 import json
@@ -28,26 +30,29 @@ from mecefo_jax.training.metrics import read_metrics
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
 
 # The crashed job's worker is killed while held inside its publish of
-# HELD_STEP (the job cannot run on past it); STEPS leave room for the rejoin
-# 2 steps after the relaunch.
+# HELD_STEP (the job cannot run on past it); once it is back, its keeper alone is
+# killed after KEEPER_STEP; STEPS leave room for each rejoin 2 steps after its relaunch.
 HELD_STEP = 3
+KEEPER_STEP = 8
 
 
 @pytest.fixture(scope='module')
 def crashed(cluster, launcher_caches, tmp_path_factory):
-    """Worker 1 SIGKILLed inside its publish of step 3, back 2 steps after the relaunch.
+    """Worker 1 SIGKILLed inside its publish of step 3, back 2 steps after the relaunch;
+    then its keeper alone SIGKILLed after step 8, and worker 1 back 2 steps later again.
 
     The worker stops after copying step 3's bytes into its keeper and before
     publishing them, says so in its progress report, and the launcher kills it
-    there: the kill lands at the same point in every run.
+    there: the kill lands at the same point in every run. The keeper's death is
+    met by its worker at its next snapshot.
     """
     workdir = str(tmp_path_factory.mktemp('crashed'))
     # The whole-state snapshot (snapshot.shard=False): the survivor's own keeper holds
     # everything. The sharded default's crashes are tests/sharded_launch_test.py's.
-    summary = launch(overrides(launcher_caches, **{'launch.kill': f'{HELD_STEP}:1:KILL:publish',
-                                          'launch.return_after_steps': 2,
-                                          'launch.standby_workers': True,
-                                          'snapshot.shard': False}), workdir)
+    summary = launch(overrides(launcher_caches, **{
+        'launch.kill': f'{HELD_STEP}:1:KILL:publish,{KEEPER_STEP}:1:keeper',
+        'launch.return_after_steps': 2, 'launch.standby_workers': True,
+        'snapshot.shard': False}), workdir)
     return summary, workdir
 
 
@@ -106,7 +111,7 @@ def test_a_kill_after_a_snapshot_needs_snapshots(cluster, launcher_caches, tmp_p
 
 def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed):
     summary, workdir = crashed
-    failure, rejoin = summary['recoveries']
+    failure, rejoin = summary['recoveries'][:2]
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
     assert failure['cause'] == 'killed by SIGKILL'
     assert failure['members'] == [0] and failure['resume'] == 'memory'
@@ -126,7 +131,9 @@ def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed)
     # The returning worker's keeper holds only its pre-crash snapshots: it heals from its peer.
     assert rejoin['healed_bytes'] > 0 and rejoin['redone_steps'] == 0
     assert failure['healed_bytes'] == 0  # the survivor had everything in its own keeper
-    ends = [read(workdir, f'g2_w{w}_end.json') for w in range(WORKERS)]
+    # The rejoined generation ran on until worker 1's keeper was killed (the next test's).
+    assert summary['recoveries'][2]['completed_steps'] >= KEEPER_STEP
+    ends = [read(workdir, f'g4_w{w}_end.json') for w in range(WORKERS)]
     assert all(e['finished'] and e['final_step'] == STEPS for e in ends)
     # Surviving and returning workers hold bitwise-identical replicas.
     assert ends[0]['params_sha256'] == ends[1]['params_sha256']
@@ -135,21 +142,28 @@ def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed)
     assert_nothing_left(workdir)
 
 
+def _down_starts(workdir) -> list[int]:
+    """The steps from which worker 1's replicas were down (for 2 steps), one per failure."""
+    recoveries = json.load(open(os.path.join(workdir, 'launch', 'summary.json')))['recoveries']
+    return [r['resume_step'] for r in recoveries if r['kind'] == 'failure']
+
+
 def test_every_sample_of_every_step_is_computed_exactly_once(crashed, launcher_caches):
     _, workdir = crashed
     final = final_provenance(workdir, overrides(launcher_caches))
-    failure = json.load(open(os.path.join(workdir, 'launch', 'summary.json')))['recoveries'][0]
-    down = range(failure['resume_step'], failure['resume_step'] + 2)
-    for step in down:  # worker 1's replicas were absent and their shards were adopted
-        assert final[step]['replicas'] == [0, 1], step
+    starts = _down_starts(workdir)
+    assert len(starts) == 2
+    down = {step for start in starts for step in range(start, start + 2)}
+    for step in range(STEPS):  # worker 1's replicas were absent and their shards were adopted
+        assert final[step]['replicas'] == ([0, 1] if step in down else [0, 1, 2, 3]), step
 
 
 def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashed, launcher_caches,
                                                                           tmp_path):
-    summary, workdir = crashed
-    start = summary['recoveries'][0]['resume_step']
-    # Worker 1's replicas, down for 2 steps.
-    cfg = updated(config(overrides(launcher_caches)), {'fault.events': f'{start}:2:2,{start}:3:2'})
+    _, workdir = crashed
+    # Worker 1's replicas, down for 2 steps after each failure.
+    events = ','.join(f'{start}:{r}:2' for start in _down_starts(workdir) for r in (2, 3))
+    cfg = updated(config(overrides(launcher_caches)), {'fault.events': events})
     assert_params_equal_simulated(workdir, cfg, tmp_path, replicas=4)
 
 
@@ -179,20 +193,6 @@ def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
         assert time.monotonic() < deadline, 'the cold standby was left running'
         time.sleep(0.2)
     ray.kill(warm)
-
-
-def test_a_hung_worker_is_detected_by_its_silence(cluster, launcher_caches, tmp_path):
-    timeout = 3.0
-    summary = launch(overrides(launcher_caches, **{'launch.kill': '2:1:STOP', 'train.steps': 4,
-                                          'launch.heartbeat_timeout_sec': timeout}),
-                     str(tmp_path))
-    (failure,) = summary['recoveries']
-    assert failure['cause'].startswith('no heartbeat')
-    # The launcher asks every PROGRESS_SEC and looks every 0.05 s; silence counts
-    # from the last answer, which may precede the SIGSTOP by one request.
-    assert timeout - generation.PROGRESS_SEC - 0.05 <= failure['detect_sec'] < timeout + 0.5
-    assert summary['final_members'] == [0]
-    assert read(str(tmp_path), 'g1_w0_end.json')['finished']
 
 
 def test_a_job_that_completes_no_step_is_restarted(cluster, launcher_caches, tmp_path):
@@ -235,43 +235,65 @@ def test_a_program_error_stops_the_job_at_once_with_the_workers_error(cluster, l
     assert not os.path.exists(os.path.join(tmp_path, 'launch', 'g1_w0.log'))
 
 
-def test_a_dead_keeper_is_a_crash_of_its_worker_and_the_job_goes_on_from_the_peers(
-        cluster, launcher_caches, tmp_path):
-    """Worker 1's keeper alone is SIGKILLed after step 3. Its worker meets the loss at its
-    next snapshot and ends as a crash ('its keeper died'), not a program error: once that
-    stopped the job and removed every other keeper. Worker 0 goes on from its own keeper
-    under MeCeFO; worker 1 comes back 2 steps later with a new keeper and heals from its
-    peer's."""
-    workdir = str(tmp_path)
-    summary = launch(overrides(launcher_caches, **{'launch.kill': '3:1:keeper', 'train.steps': 10,
-                                          'launch.return_after_steps': 2,
-                                          'snapshot.shard': False}), workdir)
-    failure, rejoin = summary['recoveries']
+def test_a_dead_keeper_is_a_crash_of_its_worker_and_the_job_goes_on_from_the_peers(crashed):
+    """Worker 1's keeper alone is SIGKILLed after step 8 (the crashed job's second death,
+    with both workers back). Its worker meets the loss at its next snapshot and ends as a
+    crash ('its keeper died'), not a program error: once that stopped the job and removed
+    every other keeper. Worker 0 goes on from its own keeper under MeCeFO; worker 1 comes
+    back 2 steps later with a new keeper and heals from its peer's."""
+    summary, workdir = crashed
+    failure, rejoin = summary['recoveries'][2:]
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
     assert failure['deaths'] == {'1': 'its keeper died'}
     assert failure['members'] == [0] and failure['resume'] == 'memory'
     assert failure['redone_steps'] == 0
     assert rejoin['kind'] == 'rejoin' and rejoin['members'] == [0, 1]
     assert rejoin['healed_bytes'] > 0 and rejoin['redone_steps'] == 0
-    ends = [read(workdir, f'g2_w{w}_end.json') for w in range(WORKERS)]
-    assert all(e['finished'] and e['final_step'] == 10 for e in ends)
+    ends = [read(workdir, f'g4_w{w}_end.json') for w in range(WORKERS)]
+    assert all(e['finished'] and e['final_step'] == STEPS for e in ends)
     assert ends[0]['params_sha256'] == ends[1]['params_sha256']
     assert summary['program_error'] is None
 
 
-def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(cluster, launcher_caches,
-                                                                            tmp_path):
-    """Both workers held inside their publish of HELD_STEP and SIGKILLed together."""
+# The two-deaths job: both workers are SIGKILLed inside their publish of HELD_STEP; once
+# both are back, worker 1 is SIGSTOPped after HUNG_STEP (a hang) and never returns.
+HUNG_STEP = 5
+HEARTBEAT_TIMEOUT = 3.0
+
+
+@pytest.fixture(scope='module')
+def two_deaths(cluster, launcher_caches, tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp('two_deaths'))
     summary = launch(overrides(launcher_caches, **{
-        'launch.kill': f'{HELD_STEP}:0:KILL:publish,{HELD_STEP}:1:KILL:publish',
-        'train.steps': 6}), str(tmp_path))
-    (failure,) = summary['recoveries']
+        'launch.kill': f'{HELD_STEP}:0:KILL:publish,{HELD_STEP}:1:KILL:publish,{HUNG_STEP}:1:STOP',
+        'train.steps': 8, 'launch.heartbeat_timeout_sec': HEARTBEAT_TIMEOUT}), workdir)
+    return summary, workdir
+
+
+def test_two_workers_killed_at_once_are_both_recorded_and_neither_survives(two_deaths):
+    """Both workers held inside their publish of HELD_STEP and SIGKILLed together."""
+    summary, workdir = two_deaths
+    failure = summary['recoveries'][0]
     assert failure['failed_workers'] == [0, 1]
     assert failure['deaths'] == {'0': 'killed by SIGKILL', '1': 'killed by SIGKILL'}
-    # No survivor: both come back, from the step both keepers hold.
+    # No survivor: both come back, from the step both keepers hold, and train on together
+    # (the next death lands in that generation, past HUNG_STEP).
     assert failure['members'] == [0, 1] and failure['resume'] == 'memory'
     assert failure['resume_step'] == HELD_STEP - 1
-    assert all(read(str(tmp_path), f'g1_w{w}_end.json')['finished'] for w in range(WORKERS))
+    assert all(os.path.exists(os.path.join(workdir, 'launch', f'g1_w{w}_start.json'))
+               for w in range(WORKERS))
+    assert summary['recoveries'][1]['completed_steps'] >= HUNG_STEP
+
+
+def test_a_hung_worker_is_detected_by_its_silence(two_deaths):
+    summary, workdir = two_deaths
+    (failure,) = summary['recoveries'][1:]
+    assert failure['cause'].startswith('no heartbeat') and failure['failed_workers'] == [1]
+    # The launcher asks every PROGRESS_SEC and looks every 0.05 s; silence counts
+    # from the last answer, which may precede the SIGSTOP by one request.
+    assert HEARTBEAT_TIMEOUT - generation.PROGRESS_SEC - 0.05 <= failure['detect_sec'] < HEARTBEAT_TIMEOUT + 0.5
+    assert summary['final_members'] == [0]
+    assert read(workdir, 'g2_w0_end.json')['finished']
 
 
 def test_a_generation_that_completes_no_step_within_the_start_timeout_has_failed(
