@@ -11,14 +11,10 @@ def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None
         elastic: bool = False, preemption=None) -> dict:
     """Train under the configured failures, or fault-free when none are.
 
-    The controller follows from the config: fault-free data parallelism when
-    no failure is configured and every replica is present; otherwise the
-    fault controller for `fault.strategy` (checkpoint/restart has its own).
-    `elastic` (a launcher's worker, whose job loses and regains workers)
-    always takes the fault controller: its processes then agree on the live
-    mask before every step, which also starts their collectives together.
-    `run` is a prebuilt `training.run_setup.Run` (default: built from `cfg`);
-    `observers`, `stop_at`, `restore` and `preemption` go to `training.loop.train`.
+    The fault controller for `fault.strategy` runs when a failure is configured, a replica
+    is absent, or the run is `elastic` (a launcher's worker: its processes then agree on
+    the live mask before every step); otherwise fault-free data parallelism. `run` is a
+    prebuilt `Run` (default: from `cfg`); the rest goes to `training.loop.train`.
     """
     from mecefo_jax.faults.schedule import failures_requested
     from mecefo_jax.faults.strategies import strategy_spec

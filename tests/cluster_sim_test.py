@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mecefo_jax.faults import costs as costs_lib
+from mecefo_jax.faults import plan as plan_lib
 from studies.cluster import recovery as recovery_lib
 from studies.cluster import report as report_lib
 from studies.cluster import sim
@@ -257,7 +258,7 @@ def test_bench_table_reads_ratios_and_names_missing_modes():
 def test_roles_table_from_measured_role_seconds():
     roles = {'role_seconds': {'normalx2': 1.0, 'normalx4': 1.8,
                               'neighbourx4': 1.3, 'neighbourx2': 0.7}}
-    t = costs_lib.roles_table(roles, costs_lib.PAPER_MODELS['350M'], seq_len=256,
+    t = plan_lib.roles_table(roles, costs_lib.PAPER_MODELS['350M'], seq_len=256,
                               replica_seqs=16, mfu=0.4)
     assert (t.ratio('ndb_naive'), t.ratio('mecefo'), t.ratio('mecefo_per_batch')) == (
         1.8, 1.3, 0.7)
@@ -270,7 +271,7 @@ def test_roles_table_reads_a_programs_table_of_one_run_or_of_seeds(seeds):
                                                    'max': sec}}
     report = {'regime': 'high', 'programs': {'normalx2': entry(1.0), 'normalx3': entry(1.4),
                                              'neighbourx3': entry(0.9)}}
-    t = costs_lib.roles_table(report, costs_lib.PAPER_MODELS['350M'], seq_len=256,
+    t = plan_lib.roles_table(report, costs_lib.PAPER_MODELS['350M'], seq_len=256,
                               replica_seqs=16, mfu=0.4)
     assert t.exact == ((1.0, 1.0), (1.5, 1.4)) and t.neighbour == ((1.5, 0.9),)
 

@@ -10,7 +10,6 @@ from mecefo_jax.neighbour.projections import (
     FFN_KERNEL_NAMES,
     compute_projections,
     needs_refresh,
-    refresh_steps,
     resolve_rank,
     top_singular_vectors,
 )
@@ -169,6 +168,19 @@ def test_needs_refresh_truth_table(step, onset, active, expected):
 def test_needs_refresh_rejects_bad_tau():
     with pytest.raises(ValueError, match='mecefo.tau'):
         needs_refresh(0, tau=0, failure_onset=True, neighbour_active=True)
+
+
+def refresh_steps(active, *, tau, onset_steps=None, start_step=0):
+    """The steps at which V is recomputed over a schedule of neighbour-active flags.
+
+    Onsets default to the rising edges of `active`; a new failure while another
+    device is already in neighbour mode needs `onset_steps`.
+    """
+    steps = range(start_step, start_step + len(active))
+    if onset_steps is None:
+        onset_steps = {s for i, s in enumerate(steps) if active[i] and (i == 0 or not active[i - 1])}
+    return [s for s, a in zip(steps, active)
+            if needs_refresh(s, tau=tau, failure_onset=s in onset_steps, neighbour_active=bool(a))]
 
 
 def test_refresh_steps_schedule():

@@ -1,20 +1,13 @@
 """Checkpointing of the train state together with the data-iterator state.
 
-This module owns the on-disk checkpoint layout and its lifecycle: the save
-cadence, asynchronous writes, retention, and restoring onto a (possibly
-different) device mesh. Each step is one Orbax step directory holding two
-items written atomically together:
+Each step is one Orbax step directory holding two items written together:
 
   <directory>/<step>/state   the sharded train-state pytree (StandardSave)
   <directory>/<step>/data    the JSON data-iterator state (JsonSave)
 
-Keeping both in one step directory means a restart can never pair model
-weights with the data position of a different step.
-
-A step that fails to restore because its files are damaged raises
-`CheckpointDamagedError` (see checkpoint_damage for the fallback to an older
-step); a save that fails on the filesystem raises an explained
-`disk_space.CheckpointSaveError` and leaves the previous step as the resume point.
+so a restart never pairs weights with another step's data position. Damage raises
+`CheckpointDamagedError` (fallback: `damage.py`); a failed save an explained
+`disk_space.CheckpointSaveError`.
 """
 
 from __future__ import annotations
@@ -57,14 +50,10 @@ def abstract_like(
     state: Any,
     shardings: Any,
 ) -> Any:
-    """Describe `state` as ShapeDtypeStructs carrying target shardings.
+    """`state` as ShapeDtypeStructs carrying target shardings, with no second copy made.
 
-    Restoring needs only shapes, dtypes and where each array should live, so
-    callers can build the target from a freshly initialised (or
-    `jax.eval_shape`d) state without materialising a second copy.
-
-    `shardings` is either a single `jax.sharding.Sharding` for every leaf, a
-    callable `leaf -> Sharding`, or a pytree of shardings matching `state`.
+    `shardings` is one `Sharding` for every leaf, a callable `leaf -> Sharding`, or a
+    pytree of shardings matching `state`.
     """
     if isinstance(shardings, jax.sharding.Mesh):
         raise TypeError(

@@ -1,30 +1,16 @@
 """Damaged checkpoint steps: recognise them, move them aside, resume from an older one.
 
-A crash mid-copy, a bad disk or a careless `rm` can leave the newest step
-unreadable while older steps are intact. Restoring must then fall back to the
-newest intact step instead of failing the resume (or, worse, starting over),
-and must say which step it gave up on. Damage is told apart from a config
-mismatch by what failed: Orbax and TensorStore report unreadable files as
+A crash mid-copy, a bad disk or a careless `rm` can leave the newest step unreadable
+while older ones are intact: restoring must fall back to the newest intact step, not
+fail or start over, and say which step it gave up on. Damage is what Orbax and
+TensorStore raise on unreadable files (`looks_damaged`: missing files, truncated or
+flipped JSON, NOT_FOUND / DATA_LOSS / OUT_OF_RANGE / FAILED_PRECONDITION from OCDBT),
+while a config mismatch is caught earlier from the metadata and moves nothing. Array
+chunks carry no checksum, so only damage Orbax reports is recognised.
 
-  FileNotFoundError             a deleted file (e.g. data/metadata)
-  json.JSONDecodeError          a truncated JSON metadata file
-  UnicodeDecodeError            flipped bytes in a JSON metadata file
-  ValueError('NOT_FOUND: ...')  a deleted OCDBT manifest or data file
-  ValueError('DATA_LOSS: ...')  flipped bytes / truncation of an OCDBT file
-  ValueError('OUT_OF_RANGE: ..') a truncated OCDBT data file
-  ValueError('FAILED_PRECONDITION: ...') a deleted per-process data file
-  Exception('Encountered error while reading array index') wrapping one of
-                                those (raised from Orbax's read coroutines)
-
-while a config mismatch is caught earlier, from the saved metadata, as a
-`CheckpointMismatchError`, and moves nothing. Array chunks are stored
-zstd-compressed without a checksum, so flipped bytes inside array data can
-go unnoticed by Orbax; only damage that Orbax reports is recognised here.
-
-A damaged step is renamed `<step>.damaged-<n>`: no longer an Orbax step name,
-so it is neither listed nor pruned, and it stays on disk for inspection.
-In a multi-process job every process must call `restore_newest_intact`; they
-agree on the outcome of each step and only process 0 renames.
+A damaged step is renamed `<step>.damaged-<n>`: neither listed nor pruned, kept for
+inspection. Every process calls `restore_newest_intact`; they agree on each step and
+only process 0 renames.
 """
 from __future__ import annotations
 

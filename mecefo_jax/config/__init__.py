@@ -5,10 +5,7 @@
 | `defaults` | `base_config()`, `llama_config()`: every field, its default and meaning; no default is set elsewhere |
 | `schema` | the typed, frozen sections a resolved config becomes (`Config`, `ConfigError`) |
 | `record` | `<workdir>/config.json`, and what a mismatch with it means |
-
-Checking a config against its rules and resolving it into `Config` happens
-above the layers it checks, in `mecefo_jax.config_rules` and
-`mecefo_jax.config_resolve`.
+Its rules and resolution sit above the layers they check (`config_rules`, `config_resolve`).
 """
 
 

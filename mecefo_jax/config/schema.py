@@ -1,16 +1,10 @@
 """The config as typed, frozen sections, resolved and validated once per process.
 
-`configs/*.py` build an `ml_collections.ConfigDict` on `mecefo_jax.config.base_config`
-(the one place defaults live), and command lines override it with
-`--config.section.field=value`. Every entry point then calls `resolve` once,
-before any process, device or file is touched: each field gets its declared
-type and is checked, and an error names the field and the fix. The code
-reads only the result, with the same paths (`cfg.train.steps`,
-`cfg.model.d_model`), and never re-supplies defaults or casts.
-
-This module is the bottom layer: it declares the sections and imports no
-other module of the project. Resolving a ConfigDict into a `Config` lives in
-`mecefo_jax/config_resolve.py`, and the field rules in `mecefo_jax/config_rules.py`.
+`configs/*.py` build a ConfigDict on `mecefo_jax.config.base_config` (the one place
+defaults live); every entry point resolves it once (`mecefo_jax/config_resolve.py`,
+rules in `mecefo_jax/config_rules.py`), before any process, device or file is touched,
+so an error names the field and the fix, and the code reads only typed fields and never
+re-supplies defaults. The bottom layer: imports no other module of the project.
 """
 from __future__ import annotations
 

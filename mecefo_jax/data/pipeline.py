@@ -1,24 +1,15 @@
 """The training/validation input pipeline: documents -> sharded token batches.
 
-This module owns everything between a split's documents
-(`mecefo_jax.data.sources`) and the int32 arrays the train step consumes:
-
     document indices -> seeded shuffle (fresh permutation every epoch, forever)
       -> tokenize + EOS            (Grain worker threads)
       -> concatenate-then-split into rows of seq_len + 1 tokens
       -> global batch of data.global_batch_size rows
       -> reshape to [num_shards, shard_batch_size, seq_len + 1]
 
-Shard ``i`` is always rows ``[i * shard_batch_size, (i + 1) * shard_batch_size)``
-of the global batch. The global stream of rows does not depend on
-``num_shards`` at all, so a failure that moves a shard's computation to another
-device changes *where* a shard is computed, never *which* samples it holds, and
-a run may even resume with a different ``mesh.data``.
-
-Iterator state is a small JSON-serialisable dict: the Grain read position of
-the document being packed plus the token offset inside it. Restoring re-reads
-(and re-tokenizes) that single document, so resuming is O(1) in the number of
-steps taken.
+The stream of rows does not depend on ``num_shards``, so a failure changes *where* a
+shard is computed, never *which* samples it holds, and a run may resume with another
+``mesh.data``. The iterator state is a small JSON dict (the document being packed and
+the offset in it), so resuming re-reads one document: O(1) in the steps taken.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """The `python_docs` corpus: the prose inside installed Python code, offline and large.
 
-`data.source='python_docs'` is for runs that must not repeat their data: the
-embedded corpus (0.65 MB of module docstrings) is read about five times over
-by `configs/small.py`'s 300 steps, and a run four times longer over-learns
-it. This corpus holds, in a fixed order:
-
-* the standard library's docstrings at every level (module, class, function)
-  and its comments (about 3.4 MB on CPython 3.11), then
-* the same from the installed packages named in `PACKAGES`, this project's
-  own dependencies (about 20 MB at the versions this project was developed
-  with).
-
-Files are read in sorted order, never imported. A file's text is its
-docstrings (at least `MIN_DOCSTRING_CHARS` each), then its runs of
-consecutive comment lines, one paragraph each. A paragraph seen before
-anywhere in the corpus (a licence header, a repeated "pylint: disable"
-note) is dropped, so no text comes back within one pass. Each file's text
-is cut into the same paragraph chunks as the other sources.
-
-The text depends on the Python version and the installed package versions:
-`data_sources.corpus_fingerprint` hashes it, and every run's metrics record
-that hash, so two runs on different installs are never silently compared.
+For runs that must not repeat their data (the embedded corpus is read about five times
+over by `configs/small.py`): the standard library's docstrings at every level and its
+comments, then the same from the packages in `PACKAGES`. Files are read in sorted
+order, never imported; a paragraph seen before anywhere (a licence header) is dropped,
+and each file's text is cut into the same chunks as the other sources. The text
+depends on the installed versions: `data_sources.corpus_fingerprint` hashes it and
+every run's metrics record that hash.
 """
 from __future__ import annotations
 

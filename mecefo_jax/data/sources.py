@@ -1,43 +1,18 @@
 """Raw text documents: where they come from and how they split into train/validation.
 
-This module owns the *document* level of the data path. It turns a `data`
-config into a random-access sequence of `str` documents (``__len__`` +
-``__getitem__``, which is all a Grain ``MapDataset.source`` needs). Tokenizing,
-shuffling and packing live in `mecefo_jax.data`.
+A `data` config becomes a random-access sequence of `str` documents (what a Grain
+``MapDataset.source`` needs). Sources (``data.source``): ``'embedded'`` (default: the
+documentation inside CPython's standard library, read with `tokenize`, never imported,
+so no network), ``'python_docs'`` (the prose of the standard library and the installed
+dependencies, each paragraph once: `python_docs`), ``'tfds'`` (an ``array_record`` TFDS
+dataset under ``data.data_dir``, read without TensorFlow, its own validation split) and
+``'text'`` (``data.text_files``: paths or globs).
 
-Sources (``data.source``):
-
-* ``'embedded'`` (default): English documentation shipped inside CPython's
-  standard library, so a run needs no download and no network. Documents are
-  the ``pydoc_data.topics`` help topics plus the module docstrings of the pure
-  Python standard-library modules (about 0.65 MB on CPython 3.11). The
-  docstrings are read from source with `tokenize`, never by importing modules
-  (importing e.g. ``antigravity`` has side effects).
-* ``'python_docs'``: the docstrings at every level and the comments of the
-  standard library and of this project's installed dependencies, about 23 MB,
-  each paragraph once (`mecefo_jax.data.python_docs`): for runs that must not
-  repeat their data. Offline too; its text depends on the installed versions,
-  and its fingerprint says which.
-* ``'tfds'``: a TFDS dataset already prepared in ``array_record`` format under
-  ``data.data_dir`` (the documented target is ``c4/en``), read through
-  ``tfds.data_source`` without TensorFlow. Its own ``validation`` split is used.
-* ``'text'``: UTF-8 text files named by ``data.text_files`` (comma-separated
-  paths or globs).
-
-Documents of the embedded, python_docs and text sources are *chunks of
-paragraphs*: each file (or help topic, or docstring) is split on blank lines
-and consecutive paragraphs are grouped greedily until a chunk holds at least
-``DOCUMENT_TARGET_CHARS`` characters (a file's last chunk may be shorter; a
-chunk never spans two files). Chunking keeps a single large file from being one
-indivisible document, so the validation split holds roughly
-``data.val_fraction`` of the *text*, not just of the files, while chunks stay
-long enough that an EOS between them is rare.
-
-For these three sources, a document belongs to the validation split
-iff a hash of its *content* falls below ``data.val_fraction``. Deciding by
-content (not by position) keeps the split stable when documents are added or
-reordered, and sends exact duplicates to the same side, so train and
-validation never share a document.
+Except for TFDS, documents are chunks of consecutive paragraphs of at least
+``DOCUMENT_TARGET_CHARS`` within one file, so validation holds about
+``data.val_fraction`` of the *text*; a chunk is in validation iff a hash of its content
+falls below it: stable when documents are added or reordered, and duplicates land on
+the same side.
 """
 
 from __future__ import annotations

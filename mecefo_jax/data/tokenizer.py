@@ -1,22 +1,12 @@
 """The sentencepiece tokenizer: loading a given model, or training and caching one.
 
-If ``data.tokenizer_path`` is set, that model is loaded and checked against the
-model's ``vocab_size``. Otherwise a sentencepiece model is trained on (a sample
-of) the training split the first time it is needed and cached under
-``data.cache_dir`` (default ``~/.cache/mecefo_jax``) in a file named by a hash
-of (training-corpus fingerprint, vocab_size, training recipe); later calls with
-the same corpus and vocab size load it instead of retraining.
-
-The training recipe keeps text *exactly* recoverable: identity normalisation,
-whitespace kept verbatim (code indentation survives), newline and tab as
-dedicated pieces, and byte fallback once the vocabulary is large enough to hold
-the 256 byte pieces, so rare characters decode losslessly instead of to <unk>.
-Special ids are fixed: pad=0, unk=1, bos=2, eos=3.
-
-In a multi-process JAX run every process must tokenize with the same model
-bytes (`multihost.agreed_bytes`): process 0 alone loads or trains the cached model
-and broadcasts it, and a given ``data.tokenizer_path`` must hold identical
-bytes on every host.
+``data.tokenizer_path`` is loaded and checked against ``vocab_size``; otherwise a model
+is trained on (a sample of) the training split once and cached under ``data.cache_dir``
+by a hash of (corpus fingerprint, vocab_size, recipe). The recipe keeps text *exactly*
+recoverable: identity normalisation, whitespace verbatim (code indentation survives),
+newline and tab as pieces, and byte fallback once the vocabulary holds the 256 byte
+pieces. Special ids: pad=0, unk=1, bos=2, eos=3. Every process of a job tokenizes with
+the same bytes (`multihost.agreed_bytes`): process 0 loads or trains and broadcasts.
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
 """The host-level fault controller: inject failures, move training, recover.
 
-With replicas as rows (`mesh.replicas`) a failure never changes the mesh: the
-layout's rows are packed onto the same devices (`neighbour/row_packing.py`) and
-only the packing's row counts key a program. On `fault.time_model='wall_clock'` the
-schedule is read at the run's own cluster seconds (`step_clock.py`).
+Before every step it compares the schedule's live mask with the current one (agreed
+across processes, `multihost.agreed_live_mask`); on a change it rebuilds the mesh from
+the live replicas, moves the state there, re-derives the layout and precompiles the
+step, reusing a topology seen before. With replicas as rows (`mesh.replicas`) the mesh
+never changes: rows are packed onto the same devices (`neighbour/row_packing.py`). The
+schedule is read at executed steps (`clock`, advancing while rolled-back steps are
+redone, as wall time would) or, under `fault.time_model='wall_clock'`, at the run's
+cluster seconds (`step_clock.py`). `checkpoint_restart` is faults/restart.py.
 
-Before every step the controller compares the schedule's live mask with the
-current one (agreed across processes through `multihost.agreed_live_mask`).
-On a change it rebuilds the mesh from the live replica rows (data shrinks,
-model stays), moves the train state there, re-derives the layout from the
-strategy, and precompiles the step for it; a topology seen before is reused,
-never recompiled. Under MeCeFO strategies the SVD projections are refreshed
-at every failure onset and every `mecefo.tau` steps while a neighbour is
-active, unless `mecefo.projection` is not 'weights' (its neighbour reads no
-projections): then none is refreshed, timed or recorded. `checkpoint_restart`
-recovers differently: faults/restart.py.
-
-Timeline: the schedule is indexed by executed steps (`clock`), which keeps
-advancing while rolled-back steps are redone, as wall time would.
-
-What handling failures costs is measured where it is done: every event
-(failure or recovery) carries its detect, rebuild, compile, restore and
-refresh seconds and the time of its first step, and is reported to the
-loop's observers once that step is timed. Every SVD refresh is waited for
-and timed (its first call on a topology includes compiling it) and counted
-in the measured overhead: on the event that triggered it, or as a refresh
-between events every `mecefo.tau` steps. Modelled cluster time and token
-accounting are observers' work (studies/probes.py, observers.py).
+Projections are refreshed at every failure onset and every `mecefo.tau` steps while a
+neighbour is active, under `mecefo.projection='weights'` only. Each event carries its
+detect, rebuild, compile, restore and refresh seconds, reported to the observers once
+its first step is timed; every refresh is waited for and timed.
 """
 import dataclasses
 import time

@@ -1,68 +1,35 @@
 """Per-role step costs: what one device pays per step in each role.
 
-This module owns the *cost table* that both the placement planner
-(`faults/planner.py`) and the cluster simulator read: for each role a device
-can run, the cost of computing `x` batch shards, relative to one normal
-(exact) shard, plus the seconds of one fault-free step. In the library, as
-the planner needs it at run time; pure numpy (no jax import).
-
-Three sources, whichever is given:
+The *cost table* the placement planner (`faults/planner.py`) and the cluster
+simulator read: for each role, the cost of computing `x` batch shards relative
+to one normal (exact) shard, plus the seconds of one fault-free step. Pure
+numpy: the planner needs it at run time. Three sources:
 
 ``analytic``
-    The FLOP model of docs/algorithm.md section 6 for the paper's LLaMA shapes
-    (`PAPER_MODELS`). Per block and token, with width d, FFN width h,
-    sequence length L, vocab V and low-rank r:
-
-    * forward ``2(4d^2 + 3dh)`` (Q, K, V, O and the three SwiGLU kernels; the
-      paper's shapes use plain multi-head attention) plus the attention
-      scores ``4Ld`` (QK^T and PV over the full L x L matrix). We count the
-      full matrix, not the causal half (``2Ld``), because a dense masked
-      attention computes it and XLA's cost analysis counts it: that is what
-      the measured 78.6 MFLOP per normal 350M block is (our count: 78.7);
-    * a normal backward is twice the forward;
-    * the head costs ``2dV`` forward and ``4dV`` backward per token, in every
-      role (the neighbour runs it exactly on all its shards);
-    * in neighbour mode the MHA backward disappears (unless
-      `mecefo.skip_attention` is off), the FFN forward runs again when
-      `recompute_ffn` (`mecefo.remat_ffn`), the FFN activation gradient
-      ``6dh`` stays exact and each m x n FFN weight gradient costs
-      ``2r(m+n) + 2rmn/b`` instead of ``2mn`` per token (``G_y (x^T V) V^T``,
-      the last product once per batch of b tokens); ``4r(m+n) + (2rmn +
-      QR)/b`` under `mecefo.projection='gradient'`, ``2mn`` under 'exact', 0
-      under 'none' (`ffn_wgrad_flops`).
-
-    Elementwise work (norms, gate, softmax, RoPE, gather: about 1% of a block)
-    is left out. Two shards on one device are one joined batch (b doubles).
-
+    The FLOP model of docs/algorithm.md section 6 for a LLaMA shape. Attention
+    scores count the full L x L matrix (``4Ld``), not the causal half, because a
+    dense masked attention computes it and XLA's cost analysis counts it. In
+    neighbour mode the MHA backward disappears (unless `mecefo.skip_attention`
+    is off), the FFN forward runs again under `mecefo.remat_ffn`, and each FFN
+    weight gradient follows `mecefo.projection` (`ffn_wgrad_flops`).
+    Elementwise work (about 1% of a block) is left out.
 ``bench``
-    `bench_step.json` from `scripts/bench_step.py` (ideally run on a GPU):
-    ``ratios[mode][metric]`` for ``normal``, ``ndb_naive`` (two shards
-    exact), ``mecefo`` (two shards, neighbour mode), ``mecefo_per_batch``
-    (one shard, neighbour mode) and, when present, ``plain_dp`` (the plain
-    GSPMD data-parallel step that layouts without a neighbour run).
-
+    `bench_step.json` from `scripts/bench_step.py`: ``ratios[mode][metric]``.
 ``roles``
-    Per-program seconds measured here by the strategy comparison
-    (``compare_faults.json``'s ``programs``: ``{name: {'seconds': s}}`` or over
-    seeds ``{'seconds': {'mean': s}}``), or a plain ``{name: seconds}`` table;
-    names are programs such as ``normalx2`` or ``neighbourx3``.
+    Per-program seconds measured by the strategy comparison (`faults/plan.py`).
 
-Between the points a table gives, cost is linear in examples (interpolated
-through (0, 0) and every measured point; past the last point, extrapolated
-with the last segment's slope): a source that measures only two shards thus
-says "linear in examples", and one that measures more shapes is followed.
+Between the points a table gives, cost is linear in examples (through (0, 0),
+extrapolated past the last point with the last segment's slope).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any
 
 import numpy as np
 
 from mecefo_jax.config.schema import PROJECTION_RULES
-from mecefo_jax.faults.refresh_costs import ffn_kernels, thin_qr_flops
 
 PEAK_FLOPS_A100_BF16 = 312e12  # A100 dense bf16 tensor-core peak, FLOP/s
 
@@ -87,6 +54,16 @@ PAPER_MODELS: dict[str, ModelShape] = {
 }
 
 
+def ffn_kernels(shape) -> tuple[tuple[int, int], ...]:
+    """[n, m] of the three FFN kernels of a block (w_gate, w_up: [d, h]; w_down: [h, d])."""
+    return ((shape.d_model, shape.ffn_hidden),) * 2 + ((shape.ffn_hidden, shape.d_model),)
+
+
+def thin_qr_flops(k: int, r: int) -> float:
+    """Householder thin QR of a k x r block: ``2 k r^2 - 2 r^3 / 3``."""
+    return 2.0 * k * r * r - 2.0 * r ** 3 / 3.0
+
+
 def ffn_wgrad_flops(n: int, m: int, *, rank: int, tokens: float, projection: str) -> float:
     """FLOPs of one [n, m] FFN kernel's neighbour-mode weight gradient over `tokens` tokens.
 
@@ -107,13 +84,10 @@ def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: i
                           batch_tokens: float, recompute_ffn: bool,
                           causal_scores: bool = False, projection: str = 'weights',
                           attention_backward: float = 0.0) -> float:
-    """FLOPs of one transformer block per token, forward + backward, in `mode`.
+    """FLOPs of one block per token, forward + backward, in `mode` ('normal' or 'neighbour').
 
-    `mode` is 'normal' (exact) or 'neighbour' (MeCeFO's approximate backward);
-    `batch_tokens` is the b of the low-rank product paid once per batch;
-    `projection` the neighbour's FFN gradient rule (`mecefo.projection`);
-    `attention_backward` the share of blocks whose attention backward the neighbour
-    computes (`attention_share`), each twice the branch's forward.
+    `batch_tokens` is the b of the low-rank product paid once per batch; `attention_backward`
+    the share of blocks whose attention backward the neighbour computes (`attention_share`).
     """
     d, h, L = shape.d_model, shape.ffn_hidden, seq_len
     ffn_fwd = 2 * 3 * d * h
@@ -165,12 +139,9 @@ def interpolate(points, x) -> np.ndarray:
 class CostTable:
     """Step cost per role, in units of one normal shard on one device.
 
-    `exact` and `neighbour` are (shards, cost) points of the exact and the
-    neighbour-mode program; `plain` is the cost of the fault-free program
-    (plain data parallelism, which every layout without a neighbour runs)
-    relative to `normal`, so those layouts cost `plain * exact(x)` while a
-    layout with a neighbour costs `max(1, neighbour(x))` (its normal
-    replicas run the role-switching step). `step_sec` is one fault-free step.
+    `exact` and `neighbour` are (shards, cost) points of each program; `plain` is the
+    fault-free (plain data-parallel) program relative to `normal`, so layouts without a
+    neighbour cost `plain * exact(x)` and the others `max(1, neighbour(x))`.
     """
     source: str
     exact: tuple[tuple[float, float], ...]
@@ -263,9 +234,8 @@ def bench_table(bench: dict, shape: ModelShape, *, metric: str, seq_len: int,
                 **analytic_kw) -> CostTable:
     """The table of a `bench_step.json` dict, applied to `shape`.
 
-    Absolute step time comes from the bench's normal `step_ms` (scaled
-    linearly to `replica_seqs * seq_len` tokens) only when the bench ran this
-    very shape on a GPU; otherwise from the analytic FLOPs at `mfu`.
+    The step time is the bench's normal `step_ms` (scaled to `replica_seqs * seq_len`
+    tokens) only when it ran this very shape on a GPU; otherwise analytic, at `mfu`.
     """
     try:
         ratios = bench['ratios']
@@ -302,70 +272,6 @@ def bench_table(bench: dict, shape: ModelShape, *, metric: str, seq_len: int,
                      step_sec_source=step_src,
                      note=f'{path}: ratios[*][{metric}] of {shape_txt} on {device}'
                           + ('' if same_shape else ' (another shape: ratios applied as they are)'))
-
-
-# RoleTimer's program names (layout.Program.name): '<role>x<rows>'. A mixed program
-# ('mixedx4+1') is one normal and one neighbour piece, so it adds no point of its own.
-_PROGRAM_NAME = re.compile(r'^(normal|neighbour)x(\d+)$')
-_ROLES = {'normal': 0, 'neighbour': 1}
-
-
-def program_seconds(roles: dict) -> dict[str, float]:
-    """{program name: seconds} from what the strategy comparison writes.
-
-    `compare_faults.json` has `programs[name]['seconds']`, a number for one
-    seed or a {mean, std, min, max} dict over seeds (the mean is used); a
-    controller summary has `role_seconds` {name: seconds}; a bare table is
-    read as it is.
-    """
-    table = roles.get('programs', roles.get('role_seconds', roles))
-    out = {}
-    for name, value in table.items():
-        if isinstance(value, dict):
-            value = value.get('seconds')
-            if isinstance(value, dict):
-                value = value.get('mean')
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[str(name)] = float(value)
-    return out
-
-
-def roles_table(roles: dict, shape: ModelShape, *, seq_len: int, replica_seqs: int,
-                mfu: float, path: str = 'compare_faults.json', **analytic_kw) -> CostTable:
-    """The table of per-program seconds measured by the strategy comparison.
-
-    Keys are program names, e.g. 'normalx2' (2 examples exact) or
-    'neighbourx4'. The reference is the fault-free program: the normal one
-    with the fewest rows. Ratios only: these are CPU timings of a small
-    config, so absolute time is analytic.
-    """
-    table = program_seconds(roles)
-    parsed = []  # (role, examples, seconds)
-    for key, sec in table.items():
-        m = _PROGRAM_NAME.match(str(key))
-        if m:
-            parsed.append((_ROLES[m.group(1)], int(m.group(2)), sec))
-    normals = [p for p in parsed if p[0] == 0]
-    if not normals or not any(p[0] == 1 for p in parsed):
-        raise ValueError(f'--roles_json={path}: needs programs (or role_seconds) with a normal '
-                         f"program ('normalxB') and a neighbour program ('neighbourx...'); "
-                         f'got keys {sorted(table)[:8]}. Run scripts/compare_faults.py.')
-    ref_examples, ref_sec = min(normals, key=lambda p: p[1])[1:]
-
-    def points(role):
-        by_x: dict[float, list[float]] = {}
-        for r, ex, sec in parsed:
-            if r == role:
-                by_x.setdefault(ex / ref_examples, []).append(sec / ref_sec)
-        return tuple((x, float(np.mean(v))) for x, v in sorted(by_x.items()))
-
-    step = mfu_step_sec(shape, seq_len=seq_len, replica_seqs=replica_seqs, mfu=mfu, **analytic_kw)
-    peak = analytic_kw.get('peak_flops', PEAK_FLOPS_A100_BF16) / 1e12
-    return CostTable(source='roles', exact=points(0), neighbour=points(1), step_sec=step,
-                     step_sec_source=f'analytic FLOPs at MFU {mfu:g} of {peak:g} TFLOP/s '
-                                     f'(role timings are ratios only)',
-                     note=f'{path}: per-role seconds measured on this machine, reference '
-                          f'{ref_examples} examples')
 
 
 def load_json(path: str, flag: str) -> dict:

@@ -18,6 +18,10 @@ config's own shape, `faults/costs.py`), `bench:PATH` (a bench_step.json) or
 """
 from __future__ import annotations
 
+import re
+
+import numpy as np
+
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults.planner import Planner, attention_share, program_cost
 from mecefo_jax.faults.strategies import STRATEGIES, layout_for
@@ -38,10 +42,72 @@ def cost_table(cfg, spec: str, shard: int) -> costs_lib.CostTable:
         return costs_lib.bench_table(costs_lib.load_json(path, '--cost bench:'), shape,
                                      metric='step_ms', path=path, **common)
     if kind == 'roles' and path:
-        return costs_lib.roles_table(costs_lib.load_json(path, '--cost roles:'), shape,
-                                     path=path, **common)
+        return roles_table(costs_lib.load_json(path, '--cost roles:'), shape, path=path, **common)
     raise ValueError(f'--cost={spec!r}: use analytic, bench:PATH (bench_step.json) or '
                      f'roles:PATH (compare_faults.json).')
+
+
+# RoleTimer's program names (layout.Program.name): '<role>x<rows>'. A mixed program
+# ('mixedx4+1') is one normal and one neighbour piece, so it adds no point of its own.
+_PROGRAM_NAME = re.compile(r'^(normal|neighbour)x(\d+)$')
+_ROLES = {'normal': 0, 'neighbour': 1}
+
+
+def program_seconds(roles: dict) -> dict[str, float]:
+    """{program name: seconds} from what the strategy comparison writes.
+
+    `compare_faults.json` has `programs[name]['seconds']`, a number for one
+    seed or a {mean, std, min, max} dict over seeds (the mean is used); a
+    controller summary has `role_seconds` {name: seconds}; a bare table is
+    read as it is.
+    """
+    table = roles.get('programs', roles.get('role_seconds', roles))
+    out = {}
+    for name, value in table.items():
+        if isinstance(value, dict):
+            value = value.get('seconds')
+            if isinstance(value, dict):
+                value = value.get('mean')
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[str(name)] = float(value)
+    return out
+
+
+def roles_table(roles: dict, shape: costs_lib.ModelShape, *, seq_len: int, replica_seqs: int,
+                mfu: float, path: str = 'compare_faults.json', **analytic_kw) -> costs_lib.CostTable:
+    """The table of per-program seconds measured by the strategy comparison.
+
+    Keys are program names, e.g. 'normalx2' (2 examples exact) or
+    'neighbourx4'. The reference is the fault-free program: the normal one
+    with the fewest rows. Ratios only: these are CPU timings of a small
+    config, so absolute time is analytic.
+    """
+    table = program_seconds(roles)
+    parsed = []  # (role, examples, seconds)
+    for key, sec in table.items():
+        m = _PROGRAM_NAME.match(str(key))
+        if m:
+            parsed.append((_ROLES[m.group(1)], int(m.group(2)), sec))
+    normals = [p for p in parsed if p[0] == 0]
+    if not normals or not any(p[0] == 1 for p in parsed):
+        raise ValueError(f'--roles_json={path}: needs programs (or role_seconds) with a normal '
+                         f"program ('normalxB') and a neighbour program ('neighbourx...'); "
+                         f'got keys {sorted(table)[:8]}. Run scripts/compare_faults.py.')
+    ref_examples, ref_sec = min(normals, key=lambda p: p[1])[1:]
+
+    def points(role):
+        by_x: dict[float, list[float]] = {}
+        for r, ex, sec in parsed:
+            if r == role:
+                by_x.setdefault(ex / ref_examples, []).append(sec / ref_sec)
+        return tuple((x, float(np.mean(v))) for x, v in sorted(by_x.items()))
+
+    step = costs_lib.mfu_step_sec(shape, seq_len=seq_len, replica_seqs=replica_seqs, mfu=mfu, **analytic_kw)
+    peak = analytic_kw.get('peak_flops', costs_lib.PEAK_FLOPS_A100_BF16) / 1e12
+    return costs_lib.CostTable(
+        source='roles', exact=points(0), neighbour=points(1), step_sec=step,
+        step_sec_source=f'analytic FLOPs at MFU {mfu:g} of {peak:g} TFLOP/s (role timings are ratios only)',
+        note=f'{path}: per-role seconds measured on this machine, reference {ref_examples} examples')
 
 
 def _rank(cfg) -> int:

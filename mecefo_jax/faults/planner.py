@@ -1,59 +1,19 @@
 """`mecefo_planned`: where each failed shard goes so that no step waits for a neighbour.
 
-In neighbour mode one shard costs about 0.65x a normal one (the attention
-backward is skipped, the FFN weight gradients are low rank), so a helper can
-take its own shard plus about half of a failed one and still finish within
-one normal step. The paper pins each failed shard on one neighbour (1.25x at
-350M, and every synchronous step waits for it); this planner splits the
-orphaned rows over as few helpers as keep every device within one normal
-step, nearest first.
+A neighbour-mode shard costs about 0.65x a normal one, so a helper can take its own
+shard plus about half a failed one within one normal step; the paper pins each failed
+shard on one neighbour, and every synchronous step waits for it (docs/failures.md).
 
-The model: every live replica keeps its own shard; a *helper* also takes
-rows of failed shards. All helpers share one role and one program, padded
-to the busiest helper's rows (as `Layout` does):
-
-* *neighbour* (the paper's mode): all of the helper's rows in neighbour
-  mode, so it costs ``neighbour(shard + e)``: within one normal step for
-  `e` up to about half a shard;
-* *mixed*: its own shard exact and only the `e` adopted rows in neighbour
-  mode, ``normal(shard) + neighbour(e)``: always over one normal step, but
-  only the orphaned rows are approximated. Its peak memory is a normal
-  device's plus the adopted rows' neighbour-mode activations, so mixed
-  plans are weighed only when no memory bound is given.
-
-A normal device never takes extra rows; `max_rows` (from the memory plan)
-bounds a neighbour helper's rows, so that no device exceeds a normal
-device's peak. Among the plans that compute every orphaned row exactly
-once, the planner picks, lexicographically:
-
-1. the smallest *slowest cost*: max(1, helper cost / normal cost). Plans
-   within one normal step tie: going below it would only turn more devices
-   into neighbours for a step the normal devices set anyway;
-2. the fewest rows in neighbour mode: ``helpers * shard + orphaned rows``
-   for neighbour helpers, the orphaned rows for mixed ones (how much
-   gradient is approximated, how many rows send no attention gradient);
-3. the fewest helpers;
-4. the smallest transport: the sum over orphaned rows of the ring distance
-   from their failed replica to the helper (nearby helpers, usually the
-   same node);
-5. then the smallest helper program (fewest rows on the busiest helper).
-
-Without a cap, neighbour helpers always win (1): ``neighbour(shard + e) <
-normal(shard) + neighbour(e)``. `max_neighbour_rows`
-(`fault.max_neighbour_rows`) trades speed for fidelity: (1) to (5) are then
-taken over the plans with at most that many rows in neighbour mode: fewer,
-busier neighbour helpers, or mixed helpers, whichever is faster; a mixed
-plan beats the paper's single neighbour on both counts (350M, one failure
-of 32: 1.04x against 1.25x, 16 rows in neighbour mode against 32). When no
-plan meets the cap, the plan with the fewest neighbour-mode rows is used.
-
-(1) to (3) have a closed form in (live, failed) alone (`Budget`); (4) is a
-min-cost transport on the ring with a fixed number of helpers, solved
-exactly by dynamic programming over the ring cut at every edge (an optimal
-ring transport leaves some edge unused, the median argument). Above
-`EXACT_STATES` DP states the placement falls back to a greedy nearest-first
-fill that still meets (1) to (3) exactly; only (4) is then approximate.
-Pure numpy.
+Every live replica keeps its shard; *helpers* also take orphaned rows, all in one role:
+*neighbour* (every row in neighbour mode) or *mixed* (only the adopted rows; more
+memory than a normal device, so weighed only without a memory bound `max_rows`).
+Among plans computing every orphaned row once, lexicographically: (1) the smallest
+slowest cost max(1, helper / normal), plans within one step tying; (2) the fewest
+neighbour-mode rows; (3) the fewest helpers; (4) the shortest ring transport; (5) the
+smallest helper program. `fault.max_neighbour_rows` restricts this to plans within that
+many neighbour-mode rows (the fewest when none is). (1) to (3) have a closed form
+(`budget`); (4) is an exact dynamic programme over the ring cut at every edge, or above
+`EXACT_STATES` a greedy nearest-first fill keeping (1) to (3) exact. Pure numpy.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from mecefo_jax.config.defaults import DEFAULT_SPLIT_MIN_ELEMENTS
+from mecefo_jax.faults.costs import ffn_kernels, thin_qr_flops
 
 # Effective TFLOP/s of the refresh's products and QRs on a GPU: an assumption, not a
 # measurement, kept low on purpose (float32 at HIGHEST precision, skinny r-wide
@@ -34,11 +35,6 @@ DEFAULT_LINK_GBPS = 25.0
 BYTES_F32 = 4
 
 
-def ffn_kernels(shape) -> tuple[tuple[int, int], ...]:
-    """[n, m] of the three FFN kernels of a block (w_gate, w_up: [d, h]; w_down: [h, d])."""
-    return ((shape.d_model, shape.ffn_hidden),) * 2 + ((shape.ffn_hidden, shape.d_model),)
-
-
 def svd_refresh_flops(shape) -> float:
     """FLOPs of one projection refresh: a thin SVD of each of the 3 FFN kernels
     per block, as `projections.top_singular_vectors` computes (U, S and V of
@@ -48,21 +44,10 @@ def svd_refresh_flops(shape) -> float:
     return 3.0 * shape.num_layers * (6.0 * m * n * n + 20.0 * n ** 3)
 
 
-def thin_qr_flops(k: int, r: int) -> float:
-    """Householder thin QR of a k x r block: ``2 k r^2 - 2 r^3 / 3``."""
-    return 2.0 * k * r * r - 2.0 * r ** 3 / 3.0
-
-
 def subspace_flops(n: int, m: int, r: int, iterations: int) -> float:
     """One [n, m] kernel, unsplit: two products per iteration plus the thin QRs,
     the start's QR included."""
     return thin_qr_flops(n, r) + iterations * (4.0 * n * m * r + thin_qr_flops(m, r) + thin_qr_flops(n, r))
-
-
-def subspace_refresh_flops(shape, rank: int, iterations: int) -> float:
-    """FLOPs of one unsplit subspace refresh of every FFN kernel of the model."""
-    return shape.num_layers * sum(subspace_flops(n, m, rank, iterations)
-                                  for n, m in ffn_kernels(shape))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,54 +1,17 @@
 """The failure schedule: which data-parallel replica is down during which step.
 
-This module owns the *plan* of failures, not their handling. It turns the
-`fault` config into a sorted, validated list of `FailureEvent`s and answers
-"which replicas are live during step t" and "who fails / recovers at step t"
-for the training controller. It is pure Python (numpy only for the seeded RNG)
-so every host of a multi-host job can build the same schedule locally, with no
-communication, and agree on it bit for bit.
+The `fault` config becomes a sorted, validated list of `FailureEvent`s, and the
+controller asks which replicas are live during step t. Pure Python (numpy only for the
+seeded RNG), so every host builds the same schedule with no communication. Sources,
+first match wins: `fault.events` (``"step:replica:duration_steps,..."``), `fault.regime`
+(the paper's cluster-wide MTBF/MTTR for 32 GPUs, `REGIMES`; `fault.regime_replicas` = 32
+keeps its per-replica rate on another size), or `fault.mtbf_hours` / `fault.mttr_hours`.
 
-Sources of events, in order of precedence:
-
-1. `fault.events`: an explicit list ``"step:replica:duration_steps,..."``.
-   Event ``(s, r, d)`` takes replica ``r`` down for steps ``s .. s+d-1``; it is
-   live again at step ``s+d`` (`FailureEvent.recovery_step`).
-2. `fault.regime`: one of the paper's cluster-wide regimes (MeCeFO,
-   NeurIPS 2025), given as (mean time between failures, mean time to recovery):
-   ``low`` 2 h / 4 h, ``mid`` 1 h / 3 h, ``high`` 0.5 h / 2 h, for its
-   32-GPU cluster. `fault.regime_replicas` = 32 keeps that per-replica
-   failure rate on a cluster of another size (MTBF x 32 / replicas); 0 (the
-   default) applies the cluster MTBF as it is.
-3. `fault.mtbf_hours` / `fault.mttr_hours`: a custom random process with the
-   same shape, used only when both are > 0.
-
-Otherwise there are no failures.
-
-Hours to steps. The random processes are specified in wall-clock hours of the
-cluster, while training advances in steps, so they are converted through the
-configured seconds per step::
-
-    steps = hours * 3600 / fault.step_time_sec
-
-e.g. with ``step_time_sec = 60`` the ``high`` regime becomes a mean gap of
-30 steps and a mean outage of 120 steps. The expected number of failure
-arrivals in a run is therefore about
-``total_steps * step_time_sec / (mtbf_hours * 3600)``: ``step_time_sec`` is
-not a measurement but a knob, and for a short demo it alone decides whether
-the run sees no failure at all (``step_time_sec = 1``, 1000 steps, ``high``:
-about 0.6 arrivals) or dozens (``step_time_sec = 60``: about 33).
-
-Random process. Failures arrive cluster-wide as a Poisson process: exponential
-inter-arrival times with mean ``mtbf_steps``, accumulated in continuous time
-and rounded to the nearest step (rounding the arrival times rather than each
-gap keeps the mean gap unbiased). Each arrival picks its victim uniformly among
-the replicas live at that step; if `max_concurrent` replicas are already down
-the arrival is dropped. Outage length is exponential with mean ``mttr_steps``,
-rounded, at least one step. By Little's law about ``mttr / mtbf`` replicas are
-down on average (2, 3 and 4 for low, mid and high), so with few replicas the
-cap binds often and the realised failure rate is below the nominal one.
-`fault.max_concurrent = 0` means ``num_replicas - 1``: random schedules always
-leave one replica live. Explicit schedules may take every replica down; that is
-valid here and it is the controller's job to stop with a clear error.
+Hours become steps at `fault.step_time_sec` (a knob, not a measurement). Failures
+arrive as a Poisson process (arrival times rounded to steps, so the mean gap stays
+unbiased) on a live replica, dropped when `max_concurrent` are down (0: all but one);
+an outage lasts an exponential number of steps, at least one. Explicit schedules may
+take every replica down: the controller then stops with a clear error.
 """
 
 from __future__ import annotations

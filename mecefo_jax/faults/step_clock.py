@@ -1,21 +1,12 @@
 """Failures in wall-clock time: one trace in cluster seconds, met by each run at its own pace.
 
-A regime gives failures in hours. Counted in steps, every strategy would
-live through the same number of steps of an outage, and a strategy whose
-step is c times slower would be charged c times the outage's seconds. On the
-wall clock (`fault.time_model='wall_clock'`) the trace stays in seconds: an
-outage of the events' `duration_steps` lasts that many fault-free steps of
-`fault.step_time_sec` each, and each executed step advances the run's clock
-by `fault.step_time_sec` times its layout's step ratio. A strategy whose step
-is c times slower then sees about ceil(D / (c t)) steps of an outage of D
-seconds.
-
-A step's ratio is its slowest replica's program cost against a normal
-replica's, from the analytic FLOP costs of the config's shape that the
-`mecefo_planned` planner weighs (`planner.config_planner`), diluted by the
-exposed share φ of the gradient all-reduce (`fault.allreduce_exposed`):
-c_eff = 1 + (c - 1)(1 - φ), since every replica waits for the same exposed
-all-reduce whatever its compute.
+Counted in steps, a strategy whose step is c times slower would be charged c times an
+outage's seconds. On the wall clock (`fault.time_model='wall_clock'`) the trace stays
+in seconds (an event's `duration_steps` fault-free steps of `fault.step_time_sec`
+each), and each executed step advances the run's clock by `fault.step_time_sec` times
+its layout's step ratio: the slowest replica's program cost against a normal one's,
+from the planner's analytic costs (`planner.config_planner`), diluted by the exposed
+share φ of the gradient all-reduce (`fault.allreduce_exposed`): c_eff = 1 + (c - 1)(1 - φ).
 """
 from __future__ import annotations
 

@@ -18,28 +18,13 @@ global batch and its order never change; only where shards are computed.
 | drop_adopters       | nowhere, and mecefo's adopter skips its | - (a control)    |
 |                     | own shard too                           |                  |
 
-`REGISTRY` holds one `StrategySpec` per row: where failed shards go
-(`Orphans`), whether adopters compute in neighbour mode, and whether a
-failure restores from a checkpoint. Everything that treats strategies
-differently (`layout_for` here, the cluster projection's step costs and
-recovery, the controller's choice) reads these fields, never the names: a
-new strategy is one new entry.
+`REGISTRY` holds one `StrategySpec` per row; everything that treats strategies
+differently reads its fields, never the names, so a new strategy is one new entry.
 
-`drop_adopters` is a control, not a strategy to train with: it drops exactly
-the rows `mecefo` approximates (each failed shard and its adopter's own), so
-`mecefo` against it is the value of an approximated row over a dropped one.
-Its adopters compute nothing (their rows carry weight 0); a step in which
-every live replica adopts has no row left and takes AdamW's step on a zero
-gradient. Controls are valid `fault.strategy` values but stay out of
-`STRATEGIES`, the list every comparison runs by default.
-
-`mecefo` stays the paper's rule (the faithful row). Splitting each failed
-shard over a fixed k nearest neighbours is one of the plans `mecefo_planned`
-chooses among, so it is no strategy of its own.
-
-Every replica joins its own shard and what it adopts into one batch, so the
-elastic re-split costs each survivor exactly `1 + f/(n-f)` of a batch (f of n
-replicas down), in one larger batch rather than many small ones.
+`drop_adopters` is a control: it drops exactly the rows `mecefo` approximates, so
+`mecefo` against it is the value of an approximated row over a dropped one. Controls
+are valid `fault.strategy` values but stay out of `STRATEGIES`, the default list.
+Every replica joins its own shard and what it adopts into one batch.
 """
 import dataclasses
 import enum

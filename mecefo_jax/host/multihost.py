@@ -64,14 +64,10 @@ def agreed_bytes(read: Callable[[], bytes], *, every_process_reads: bool,
                  mismatch_hint: str = '') -> bytes:
     """The same bytes on every process (a tokenizer model, say).
 
-    * ``every_process_reads=False``: only process 0 calls `read`; its bytes
-      are broadcast (length first, then the bytes) and returned everywhere.
-    * ``every_process_reads=True``: each process reads its own copy and the
-      sha256 digests are gathered; differing or unreadable copies raise a
-      ValueError on every process alike, ending with `mismatch_hint`.
-
-    A `read` error is re-raised where it happened, after the others have been
-    told, so that no process waits forever in a collective.
+    Only process 0 reads and broadcasts (``every_process_reads=False``), or each reads its
+    own copy and the sha256 digests are compared (a mismatch raises on every process,
+    ending with `mismatch_hint`). A `read` error is re-raised where it happened after the
+    others are told, so no process waits forever in a collective.
     """
     import jax
     from jax.experimental import multihost_utils

@@ -1,18 +1,11 @@
 """One run per workdir: an exclusive lock file naming the run that holds it.
 
-Two runs writing one workdir interleave their metrics rows, race on the
-checkpoints and overwrite each other's summary. The lock file
-`<workdir>/run.lock` is created atomically (hard link of a complete temporary
-file, so no reader ever sees it half-written) and holds the holder's pid,
-host, start time and command line, so a refused run can say who is running.
-
-A run killed without cleanup (SIGKILL, power loss) leaves its lock behind.
-On the same host a lock whose pid is gone (or is a zombie, or was reused by
-a newer process) is stale and is taken over with a warning. On another host
-liveness cannot be checked; the error then says how to remove the lock.
-
-Multi-process jobs: only process 0 takes the lock (pass `active=False`
-elsewhere): the processes of one job share the workdir by design.
+Two runs in one workdir would interleave metrics and race on checkpoints.
+`<workdir>/run.lock` is created atomically (a hard link of a complete file) and names
+the holder's pid, host, start time and command line, so a refused run says who is
+running. On the same host a lock whose pid is gone (or a zombie, or reused) is stale
+and taken over with a warning; on another host the error says how to remove it. Only
+process 0 of a job takes it (`active=False` elsewhere).
 """
 from __future__ import annotations
 

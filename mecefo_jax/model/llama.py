@@ -4,25 +4,12 @@ Shape letters: B batch, L sequence length, D d_model, H query heads,
 K key/value heads, G query heads per KV head (H = K * G), E head dim,
 F FFN hidden, V vocab, R low-rank projection rank, N layers.
 
-The blocks run under `nn.scan` (one compiled block body whatever the depth;
-parameters carry a leading layer axis) or as a Python loop
-(`model.scan_layers=False`, the same computation unrolled). Attention is
-`jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU, XLA elsewhere);
-the loss is `loss.chunked_cross_entropy`, so no [B, L, V] float32 logits are
-ever live in training. Each block can be rematerialised under a named policy
-(`remat_policy`), resolved from `checkpoint_name` tags in one function.
-
-Normal mode is the exact model. Neighbour mode (MeCeFO, Hu et al., NeurIPS
-2025, arXiv 2510.16415; docs/algorithm.md) has the same forward output but
-a cheaper backward:
-  * the attention branch is cut from the backward pass (no cotangent, no
-    parameter gradient, no saved activations);
-  * the FFN keeps only its input and recomputes its inner activations;
-  * each FFN weight gets a low-rank gradient: `lowrank.lowrank_dense`'s
-    (the paper's, with projections read from the 'projections' variable
-    collection) or, under `mecefo.projection='gradient'`,
-    `lowrank.sketched_dense`'s (projected on the batch's own gradient; no
-    projections read).
+Blocks run under `nn.scan` (one compiled body whatever the depth) or unrolled
+(`model.scan_layers=False`); the loss is chunked, so no [B, L, V] float32 logits are
+ever live. Neighbour mode (MeCeFO, Hu et al., NeurIPS 2025; docs/algorithm.md) has the
+same forward but a cheaper backward: the attention branch is cut from it, the FFN
+keeps only its input, and each FFN weight gets a low-rank gradient (`lowrank`). Each
+block can be rematerialised under a named policy (`remat_policy`).
 """
 from __future__ import annotations
 

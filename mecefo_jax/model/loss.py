@@ -3,20 +3,12 @@
 Shape letters: N tokens (batch x sequence, flattened), C tokens per chunk,
 K chunks, D d_model, V vocab.
 
-`chunked_cross_entropy` is the weighted sum of per-token cross-entropies of
-`x @ head`. A plain `optax` loss on full logits keeps a float32 [N, V] tensor
-live through the backward pass (at 32k vocab and 4k tokens, 512 MiB). Here
-the logits of one chunk of C tokens exist at a time: the forward pass computes,
-chunk by chunk, the loss and its gradients with respect to `x` and `head`
-(softmax minus one-hot, scaled by the token weight), so the backward pass only
-scales those by the incoming cotangent. That is the same arithmetic as
-autodiff of the unchunked loss, with no recomputation (6DV FLOPs per token,
-like the unfused loss) and no saved logits; the residuals are dx [N, D] and
-dhead [D, V].
-
-Matmuls take inputs in `x`'s dtype with float32 accumulation
-(`preferred_element_type`); softmax, the loss and the head-gradient
-accumulator across chunks are float32.
+A plain loss on full logits keeps a float32 [N, V] tensor live through the backward
+(at 32k vocab and 4k tokens, 512 MiB). Here one chunk's logits exist at a time: the
+forward computes, chunk by chunk, the loss and its gradients with respect to `x` and
+`head`, so the backward only scales them by the cotangent: autodiff's arithmetic, with
+no recomputation and no saved logits. Matmuls take `x`'s dtype with float32
+accumulation; softmax, the loss and the head-gradient accumulator are float32.
 """
 from __future__ import annotations
 

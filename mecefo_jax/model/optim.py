@@ -87,13 +87,10 @@ def make_optimizer(train_cfg: TrainSection) -> optax.GradientTransformation:
 def hold_where(optimizer: optax.GradientTransformation, hold, mask, new, old):
     """(params, opt_state) with the leaves under `mask` kept at `old` when `hold`.
 
-    A step that produced no gradient for some parameters (MeCeFO's attention
-    branch when every live replica is a neighbour) must not move them: AdamW
-    would otherwise still apply momentum and weight decay, and fold a zero
-    gradient into its moments. `mask` is a params-shaped tree of Python bools;
-    `new` and `old` are (params, opt_state) pairs; `hold` a traced bool.
-    Shared scalars such as Adam's step count still advance; a flat optimizer's
-    moment vectors keep the masked parameters' stretches.
+    Parameters a step gave no gradient (the attention branch when every live replica is a
+    neighbour) must not move: AdamW would still apply momentum and weight decay. `mask` is
+    a params-shaped tree of bools, `new` and `old` (params, opt_state) pairs, `hold` a
+    traced bool. Adam's step count still advances.
     """
     new_params, new_opt = new
     old_params, old_opt = old

@@ -1,30 +1,18 @@
 """How the step turns per-row gradient sums into one update: MeCeFO's rule and its trust.
 
-MeCeFO's combination rule (Hu et al., NeurIPS 2025, arXiv 2510.16415): the
-attention branch's parameters (MHA and its norm) are averaged over the rows
-computed exactly, everything else over every row, the neighbour's
-approximate ones included. This module generalises it by the *trust* a
-neighbour-mode row gets: its gradient enters parameter p with a weight
-w_p in [0, 1] and counts w_p towards p's divisor,
+MeCeFO's rule (Hu et al., NeurIPS 2025, arXiv 2510.16415): the attention branch's
+parameters (MHA and its norm) are averaged over the rows computed exactly, everything
+else over every row. Generalised by the *trust* w_p in [0, 1] a neighbour-mode row gets
+for parameter p,
 
     g_p = (S_exact,p + w_p S_neighbour,p) / (T_exact + w_p T_neighbour),
 
-S the gradient sums and T the token counts. w_p = 1 everywhere is the
-paper's rule; w_p = 0 treats the neighbour's rows as dropped for p (the
-`drop_adopters` control's gradient). A parameter the neighbour computes no
-gradient for has w = 0: the attention branch while the neighbour skips it
-in backward (`mecefo.skip_attention`), the FFN kernels under
-`mecefo.projection='none'`. Two settings choose w elsewhere (docs/algorithm.md):
-
-* `mecefo.neighbour_weight` w: one weight everywhere the neighbour is trusted;
-* `mecefo.trust_top_blocks` K (0: every block): the neighbour is trusted in
-  the top K blocks, the final norm and the head only. The attention skip
-  drops part of every cotangent below the top block, so the lower blocks'
-  and the embedding's gradients are the least exact.
-
-The weight is applied in the backward pass itself (`scale_cotangents` on the
-parameters the neighbour rows read), so a mixed program's exact and
-approximate rows still share one backward.
+S the gradient sums, T the token counts: w = 1 everywhere is the paper's rule, w = 0
+treats the rows as dropped for p, and a parameter the neighbour computes no gradient
+for has w = 0. `mecefo.neighbour_weight` and `mecefo.trust_top_blocks` choose w
+(docs/algorithm.md): the attention skip drops part of every cotangent below the top
+block, so the lower blocks' gradients are the least exact. The weight is applied in
+the backward pass (`scale_cotangents`), so a mixed program's rows share one backward.
 """
 from __future__ import annotations
 

@@ -1,21 +1,18 @@
 """Where each batch shard is computed: pieces, roles and device programs per live replica.
 
-The data pipeline always yields the global batch as `num_shards` shards in a
-fixed order. A `Layout` says which live replica computes which examples and in
-which role; `assemble` turns a global batch into the padded per-replica arrays
-the step consumes. Failures change the layout, never the samples.
+The pipeline yields the global batch as `num_shards` shards in a fixed order; a
+`Layout` says which live replica computes which examples in which role, and `assemble`
+turns the batch into the padded per-replica arrays the step consumes. Failures change
+the layout, never the samples.
 
-Every replica runs one *program*: a role and a number of example rows, all of
-its pieces joined into one batch (so a neighbour's two shards take one
-backward pass, with no gradient accumulator). Three roles: *normal* computes
-every row exactly; *neighbour* computes every row in MeCeFO's neighbour mode
-(the paper's rule, for its own shard and the adopted ones alike); *mixed*
-computes its first piece (its own shard) exactly and only the adopted rows
-in neighbour mode, in the same single backward pass. Replicas of the same role share
-the program of the busiest of them, padding masked by zero weights: a
-synchronous step lasts as long as its slowest device anyway, and fewer
-distinct programs mean fewer branches and compilations. A layout whose only
-program is a normal one needs no per-device branching at all (`is_plain`).
+Every replica runs one *program*: a role and a number of rows, all its pieces joined
+into one batch (a neighbour's two shards take one backward, no gradient accumulator).
+*normal* computes every row exactly, *neighbour* every row in MeCeFO's neighbour mode,
+*mixed* its own shard exactly and only the adopted rows in neighbour mode. Replicas of
+one role share the busiest one's program, padding masked by zero weights: a
+synchronous step lasts as long as its slowest device anyway, and fewer programs mean
+fewer branches and compilations. A layout with only a normal program needs no
+per-device branching (`is_plain`).
 
 Shape letters: N shards, B examples per shard, R live replicas, C capacity
 (rows per replica, the largest program), T tokens per example (seq_len + 1).

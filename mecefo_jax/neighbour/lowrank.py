@@ -25,25 +25,13 @@ import jax.numpy as jnp
 def lowrank_dense(x_bn: jax.Array, kernel_nm: jax.Array, v_nr: jax.Array) -> jax.Array:
     """`x @ kernel` whose kernel gradient is low-rank (MeCeFO neighbour mode).
 
-    Flax stores `kernel = W^T` ([n_in, m_out]) and computes `y = x @ kernel`.
-    With V ([n_in, r]) the top-r left singular vectors of the kernel (= top-r
-    right singular vectors of W), the backward pass returns:
+    Flax stores `kernel = W^T` ([n_in, m_out]); with V ([n_in, r]) its top-r left singular
+    vectors, the backward returns G_x = G_y kernel^T (exact), G_kernel = V ((x V)^T G_y)
+    ~= x^T G_y (summed over x's leading dims, in the kernel's dtype) and G_v = 0 (V is
+    refreshed state). Only `x @ V` ([..., r]) is saved, never x: the memory saving.
 
-      * G_x      = G_y @ kernel^T                (exact)
-      * G_kernel = V ((x V)^T G_y)  ~= x^T G_y   (low rank; i.e. G_W ~= G_y (x^T V) V^T),
-                   summed over all leading dims of x, in the kernel's dtype
-      * G_v      = 0                             (V is refreshed state, not trained)
-
-    Residuals saved for the backward pass: only the projected activations
-    `x @ V` ([..., r]) plus `kernel` and `V` (parameters/state that are alive
-    anyway). The full activation x ([..., n_in]) is never saved, which is
-    where the memory saving comes from; the FLOP saving is
-    2brn + 2brm + 2rmn instead of 2bmn for the kernel gradient.
-
-    Like a Flax Dense with a compute dtype, the output is in x's dtype (the
-    kernel is cast to x.dtype). Inside `shard_map`, kernel and v must have the
-    same varying axes as x (e.g. `jax.lax.pcast(kernel, 'data', to='varying')`)
-    because the kernel cotangent is per-shard; the caller reduces it.
+    The output is in x's dtype. Inside `shard_map`, kernel and v need x's varying axes
+    (`jax.lax.pcast(kernel, 'data', to='varying')`): the kernel cotangent is per-shard.
     """
     return x_bn @ kernel_nm.astype(x_bn.dtype)
 
@@ -78,16 +66,12 @@ SKETCH_SEED = 20251016  # Omega's seed: fixed, so every device and process draws
 
 
 def sketch_matrix(n_in: int, m_out: int, rank: int) -> jax.Array:
-    """Omega ([m_out, rank], float32, standard Gaussian) of `sketched_dense` for an
-    [n_in, m_out] kernel.
+    """Omega ([m_out, rank], float32, Gaussian) of `sketched_dense` for an [n_in, m_out] kernel.
 
-    A function of `SKETCH_SEED` and the shape only: the same on every device,
-    process and step, with no RNG state threaded through training (kernels of
-    one shape, e.g. every layer's w_gate, share it). The key is threefry
-    whatever `jax_default_prng_impl` says, whose bits do not depend on the
-    backend or the sharding. A fixed Omega is enough: the range finder's bound
-    holds for a Gaussian Omega independent of the matrix it sketches, and a
-    batch's gradient does not depend on the Omega that projects it.
+    A function of `SKETCH_SEED` and the shape only (threefry whatever the default PRNG),
+    so the same on every device, process and step with no RNG state threaded through
+    training. A fixed Omega is enough: the range finder's bound holds for a Gaussian Omega
+    independent of the matrix it sketches.
     """
     root = jax.random.key(SKETCH_SEED, impl='threefry2x32')
     key = jax.random.fold_in(jax.random.fold_in(root, n_in), m_out)
@@ -98,35 +82,14 @@ def sketch_matrix(n_in: int, m_out: int, rank: int) -> jax.Array:
 def sketched_dense(x_bn: jax.Array, kernel_nm: jax.Array, rank: int) -> jax.Array:
     """`x @ kernel` whose kernel gradient is projected onto the range of its own sketch.
 
-    The 'gradient' rule of `mecefo.projection`, this project's addition to
-    MeCeFO (Hu et al., NeurIPS 2025, arXiv 2510.16415), which projects on the
-    kernel's top singular directions (`lowrank_dense`). A W-based projection
-    cannot keep gradient directions outside W's row space: for `w_down`
-    (n_in = h > d) about half the gradient lies there. The batch's kernel
-    gradient G = x^T G_y ([n_in, m_out], summed over tokens) has rank at most
-    the token count and a fast-decaying spectrum, so a randomized rank-r range
-    finder (Halko, Martinsson & Tropp, 2011, Algorithm 4.1) on G keeps most of
-    it. Flax layout: kernel [n_in, m_out], y = x @ kernel. The backward returns
-
-      * G_x      = G_y kernel^T                      (exact)
-      * G_kernel = Q (Q^T x^T G_y)  ~= x^T G_y,      Q = orth(x^T (G_y Omega)) [n_in, r]
-
-    with Omega = `sketch_matrix(n_in, m_out, r)`. When r >= rank(G) (e.g. fewer
-    tokens than r) the gradient is exact. The products run in the order that
-    never forms G: G_y Omega [t, r], x^T (.) [n, r], a thin QR, x Q [t, r],
-    (x Q)^T G_y [r, m], Q (.) [n, m]. With t tokens the kernel gradient costs
-    2tmr + 2tnr (sketch) + 2tnr + 2tmr + 2nmr (projected product) FLOPs plus a
-    thin QR of [n, r] (2nr^2 - 2r^3/3), against 2tnm exact and
-    2tnr + 2tmr + 2nmr for the W-based rule: 2t(n + m)r more than that.
-    Token sums accumulate in float32, as in `lowrank_dense`.
-
-    Residuals: the full input x ([..., n_in], as the exact matmul saves) and the
-    kernel. The W-based rule saves only x V ([..., r]), so this rule gives up
-    that activation-memory saving: a neighbour's FFN kernels keep what a
-    normal device's keep (unless `mecefo.remat_ffn` recomputes them). Like
-    `lowrank_dense`, the output is in x's dtype, and inside `shard_map` the
-    kernel must have x's varying axes (`jax.lax.pcast(kernel, 'data',
-    to='varying')`): its cotangent is per-shard and the caller reduces it.
+    The 'gradient' rule of `mecefo.projection`, this project's addition to MeCeFO: a
+    W-based projection cannot keep gradient directions outside W's row space (for `w_down`
+    about half the gradient lies there). The batch's gradient G = x^T G_y has rank at
+    most the token count and a fast-decaying spectrum, so a randomized range finder
+    (Halko, Martinsson & Tropp, 2011, Algorithm 4.1) keeps most of it:
+    G_kernel = Q (Q^T x^T G_y), Q = orth(x^T (G_y Omega)) [n_in, r], exact when r >= rank(G).
+    The products never form G (FLOPs: `faults/costs.ffn_wgrad_flops`). It saves x whole,
+    giving up the W-based rule's memory saving; dtypes and `shard_map` as `lowrank_dense`.
     """
     return x_bn @ kernel_nm.astype(x_bn.dtype)
 

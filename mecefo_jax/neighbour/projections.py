@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -23,14 +23,11 @@ REFRESH_METHODS = ('svd', 'subspace')
 
 
 def resolve_rank(rank: Any, n_in: int, m_out: int, field: str = 'mecefo.rank') -> int:
-    """Turns the configured rank into an absolute r for an [n_in, m_out] kernel.
+    """The configured rank as an absolute r for an [n_in, m_out] kernel.
 
-    An int >= 1 is absolute; a float in (0, 1] is a fraction of
-    min(n_in, m_out), rounded half-up and at least 1. A whole-number float
-    > 1 is absolute too: ConfigDict locks `mecefo.rank` to float, so
-    `--config.mecefo.rank=128` arrives as 128.0. Anything else raises
-    ValueError naming `field`, so a bad config fails at startup rather than
-    inside a jitted SVD.
+    An int >= 1 is absolute, a float in (0, 1] a fraction of min(n_in, m_out) (rounded
+    half-up, at least 1); a whole float > 1 is absolute too, since ConfigDict locks
+    `mecefo.rank` to float. Anything else raises naming `field`, at startup.
     """
     if n_in < 1 or m_out < 1:
         raise ValueError(f'{field}: kernel dims must be >= 1, got [{n_in}, {m_out}]')
@@ -71,15 +68,11 @@ def _check_refresh(method: Any, iterations: Any) -> tuple[str, int]:
 
 
 def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
-    """Top-r left singular vectors of a Flax kernel ([n_in, m_out] -> [n_in, r]).
+    """Top-r left singular vectors of a Flax kernel ([n_in, m_out] -> [n_in, r]), in float32.
 
-    Left singular vectors of kernel = W^T are the input-side (right) singular
-    vectors of W, which is the subspace MeCeFO projects activations onto. The
-    SVD runs in float32 whatever the parameter dtype, because bf16 SVD is
-    inaccurate or unsupported. Extra leading dims (e.g. scanned layers
-    [L, n, m]) get one SVD per matrix: with several CPU devices on jax 0.10.2,
-    a batched LAPACK SVD in the same program as the parameter initialiser
-    deadlocked about every other run, one call per matrix never did.
+    Those are W's input-side singular vectors, the subspace MeCeFO projects activations
+    onto. One SVD per matrix of a stacked kernel: on several CPU devices (jax 0.10.2) a
+    batched LAPACK SVD beside the parameter initialiser deadlocked about every other run.
     """
     kernel_nm = kernel_nm.astype(jnp.float32)
     if kernel_nm.ndim > 2:
@@ -89,13 +82,10 @@ def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
 
 
 def _orthonormal(y_kr: jax.Array) -> jax.Array:
-    """Q of a thin Householder QR: stays orthonormal even if y is rank deficient.
+    """Q of a thin Householder QR (orthonormal even if y is rank deficient), one per matrix.
 
-    One QR per matrix, as for the SVD above: jax 0.10.2's CPU LAPACK kernels
-    split a batch over XLA's intra-op thread pool and wait for it from a
-    thread of that same pool, so two devices of one process refreshing at
-    once could take every pool thread and wait forever (a relaunched
-    survivor on `configs/small.py` hung in its first refresh). A single
+    jax 0.10.2's CPU LAPACK kernels split a batch over XLA's thread pool and wait for it
+    from a thread of that pool, so two devices refreshing at once could hang; a single
     matrix runs in the calling thread.
     """
     if y_kr.ndim > 2:
@@ -108,31 +98,16 @@ def subspace_iteration(kernel_nm: jax.Array, rank: int, init_v: jax.Array | None
                        split: RefreshSplit | None = None) -> jax.Array:
     """Top-r left singular subspace of a Flax kernel by randomized subspace iteration.
 
-    Halko, Martinsson & Tropp (2011), Algorithm 4.4: starting from Q = orth(V0),
-    each iteration computes Z = orth(kernel^T Q), then Q = orth(kernel Z), so
-    Q converges to the top-r left singular subspace of the kernel at the rate
-    (sigma_{r+1} / sigma_r)^(2 * iterations) per direction. Re-orthonormalising
-    after every product keeps float32 accurate where plain powers of
-    kernel kernel^T would drown the smaller directions.
-
-    V0 is `init_v` ([..., n, r], e.g. the V the train state holds: the weights
-    drift slowly between refreshes, so one or two iterations track them) or,
-    when None, a Gaussian draw from `key`. Cost per iteration: two
-    [n, m] x [., r] products (4 n m r FLOPs) plus thin QRs of [n, r] and
-    [m, r], against O(n m min(n, m)) for a full SVD. Under GSPMD the products
-    stay sharded like the kernel; only the skinny [., r] blocks are reduced
-    or gathered, never the kernel. Products run at HIGHEST precision, as the
-    SVD path does in float32 (TF32/bf16 passes would cap the accuracy).
-
-    `split` (see `RefreshSplit`) places the kernel and the skinny blocks:
-    under a data-parallel mesh the kernel is identical on every replica, so
-    splitting its long axis over 'data' as well cuts each replica's share of
-    the products by the data size, for one reduction of a [., r] block per
-    product; the thin QRs run replicated on the gathered [., r] blocks.
+    Halko, Martinsson & Tropp (2011), Algorithm 4.4: Z = orth(kernel^T Q), then
+    Q = orth(kernel Z), per iteration; re-orthonormalising after every product keeps
+    float32 accurate where plain powers of kernel kernel^T would drown the smaller
+    directions. V0 is `init_v` (the held V: the weights drift slowly between
+    refreshes, so one or two iterations track them) or a Gaussian draw from `key`.
+    Products run at HIGHEST precision (TF32/bf16 passes would cap the accuracy);
+    `split` places the kernel and the skinny blocks (`RefreshSplit`).
 
     Returns [..., n, r] float32 with orthonormal columns; the basis inside the
-    subspace is arbitrary (MeCeFO only uses V V^T). Leading dims (scanned
-    layers [L, n, m]) are batched.
+    subspace is arbitrary (MeCeFO only uses V V^T).
     """
     kernel_nm = kernel_nm.astype(jnp.float32)
     n = kernel_nm.shape[-2]
@@ -165,16 +140,12 @@ def _unchanged(x: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class RefreshSplit:
-    """Where one kernel's subspace iteration runs: two placement hooks.
+    """Where one kernel's subspace iteration runs.
 
-    `kernel` places the [..., n, m] kernel before the products (e.g. a
-    sharding constraint that splits it over the data axis too);
-    `product_m` and `product_n` place the [..., m, r] and [..., n, r]
-    products as they come out (split like the kernel's m or n axis, so the
-    product is computed split and not on a gathered kernel); `block` places
-    each skinny block before its QR (e.g. replicated: GSPMD gathers or
-    reduces it once and the QR is not split). The default leaves all where
-    the caller's shardings put them.
+    `kernel` places the [..., n, m] kernel before the products (e.g. split over the
+    data axis too: it is identical on every replica); `product_m` and `product_n`
+    place the [..., m, r] and [..., n, r] products as they come out; `block` places
+    each skinny block before its QR (e.g. replicated, so the QR is not split).
     """
     kernel: Callable[[jax.Array], jax.Array] = _unchanged
     product_m: Callable[[jax.Array], jax.Array] = _unchanged
@@ -266,32 +237,3 @@ def needs_refresh(step: int, *, tau: int, failure_onset: bool, neighbour_active:
         return True
     return bool(neighbour_active) and step % tau == 0
 
-
-def refresh_steps(
-    neighbour_active_by_step: Sequence[bool],
-    *,
-    tau: int,
-    onset_steps: Iterable[int] | None = None,
-    start_step: int = 0,
-) -> list[int]:
-    """Steps at which V is recomputed over a failure schedule (for tests/logging).
-
-    `neighbour_active_by_step[i]` says whether any device is in neighbour mode
-    at step `start_step + i`. Onsets default to the rising edges of that
-    sequence; pass `onset_steps` explicitly when a new failure can start while
-    another device is already in neighbour mode.
-    """
-    active = [bool(a) for a in neighbour_active_by_step]
-    if onset_steps is None:
-        onsets = {
-            start_step + i for i, a in enumerate(active) if a and (i == 0 or not active[i - 1])
-        }
-    else:
-        onsets = set(onset_steps)
-    return [
-        start_step + i
-        for i, a in enumerate(active)
-        if needs_refresh(
-            start_step + i, tau=tau, failure_onset=(start_step + i) in onsets, neighbour_active=a
-        )
-    ]

@@ -1,20 +1,13 @@
 """Replicas as rows: many logical data-parallel replicas packed onto fewer devices.
 
-MeCeFO's combination rule (`combination.py`) counts rows, not devices: the
-attention branch averages over exactly computed tokens, everything else over
-all tokens. So a step needs only two sets of rows, those computed exactly and
-those computed in neighbour mode; which replica or device holds a row changes
-nothing but the order of a sum. A `Packing` spreads a logical `Layout` (roles
-per replica: normal, neighbour, mixed, or absent for a dropped replica) over
-`devices` rows of the mesh as evenly as it can: every device computes
-`exact_rows` rows exactly, then `neighbour_rows` rows in neighbour mode, padded
-with zero weights.
-
-Roles are then data: who failed and who adopts whom only decides which rows
-are gathered where (`assemble`), never the program. The compiled step is keyed
-by the two counts (`signature`), so a run with one failure at a time compiles
-at most two steps (fault-free, and one failure), whichever replica fails. On
-one GPU (`devices=1`) this holds the 32 replicas of the paper's cluster.
+MeCeFO's combination rule (`combination.py`) counts rows, not devices, so a step needs
+only two sets of rows, exact and neighbour-mode; which device holds a row changes only
+the order of a sum. A `Packing` spreads a logical `Layout` over `devices` rows of the
+mesh as evenly as it can: each device computes `exact_rows` rows exactly, then
+`neighbour_rows` in neighbour mode, padded with zero weights. Roles are then data: who
+failed only decides which rows are gathered where (`assemble`), and the compiled step
+is keyed by the two counts (`signature`), so one failure at a time compiles at most two
+steps whichever replica fails. On one GPU (`devices=1`) this holds the paper's 32 replicas.
 
 Shape letters as in `layout.py`: N shards, B examples per shard, D devices,
 C rows per device, T tokens per example.

@@ -1,46 +1,15 @@
 """A persistent cache of compiled programs that every process of a job reads and writes.
 
-Why not JAX's own persistent cache alone: on multi-process CPU only process
-0 ever finds its programs there, for two reasons (jax 0.10.2):
-
-* `jax._src.compiler._cache_write` writes an entry only when
-  `distributed.global_state.process_id == 0`; the others log "Not writing
-  persistent cache entry since process_id != 0".
-* The key differs per process: `cache_key.get` hashes the
-  `accelerator_config`, the fingerprint of
-  `xla_client.get_topology_for_devices(devices)`, which on CPU depends on
-  the calling process (a 2-process job over 4 devices gives the same
-  computation and compile-options hashes on both processes but a different
-  accelerator_config hash; the device assignment is global and identical,
-  and is stripped from the key only on GPU anyway). So process 1 looks up a
-  key nobody ever writes.
-
-Here each process stores its own executable (`jax.experimental.
-serialize_executable`, a public API) under a key of the lowered program's
-text, the devices it runs on (global ids and owning processes), this
-process's index and count, and the JAX/XLA versions and flags. A relaunched
-job whose processes are renumbered exactly as a compile-ahead job was
-(`mecefo_jax.launch.compile_ahead`) finds every program, on every process.
-
-`enable(directory)` turns it on for this process (the launcher's workers
-do); `compile(lowered, devices)` is then load-or-compile-and-store, and
-plain `lowered.compile()` when disabled. `stats` counts hits and misses.
-
-A hit by that key still pays for tracing and lowering the program, which on
-the way back from a crash costs more than loading it (a tiny LLaMA's
-degraded step: about 0.8 s of tracing and lowering against 0.1 s of
-loading). So `load_or_compile(jitted, args, ...)` first looks the program up
-by what decides it *before* tracing: a context the caller sets
-(`program_context`: the config sections a program reads, and this package's
-source), the program's identity (its name and, for a train step, its
-layout), the abstract inputs (shapes, dtypes, shardings, tree structure),
-the devices, this process's place in the job, and the JAX/XLA versions,
-flags and config. A hit there loads the executable with no trace at all;
-a miss takes the path above and records the program under both keys.
-
-On CPU a loaded program's first call is checked (`_FirstCallCheck`): one
-that fails as a bad entry does is compiled again, with a warning, and the
-worker goes on.
+JAX's own cache alone fails on multi-process CPU (jax 0.10.2): only process 0 writes,
+and the key hashes a per-process topology, so process 1 looks up keys nobody writes.
+Here each process stores its own executable (`serialize_executable`) keyed by the
+lowered text, its devices and owning processes, its place in the job and the JAX/XLA
+build, so a job renumbered as a compile-ahead job was (`launch.compile_ahead`) finds
+every program. Tracing and lowering cost more than loading on the way back from a
+crash, so `load_or_compile` first looks up by what decides a program before tracing
+(`program_context`: the config sections programs read and this package's source; the
+identity; the abstract inputs; devices; process; build). On CPU a loaded program's
+first call is checked (`_FirstCallCheck`).
 """
 from __future__ import annotations
 
@@ -348,13 +317,10 @@ def _checked_on_first_call(loaded, recompile, path: str):
 class _FirstCallCheck:
     """A loaded program whose first call fails as a bad entry does is compiled again, and called.
 
-    XLA:CPU resolves a loaded program's kernels by name when it first runs:
-    bytes that lack one load fine, then fail that call with NOT_FOUND
-    ("Function ... not found"). Bytes serialised from an executable that was
-    itself loaded lack them (see `_compile_or_load`); an entry written so by
-    an older version, or by anything else, must still never stop a worker.
-    A failed call has already consumed the inputs it donates, so the first
-    call keeps copies of those to call the fresh compile with.
+    XLA:CPU resolves a loaded program's kernels by name on its first run: bytes that lack
+    one (serialised from a loaded executable, `_compile_or_load`) load, then fail that call
+    with NOT_FOUND. That must never stop a worker. A failed call has consumed its donated
+    inputs, so the first call keeps copies of those.
     """
 
     def __init__(self, loaded, recompile, path: str):

@@ -33,15 +33,11 @@ LOGICAL_AXIS_RULES = (
 def simulate_cpu_devices(count: int) -> None:
     """Ask XLA for `count` fake CPU devices; effective only before jax starts.
 
-    Fake devices run their programs in threads of their own, side by side; a
-    LAPACK call (the projection refresh's QRs) from each of them into a
-    multi-threaded OpenBLAS oversubscribes the cores: a refresh took 1.8 s at
-    8 fake devices and 80 to 95 s at 32 on 2 cores, against 0.02 s with one
-    BLAS thread per call. So BLAS gets one thread per call unless
-    OPENBLAS_NUM_THREADS is set, as the launcher's workers do
-    (`launch/actors.py`), which also keeps a program's results the same bits
-    in a worker and in one process. The variable is read when the LAPACK
-    library loads, on the first linear-algebra program, after this.
+    Fake devices run side by side in threads, and each one's LAPACK call into a
+    multi-threaded OpenBLAS oversubscribes the cores (a refresh at 32 fake devices on 2
+    cores took minutes instead of milliseconds). So BLAS gets one thread per call unless
+    OPENBLAS_NUM_THREADS is set, as the launcher's workers do (`launch/actors.py`), which
+    also keeps results bit-identical between a worker and one process.
     """
     flag = f'--xla_force_host_platform_device_count={count}'
     flags = os.environ.get('XLA_FLAGS', '')

@@ -1,30 +1,16 @@
 """Jitted train, eval and projection-refresh steps over a ("data", "model") mesh.
 
-A layout's device programs (layout.py) decide the step's form:
+A layout with one normal program (fault-free, drop, elastic, checkpoint/restart, naive
+neighbour-do-both) runs a plain GSPMD data-parallel step: no branch, no loop, so
+fault-free training costs what plain data parallelism costs. Otherwise `shard_map`
+over 'data': each device takes its program with `lax.switch` and runs ONE
+forward/backward over its joined rows in its role (no gradient accumulator), returning
+gradient *sums* and token counts, `psum`med and divided afterwards (the combination
+rule, docs/algorithm.md section 4). The 'model' axis stays automatic in both.
 
-* One normal program (fault-free, drop, elastic, checkpoint/restart, naive
-  neighbour-do-both): a plain GSPMD data-parallel step. `value_and_grad` of
-  the weighted mean loss over the batch split on 'data'; XLA inserts the
-  gradient all-reduce and may overlap it with the backward pass. No branch,
-  no loop: fault-free training costs what plain data parallelism costs.
-* Otherwise (some replica is a MeCeFO neighbour): `shard_map` over 'data'.
-  Each device takes its program with `lax.switch` (it runs only that branch)
-  and computes ONE forward/backward over its joined rows in its role: exact
-  for normal devices, MeCeFO's neighbour mode for a neighbour (Hu et al.,
-  NeurIPS 2025, arXiv 2510.16415), both for a mixed helper (its own rows
-  exact, the adopted ones in neighbour mode, one loss summed over both).
-  Devices return gradient *sums* and token counts; both are `psum`med and
-  divided afterwards, so attention-branch parameters are averaged over the
-  tokens computed exactly and everything else over all tokens (the
-  combination rule, docs/algorithm.md section 4).
-  Joining the neighbour's shards into one batch means no float32 gradient
-  accumulator beside the gradients.
-
-The 'model' axis stays automatic (GSPMD tensor parallelism) in both forms.
-Every batch carries the step number it was assembled for; a step whose loss
-or gradient is not finite leaves the state untouched, and so does every later
-step (the state's step no longer matches the batch's), so a loop that reads
-metrics only every few steps still stops at the first bad step's state.
+Every batch carries the step it was assembled for; a non-finite step leaves the state
+untouched, and so does every later one, so a loop reading metrics only every few steps
+still stops at the first bad step's state.
 """
 import functools
 

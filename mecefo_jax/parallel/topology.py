@@ -1,15 +1,9 @@
 """One mesh and everything compiled for it, cached so no topology compiles twice.
 
-The fault controller moves training between meshes built from the live
-replica rows; a `Topology` owns one such mesh: the state's shardings there,
-the AOT-compiled train step per layout signature (its live replicas and
-device programs), and the eval and
-projection-refresh functions. `TopologyCache` keys them by the live rows,
-and a `Plan` says which topology and layout the next step runs on.
-
-Every program compiles through `program_cache`, so a process that compiled
-it before (or a compile-ahead job renumbered like it) loads it instead;
-with the cache off, eval and refresh stay plain jitted calls.
+A `Topology` owns one mesh built from the live replica rows: the state's shardings
+there, the AOT-compiled train step per layout signature, and the eval and refresh
+functions. `TopologyCache` keys them by the live rows. Every program compiles through
+`program_cache`, so a process that compiled it before (or a compile-ahead job) loads it.
 """
 import dataclasses
 import time

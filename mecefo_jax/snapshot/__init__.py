@@ -7,18 +7,11 @@ held by *keeper* processes that outlive the workers (REFT, arXiv
 
 | module | owns |
 |---|---|
-| `keeper` | the keeper's state: snapshot slots in shared memory, parity from peers |
-| `keeper_requests` | the keeper's request schema (`check_request`) and its refusals |
-| `keeper_sessions` | each session's pins and replies; a keeper in this process (`LocalKeeper`) |
-| `keeper_actor` | the keeper as a Ray actor: `start_keeper`, `find_keeper`, `stop_keeper`, `KeeperHandle` |
-| `blob` | the byte format of one snapshot: shard bytes, JSON header, checksums |
-| `checksum` | xxh3_64 hash lists over cache-sized chunks, fused with the copy, on a few threads |
-| `client` | `KeeperClient`, the `Snapshot` readers (shm, remote, in-memory: views, verified in place) |
-| `writer` | `SnapshotWriter`: begin a slot, copy and checksum, publish, push parity |
-| `jax_io` | `host_shards`, `pinned_local_copies`, `pinned_host_shardings`, `restore`, `feasible_steps` |
-| `async_writer` | `AsyncSnapshotter`: materialise, copy, publish in a background thread |
-| `erasure`, `parity` | the erasure-code interface (`XorCode`) and RAID-5 parity across a group |
-| `shm` | shared-memory ownership rules |
+| `keeper`, `keeper_requests`, `keeper_sessions`, `keeper_actor` | the keeper: slots, parity, requests, Ray actor |
+| `blob`, `checksum` | the byte format of one snapshot, and its xxh3_64 hash lists |
+| `client`, `writer`, `async_writer` | the worker's side: `KeeperClient`, `Snapshot` readers, background writes |
+| `jax_io` | pytrees to shards and back: `pinned_host_shardings`, `restore`, `feasible_steps` |
+| `erasure`, `parity`, `shm` | RAID-5 parity across a group; shared-memory ownership |
 
 A worker, given its keeper (a `KeeperHandle`) and its peers':
 

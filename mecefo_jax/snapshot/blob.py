@@ -1,26 +1,16 @@
 """The byte format of one snapshot, independent of where the bytes live.
 
-This module owns how a set of host shards becomes one self-describing blob
-and how a blob is checked and read back. The same bytes sit in a keeper's
-shared memory, travel over TCP to a peer, and are rebuilt by parity, so
-every reader goes through `parse` and `check_entry` here.
+The same bytes sit in a keeper's shared memory, travel to a peer and are rebuilt by
+parity, so every reader goes through `parse` and `check_entry` here.
 
     [0, 64)                      preamble: magic, step, header offset/length, header checksum, format
     [64, header_offset)          each shard's raw bytes, 64-byte aligned
     [header_offset, nbytes)      JSON header: step, data_state, meta, checksum chunk, manifest
 
-The header comes after the data because it records each shard's
-checksum, known only once the bytes are copied; the preamble is written
-last.
-
-The snapshot's checksum is the header's (`checksum.digest`, xxh3_64). The
-header lists every shard's checksum (`checksum.sums`: a hash list over
-`chunk`-byte pieces), so that one number pins down every byte a reader
-uses, while a peer that fetches only a few shards can still verify each
-of them without reading the rest. (Alignment padding is covered by
-nothing: no reader uses it.) Format 1 (crc32s) is refused by name.
-
-No jax here: the keeper process and the parity code import this module.
+The header comes after the data because it records each shard's checksum, known only
+once the bytes are copied; the preamble is written last. The header's checksum pins
+every byte a reader uses, while each shard's hash list (`checksum.sums`) lets a peer
+verify the few shards it fetches. Format 1 (crc32s) is refused by name. No jax here.
 """
 from __future__ import annotations
 

@@ -1,58 +1,31 @@
 """How often to snapshot: what costs least in expectation, within a budget on the slowdown.
 
-REFT (Wang et al., arXiv 2310.12670) snapshots as often as its saving cost
-allows, because the work lost to a crash is about half an interval. A fixed
-`snapshot.every` is either wasteful (a tiny model whose step is shorter than
-its snapshot) or loses more than it must (a large model whose snapshot hides
-behind its step). `AutoCadence` measures both. With `k` steps between
-snapshots, a snapshot's modelled cost is
+REFT (Wang et al., arXiv 2310.12670) snapshots as often as its saving cost allows,
+because the work lost to a crash is about half an interval. A fixed `snapshot.every`
+is either wasteful (a step shorter than its snapshot) or loses more than it must (a
+snapshot that hides behind its step), so `AutoCadence` measures both. With `k` steps
+between snapshots, one costs
 
     cost(k) = snapshot_sec + max(0, write_sec - k * step_sec)
 
-and the interval (`choose_interval`) is the smallest `k` whose cost stays
-within `budget_pct` of `k` steps, shortened where failures make a shorter one
-cheaper in expectation: per second of training, the snapshots cost
-`cost(k) / (k * step_sec)` and failures cost `failures_per_sec * (k *
-step_sec / 2 + recovery)`, half an interval redone plus the recovery. The
-`k` that minimises their sum is Young and Daly's optimum (Young 1974, Daly
-2006: about `sqrt(2 * cost / failures_per_sec)` seconds); the recovery term
-is the same at every `k`, so it does not move the choice. The failure rate
-is the one the config states (`fault.regime` or `fault.mtbf_hours`), else
-the one the launcher observed so far, else none (the budget alone). Last, the
-interval is never longer than the disk checkpoint's (`max_interval`). The two
-need not fall on the same steps; a recovery restores whichever tier holds the
-newer step (the launcher's `recovery_plan`).
+and the interval (`choose_interval`) is the smallest `k` within `budget_pct` of `k`
+steps, shortened where failures make a shorter one cheaper in expectation (Young
+1974, Daly 2006: snapshots cost `cost(k) / (k * step_sec)` a second, failures
+`failures_per_sec * k * step_sec / 2`), and never longer than the disk checkpoint's
+(`max_interval`). The failure rate is the config's, else the one the launcher
+observed, else none.
 
-`step_sec` is the plain step, timed as training runs it (dispatched ahead,
-synchronised only at the end of a `WINDOW`-step window). `snapshot_sec` is
-what one snapshot adds to such a window: the median, over `PAIRS` pairs of
-windows (one plain, one snapshotting its first step), of their difference.
-Where the background write shares the step's CPU cores (`shares_cores`, the
-CPU backend), every CPU-second of the snapshot is a second of step lost, so
-its own time is a floor under that figure: the training loop's blocked time
-(dispatching the copies, handing them over) plus the write's work (copying
-and checksumming, not waiting for the step's output). `write_sec` is the
-background write: it is free while it fits behind the next `k` steps, and
-back-pressure otherwise (one write in flight at most). A window ends at its
-last step's output, before the write's tail, which the caller awaits between
-windows, untimed. Waiting for it inside the window, and taking the tail back
-out, hid the snapshot's real cost on an H200: the next step donates the
-state that the device-to-host copy reads, so it waits for that copy (about
-77 ms of an 84 ms copy behind 36 ms steps), and that wait lay inside a
-417 ms write. The probe read about 10 ms, chose every 15 steps, and those
-cost +14 % against a 2 % budget (docs/gpu.md).
+`step_sec` is the plain step as training runs it (dispatched ahead, synchronised at
+the end of a `WINDOW`-step window); `snapshot_sec` the median, over `PAIRS` pairs of
+windows (plain, then snapshotting its first step), of their difference. A window ends
+at its last step's output, before the write's tail: waiting for the tail inside it
+hid the snapshot's real cost on a GPU, where the next step waits for the copy of the
+state it donates (docs/gpu.md). Where the write shares the step's CPU cores
+(`shares_cores`), its CPU time plus the loop's blocked time is a floor under that
+figure: window pairs alone are too noisy on a tiny model (docs/crash_drill.md).
 
-On `configs/tiny.py` (8 to 9 ms steps on 2 cores, 0.4 MiB snapshots) the
-window pairs alone are too noisy: three crash drills read 1.7 to 8.8 ms for
-a snapshot whose measured cost is about 12 ms, chose intervals of 8 to 47,
-and measured +3.8 to +13.5 % against a 2 % budget. Timing the step on its
-own (synchronised, every step snapshotted) overstated it instead (12 to
-16 ms). After every topology change it measures again: a failure changes
-the step time and the shards a process holds.
-
-Every process of a job must snapshot the same steps, or the keepers would
-share no step to resume from: the caller agrees on the chosen interval
-(process 0's) before using it.
+Every process must snapshot the same steps, or the keepers would share no step to
+resume from: the caller agrees on process 0's interval before using it.
 """
 from __future__ import annotations
 
@@ -105,15 +78,11 @@ def choose_interval(step_sec: float, snapshot_sec: float, write_sec: float,
 class AutoCadence:
     """Decides, step by step, whether to snapshot (see the module docstring).
 
-    After a topology change it lets `SETTLE_STEPS` pass (each snapshotted),
-    then runs `PAIRS` pairs of `WINDOW`-step windows, plain then snapshotting
-    its first step. The caller asks `due` before each step's snapshot; when
-    `window_ends` is then true, it synchronises (the step's output and any
-    write in flight) and reports the seconds since the previous window ended
-    (`record_window`). At a fixed count of steps after the change (the same
-    step on every process, since every process sees the same topologies) it
-    asks `flush` for the background writes' total time and count, chooses,
-    and passes the choice through `agree` (process 0's, in a multi-process job).
+    After a topology change: `SETTLE_STEPS` (each snapshotted), then `PAIRS` pairs of
+    `WINDOW`-step windows. The caller asks `due` before each step; when `window_ends`,
+    it synchronises and reports the window's seconds (`record_window`). At a fixed step
+    after the change (the same on every process) it reads the writes' time from `flush`,
+    chooses, and passes the choice through `agree` (process 0's).
     """
 
     def __init__(self, budget_pct: float, *, flush: Callable[[], tuple[float, int, float]],

@@ -1,20 +1,12 @@
 """Snapshot checksums: xxh3_64 over cache-sized chunks, fused with the copy, on a few threads.
 
-Why xxh3_64: the write path once ran zlib's crc32, which alone went at
-0.44x the speed of a plain copy on this project's machine, so checksumming
-cost more than copying. Measured here on 256 MiB against `np.copyto` of
-the same bytes (`scripts`-free: see docs/launch.md, "Snapshots"):
-`xxhash.xxh3_64` 2.2x the copy, `isal`'s crc32 2.1x, `crc32c` (hardware
-crc32c) 1.1x, xxh64 1.4x, zlib's crc32 0.44x; `google-crc32c` takes only
-read-only bytes objects, not a mapping's view. Fused with the copy, xxh3
-kept 0.93x of the copy's speed, isal 0.82x. xxh3 releases the GIL on
-buffers over 64 KiB, so chunks of one large leaf sum on several threads.
-
-Why chunks: each chunk is checksummed right after it is copied, while it
-is still in the core's cache, so every byte crosses memory once. An
-entry's checksum is xxh3_64 over its chunks' digests (a hash list), so one
-large leaf is split over threads and a reader still verifies any entry on
-its own. `CHUNK` is part of the byte format (`blob.FORMAT`).
+Why xxh3_64: zlib's crc32 ran slower than the copy it checked, so checksumming cost
+more than copying; xxh3 runs faster than a copy and releases the GIL on buffers over
+64 KiB (measurements: docs/launch.md, "Snapshots"). Why chunks: each is checksummed
+right after it is copied, while still in the core's cache, so every byte crosses
+memory once. An entry's checksum is xxh3_64 over its chunks' digests (a hash list),
+so a large leaf is split over threads and a reader still verifies any entry on its
+own. `CHUNK` is part of the byte format (`blob.FORMAT`).
 """
 from __future__ import annotations
 

@@ -1,29 +1,16 @@
 """The worker's side of a keeper: requests, writing snapshots, reading them.
 
-`KeeperClient` speaks the keeper protocol (`keeper_requests.REQUESTS`) to one
-keeper, a Ray actor (`KeeperHandle`) or one in this process
-(`LocalKeeper`), as one session. `SnapshotWriter` (`writer`) turns host
-shards into a published snapshot through one. `Snapshot`s read one
-published step back, verified shard by shard:
+`KeeperClient` speaks the keeper protocol (`keeper_requests.REQUESTS`) to one keeper,
+a Ray actor (`KeeperHandle`) or one in this process (`LocalKeeper`), as one session.
+`Snapshot`s read one published step back, verified shard by shard: `ShmSnapshot` in
+place from the own keeper's shared memory, `RemoteSnapshot` through any keeper's actor
+(only the shards asked for, and a few small ones after them in the same call),
+`BlobSnapshot` from bytes in this process (e.g. rebuilt by parity).
 
-* `ShmSnapshot`: the own keeper's, read in place from shared memory on its
-  node (no transfer, no copy);
-* `RemoteSnapshot`: any keeper's, through its actor, fetching only the
-  shards asked for (a peer healing a few missing shards) and a few small
-  ones after them (one call, not one per tiny leaf);
-* `BlobSnapshot`: bytes already in this process (e.g. rebuilt by parity).
-
-`read` returns read-only views of the bytes where they lie (the mapping,
-Ray's object store, the blob), each verified against its checksum in
-place: no copy. A `Snapshot` from a keeper pins its step in its own
-session, so the keeper cannot reuse that slot while it is open; close it
-when done. On CPU, `jax.device_put` of an aligned host array aliases it
-instead of copying, so arrays restored from a `ShmSnapshot` may live in
-the keeper's slot: `close` then keeps the pin until the last array read
-from it is gone, and the keeper never overwrites memory a restored array
-still reads.
-
-No jax here (see `jax_io` for pytrees).
+`read` returns read-only views verified in place: no copy. A snapshot pins its step
+while open. On CPU `jax.device_put` of an aligned host array aliases it, so restored
+arrays may live in the keeper's slot: `close` keeps the pin until the last of them is
+gone. No jax here (see `jax_io`).
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Erasure codes over byte blocks, behind one small interface.
 
-A stripe is a list of data blocks (one per contributing member, of unequal
-lengths: shorter blocks count as zero-padded) plus `parity_blocks` parity
-blocks. `XorCode` is RAID-5's single parity: it rebuilds any one missing
-block. A k-of-m code (e.g. pyeclib's Reed-Solomon) implements the same
-three methods; `accumulate` is what lets keepers build parity from
-contributions that arrive one member at a time (any linear code can; a
-non-linear one would buffer the blocks and encode when the stripe is full).
-
-No jax here: the keeper process imports this module.
+A stripe is one data block per member (shorter ones count as zero-padded) plus
+`parity_blocks` parity blocks. `XorCode` is RAID-5's single parity; a k-of-m code
+(e.g. Reed-Solomon) implements the same methods. `accumulate` lets keepers build parity
+from contributions arriving one member at a time (any linear code can). No jax here.
 """
 from __future__ import annotations
 

@@ -1,20 +1,13 @@
 """Pytrees of `jax.Array`s to snapshot shards and back.
 
-`host_shards` lists the unique shards this process holds of each leaf
-(replicas deduplicated by index), keyed by (leaf path, index bounds): what
-a snapshot stores. `pinned_local_copies(..., shard_over_replicas=True)`
-stores less: where k processes hold the same box (data-parallel replicas),
-each writes only its 1/k part of it (`share_of`), as REFT (arXiv
-2310.12670) shards a snapshot over the data-parallel ranks; a restore then
-tiles each box from every keeper's parts. `restore` rebuilds a pytree from an abstract tree of
-`jax.ShapeDtypeStruct`s with target shardings, on any mesh whose shards can
-be found: each needed shard comes from the first snapshot that holds it
-(the own keeper's first, then peers': "heal from peer"), or is assembled
-from saved shards that tile it (a leaf split over 'data' restored onto a
-different 'data' size). Anything missing is listed in one error.
-
-All snapshots used by one restore are of one step; `feasible_steps` says
-which steps qualify, so that processes can agree on one before restoring.
+`host_shards` lists the unique shards this process holds of each leaf, keyed by (leaf
+path, index bounds): what a snapshot stores. With `shard_over_replicas`, where k
+processes hold the same box each writes only its 1/k part (`share_of`), as REFT (arXiv
+2310.12670) shards a snapshot over the data-parallel ranks. `restore` rebuilds a pytree
+on any mesh whose shards can be found: each from the first snapshot holding it (the
+own keeper's, then peers': "heal from peer"), or assembled from saved shards that tile
+it; anything missing is listed in one error. One restore reads one step;
+`feasible_steps` says which qualify, so processes can agree on one first.
 """
 from __future__ import annotations
 
@@ -134,9 +127,8 @@ def pinned_local_copies(tree: Any, *, shard_over_replicas: bool = False) -> list
     from the training loop beside the train steps it deadlocked a 4-process
     CPU job). `data` is a jax.Array; `np.asarray` it to read it.
 
-    All copies go out in one batched `device_put`: the training loop blocks
-    for their dispatch, and one call per shard cost 4x more (tiny config,
-    42 leaves: 7.5 ms against 1.9 ms per snapshot on CPU).
+    All copies go out in one batched `device_put`: the training loop blocks for
+    their dispatch, and one call per shard cost several times more.
     """
     found, sources, targets = [], [], []
     me = jax.process_index()

@@ -1,29 +1,16 @@
 """The keeper's state: one worker's snapshot slots in shared memory, and its peers' parity.
 
-A keeper outlives its worker (`keeper_actor`), so the relaunched worker, or
-a peer, restores from it instead of from disk (REFT, DLRover flash
-checkpoint, Gemini). `Keeper` holds that state and answers requests
-(`keeper_requests`); sessions and transport live in `keeper_sessions` and
-`keeper_actor`, so this module does no I/O of its own.
+A keeper outlives its worker (`keeper_actor`), so the relaunched worker or a peer
+restores from it instead of from disk (REFT, DLRover flash checkpoint, Gemini).
+`Keeper` holds the state and answers requests (`keeper_requests`); sessions and
+transport are `keeper_sessions` and `keeper_actor`, so it does no I/O of its own.
 
-State: `slots` snapshot slots (POSIX shared memory, grown on demand) and,
-per parity group, the XOR parity that peers' writers push to it. A writer
-`begin`s a slot that holds neither the newest snapshot nor one a reader has
-pinned, fills it, then `publish`es it; only publish makes it visible, and
-publish first checks the slot's preamble and header checksum, so a step is never
-listed before its bytes and checksum are complete (the Orbax
-emergency-checkpoint pitfall, maxtext issue 5260). A writer that dies
-mid-copy leaves only an unpublished slot behind.
-
-How many slots: with one snapshot in flight per worker, a worker writing
-step s+1 may hold only step s complete while a slower peer holds s-1 and
-s-2. Two slots are enough to restore one process; a multi-process job
-that must agree on one step for everyone (or uses parity) needs three, so
-that s-1 survives the write of s+1 everywhere.
-
-The keeper unlinks its segments when its owner shuts it down. A keeper
-that is killed (its node lost, or SIGKILL) leaves them behind on that
-host; `shm.remove_stale` unlinks segments whose keeper process is gone.
+A writer `begin`s a slot holding neither the newest snapshot nor a pinned one, fills
+it and `publish`es it; publish checks the preamble and header checksum first, so a
+step is never listed before its bytes are complete (the Orbax emergency-checkpoint
+pitfall, maxtext issue 5260). Two slots restore one process; a multi-process job that
+must agree on one step (or uses parity) needs three, so that s-1 survives the write of
+s+1 everywhere. A killed keeper leaves its segments behind: `shm.remove_stale`.
 """
 from __future__ import annotations
 

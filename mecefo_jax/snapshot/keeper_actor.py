@@ -1,15 +1,12 @@
 """The keeper as a Ray actor, and how workers and the launcher reach one.
 
-The launcher (not the worker) starts each keeper as a detached, named Ray
-actor on its worker's node (`start_keeper`), so that it outlives the
-worker's crash and the launcher's own; a launcher started again finds it by
-name (`find_keeper`). Requests are actor calls: Ray's token authentication
-admits the caller, and the keeper opens no listener of its own. Snapshot
-bytes never cross a socket on the keeper's node: its worker maps the shared
-memory directly. A peer on another node reads byte ranges through Ray.
-Pins belong to a session (`new_session`, one `KeeperClient`); a session's
-pins go when it closes, and the launcher ends every session of a generation
-it tore down (`end_sessions`), since a killed worker never closes its own.
+The launcher starts each keeper as a detached, named Ray actor on its worker's node
+(`start_keeper`), so it outlives the worker's crash and the launcher's own, which finds
+it again by name (`find_keeper`). Requests are actor calls (Ray's token authentication
+admits the caller; the keeper opens no listener). Its own worker maps the shared memory
+directly; a peer on another node reads byte ranges through Ray. Pins belong to a
+session; the launcher ends every session of a generation it tore down (`end_sessions`),
+since a killed worker never closes its own.
 """
 from __future__ import annotations
 

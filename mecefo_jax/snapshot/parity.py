@@ -1,33 +1,13 @@
 """Parity of snapshots across a group of workers, so a lost one can be rebuilt.
 
-For state that no live replica holds twice (e.g. `mesh.data=1` with
-`mesh.model` spanning processes), losing a worker *and* its keeper would
-lose part of the state. A parity group of g members (g >= 2) protects
-against the loss of any one member, keeper included, at a cost of 1/(g-1)
-of a snapshot per keeper (RAID-5 placement):
-
-* member m's snapshot blob is cut into g-1 equal chunks (the last may be
-  shorter or empty), one for each other member p; `chunk_plan` says which;
-* keeper p stores stripe p: the erasure-code parity of chunk c(m, p) of
-  every member m != p. It holds no chunk of its own member, so losing
-  member p and keeper p together loses one data chunk per *other* stripe
-  and nothing else.
-
-Parity is built in the keepers: after publishing step s, each member's
-writer pushes each chunk to the keeper holding its stripe (`ParityPusher`),
-tagged with step, member, offset, length, its crc32 and the blob's size
-and checksum. A stripe is complete once all g-1 contributions for s have
-arrived; only complete stripes are used.
-
-`rebuild_member` finds the newest step for which every survivor still
-holds its snapshot and every needed stripe is complete, rebuilds the lost
-member's blob chunk by chunk, and checks it against the crcs recorded with
-the contributions and the blob's recorded checksum. Keepers hold only a
-few steps of parity and snapshots, so run keepers with `--slots 3` when
-using parity (see `keeper`). The code behind it is an `erasure.ErasureCode`;
-this placement assumes one parity block per stripe (XOR).
-
-No jax here.
+For state no live replica holds twice, losing a worker *and* its keeper would lose part
+of it. A group of g >= 2 members survives losing any one, keeper included, for 1/(g-1)
+of a snapshot per keeper (RAID-5): member m's blob is cut into g-1 chunks
+(`chunk_plan`) and keeper p stores the parity of chunk c(m, p) of every member m != p,
+never its own member's. Writers push chunks after publishing (`ParityPusher`), tagged
+with step, member, offset, length and crc32; only complete stripes are used.
+`rebuild_member` takes the newest step every survivor holds and checks the rebuilt
+blob. Run keepers with `--slots 3` under parity. XOR parity (`erasure`); no jax here.
 """
 from __future__ import annotations
 

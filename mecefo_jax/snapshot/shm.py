@@ -1,22 +1,13 @@
 """POSIX shared-memory segments: who creates, who attaches, who unlinks.
 
-Python's `multiprocessing.resource_tracker` (3.8-3.12) registers every
-`SharedMemory`, created *or attached*, and unlinks whatever is still
-registered when the registering process exits. Left alone, a worker that
-merely attached to its keeper's segment would delete it on exit, which is
-exactly when the keeper's copy is needed. So:
-
-* the keeper creates segments and keeps them registered: if the keeper
-  itself is SIGKILLed, its tracker process unlinks them (the last line of
-  defence against leaked /dev/shm entries);
-* everyone else attaches with `attach`, which on Linux maps
-  /dev/shm/<name> directly, so no tracker ever hears of it (not even for
-  the instant between a register and an unregister, when a SIGKILL would
-  make the worker's tracker unlink the keeper's segment).
-
-Segment names start with `prefix(keeper_pid, job)`, so a launcher can find and
-remove segments of its own job's keepers that died without cleaning up
-(`remove_stale(job)`), and never another job's.
+Python's `multiprocessing.resource_tracker` (3.8-3.12) unlinks every `SharedMemory`
+its process created *or attached* when that process exits: a worker that merely
+attached to its keeper's segment would delete it on exit, exactly when the keeper's
+copy is needed. So the keeper creates segments and keeps them registered (if it is
+SIGKILLed, its tracker unlinks them), and everyone else maps /dev/shm/<name> with
+`attach`, so no tracker ever hears of it. Names start with `prefix(keeper_pid, job)`,
+so a launcher removes its own job's leaked segments (`remove_stale(job)`), never
+another job's.
 """
 from __future__ import annotations
 
@@ -107,12 +98,9 @@ _MAPPED_LOCK = threading.Lock()
 def mapped(keeper: str, slot: int, name: str):
     """Segment `name` (slot `slot` of `keeper`), mapped once in this process and kept.
 
-    A fresh mapping page-faults on every first touch and costs an unmap at
-    the end: for a large snapshot more than the copy. Writers and readers of
-    one process share the mapping, so a relaunched worker that reads its
-    keeper's slot writes its next snapshots there without mapping it again.
-    A slot the keeper regrew (a new segment) replaces its old mapping, and
-    mappings of segments unlinked since (a stopped keeper's) are dropped.
+    A fresh mapping page-faults on every first touch, for a large snapshot more than the
+    copy, so writers and readers of one process share it. A regrown slot replaces its
+    mapping; mappings of segments unlinked since are dropped.
     """
     with _MAPPED_LOCK:
         seg = _MAPPED.get((keeper, slot))

@@ -1,14 +1,10 @@
 """The training loop: data -> step -> metrics, evals, checkpoints, progress.
 
-The loop asks a controller, before every step, where that step runs (which
-mesh, which layout of shards onto replicas), and tells it after dispatching
-the step (`after_dispatch`, which must not wait for the device unless it
-measures a recovery). `StaticController` is fault-free data parallelism;
-`faults.controller.FaultController` injects failures and moves training
-between meshes. Everything else (data order, metrics, checkpoints, NaN
-handling) is the same for both. Measurement is not the controller's: it is
-done by observers (observers.py), told about every step and every failure
-or recovery, which never change what is trained.
+Before every step the loop asks a controller where it runs (mesh and layout), and
+tells it after dispatching (`after_dispatch`, which must not wait for the device unless
+it measures a recovery): `StaticController` is fault-free, `faults.controller` moves
+training between meshes. Data order, metrics, checkpoints and NaN handling are the
+same for both; measurement is the observers' (observers.py).
 """
 import dataclasses
 import logging
@@ -51,16 +47,10 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
           stop_at: int | None = None, restore=None, observers=(), preemption=None) -> dict:
     """Train for `train.steps` steps (resuming if `workdir` has checkpoints).
 
-    `controller` decides where each step runs (default `StaticController`;
-    `run.run` picks the fault controller when failures are configured).
-    `stop_at` ends the job early, as a preempted or time-limited job would,
-    after checkpointing; the learning-rate schedule still spans `train.steps`
-    (or `train.lr_schedule_steps`). `restore` serves a launcher (see
-    `resume.init_or_restore`); `observers` (observers.py) measure the run:
-    timing, accounting, probes, snapshots. An observer's `stop_requested`
-    ends the run after the step it answers for, checkpointed as `stop_at` is.
-    `preemption` (a `preemption.PreemptionGuard`) is asked before every step
-    whether to stop; if so the step is saved and `Preempted` raised.
+    `controller` decides where each step runs (default `StaticController`); `stop_at`
+    ends the job early after checkpointing (the schedule still spans `train.steps`), as
+    does an observer's `stop_requested`; `restore` serves a launcher
+    (`resume.init_or_restore`); `preemption` is asked before every step whether to stop.
 
     The loop never waits for a step it has just dispatched: while step k runs
     on the devices, the host draws, assembles and transfers batch k + 1.

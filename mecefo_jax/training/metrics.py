@@ -73,12 +73,9 @@ def newest_loss_step(path: str) -> int | None:
 def truncate_rows_after(path: str, step: int) -> int:
     """Drop the rows of a JSON-lines file whose "step" is past `step`; return how many.
 
-    Rows without a 'step' and event rows follow the same rule (kept when they
-    have no step). A cut-off last line is dropped too. The file is rewritten
-    to a temporary file and renamed over the old one, so a crash leaves
-    either the old or the new file. A missing file is left missing.
-    (metrics.jsonl rows name the steps done, so pass the resumed step;
-    provenance.jsonl rows name the 0-based step being run: pass it minus one.)
+    Rows without a step are kept; a cut-off last line is dropped; the file is replaced
+    atomically; a missing file stays missing. metrics.jsonl rows name the steps done (pass
+    the resumed step), provenance.jsonl rows the 0-based step run (pass it minus one).
     """
     lines = _lines(path)
     if lines is None:

@@ -1,20 +1,12 @@
 """Observers: what measures a training run, kept apart from what trains it.
 
-`training.loop.train(observers=...)` calls every observer at four points: `on_plan`
-before a step is dispatched (the state entering it, where it runs, its global
-batch), `on_step` after it is dispatched (its output state and metrics, not
-waited for), `on_event` when the controller reports a failure or recovery
-with what handling it cost, and `summary` at the end. Observers measure;
-they never change what is trained: the loop hands them arrays they may read
-(reading waits for the device, which changes timing, never values) and
-ignores anything they return except their summary figures. One thing they
-may decide is when a run has measured enough: after every step the loop asks
-`stop_requested`, and stops as `stop_at` would (an experiment that trains
-until the model reaches a target loss), never changing what a step computes.
-
-Measurement lives here, not in the controllers, so that one run can carry
-any mix of timing, accounting, probes and launcher hooks without a
-controller subclass per combination.
+`training.loop.train(observers=...)` calls each at four points: `on_plan` before a
+step is dispatched, `on_step` after (its arrays not waited for), `on_event` when the
+controller reports a failure or recovery, and `summary` at the end. Observers never
+change what is trained: they may read arrays (which changes timing, never values),
+and only decide when a run has measured enough (`stop_requested`). So one run can
+carry any mix of timing, accounting, probes and launcher hooks without a controller
+subclass per combination.
 """
 import dataclasses
 
@@ -23,12 +15,8 @@ import numpy as np
 
 @dataclasses.dataclass
 class PlannedStep:
-    """What observers are told before a step is dispatched (`Observer.on_plan`).
-
-    `state` is the state entering step `step` (after the controller moved,
-    restored or refreshed it), `plan` where the step runs (`plan.data_state`
-    is set when the controller rolled training back), `tokens_nbt` the global
-    batch it trains on; `clock` counts executed steps, redone ones included.
+    """What observers are told before a step is dispatched (`Observer.on_plan`): the state
+    entering `step`, where it runs (`plan`), its global batch; `clock` counts executed steps.
     """
     clock: int
     step: int
@@ -41,12 +29,9 @@ class PlannedStep:
 class StepDone:
     """What observers are told after each step is dispatched (`Observer.on_step`).
 
-    `state` is the step's output (not yet computed: reading it waits), the
-    state the checkpoint of step `step + 1` would hold; `data_position` the
-    data iterator's position after this step's batch, which belongs with it;
-    `tokens_nbt` the global batch and `plan` where its shards were computed;
-    `metrics` the step's metric arrays (`loss.is_ready()` tells, without
-    waiting, whether the step has finished: its state may be donated by then).
+    `state` is the step's output (reading it waits), what the checkpoint of `step + 1`
+    would hold, with `data_position` after this step's batch; `metrics` the step's arrays
+    (`loss.is_ready()` tells without waiting whether it finished and its state may be donated).
     """
     clock: int
     step: int

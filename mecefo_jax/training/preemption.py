@@ -1,18 +1,12 @@
 """Preemption: a SIGTERM (or a first Ctrl-C) ends the run after a saved step, never mid-step.
 
-Cluster schedulers (SLURM, Kubernetes) send SIGTERM some seconds before they
-kill a job. Without a handler Python dies at once: the steps since the last
-checkpoint are lost and a rerun repeats them. With `PreemptionGuard` the
-training loop finishes the step in flight, saves synchronously, writes a
-`preempted` metrics row and raises `Preempted`; the entry point exits with
-`EXIT_PREEMPTED`, and a rerun resumes at exactly that step.
-
-Every process of a multi-process job must stop at the same step, or one would
-wait forever in a collective. There JAX's own preemption sync point
-(`multihost_utils.reached_preemption_sync_point`, backed by the coordination
-service, which installs its own SIGTERM notifier) picks the step; this module
-then leaves SIGTERM to it. In one process a Python handler sets a flag.
-A second Ctrl-C aborts at once (KeyboardInterrupt).
+Schedulers send SIGTERM some seconds before they kill a job. With `PreemptionGuard`
+the loop finishes the step in flight, saves, writes a `preempted` metrics row and
+raises `Preempted`; the entry point exits with `EXIT_PREEMPTED` and a rerun resumes at
+that step. Every process must stop at the same step, or one would wait forever in a
+collective: there JAX's own preemption sync point picks it (its coordination service
+installs its own SIGTERM notifier); in one process a Python handler sets a flag. A
+second Ctrl-C aborts at once.
 """
 from __future__ import annotations
 

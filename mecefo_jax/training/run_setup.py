@@ -88,12 +88,9 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
               replica_rows=None) -> Run:
     """Model, optimizer, mesh rows, data pipelines, checkpointer and metrics.
 
-    `replica_rows` lists the devices of every logical data-parallel replica,
-    None for a replica whose devices are not in this job (a launcher relaunch
-    on the survivors of a crash); default: the config's mesh over all
-    devices. The number of replicas, not of present ones, fixes how the
-    global batch is sharded, so a relaunch never changes which samples a
-    shard holds.
+    `replica_rows` lists each logical replica's devices, None for one not in this job (a
+    relaunch on a crash's survivors); default: the config's mesh. The number of replicas,
+    not of present ones, shards the global batch, so a relaunch never changes a shard's samples.
     """
     from mecefo_jax.data import pipeline as data_lib  # grain/sentencepiece only when training
 
