@@ -29,8 +29,6 @@ _OVERHEAD_ITERS = flags.DEFINE_integer('overhead_iters', 30, 'Timed rounds of th
                                        'vs plain_dp check.', lower_bound=1)
 _NO_OVERHEAD = flags.DEFINE_boolean('no_overhead', False, 'Skip the fault-free vs plain_dp '
                                     'timing on the full mesh.')
-_PEAK_TFLOPS = flags.DEFINE_float('peak_tflops', None, 'Device peak for MFU (GPU); default: '
-                                  'known-device table.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the parameters and random tokens.')
 flags.mark_flags_as_required(['config', 'out'])
 
@@ -41,8 +39,7 @@ def main(argv):
     cfg = start(_CONFIG.value)  # and fake CPU devices for the full-mesh overhead check
     from studies import step_cost as bench
     bench.main(cfg, _OUT.value, batch=_BATCH.value, warmup=_WARMUP.value, iters=_ITERS.value,
-               overhead=not _NO_OVERHEAD.value, overhead_iters=_OVERHEAD_ITERS.value,
-               peak_tflops=_PEAK_TFLOPS.value, seed=_SEED.value)
+               overhead=not _NO_OVERHEAD.value, overhead_iters=_OVERHEAD_ITERS.value, seed=_SEED.value)
 
 
 if __name__ == '__main__':

@@ -9,7 +9,7 @@
 # the other sections leave) and writes under OUT, 8 files at most: gpu_report.{json,md},
 # mfu_sweep.{json,md}, bench_step.json, bench_step_best.json, bench_step_1b.json and
 # trace_and_logs.tar.gz (the profile's trace and every section's log).
-# SECTIONS=all runs the whole report instead (attention, refresh, snapshot and compile too).
+# SECTIONS=all runs the whole report instead (attention and snapshot too).
 set -u
 OUT=${1:?usage: gpu_mfu.sh OUT [ASSETS]}
 ASSETS=${2:-.gpu}

@@ -5,10 +5,10 @@
 
 Sections (each in its own process, with its own time limit): environment,
 sweep (takes what the others leave of the budget), step (350M), step_best,
-step_1b, profile, attention, refresh, snapshot, compile; `--sections mfu`
-runs the first six (scripts/gpu_mfu.sh). Writes gpu_report.json,
-gpu_report.md, mfu_sweep.{json,md}, bench_step.json, bench_step_best.json
-and bench_step_1b.json (for scripts/simulate_cluster.py --cost bench) and
+step_1b, profile, attention, snapshot; `--sections mfu` runs the first six
+(scripts/gpu_mfu.sh). Writes gpu_report.json, gpu_report.md,
+mfu_sweep.{json,md}, bench_step.json, bench_step_best.json and
+bench_step_1b.json (for scripts/simulate_cluster.py --cost bench) and
 profile_trace/ under --out.
 """
 import os
@@ -23,7 +23,8 @@ _OUT = flags.DEFINE_string('out', None, 'Directory for gpu_report.json, gpu_repo
 _BUDGET = flags.DEFINE_float('budget_sec', 450.0, 'Wall-clock budget shared by the sections.')
 _SECTIONS = flags.DEFINE_string('sections', 'all', "'all', 'mfu' (environment, sweep, step, "
                                 'step_best, step_1b, profile) or a comma-separated list.')
-_SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes: check the whole report on a CPU.')
+_SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes, the sections in this process: check '
+                           'the whole report on a CPU.')
 
 
 def main(argv):

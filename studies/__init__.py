@@ -3,10 +3,8 @@
 | module | measures |
 |---|---|
 | `step_cost` | one device's train-step cost per role: FLOPs, memory, time, gradient error |
-| `step_modes` | the step cost's modes: which program one device runs in each role, and plain DP |
+| `step_modes` | the step cost's modes and plain DP, model FLOPs per token, one device's setup, interleaved timing |
 | `fidelity`, `fidelity_runs` | how far the neighbour's gradient is from the exact one (group, rank, rule, block) |
-| `step_measure` | the step-cost modes compiled on one device (FLOPs, memory) and timed interleaved |
-| `step_efficiency` | the fault-free step's overhead against plain DP, and its MFU |
 | `compile_time` | a new failure topology's compile time against depth |
 | `memory_plan` | per-device memory plans of the real step, compiled ahead of time |
 | `probes` | a run's measuring observers: the neighbour's gradient error, the time-to-target watch |
@@ -19,7 +17,7 @@
 | `compile_count` | compiled steps per run, one replica per device row against replicas as rows |
 | `refresh_bench` | the projection refresh: exact SVD against subspace iteration, time and captured energy |
 | `xla_costs` | XLA's FLOP and memory counts of a compiled step (scan bodies times their trip count) |
-| `snapshot_bench` | the keepers' write, publish and restore paths, and a peer's read from another node |
+| `snapshot_bench` | the keepers' write, read and restore paths and the async writer, each against a plain copy |
 | `gpu/` | every GPU figure in one command, each section in its own process (`scripts/gpu_report.py`) |
 | `cluster/` | the strategies projected to 8 to 1,024 replicas (numpy Monte Carlo) |
 | `report` | number formatting, the one markdown table helper, seed lists, JSON and plots |

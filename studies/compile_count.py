@@ -1,13 +1,12 @@
 """Compiled train steps per run: one replica per device row against replicas as rows.
 
+    python -m studies.compile_count --point paper_like --seeds 0,1,2,3
+
 Replays a point's failure schedule through each strategy's layouts, without
 training, and counts the distinct programs a run would compile: with one
 replica per data row, one per (live rows, layout signature), since every new
 set of live replicas is a new mesh; with replicas as rows (`mesh.replicas`),
-one per packing signature, since roles are data and only the row counts key
-a program.
-
-    python -m studies.compile_count --point paper_like --seeds 0,1,2,3
+one per packing signature, since roles are data and only row counts key a program.
 """
 from __future__ import annotations
 
@@ -30,11 +29,9 @@ def programs_per_run(cfg, strategy: str, devices: int) -> dict[str, int]:
     """{'device_per_replica': n, 'replicas_as_rows': n} for `strategy` over `cfg`'s schedule."""
     replicas = cfg.mesh.replicas or cfg.mesh.data
     shard = cfg.data.global_batch_size // replicas
-    events = schedule_lib.events_from_config(cfg.fault, num_replicas=replicas,
-                                             total_steps=cfg.train.steps)
+    events = schedule_lib.events_from_config(cfg.fault, num_replicas=replicas, total_steps=cfg.train.steps)
     schedule = schedule_lib.FailureSchedule(events, replicas)
-    planner = (config_planner(cfg, shard) if strategy_spec(strategy).orphans is Orphans.PLANNER
-               else None)
+    planner = config_planner(cfg, shard) if strategy_spec(strategy).orphans is Orphans.PLANNER else None
     per_device, as_rows = set(), set()
     for step in range(cfg.train.steps):
         live = schedule.live_mask(step)

@@ -1,15 +1,10 @@
 """Compile time: what a new failure topology's step costs a survivor, cold and ahead of time.
 
 After a failure the controller compiles the train step for a mesh and layout
-it has not seen. `failure_step_compile` is the one measurement (the GPU
-report's `compile` section calls it too): with two or more data replicas,
-the MeCeFO failure step on the config's mesh with replica 3 (or the last)
-down, its neighbour running two shards in neighbour mode; on one device,
-where no replica can fail and leave a survivor and a one-replica mesh runs
-no per-device role switch, the normal step (B rows) and the neighbour step
-(2B) compiled apart, their sum an upper bound (the switched step shares one
-optimizer update). `run` sweeps depths, scanned and looped: under `nn.scan`
-the program holds one block body whatever the depth.
+it has not seen. `failure_step_compile` measures it: the MeCeFO failure step
+on the config's mesh with replica 3 (or the last) down, its neighbour running
+two shards in neighbour mode. `run` sweeps depths, scanned and looped: under
+`nn.scan` the program holds one block body whatever the depth.
 """
 from __future__ import annotations
 
@@ -21,57 +16,33 @@ import time
 SCAN_MODES = (True, False)
 
 
-def failure_step_compile(cfg, num_layers: int, *, scan_layers: bool = True,
-                         shard_batch: int | None = None) -> dict:
-    """{'compile_sec', 'what'} (one device: also each program's seconds); see the module
-    docstring. `shard_batch`: sequences per replica, default the config's global batch
-    over its data replicas."""
-    import jax
-
-    from mecefo_jax.model.llama import build_model
-    from mecefo_jax.parallel import sharding
-    model = build_model(cfg, num_layers=num_layers, scan_layers=scan_layers)
-    replicas, width = sharding.mesh_shape(cfg.mesh, jax.device_count())
-    batch = shard_batch or cfg.data.global_batch_size // replicas
-    if replicas >= 2:
-        return {'compile_sec': _failure_step_sec(cfg, model, batch),
-                'what': f'MeCeFO failure step on a {replicas}x{width} mesh, one replica down'}
-    from studies.step_measure import mode_program, new_bench
-    bench = new_bench(cfg, batch, jax.devices()[0], log=None, model=model)
-    out = {}
-    for role, mode in (('normal', 'normal'), ('neighbour', 'mecefo')):
-        make, args, _ = mode_program(bench, mode)
-        start = time.perf_counter()
-        make(model).lower(*args).compile()
-        out[f'{role}_compile_sec'] = time.perf_counter() - start
-    return dict(out, compile_sec=sum(out.values()),
-                what=f'one device: the normal step (x {batch}) and the neighbour step '
-                     f'(x {2 * batch}) compiled apart, their sum')
-
-
-def _failure_step_sec(cfg, model, shard_batch: int) -> float:
+def failure_step_compile(cfg, num_layers: int, *, scan_layers: bool = True) -> float:
+    """Seconds to compile the failure step of `cfg` at `num_layers` (see the module docstring)."""
     import jax
 
     from mecefo_jax.faults.strategies import layout_for
     from mecefo_jax.model import optim
+    from mecefo_jax.model.llama import build_model
     from mecefo_jax.parallel import sharding
     from mecefo_jax.parallel import state as state_lib
     from mecefo_jax.parallel.topology import TopologyCache
 
-    optimizer = optim.make_optimizer(cfg.train)
-    rank = cfg.mecefo.rank
+    model = build_model(cfg, num_layers=num_layers, scan_layers=scan_layers)
     mesh = sharding.make_mesh(cfg.mesh)
-    cache = TopologyCache(model, optimizer, state_lib.state_shardings(model, optimizer, mesh, rank),
-                          rank, refresh=cfg.mecefo.refresh,
-                          refresh_iters=cfg.mecefo.refresh_iters,
-                          refresh_split_min_elements=cfg.mecefo.refresh_split_min_elements)
     replicas = mesh.shape[sharding.DATA_AXIS]
+    if replicas < 2:
+        raise ValueError(f'mesh.data={cfg.mesh.data} gives {replicas} data replica on {jax.device_count()} '
+                         'devices: a failure needs a survivor. Use a mesh of two or more replicas (a CPU host '
+                         'simulates mesh.num_cpu_devices devices).')
+    optimizer, rank = optim.make_optimizer(cfg.train), cfg.mecefo.rank
+    cache = TopologyCache(model, optimizer, state_lib.state_shardings(model, optimizer, mesh, rank), rank,
+                          refresh=cfg.mecefo.refresh, refresh_iters=cfg.mecefo.refresh_iters,
+                          refresh_split_min_elements=cfg.mecefo.refresh_split_min_elements)
     live = tuple(r != min(3, replicas - 1) for r in range(replicas))
     topology = cache.get([row for row, up in zip(sharding.mesh_rows(mesh), live) if up])
-    layout = layout_for('mecefo', live, shard_batch)
+    layout = layout_for('mecefo', live, cfg.data.global_batch_size // replicas)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            state_lib.abstract_train_state(model, optimizer, rank=rank),
-                            topology.state_shardings)
+                            state_lib.abstract_train_state(model, optimizer, rank=rank), topology.state_shardings)
     spec = topology.batch_spec(layout, cfg.data.seq_len + 1)
     start = time.perf_counter()
     topology.compiled_step(abstract, spec, layout)
@@ -83,12 +54,11 @@ def run(cfg, depths, out_dir: str | None = None, log=print) -> dict:
     rows = []
     for scan in SCAN_MODES:
         for depth in depths:
-            seconds = failure_step_compile(cfg, depth, scan_layers=scan)['compile_sec']
+            seconds = failure_step_compile(cfg, depth, scan_layers=scan)
             rows.append({'scan_layers': scan, 'num_layers': depth, 'compile_sec': seconds})
             log(f'compile: scan_layers={scan} layers={depth}: {seconds:.2f} s')
     for row in rows:
-        base = next(r for r in rows if r['scan_layers'] == row['scan_layers']
-                    and r['num_layers'] == min(depths))
+        base = next(r for r in rows if r['scan_layers'] == row['scan_layers'] and r['num_layers'] == min(depths))
         row['ratio_to_shallowest'] = row['compile_sec'] / base['compile_sec']
     result = {'rows': rows, 'depths': list(depths), 'mesh': dataclasses.asdict(cfg.mesh),
               'd_model': cfg.model.d_model}

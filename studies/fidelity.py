@@ -14,14 +14,12 @@ rule of `RULES`. The training runs that feed them: `studies/fidelity_runs.py`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import numpy as np
 
 from mecefo_jax.faults.refresh_costs import ffn_kernels
 from mecefo_jax.neighbour import projections as proj_lib
-from studies.step_modes import mode_layout
 
 GROUPS = ('attention', 'ffn', 'other', 'total_non_attention')
 FFN_KINDS = proj_lib.FFN_KERNEL_NAMES
@@ -109,22 +107,6 @@ def by_layer(approx, exact) -> dict:
         out['layers'] += [{} for _ in range(layer + 1 - len(out['layers']))]
         out['layers'][layer][group] = figures
     return out
-
-
-def two_shard_gradients(model, mesh, state, tokens_nbt) -> dict[str, Any]:
-    """Host gradients of the ndb_naive and mecefo programs on the same two shards
-    (`step.make_grad_fn`: gradient sums over the token count, as the train step)."""
-    from mecefo_jax.neighbour.layout import assemble
-    from mecefo_jax.parallel import sharding
-    from mecefo_jax.parallel import step as step_lib
-    grads = {}
-    for mode in ('ndb_naive', 'mecefo'):
-        layout = mode_layout(mode, tokens_nbt.shape[1])
-        batch = jax.device_put(dict(assemble(layout, tokens_nbt), step=np.int32(0)),
-                               sharding.batch_shardings(mesh))
-        grad_fn = jax.jit(step_lib.make_grad_fn(model, mesh, layout.programs))
-        grads[mode] = jax.device_get(grad_fn(state.params, state.projections, batch)[0])
-    return grads
 
 
 def token_grad_fn(model):

@@ -1,20 +1,19 @@
 """What XLA says a compiled program costs: its FLOPs, its memory plan, its loops.
 
 `flops_of` is XLA's own cost analysis, which counts a while loop's body once
-whatever its trip count: a step with scanned layers (`model.scan_layers`) or
-a chunked loss reads low by about the depth, and on a GPU, where the dots
-have become cuBLAS and cuDNN custom calls, it misses most of them too. It is
-right only for straight-line programs (`count_while_loops(...) == 0`) on
-a CPU.
+whatever its trip count: a step with scanned layers or a chunked loss reads
+low by about the depth, and on a GPU, where the dots have become cuBLAS and
+cuDNN custom calls, it misses most of them too. It is right only for
+straight-line programs (`count_while_loops(...) == 0`) on a CPU.
 
 `matmul_flops` counts what the optimized program multiplies, from its HLO
-text: every `dot` (fused or not, Triton's GEMM fusions included), every
-cuBLAS GEMM custom call (2 x output elements x contracted size) and every
-cuDNN fused attention (4 B N T S H forward, 8 B N T S H backward: the
-model's matmuls, not the kernel's recomputation), each computation weighted
-by the times it runs: a while body by its `known_trip_count`, a conditional
-by its dearest branch (one runs). Remat recomputation is counted (it is
-executed), so over the analytic count it reads as hardware over model FLOPs.
+text: every `dot` (Triton's GEMM fusions included), every cuBLAS GEMM custom
+call (2 x output elements x contracted size) and every cuDNN fused attention
+(4 B N T S H forward, 8 B N T S H backward: the model's matmuls, not the
+kernel's recomputation), each computation weighted by the times it runs: a
+while body by its `known_trip_count`, a conditional by its dearest branch.
+Remat recomputation is counted (it is executed), so over the analytic count
+it reads as hardware over model FLOPs.
 """
 from __future__ import annotations
 
@@ -32,6 +31,8 @@ _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 # A custom call into one of these that is no GEMM or attention is reported, not counted.
 _MULTIPLYING_LIBRARIES = ('cublas', 'cudnn', 'gemm', 'matmul', 'conv', 'onednn', 'triton')
+MEMORY_FIELDS = ('temp_size_in_bytes', 'argument_size_in_bytes', 'output_size_in_bytes',
+                 'alias_size_in_bytes', 'generated_code_size_in_bytes', 'peak_memory_in_bytes')
 
 
 def flops_of(compiled) -> float:
@@ -39,13 +40,7 @@ def flops_of(compiled) -> float:
     analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else None
-    if not analysis:
-        return float('nan')
-    return float(analysis.get('flops', float('nan')))
-
-
-MEMORY_FIELDS = ('temp_size_in_bytes', 'argument_size_in_bytes', 'output_size_in_bytes',
-                 'alias_size_in_bytes', 'generated_code_size_in_bytes', 'peak_memory_in_bytes')
+    return float(analysis.get('flops', float('nan'))) if analysis else float('nan')
 
 
 def memory_of(compiled) -> dict[str, int]:
@@ -104,10 +99,8 @@ def _attribute_dims(text: str, key: str) -> list[int]:
 
 def _backend_config(text: str) -> dict:
     start = text.find('backend_config=')
-    if start < 0:
-        return {}
     try:
-        return json.JSONDecoder().raw_decode(text[start + len('backend_config='):])[0]
+        return json.JSONDecoder().raw_decode(text[start + len('backend_config='):])[0] if start >= 0 else {}
     except ValueError:
         return {}
 
@@ -118,11 +111,10 @@ def _find(tree, key):
         if key in tree:
             return tree[key]
         tree = list(tree.values())
-    if isinstance(tree, list):
-        for item in tree:
-            found = _find(item, key)
-            if found is not None:
-                return found
+    for item in tree if isinstance(tree, list) else ():
+        found = _find(item, key)
+        if found is not None:
+            return found
     return None
 
 
@@ -139,12 +131,10 @@ def _own_flops(opcode: str, out: list[int], call: str, shapes: dict) -> tuple[st
     name, config = target.group(1), _backend_config(call)
     if 'gemm' in name or 'matmul' in name:
         numbers = _find(config, 'dot_dimension_numbers') or {}
-        contracted = [lhs[int(d)] for d in numbers.get('lhs_contracting_dimensions', [])
-                      if int(d) < len(lhs)]
+        contracted = [lhs[int(d)] for d in numbers.get('lhs_contracting_dimensions', []) if int(d) < len(lhs)]
         return 'gemm', 2.0 * math.prod(out) * math.prod(contracted)
     if 'fmha' in name:
-        bnts = [int(d) for d in (_find(config, 'intermediate_tensor_shape') or {}).get(
-            'dimensions', [])]
+        bnts = [int(d) for d in (_find(config, 'intermediate_tensor_shape') or {}).get('dimensions', [])]
         per_matmul = 2.0 * math.prod(bnts) * (lhs[-1] if lhs else 0)
         return 'attention', per_matmul * (4 if 'Backward' in name else 2)
     may_multiply = any(word in name.lower() for word in _MULTIPLYING_LIBRARIES)
@@ -195,8 +185,8 @@ def _parse(text: str) -> tuple[dict, str]:
         branches = [callee for key, callee in callees(call) if key == 'branch']
         for key, callee in callees(call):
             if key != 'branch':
-                items.append(('call', callee, int(trip.group(1)) if key == 'body' and trip
-                              else (None if key == 'body' else 1)))
+                times = (int(trip.group(1)) if trip else None) if key == 'body' else 1
+                items.append(('call', callee, times))
         if branches:
             items.append(('branches', branches))
     return computations, entry
@@ -218,8 +208,7 @@ def matmul_flops(hlo_text: str) -> dict:
                     unknown[0] += item[2] is None
                     parts = {k: v * (item[2] or 1) for k, v in total(item[1]).items()}
                 elif item[0] == 'branches':
-                    parts = max((total(b) for b in item[1]), key=lambda d: sum(d.values()),
-                                default={})
+                    parts = max((total(b) for b in item[1]), key=lambda d: sum(d.values()), default={})
                 else:
                     if item[0].startswith('uncounted:'):
                         uncounted.add(item[0].split(':', 1)[1])
@@ -230,5 +219,5 @@ def matmul_flops(hlo_text: str) -> dict:
         return memo[name]
 
     by_kind = total(entry) if entry else {}
-    return {'flops': sum(by_kind.values()), 'by_kind': by_kind,
-            'unknown_trip_counts': unknown[0], 'uncounted': sorted(uncounted)}
+    return {'flops': sum(by_kind.values()), 'by_kind': by_kind, 'unknown_trip_counts': unknown[0],
+            'uncounted': sorted(uncounted)}

@@ -1,10 +1,11 @@
-"""Tests for the step-cost benchmark (studies.step_cost and its parts) and
+"""Tests for the step-cost benchmark (studies.step_cost, studies.step_modes) and
 scripts/bench_step.py on a one-block tiny model.
 
-Compile time dominates on CPU, so the tests share programs: the script run in
-a subprocess (with the optional packages blocked) and the in-process run use
-the same config, and the subprocess writes into this session's compilation
-cache, so each per-mode step is compiled once.
+Compile time dominates on CPU, so the tests share programs: the script runs
+once in a subprocess (with the optional packages blocked), timed, and every
+figure below is read from its JSON; the in-process run (`--iters 0`: costed,
+not timed) uses the same config and compiles from this session's compilation
+cache, which the subprocess wrote, so each per-mode step is compiled once.
 """
 import json
 import math
@@ -25,7 +26,7 @@ from mecefo_jax.parallel import sharding
 from mecefo_jax.parallel.state import create_train_state
 from studies import fidelity as grad_error
 from studies import step_cost as bench
-from studies import step_efficiency, step_measure, step_modes
+from studies import step_modes
 from studies import xla_costs as aot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,11 +82,11 @@ def _run_blocked(code: str, timeout: float):
 
 
 @pytest.fixture(scope='module')
-def script_json(tmp_path_factory):
-    """scripts/bench_step.py --iters 0 in a subprocess without the optional packages."""
+def result(tmp_path_factory):
+    """scripts/bench_step.py, timed, in a subprocess without the optional packages."""
     out = tmp_path_factory.mktemp('bench_script')
-    argv = (['scripts/bench_step.py', '--config', 'configs/tiny.py', '--iters', '0',
-             '--batch', str(BATCH), '--out', str(out)]
+    argv = (['scripts/bench_step.py', '--config', 'configs/tiny.py', '--batch', str(BATCH), '--warmup', '1',
+             '--iters', '1', '--overhead_iters', '2', '--out', str(out)]
             + [f'--config.{k}={v}' for k, v in OVERRIDES.items()])
     proc = _run_blocked(f'import runpy; sys.argv = {argv!r}\n'
                         f'runpy.run_path({argv[0]!r}, run_name="__main__")\n', timeout=600)
@@ -95,14 +96,13 @@ def script_json(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def result(tmp_path_factory):
-    """The in-process run with timing."""
+def costed(tmp_path_factory, result):
+    """The in-process run, `--iters 0` (after the script: its programs come from the cache)."""
     out = tmp_path_factory.mktemp('bench')
-    res = bench.run_benchmark(tiny_config(), str(out), batch=BATCH, warmup=1, iters=1,
-                              overhead_iters=2, device=jax.devices()[0], log=lambda _: None)
+    res = bench.run_benchmark(tiny_config(), str(out), batch=BATCH, iters=0, device=jax.devices()[0],
+                              log=lambda _: None)
     with open(out / bench.OUTPUT_FILE) as f:
-        written = json.load(f)
-    assert written == json.loads(json.dumps(res))
+        assert json.load(f) == json.loads(json.dumps(res))
     return res
 
 
@@ -122,19 +122,25 @@ def test_blocker_blocks_every_optional_package():
 
 
 @pytest.mark.subprocess  # scripts/bench_step.py
-def test_script_runs_without_optional_packages(script_json):
-    assert set(script_json['modes']) == set(step_modes.MODES)
-    assert script_json['config']['num_layers'] == 1  # --config.model.num_layers=1 applied
-    assert script_json['config']['ffn_hidden'] == 32
-    assert script_json['config']['rank'] == 1.0
-    assert script_json['iters'] == 0
-    for mode in step_modes.MODES:  # --iters 0: costed, not timed
-        assert script_json['modes'][mode]['step_ms'] is None
-        assert script_json['modes'][mode]['flops'] > 0
-        assert script_json['modes'][mode]['peak_bytes'] > 0
-    assert script_json['grad_rel_error'] is None
-    assert script_json['overhead'] is None
-    assert script_json['mfu']['applicable'] is False
+def test_script_runs_without_optional_packages(result):
+    assert set(result['modes']) == set(step_modes.MODES)
+    assert result['config']['num_layers'] == 1  # --config.model.num_layers=1 applied
+    assert result['config']['ffn_hidden'] == 32
+    assert result['config']['rank'] == 1.0
+    assert result['iters'] == 1
+
+
+@pytest.mark.subprocess  # scripts/bench_step.py
+def test_iters_0_costs_without_timing_the_programs_the_script_timed(costed, result):
+    assert costed['iters'] == 0
+    for mode in step_modes.MODES:  # costed, not timed
+        assert costed['modes'][mode]['step_ms'] is None
+    assert costed['grad_rel_error'] is None
+    assert costed['overhead'] is None
+    # Same config through the CLI overrides and in Python: identical programs.
+    for mode in step_modes.MODES:
+        for key in ('flops', 'temp_bytes', 'peak_bytes'):
+            assert costed['modes'][mode][key] == result['modes'][mode][key], (mode, key)
 
 
 def test_json_schema(result):
@@ -155,15 +161,6 @@ def test_json_schema(result):
         # which plain_dp does not have.
         assert result['details'][mode]['conditionals_in_step'] == (mode != 'plain_dp')
     assert set(result['grad_rel_error']) == set(grad_error.GROUPS)
-    assert result['mfu']['applicable'] is False  # CPU
-
-
-@pytest.mark.subprocess  # scripts/bench_step.py
-def test_script_and_in_process_runs_cost_the_same_programs(script_json, result):
-    # Same config through the CLI overrides and in Python: identical programs.
-    for mode in step_modes.MODES:
-        for key in ('flops', 'temp_bytes', 'peak_bytes'):
-            assert script_json['modes'][mode][key] == result['modes'][mode][key], (mode, key)
 
 
 def test_peak_is_arguments_plus_outputs_plus_temp_minus_donated(result):
@@ -223,7 +220,7 @@ def test_overhead_is_timed_on_the_configs_mesh(result):
     assert ov['ratio'] == pytest.approx(ov['fault_free_ms'] / ov['plain_dp_ms'])
     low, high = ov['paired_ratio_quartiles']
     assert low <= ov['paired_ratio_median'] <= high
-    assert ov['met'] == (ov['ratio'] <= step_efficiency.OVERHEAD_TARGET)
+    assert ov['met'] == (ov['ratio'] <= bench.OVERHEAD_TARGET)
 
 
 def _abstract_params():
@@ -305,14 +302,22 @@ def test_unrolled_flop_count_sees_every_block_and_chunk():
     # FLOPs measured), so the counts may differ by up to 8 d x v per extra
     # chunk; a block or a chunk left uncounted would lose >= 96 d x v
     # (a chunk's 16 tokens x 6 d x v), far outside that band.
+    # The loss gradient alone is compiled: the optimizer's FLOPs are the same in both programs.
     cfg = tiny.get_config()
-    cfg.mesh.data = 1
     chunks = 4
     cfg.model.loss_chunk_tokens = BATCH * cfg.data.seq_len // chunks
     cfg = resolve(cfg)
-    scanned = step_modes.normal_step_flops(build_model(cfg, unroll_loops=True), cfg, BATCH)
-    straight = step_modes.normal_step_flops(
-        build_model(cfg, scan_layers=False, loss_chunk_tokens=0), cfg, BATCH)
+    tokens = jax.ShapeDtypeStruct((BATCH, cfg.data.seq_len + 1), jnp.int32)
+
+    def gradient_flops(model):
+        import flax
+
+        from mecefo_jax.model.llama import init_params
+        params = flax.linen.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))
+        grad = jax.grad(lambda p, t: model.apply({'params': p}, t[:, :-1], targets_bl=t[:, 1:]))
+        return aot.flops_of(jax.jit(grad).lower(params, tokens).compile())
+    scanned = gradient_flops(build_model(cfg, unroll_loops=True))
+    straight = gradient_flops(build_model(cfg, scan_layers=False, loss_chunk_tokens=0))
     dv = cfg.model.d_model * cfg.model.vocab_size
     assert 0 <= scanned - straight <= 8 * dv * (chunks - 1)
 
@@ -377,19 +382,6 @@ def test_memory_of_counts_a_donated_state_once():
     assert kept['peak_bytes'] == pytest.approx(3 * size, abs=1024)
 
 
-class _Device:
-    def __init__(self, kind):
-        self.device_kind = kind
-
-
-def test_peak_tflops_table_and_flag():
-    assert step_efficiency.peak_tflops_for(_Device('NVIDIA H100 80GB HBM3'), None)[0] == 989.0
-    assert step_efficiency.peak_tflops_for(_Device('NVIDIA H100 PCIe'), None)[0] == 756.0
-    assert step_efficiency.peak_tflops_for(_Device('NVIDIA A100-SXM4-80GB'), None)[0] == 312.0
-    assert step_efficiency.peak_tflops_for(_Device('Tesla T4'), None)[0] is None
-    assert step_efficiency.peak_tflops_for(_Device('Tesla T4'), 65.0) == (65.0, 'flag --peak_tflops')
-
-
 def test_model_flops_per_token_counts_matmul_params_and_attention():
     cfg = tiny_config()
     m = cfg.model
@@ -398,28 +390,16 @@ def test_model_flops_per_token_counts_matmul_params_and_attention():
                  + 3 * m.d_model * m.ffn_hidden)  # w_gate, w_up, w_down
     matmul = m.num_layers * per_block + m.d_model * m.vocab_size  # the head, not the table
     expected = 6 * matmul + 12 * m.num_layers * m.d_model * cfg.data.seq_len
-    assert step_efficiency.model_flops_per_token(cfg, _abstract_params()) == expected
+    assert step_modes.model_flops_per_token(cfg, _abstract_params()) == expected
 
 
 def test_time_interleaved_calls_every_program_once_per_round():
     calls = []
     programs = {name: (lambda name=name: calls.append(name)) for name in 'abc'}
-    times = step_measure.time_interleaved(programs, warmup=2, iters=5)
+    times = step_modes.time_interleaved(programs, warmup=2, iters=5)
     assert {name: len(t) for name, t in times.items()} == dict.fromkeys('abc', 5)
     rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
     assert len(rounds) == 7 and all(sorted(r) == list('abc') for r in rounds)
     # Random order per round: not always the same sequence in 5 rounds
     # (seeded, so this cannot flake).
     assert len({tuple(r) for r in rounds[2:]}) > 1
-
-
-def test_mfu_divides_model_flops_per_second_by_the_peak():
-    cfg = tiny_config()
-    normal = {'step_ms': 2.0, 'flops': 4e9}
-    mfu = step_efficiency.normal_step_mfu(cfg, _abstract_params(), normal, BATCH,
-                     _Device('NVIDIA H100 80GB HBM3'), None)
-    tokens = BATCH * cfg.data.seq_len
-    formula = step_efficiency.model_flops_per_token(cfg, _abstract_params()) * tokens
-    assert mfu['applicable'] and mfu['peak_tflops'] == 989.0
-    assert mfu['formula'] == pytest.approx(formula / 2e-3 / 989e12)
-    assert mfu['xla'] == pytest.approx(4e9 / 2e-3 / 989e12)

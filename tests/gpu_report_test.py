@@ -1,15 +1,16 @@
 """scripts/gpu_report.py: the CPU smoke end to end, and a failing or hung section's report.
 
 The smoke's sweep runs its whole greedy path on a tiny model (every stage,
-one XLA flag in a process of its own, the drift check), step_best runs at
+one XLA flag in a process of its own), step_best runs at
 the batch the sweep found, and the profile's table comes from a CPU trace.
 
-The smoke runs in a subprocess (its sections in their own processes) with
-grain, tensorflow_datasets, tensorflow and matplotlib blocked in every one
-of them by a `sitecustomize` on PYTHONPATH: the report must run on a GPU
-image that lacks them. Its budget is generous so that a loaded machine
-slows it rather than failing it; its time is the smoke's own claim (see
-docs/gpu.md), not a test.
+The smoke runs once, in a subprocess (its sections in that one process, the
+flag cell in a child of its own), with grain, tensorflow_datasets,
+tensorflow and matplotlib blocked in both by a `sitecustomize` on
+PYTHONPATH: the report must run on a GPU image that lacks them. A section in
+a child process of its own, killed at its limit, is the fake sections' test.
+Its budget is generous so that a loaded machine slows it rather than failing
+it; its time is the smoke's own claim (see docs/gpu.md), not a test.
 """
 import json
 import math
@@ -34,13 +35,12 @@ for name in {BLOCKED!r}:
 """
 FAKE_SECTIONS = """
 import threading
-from studies.gpu.child import Skipped
 
 def boom(ctx):
     raise RuntimeError('boom from a section')
 
 def skip(ctx):
-    raise Skipped('not on this machine', {'kept': 2})
+    return {'status': 'skipped', 'reason': 'not on this machine', 'kept': 2}
 
 def hang(ctx):
     ctx.partial({'reached': 'hold'})
@@ -117,8 +117,9 @@ def test_smoke_sweep_keeps_only_changes_that_are_faster_and_writes_its_files(smo
     s = result['sections']['sweep']
     with open(out / sweep.JSON_FILE) as f:
         assert json.load(f)['cells'] == s['cells']
-    assert '| model | tokens a device |' in (out / sweep.MD_FILE).read_text()
-    cells = s['cells']
+    cells, text = s['cells'], (out / sweep.MD_FILE).read_text()
+    assert '| cells | model | stage | tokens_per_device |' in text  # one row a cell
+    assert all(f'| {i} | llama_350m | {c["stage"]} |' in text for i, c in enumerate(cells))
     assert cells[0]['stage'] == 'baseline' and cells[0]['accepted']
     stages = [c['stage'] for c in cells]
     assert stages.index('batch') < stages.index('remat') < stages.index('flags')
@@ -134,7 +135,11 @@ def test_smoke_sweep_keeps_only_changes_that_are_faster_and_writes_its_files(smo
     flagged = [c for c in cells if c['stage'] == 'flags']
     assert flagged and flagged[0]['xla_flags'] == '='.join(sweep.SMOKE['flags'][0])
     assert 'cuDNN' in next(c for c in cells if c['stage'] == 'attention')['error']
-    assert s['drift']['llama_350m']['ratio'] > 0
+    # The machine's drift over the sweep: its baseline cell is the step section's normal step.
+    first, normal = cells[0], result['sections']['step']
+    assert first['tokens_per_device'] == normal['batch'] * normal['config']['seq_len']
+    assert first['overrides']['data.seq_len'] == normal['config']['seq_len']
+    assert normal['modes']['normal']['step_ms'] > 0 and first['step_ms'] > 0
     assert s['gpu_defaults']['llama_350m']['config']['model.remat_policy'] in ('none', 'full')
     step_best = result['sections']['step_best']
     assert step_best['batch'] * step_best['config']['seq_len'] == best['tokens_per_device']
@@ -158,12 +163,9 @@ def test_smoke_other_sections_have_positive_times(smoke):
     assert sections['environment']['packages']['jax']
     assert sections['step_1b']['modes']['mecefo']['step_ms'] > 0
     assert sections['step_best']['modes']['ndb_naive']['step_ms'] > 0
-    for model in sections['refresh']['models'].values():
-        assert model['svd_model_sec'] > 0 and model['matrices'] == 3 * model['num_layers']
     snap = sections['snapshot']
-    assert snap['bandwidth']['device_get_gbps'] > 0 and snap['step_sec'] > 0
+    assert snap['bandwidth']['pinned_copy_gbps'] > 0 and snap['step_sec'] > 0
     assert math.isfinite(snap['every_1']['overhead_pct'])
-    assert snap['bandwidth']['host_copy_gbps'] > 0
     never = snap['every_1_latest_wins']
     assert never['published'] >= 1 and never['blocked_sec_per_snapshot'] >= 0
     interval, chosen = snap['auto']['interval'], snap['auto']['chosen']
@@ -172,7 +174,6 @@ def test_smoke_other_sections_have_positive_times(smoke):
     else:  # whole intervals, each snapshotted once: written or replaced by the next
         assert chosen['steps'] % interval == 0 and math.isfinite(chosen['overhead_pct'])
         assert chosen['published'] + chosen['dropped'] == chosen['steps'] // interval
-    assert sections['compile']['compile_sec'] > 0 and sections['compile']['devices'] == 2
 
 
 @pytest.mark.subprocess  # the report and its sections
@@ -204,6 +205,13 @@ def test_a_failing_section_is_failed_a_hung_one_timeout_and_the_next_still_runs(
     assert results['hang']['partial'] == {'reached': 'hold'}
     assert results['hang']['wall_sec'] >= results['hang']['limit_sec']
     assert results['fine']['status'] == 'ok' and results['fine']['value'] == 1
+    # The smoke's way, in this process: the same statuses and figures.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    here = runner.run_sections([s for s in sections if s.name != 'hang'], {'in_process': True},
+                               str(tmp_path / 'here'), budget_sec=60, echo=lambda _: None)
+    assert {n: r['status'] for n, r in here.items()} == {'boom': 'failed', 'skip': 'skipped',
+                                                         'fine': 'ok'}
+    assert 'boom from a section' in here['boom']['error'] and here['skip']['kept'] == 2
 
 
 def test_limits_give_fixed_sections_their_seconds_and_the_rest_to_one():

@@ -52,7 +52,7 @@ def test_the_greedy_search_keeps_only_what_is_faster_and_fits():
     assert [c['stage'] for c in cells].count('scan') == 1  # tried, 0.5 % faster: not kept
     endpoint = sweep.endpoint(cells, 'llama_350m')
     assert endpoint['flat_optimizer'] and endpoint['tokens_per_device'] == 65536
-    out = sweep.summary(cells, {}, sweep.FULL)
+    out = sweep.summary(cells, sweep.FULL)
     assert out['best']['llama_350m'] == endpoint
     assert out['best_by_batch']['llama_350m']['4096x256']['stage'] == 'baseline'
     assert out['gpu_defaults']['llama_350m']['config'] == {'model.remat_policy': 'full'}

@@ -1,8 +1,8 @@
 """The one measurement of the snapshot path: every part timed beside a plain copy of its bytes.
 
-`python -m studies.snapshot_bench` and the GPU report's snapshot section both
-call `path_figures`; here it runs on a 1 MiB tree into a keeper in this
-process (no Ray), and `with_ratios` on figures given by hand.
+`python -m studies.snapshot_bench` calls `path_figures` on a keeper actor; here it
+runs on a 1 MiB tree into a keeper in this process (no Ray), and `with_ratios` on
+figures given by hand.
 """
 from mecefo_jax.snapshot import LocalKeeper
 from studies import snapshot_bench
@@ -25,13 +25,11 @@ def test_every_part_of_the_path_is_timed_beside_a_copy_of_the_same_bytes():
     assert 'copy_vs_copy' not in out
 
 
-def test_remote_reads_are_set_against_tcp_and_rays_own_transfer():
-    out = snapshot_bench.with_ratios({'bytes': 2**30, 'copy_sec': 0.5, 'read_remote_sec': 2.0,
-                                      'restore_remote_sec': 4.0, 'tcp_sec': 1.0,
-                                      'ray_transfer_sec': 2.0})
-    assert out['read_remote_gbps'] == 0.5 and out['read_remote_vs_copy'] == 0.25
-    assert out['read_remote_vs_tcp'] == 0.5 and out['read_remote_vs_ray'] == 1.0
-    assert out['restore_remote_vs_tcp'] == 0.25 and out['restore_remote_vs_ray'] == 0.5
-    # Without the cluster's figures, the copy's bandwidth alone is added.
+def test_ratios_are_the_copys_time_over_each_figures():
+    out = snapshot_bench.with_ratios({'bytes': 2**30, 'copy_sec': 0.5, 'read_shm_sec': 2.0,
+                                      'async_back_to_back_blocked_per_step_sec': 1.0})
+    assert out['read_shm_gbps'] == 0.5 and out['read_shm_vs_copy'] == 0.25 and out['copy_gbps'] == 2.0
+    assert 'async_back_to_back_blocked_per_step_vs_copy' not in out
+    # The copy alone: its bandwidth is added, and no ratio.
     assert snapshot_bench.with_ratios({'bytes': 2**30, 'copy_sec': 0.5}) == {
         'bytes': 2**30, 'copy_sec': 0.5, 'copy_gbps': 2.0}

@@ -16,7 +16,7 @@ import pytest
 
 from studies.gpu import configs
 from studies.gpu.programs import PEAK_FLOPS, Setup, mfu
-from studies.step_efficiency import model_flops_per_token
+from studies.step_modes import model_flops_per_token
 from studies.xla_costs import flops_of, matmul_flops
 
 # A while loop of trip count 3 around a cuBLAS GEMM [64, 32] x [32, 16] (2 x 64 x 16 x 32

@@ -2,12 +2,8 @@
 
 | module | owns |
 |---|---|
-| `report` | the sections in order, their seconds, gpu_report.json and .md |
-| `runner` | a child process per section, time limits out of the budget |
-| `child` | the section process: call the section, write its status and figures |
-| `configs` | the configs/*.py files the sections measure (or their GPU variant), with overrides |
-| `programs` | one device's train step: build, compile (several at once), run; the MFU formula |
-| `cells` | one sweep cell: a step at one batch and set of settings, timed |
-| `environment`, `sweep`, `step`, `profile`, `attention`, `refresh`, `snapshot`, `compile` | the sections |
-| `tables` | the markdown table of each section |
+| `report` | the sections in order, gpu_report.json and .md, the one table writer |
+| `runner` | a child process per section (the smoke: one process), limits out of the budget |
+| `configs`, `programs` | the configs measured; one device's step built, compiled, timed; MFU |
+| `sweep`, `step`, `environment`, `profile`, `attention`, `snapshot` | the sections |
 """

@@ -1,13 +1,6 @@
-"""The report's model configs: a `configs/*.py` file with the few fields a section sets.
-
-Sections name a config file (`llama_350m`, `tiny`, ...), optionally its GPU
-variant (`llama_350m:gpu`, the settings the last sweep found fastest on a
-GPU; see configs/llama_350m.py), and override a few existing fields
-(`{'data.seq_len': 256}`); nothing else of the training setup matters to a
-measurement.
+"""The report's model configs: a `configs/*.py` file (or its GPU variant, `llama_350m:gpu`)
+with the few fields a section sets; nothing else of the training setup matters to a measurement.
 """
-from __future__ import annotations
-
 import importlib.util
 import os
 
@@ -25,13 +18,11 @@ def load(name: str, overrides: dict | None = None):
     name, _, variant = name.partition(':')
     path = os.path.join(REPO, 'configs', f'{name}.py')
     spec = importlib.util.spec_from_file_location(f'_gpu_report_config_{name}', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    spec.loader.exec_module(module := importlib.util.module_from_spec(spec))
     cfg = module.get_config(variant) if variant else module.get_config()
     for dotted, value in (overrides or {}).items():
         section, field = dotted.split('.')
-        node = getattr(cfg, section)
-        if field not in node:
+        if field not in (node := getattr(cfg, section)):
             raise ValueError(f'gpu report: config {name} has no field {dotted}.')
         setattr(node, field, value)
     from mecefo_jax.config_resolve import resolve

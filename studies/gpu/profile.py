@@ -1,28 +1,12 @@
 """Report section `profile`: where one train step's time goes, from a `jax.profiler` trace.
 
-The 350M normal step at 16 x 256 tokens (the GPU variant's settings) runs a
-few warm-up steps, then `STEPS` steps under `jax.profiler.trace`, written to
-`profile_trace/` under the report's directory (TensorBoard or Perfetto open
-it). Each op event of the step's module (`args.hlo_op`; the device's events
-where the trace has a device, else the host threads' that ran the ops, as on
-a CPU) is put in one place by its instruction in the compiled HLO:
-
-  * `attention`: cuDNN's fused attention, or XLA's attention einsums;
-  * `matmuls`: dots and GEMM custom calls, and fusions that hold one;
-  * `optimizer`: ops under the 'optimizer' name scope (make_optimizer's),
-    fusions holding one included (XLA fuses Adam's update into the params');
-  * `copies`: copies, transposes, slices and in-place slice updates, and
-    fusions of nothing else (data movement);
-  * `elementwise`: every other op (fused elementwise work, reductions);
-  * `other`: events of the module that name no instruction of it;
-  * `idle`: the time between the first and the last op with no op running.
-
-Loops and calls are containers (their bodies' ops are events of their own)
-and are not counted. A trace whose device events name no HLO op has its
-kernels placed by their names (`KERNEL_WORDS`; `source` says so).
+The `step` section's normal step runs `STEPS` steps under the profiler after
+a warm-up (`profile_trace/` beside the report). Each op event of the step's
+module (`args.hlo_op`: the device's events, else the host's, as on a CPU) is
+put in one of `CATEGORIES` by its instruction in the compiled HLO; loops and
+calls are containers, not counted; `idle` is the time between the first and
+the last op with none running. Kernels that name no HLO op go by their names.
 """
-from __future__ import annotations
-
 import glob
 import gzip
 import json
@@ -31,17 +15,13 @@ import os
 from studies.gpu import configs
 from studies.xla_costs import callees, instructions
 
-SHAPES = {'full': {'config': 'llama_350m:gpu', 'overrides': {}, 'batch': 16},
-          'smoke': {'config': 'tiny', 'overrides': {'model.num_layers': 2,
-                                                    'model.attention': 'xla'}, 'batch': 2}}
-WARMUP, STEPS = 3, 3
+WARMUP, STEPS, TOP_OPS = 3, 3, 12
 CATEGORIES = ('matmuls', 'attention', 'optimizer', 'elementwise', 'copies', 'other')
 CONTAINERS = ('while', 'conditional', 'call', 'async-start', 'async-done')
 COPIES = ('copy', 'copy-start', 'copy-done', 'transpose', 'dynamic-update-slice', 'bitcast')
 # A fusion named only by these (and COPIES) moves data and computes nothing.
 MOVES = ('dynamic-slice', 'slice', 'concatenate', 'reshape', 'broadcast', 'pad', 'wrapped')
 ATTENTION_MARKS = ('fmha', 'BNTS', 'BTNH', 'dot_product_attention')
-TOP_OPS = 12
 # Kernel names by place, for a trace whose device events name no HLO op (first match wins).
 KERNEL_WORDS = (('attention', ('fmha', 'flash', 'attention')),
                 ('matmuls', ('gemm', 'xmma', 'cutlass', 'matmul', 'gemv')),
@@ -54,13 +34,11 @@ def classify(hlo_text: str) -> dict:
     matmuls, scopes = {}, {}  # per computation: its dots' and GEMMs' names; every op name
     for computation, _, opcode, _, call, _ in rows:
         scopes.setdefault(computation, []).append(_op_name(call))
-        if _is_matmul(opcode, call):
-            matmuls.setdefault(computation, []).append(_op_name(call) + _target(call))
+        matmuls.setdefault(computation, []).extend(_matmul(opcode, call))
     out = {}
     for _, name, opcode, _, call, _ in rows:
         called = [c for _, c in callees(call)]
-        held = [n for c in called for n in matmuls.get(c, [])]
-        held += [_op_name(call) + _target(call)] if _is_matmul(opcode, call) else []
+        held = [n for c in called for n in matmuls.get(c, [])] + _matmul(opcode, call)
         names = [_op_name(call)] + [n for c in called for n in scopes.get(c, [])]
         out[name] = _category(name, opcode, names, held)
     return out
@@ -79,20 +57,18 @@ def _category(name: str, opcode: str, op_names: list, matmuls: list) -> str | No
     return 'elementwise'
 
 
-def _is_matmul(opcode: str, call: str) -> bool:
-    target = _target(call).lower()
-    return opcode == 'dot' or (opcode == 'custom-call'
-                               and any(w in target for w in ('gemm', 'matmul', 'fmha')))
+def _matmul(opcode: str, call: str) -> list:
+    """[op name and target] of a dot or a GEMM or fused-attention call; [] of any other op."""
+    target = _op_name(call, 'custom_call_target')
+    if opcode == 'dot' or (opcode == 'custom-call'
+                           and any(w in target.lower() for w in ('gemm', 'matmul', 'fmha'))):
+        return [_op_name(call) + target]
+    return []
 
 
-def _op_name(call: str) -> str:
-    start = call.find('op_name="')
-    return call[start + 9:call.find('"', start + 9)] if start >= 0 else ''
-
-
-def _target(call: str) -> str:
-    start = call.find('custom_call_target="')
-    return call[start + 20:call.find('"', start + 20)] if start >= 0 else ''
+def _op_name(call: str, key: str = 'op_name') -> str:
+    start = call.find(f'{key}="')
+    return call[start + len(key) + 2:call.find('"', start + len(key) + 2)] if start >= 0 else ''
 
 
 def load_events(trace_dir: str) -> list:
@@ -107,15 +83,6 @@ def load_events(trace_dir: str) -> list:
     return [dict(e, process=processes.get(e.get('pid'), '')) for e in events if e.get('ph') == 'X']
 
 
-def _kernel_category(name: str) -> str:
-    """A device kernel's place by its name alone (a trace whose kernels name no HLO op)."""
-    name = name.lower()
-    for category, words in KERNEL_WORDS:
-        if any(w in name for w in words):
-            return category
-    return 'elementwise'
-
-
 def _timed_ops(events: list, categories: dict, module: str) -> tuple[list, str]:
     """[(op, category, start us, duration us)] of the step's ops, and where they came from."""
     def hlo_op(e):
@@ -127,8 +94,8 @@ def _timed_ops(events: list, categories: dict, module: str) -> tuple[list, str]:
         source = 'device' if chosen[0]['process'].startswith('/device:') else 'host'
         return [(hlo_op(e), categories.get(hlo_op(e), 'other'), e['ts'], e.get('dur', 0.0))
                 for e in chosen], source
-    return [(e['name'], _kernel_category(e['name']), e['ts'], e.get('dur', 0.0))
-            for e in device], 'device kernels, by name'
+    return [(e['name'], next((c for c, words in KERNEL_WORDS if any(w in e['name'].lower() for w in words)),
+                             'elementwise'), e['ts'], e.get('dur', 0.0)) for e in device], 'device kernels, by name'
 
 
 def time_by_category(events: list, categories: dict, module: str, steps: int) -> dict:
@@ -163,22 +130,17 @@ def _union_ms(spans: list) -> float:
 def run(ctx) -> dict:
     import jax
 
-    from studies import step_modes
-    from studies.gpu.programs import Setup
-    shape = SHAPES['smoke' if ctx.smoke else 'full']
-    cfg = configs.load(shape['config'], shape['overrides'])
-    setup, batch = Setup.build(cfg), shape['batch']
-    program = setup.compile('normal', batch)
-    state = setup.timing_state()
-    args = setup.batch('normal', batch, step_modes.random_tokens(cfg, batch, seed=0))
-    for _ in range(WARMUP):
-        state, _ = program(state, args)
-    jax.block_until_ready(state)
+    from studies.gpu.programs import Setup, Stepper
+    from studies.gpu.step import SHAPES
+    shape = SHAPES['step']['smoke' if ctx.smoke else 'full']
+    cfg, batch = configs.load(shape['config'], shape['overrides']), shape['batch']
+    setup = Setup.build(cfg)
+    program, stepper = setup.compile('normal', batch), Stepper(setup.timing_state())
+    step = stepper.call(program, setup.batch('normal', batch))
+    stepper.seconds(step, WARMUP)
     trace_dir = os.path.join(ctx.out or '/tmp', 'profile_trace')
     with jax.profiler.trace(trace_dir):
-        for _ in range(STEPS):
-            state, metrics = program(state, args)
-        jax.block_until_ready((state, metrics))
+        stepper.seconds(step, STEPS)
     out = {'config_name': shape['config'], 'batch': batch, 'seq_len': cfg.data.seq_len,
            'steps': STEPS, 'trace_dir': trace_dir,
            **time_by_category(load_events(trace_dir), classify(program.as_text()),
