@@ -25,7 +25,7 @@ from mecefo_jax.config_resolve import resolve
 from mecefo_jax.faults.step_clock import WallClock, diluted
 from mecefo_jax.faults.strategies import layout_for
 from mecefo_jax.model.llama import build_model, init_params
-from mecefo_jax.neighbour.layout import ROLE_MIXED, ROLE_NORMAL, Layout, Piece
+from mecefo_jax.neighbour.layout import ROLE_MIXED, ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program
 from mecefo_jax.neighbour.projections import compute_projections
 from mecefo_jax.neighbour.row_packing import pack
 from mecefo_jax.parallel import sharding, step
@@ -61,8 +61,18 @@ def test_packing_keeps_every_row_once_in_its_role():
         # Shards 0, 1, 4, 6, 7 and 5's own rows exact; 3's rows and both of 2's approximated.
         assert sorted(exact) == sorted([(s, i) for s in (0, 1, 4, 5, 6, 7) for i in range(2)])
         assert sorted(approx) == sorted([(3, 0), (3, 1), (2, 0), (2, 1)])
-        assert packing.exact_rows == -(-12 // devices) and packing.neighbour_rows == -(-4 // devices)
-        assert all(sum(p.size for p in run) <= packing.exact_rows for run in packing.exact)
+        # 16 rows, as even as can be: no device holds more than the busiest must.
+        assert packing.capacity == -(-16 // devices)
+        for d in range(devices):
+            e, a = (sum(p.size for p in run[d]) for run in (packing.exact, packing.approximate))
+            program = packing.programs[packing.program_index[d]]
+            assert e + a <= packing.capacity and program.rows == packing.capacity
+            assert program.exact_rows == (packing.capacity if not a else e)
+        # Only the devices that hold neighbour-mode rows run a neighbour program.
+        neighbour_devices = sum(bool(run) for run in packing.approximate)
+        assert sum(packing.programs[k].role != ROLE_NORMAL for k in packing.program_index) == neighbour_devices
+    assert pack(layout, 8).capacity == 2 and pack(layout, 8).programs == (
+        Program(ROLE_NORMAL, 2), Program(ROLE_NEIGHBOUR, 2))
 
 
 def test_roles_are_data_one_failure_at_a_time_compiles_one_failure_program():
@@ -75,7 +85,13 @@ def test_roles_are_data_one_failure_at_a_time_compiles_one_failure_program():
             signatures.add(pack(layout_for(strategy, live, 1), 8).signature)
         assert len(signatures) == 1, (strategy, signatures)
     full = pack(layout_for('mecefo', (True,) * 32, 1), 8)
-    assert full.program.role == ROLE_NORMAL and full.capacity == 4
+    assert full.is_plain and full.capacity == 4
+    # mecefo: 30 exact rows and 2 in neighbour mode fill 8 devices of 4 rows; one device
+    # runs the mixed program, the other seven the plain one.
+    one_down = pack(layout_for('mecefo', tuple(r != 5 for r in range(32)), 1), 8)
+    assert one_down.capacity == 4 and one_down.programs == (Program(ROLE_NORMAL, 4),
+                                                            Program(ROLE_MIXED, 4, 2))
+    assert sorted(one_down.program_index) == [0] * 7 + [1]
 
 
 # ------------------------------------------------------------------ gradients

@@ -2,12 +2,15 @@
 
 MeCeFO's combination rule (`combination.py`) counts rows, not devices, so a step needs
 only two sets of rows, exact and neighbour-mode; which device holds a row changes only
-the order of a sum. A `Packing` spreads a logical `Layout` over `devices` rows of the
-mesh as evenly as it can: each device computes `exact_rows` rows exactly, then
-`neighbour_rows` in neighbour mode, padded with zero weights. Roles are then data: who
-failed only decides which rows are gathered where (`assemble`), and the compiled step
-is keyed by the two counts (`signature`), so one failure at a time compiles at most two
-steps whichever replica fails. On one GPU (`devices=1`) this holds the paper's 32 replicas.
+the order of a sum. A `Packing` lays a logical `Layout`'s exact rows, then its
+neighbour-mode rows, end to end over `devices` rows of the mesh, `capacity` rows each
+(the last padded with zero weights). So every device computes as many rows as the
+busiest must, and only the devices that hold neighbour-mode rows run the neighbour
+program: a device's program is data (`programs`, chosen per device by `lax.switch`), and
+the compiled step is keyed by the row counts per role (`signature`). One failure at a
+time therefore compiles at most two steps whichever replica fails, and costs the rows it
+computes, as one device per replica would. On one GPU (`devices=1`) this holds the
+paper's 32 replicas.
 
 Shape letters as in `layout.py`: N shards, B examples per shard, D devices,
 C rows per device, T tokens per example.
@@ -22,26 +25,14 @@ from mecefo_jax.neighbour.layout import ROLE_MIXED, ROLE_NEIGHBOUR, ROLE_NORMAL,
 
 @dataclasses.dataclass(frozen=True)
 class Packing:
-    """A logical layout's rows on `devices` devices: per device, exact pieces then neighbour ones."""
+    """A logical layout's rows on `devices` devices: per device, its exact pieces, then
+    its neighbour-mode pieces, in `programs[program_index[d]]`."""
     devices: int
     exact: tuple[tuple[Piece, ...], ...]  # per device, computed exactly
     approximate: tuple[tuple[Piece, ...], ...]  # per device, in neighbour mode
-    exact_rows: int  # rows per device computed exactly (padding included)
-    neighbour_rows: int  # rows per device in neighbour mode (padding included)
-
-    @property
-    def program(self) -> Program:
-        """The one program every device runs: its first `exact_rows` rows exact."""
-        rows = self.exact_rows + self.neighbour_rows
-        if self.neighbour_rows == 0:
-            return Program(ROLE_NORMAL, rows)
-        if self.exact_rows == 0:
-            return Program(ROLE_NEIGHBOUR, rows)
-        return Program(ROLE_MIXED, rows, self.exact_rows)
-
-    @property
-    def programs(self) -> tuple[Program, ...]:
-        return (self.program,)
+    capacity: int  # rows per device, padding included
+    programs: tuple[Program, ...]  # the distinct device programs, sorted
+    program_index: tuple[int, ...]  # per device, its program in `programs`
 
     @property
     def replicas(self) -> tuple[int, ...]:
@@ -49,16 +40,12 @@ class Packing:
         return tuple(range(self.devices))
 
     @property
-    def capacity(self) -> int:
-        return self.exact_rows + self.neighbour_rows
-
-    @property
     def is_plain(self) -> bool:
-        return self.program.role == ROLE_NORMAL
+        return self.programs == (Program(ROLE_NORMAL, self.capacity),)
 
     @property
     def signature(self) -> tuple:
-        """What the compiled step depends on: the device count and the two row counts."""
+        """What the compiled step depends on: the device count and the programs."""
         return self.devices, self.programs
 
     def assemble(self, tokens_nbt: np.ndarray) -> dict[str, np.ndarray]:
@@ -67,14 +54,14 @@ class Packing:
         tokens = np.zeros((self.devices, capacity, seq), np.int32)
         weights = np.zeros((self.devices, capacity), np.float32)
         for d in range(self.devices):
-            for pieces, row in ((self.exact[d], 0), (self.approximate[d], self.exact_rows)):
-                for piece in pieces:
-                    tokens[d, row:row + piece.size] = tokens_nbt[piece.shard, piece.start:piece.stop]
-                    weights[d, row:row + piece.size] = 1.0
-                    row += piece.size
+            row = 0
+            for piece in self.exact[d] + self.approximate[d]:
+                tokens[d, row:row + piece.size] = tokens_nbt[piece.shard, piece.start:piece.stop]
+                weights[d, row:row + piece.size] = 1.0
+                row += piece.size
         return {'tokens': tokens.reshape(self.devices * capacity, seq),
                 'weights': weights.reshape(self.devices * capacity),
-                'programs': np.zeros(self.devices, np.int32)}
+                'programs': np.asarray(self.program_index, np.int32)}
 
 
 def _split_pieces(layout: Layout) -> tuple[list[Piece], list[Piece]]:
@@ -91,16 +78,10 @@ def _split_pieces(layout: Layout) -> tuple[list[Piece], list[Piece]]:
     return exact, approximate
 
 
-def _deal(pieces: list[Piece], devices: int) -> tuple[tuple[tuple[Piece, ...], ...], int]:
-    """Cut `pieces` into `devices` runs of consecutive examples, as equal as can be.
-
-    Returns the runs and the rows per device (the longest run): device d takes
-    examples [d * per, (d + 1) * per) of the pieces laid end to end.
-    """
-    total = sum(p.size for p in pieces)
-    per = math.ceil(total / devices) if total else 0
+def _deal(pieces: list[Piece], devices: int, per: int, offset: int) -> list[list[Piece]]:
+    """Cut `pieces`, laid end to end from example `offset` on, into runs of `per` examples:
+    device d takes examples [d * per, (d + 1) * per)."""
     runs: list[list[Piece]] = [[] for _ in range(devices)]
-    offset = 0  # examples dealt so far
     for piece in pieces:
         start = piece.start
         while start < piece.stop:
@@ -108,16 +89,29 @@ def _deal(pieces: list[Piece], devices: int) -> tuple[tuple[tuple[Piece, ...], .
             take = min(piece.stop - start, (device + 1) * per - offset)
             runs[device].append(Piece(piece.shard, start, start + take))
             start, offset = start + take, offset + take
-    return tuple(tuple(r) for r in runs), per
+    return runs
+
+
+def _program(exact_rows: int, neighbour_rows: int, capacity: int) -> Program:
+    """A device's program; its padding rows (weight 0) follow its last role's rows."""
+    if not neighbour_rows:
+        return Program(ROLE_NORMAL, capacity)
+    return Program(ROLE_MIXED, capacity, exact_rows) if exact_rows else Program(ROLE_NEIGHBOUR, capacity)
 
 
 def pack(layout: Layout, devices: int) -> Packing:
-    """`layout`'s rows on `devices` devices: exact rows spread evenly, then neighbour rows."""
+    """`layout`'s rows on `devices` devices: exact rows first, then neighbour-mode rows."""
     if devices < 1:
         raise ValueError(f'pack: devices must be >= 1, got {devices}.')
     exact, approximate = _split_pieces(layout)
-    if not exact and not approximate:
+    num_exact = sum(p.size for p in exact)
+    capacity = math.ceil((num_exact + sum(p.size for p in approximate)) / devices)
+    if not capacity:
         raise ValueError('pack: the layout computes no rows.')
-    exact_runs, exact_rows = _deal(exact, devices)
-    approx_runs, neighbour_rows = _deal(approximate, devices)
-    return Packing(devices, exact_runs, approx_runs, exact_rows, neighbour_rows)
+    exact_runs = _deal(exact, devices, capacity, 0)
+    approx_runs = _deal(approximate, devices, capacity, num_exact)
+    per_device = [_program(sum(p.size for p in e), sum(p.size for p in a), capacity)
+                  for e, a in zip(exact_runs, approx_runs)]
+    programs = tuple(sorted(set(per_device)))
+    return Packing(devices, tuple(map(tuple, exact_runs)), tuple(map(tuple, approx_runs)), capacity,
+                   programs, tuple(programs.index(p) for p in per_device))
