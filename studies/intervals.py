@@ -1,14 +1,9 @@
 """Student-t intervals over a handful of seeds, and how many seeds a difference needs.
 
-With 4 to 6 seeds a percentile bootstrap is too narrow: it resamples the few
-values it has and never sees a wider spread, while the t interval widens by
-the t quantile (3.18 at 4 seeds against the normal's 1.96). Every interval
-here is the two-sided t interval of a mean, df = n - 1, taken on the paired
-per-seed differences where a comparison is meant (every strategy of a seed
-runs on the same data and failures). No scipy: the t distribution's
-two-sided mass has a finite series for integer df (Abramowitz and Stegun,
-Handbook of Mathematical Functions, 26.7.3 and 26.7.4), inverted here by
-bisection.
+With 4 to 6 seeds a percentile bootstrap is too narrow (it never sees a wider spread than its few values); the t
+interval widens by the t quantile (3.18 at 4 seeds against the normal's 1.96). Intervals are two-sided, df = n - 1, on
+paired per-seed differences where runs are compared. No scipy: the t distribution's two-sided mass has a finite series
+for integer df (Abramowitz and Stegun, 26.7.3 and 26.7.4), inverted by bisection.
 """
 from __future__ import annotations
 
@@ -24,14 +19,12 @@ def _central_mass(t: float, df: int) -> float:
     """P(|T| <= t) for Student's t with integer `df` (A&S 26.7.3 odd, 26.7.4 even)."""
     theta = math.atan(t / math.sqrt(df))
     s, c = math.sin(theta), math.cos(theta)
-    power, coefficient, total = (1, 1.0, 0.0) if df % 2 else (0, 1.0, 0.0)
+    power, coefficient, total = df % 2, 1.0, 0.0
     while power <= df - 2:
         total += coefficient * c ** power
         coefficient *= (power + 1) / (power + 2)
         power += 2
-    if df % 2:
-        return 2.0 / math.pi * (theta + s * total)
-    return s * total
+    return 2.0 / math.pi * (theta + s * total) if df % 2 else s * total
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -54,8 +47,8 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def t_interval(values, level: float = LEVEL) -> dict | None:
-    """{mean, lo, hi, n, sd, per_seed} of the values that are not None: the two-sided
-    t interval of their mean; None without a value. One value has no interval (lo = hi)."""
+    """{mean, lo, hi, n, sd, per_seed}: the t interval of the mean of the values that are not None; None without a
+    value. One value has no interval (lo = hi)."""
     kept = [float(v) for v in values if v is not None]
     if not kept:
         return None
@@ -68,18 +61,41 @@ def t_interval(values, level: float = LEVEL) -> dict | None:
 
 def side(interval: dict | None) -> str:
     """Which side of 0 an interval is on: '+' above, '−' below, '=' across it."""
-    if interval is None:
-        return 'n/a'
-    if interval['n'] < 2:
-        return 'one seed'
+    if interval is None or interval['n'] < 2:
+        return 'n/a' if interval is None else 'one seed'
     return '+' if interval['lo'] > 0 else '−' if interval['hi'] < 0 else '='
 
 
+def cell(interval: dict | None, spec: str = '.3f') -> str:
+    """'mean [lo, hi] (side)' ('[unbounded]' without bounds, no side unless it has one), or n/a."""
+    if interval is None:
+        return 'n/a'
+    lo, hi, mean = (interval[k] for k in ('lo', 'hi', 'mean'))
+    bounds = 'unbounded' if lo is None else f'{format(lo, spec)}, {format(hi, spec)}'
+    return f'{format(mean, spec)} [{bounds}]' + (f" ({interval['side']})" if 'side' in interval else '')
+
+
+def paired(per_seed: dict, base: str, sign: int = 1) -> dict:
+    """{run: the t interval of sign * (base's value - run's) per seed, with its side of 0 and seeds_needed}, each run
+    of `per_seed` ({run: values per seed, or None}) but the fault-free run's; a seed where either has no value is
+    left out."""
+    if per_seed.get(base) is None:
+        return {}
+    out = {}
+    for name, values in per_seed.items():
+        if name in (base, 'fault_free') or values is None:
+            continue
+        diffs = [sign * (a - b) for a, b in zip(per_seed[base], values) if a is not None and b is not None]
+        interval = t_interval(diffs)
+        if interval is not None:
+            out[name] = dict(interval, side=side(interval), seeds_needed=seeds_to_separate(diffs))
+    return out
+
+
 def seeds_to_separate(differences, level: float = LEVEL, power: float = POWER) -> float | None:
-    """The fewest seeds n at which a paired t test (two-sided, `level`) of the measured mean
-    difference d and sample sd s has `power`: sqrt(n) |d| / s >= t(1 - a/2, n - 1) +
-    t(power, n - 1), with a = 1 - level. At that n the t interval of n differences of mean d
-    and sd s excludes 0. None with fewer than two values; infinity where d is 0."""
+    """The fewest seeds n at which a paired two-sided t test of the mean difference d and sd s has `power`: sqrt(n)
+    |d| / s >= t(1 - a/2, n - 1) + t(power, n - 1), a = 1 - level (then the t interval excludes 0). None with fewer
+    than two values; infinity where d is 0."""
     kept = [v for v in differences if v is not None]
     if len(kept) < 2:
         return None
@@ -98,9 +114,8 @@ def seeds_to_separate(differences, level: float = LEVEL, power: float = POWER) -
 
 
 def ratio_interval(numerators, denominators, level: float = LEVEL) -> tuple[float, float] | None:
-    """Fieller's interval for mean(numerators) / mean(denominators), paired per seed: the
-    ratios r whose paired differences a_i - r b_i have a t interval that holds 0. None where
-    that set is unbounded (the denominators' mean is not told apart from 0)."""
+    """Fieller's interval for mean(a) / mean(b), paired per seed: the r whose differences a_i - r b_i have a t
+    interval holding 0; None where that set is unbounded."""
     pairs = [(a, b) for a, b in zip(numerators, denominators) if a is not None and b is not None]
     n = len(pairs)
     if n < 2:

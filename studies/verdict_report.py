@@ -1,22 +1,10 @@
 """The verdict study's report: every point's time-to-target figures side by side.
 
-Reads what `scripts/verdict.py` has stored under its work directory (one
-time-to-target experiment per point, `<point>/seed<s>/<run>.json`): per
-point, the seeds whose fault-free run and `drop`'s are done, and the runs
-every such seed has. Per run its goodput (`time_to_target_report.figures_per_seed`)
-under three step costs (`COSTS`):
-
-* `analytic`: the FLOP model of the config's shape, on the clock each record
-  ran on (its `fault.time_model` and `fault.allreduce_exposed`);
-* `gpu`: the measured wall-time ratios of `BENCH`, no all-reduce (not for the
-  runs whose neighbour program the bench did not time, `UNMEASURED`);
-* `gpu_allreduce`: the same, diluted by the exposed all-reduce share phi
-  modelled for the point's shape and replicas (`allreduce.py`).
-
-Steps to target and the perplexity increase cost nothing to re-time. Every
-interval is a 95% Student-t interval over the seeds, paired per seed for a
-difference (`intervals.py`); v's is Fieller's. Writes verdict.{json,md,png}:
-JSON and tables, whose meaning docs/verdict.md gives.
+Reads `<point>/seed<s>/<run>.json` under `scripts/verdict.py`'s work directory and, per point, re-times every run's
+goodput (`time_to_target_report.figures_per_seed`) under the three step costs of `COSTS`; steps to target and the
+perplexity increase cost nothing to re-time. Intervals are 95% Student-t over the seeds, paired per seed for a
+difference (`intervals.py`); v's is Fieller's. Writes verdict.{json,md,png}: JSON and tables, whose meaning
+docs/verdict.md ("How the report reads") gives.
 """
 from __future__ import annotations
 
@@ -25,11 +13,12 @@ import glob
 import json
 import math
 import os
+import pathlib
 
 from studies import allreduce, verdict_breakeven, verdict_model
 from studies import time_to_target_report as ttt_report
 from studies import verdict_points as vp
-from studies.intervals import LEVEL, seeds_to_separate, side, t_interval
+from studies.intervals import LEVEL, cell, paired, t_interval
 from studies.report import fmt, markdown_table, pyplot, write_json
 from studies.runs import run_name
 
@@ -37,106 +26,78 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, 'docs', 'results', 'gpu', 'bench_step.json')  # the H200's, 350M
 COMMAND = 'python scripts/verdict.py --work docs/results/verdict_runs --report_only'
 CONTROL = vp.CONTROL_RUN
-COSTS = ('analytic', 'gpu', 'gpu_allreduce')
-# Runs whose neighbour runs another program than the one the bench timed (its FFN gradient
-# rule or its attention backward): the bench's ratios do not price them.
+# Each step cost: whether it prices steps by BENCH's measured ratios, and whether each step is diluted by the exposed
+# all-reduce share phi modelled for the point (`allreduce.py`).
+COSTS = {'analytic': (False, False), 'gpu': (True, False), 'gpu_allreduce': (True, True)}
+# Runs whose neighbour runs another program than the one the bench timed (its FFN gradient rule or its attention
+# backward): the bench's ratios do not price them.
 UNMEASURED = ('_proj', '_attn')
 MIN_DEFAULT_SEEDS = 4  # the fewest seeds a point needs to set the default fault.strategy
 
 
 def load_records(point_dir: str, order=(), require=()) -> dict:
-    """{seed: {run: record}}: seeds with a fault-free record and one of every run in
-    `require` (a seed still training has only some), runs that every such seed has, in
-    the order of the names in `order`, then the others sorted."""
+    """{seed: {run: record}}: seeds with a fault-free record and one of every run in `require` (a seed still training
+    has only some), runs that every such seed has, in the order of the names in `order`, then the others sorted."""
     seeds = {}
-    for seed_dir in sorted(glob.glob(os.path.join(point_dir, 'seed*')),
-                           key=lambda d: int(os.path.basename(d)[4:])):
-        runs = {}
-        for path in sorted(glob.glob(os.path.join(seed_dir, '*.json'))):
-            with open(path) as f:
-                runs[os.path.basename(path)[:-5]] = json.load(f)
+    for seed_dir in glob.glob(os.path.join(point_dir, 'seed*')):
+        runs = {os.path.basename(path)[:-5]: json.loads(pathlib.Path(path).read_text())
+                for path in sorted(glob.glob(os.path.join(seed_dir, '*.json')))}
         if all(name in runs for name in ('fault_free', *require)):
             seeds[int(os.path.basename(seed_dir)[4:])] = runs
-    if not seeds:
-        return {}
-    common = set.intersection(*(set(r) for r in seeds.values()))
+    common = set.intersection(*(set(r) for r in seeds.values())) if seeds else set()
     order = [n for n in order if n in common] + sorted(common - set(order))
-    return {s: {name: runs[name] for name in order} for s, runs in seeds.items()}
-
-
-def paired(per_seed: dict, base: str, sign: int = 1) -> dict:
-    """{run: sign * (base's figure - run's), per seed: its t interval, side of 0 and the
-    seeds that would separate it}; a seed where either has no value is left out."""
-    if per_seed.get(base) is None:
-        return {}
-    out = {}
-    for name, values in per_seed.items():
-        if name in (base, 'fault_free') or values is None:
-            continue
-        diffs = [sign * (a - b) for a, b in zip(per_seed[base], values)
-                 if a is not None and b is not None]
-        interval = t_interval(diffs)
-        if interval is not None:
-            out[name] = dict(interval, side=side(interval), seeds_needed=seeds_to_separate(diffs))
-    return out
+    return {s: {name: runs[name] for name in order} for s, runs in sorted(seeds.items())}
 
 
 def point_map(goodput: dict, drop_minus: dict, control: dict | None, contenders: dict) -> dict:
-    """The point's row of the map under one cost: its best run by mean goodput, drop's
-    paired difference against each of `contenders` ({label: run}), mecefo's against the
-    control."""
+    """The point's row of the map under one cost: its best run by mean goodput, drop's paired difference against each
+    of `contenders` ({label: run}), mecefo's against the control."""
     runs = {n: g for n, g in goodput.items() if n != 'fault_free' and g}
     best = max(runs, key=lambda n: runs[n]['mean']) if runs else None
     return {'best': best, 'mecefo_minus_control': control,
-            'drop_minus': {label: dict(drop_minus[n], run=n)
-                           for label, n in contenders.items() if n in drop_minus}}
+            'drop_minus': {label: dict(drop_minus[n], run=n) for label, n in contenders.items() if n in drop_minus}}
 
 
-def _figures(records: dict, cfg, replicas: int, bench: dict | None, exposed) -> dict:
-    """{run: [its figures per seed]} under one step cost."""
-    model_for = ttt_report.time_models(cfg, replicas, None, bench, exposed=exposed)
-    return ttt_report.figures_per_seed(records, model_for, cfg.train.steps)
+def _per_seed(rows: dict, figure: str, measured_only: bool = False) -> dict:
+    """{run: its `figure` per seed}; None for a run the bench did not time, if `measured_only`."""
+    return {name: None if measured_only and any(tag in name for tag in UNMEASURED)
+            else [r[figure] for r in seeds] for name, seeds in rows.items()}
 
 
-def _per_seed(rows: dict, figure: str, keep=lambda name: True) -> dict:
-    return {name: [r[figure] for r in seeds] if keep(name) else None for name, seeds in rows.items()}
-
-
-def _cost_entry(point: vp.Point, rows: dict, cfg, replicas: int, spec: str,
-                exposed: float) -> dict:
-    """One step cost's figures: goodput per run, paired against drop and the control,
-    the map's row and the progress-rate model under it."""
-    measured = (lambda name: not any(tag in name for tag in UNMEASURED)) if spec != 'analytic' \
-        else (lambda name: True)
-    goodput = _per_seed(rows, 'goodput', measured)
-    drop_minus, vs_control = paired(goodput, vp.DEFAULT), paired(goodput, CONTROL, sign=-1)
-    intervals = {n: None if v is None else t_interval(v) for n, v in goodput.items()}
-    return {'exposed': exposed, 'goodput': intervals, 'paired': drop_minus,
-            'vs_control': vs_control,
-            'map': point_map(intervals, drop_minus, vs_control.get(vp.MECEFO_RUN),
-                             vp.contenders(point)),
+def _costs(point: vp.Point, records: dict, cfg, replicas: int, bench: dict, phi: float) -> dict:
+    """{cost: (its figures per run and seed, its entry)}: goodput per run, paired against drop and the control, the
+    map's row and the progress-rate model under each of COSTS."""
+    out = {}
+    for label, (measured, diluted) in COSTS.items():
+        exposed = phi if diluted else 0.0
+        model_for = ttt_report.time_models(cfg, replicas, None, bench if measured else None, exposed=exposed)
+        rows = ttt_report.figures_per_seed(records, model_for, cfg.train.steps)
+        goodput = _per_seed(rows, 'goodput', measured)
+        drop_minus, vs_control = paired(goodput, vp.DEFAULT), paired(goodput, CONTROL, sign=-1)
+        intervals = {n: None if v is None else t_interval(v) for n, v in goodput.items()}
+        spec = f'bench:{BENCH}' if measured else 'analytic'
+        out[label] = rows, {
+            'exposed': exposed, 'goodput': intervals, 'paired': drop_minus, 'vs_control': vs_control,
+            'map': point_map(intervals, drop_minus, vs_control.get(vp.MECEFO_RUN), vp.contenders(point)),
             'model': verdict_model.model_row(cfg, replicas, spec, exposed)}
+    return out
 
 
 def _point_facts(point: vp.Point, records: dict, cfg, replicas: int) -> dict:
     """What the point is and how its records ran, before any figure."""
-    failing = [r for seed in records.values() for r in seed.values() if r['strategy'] != 'fault_free']
-    clocks = sorted({r.get('time_model', 'steps') for r in failing})
     runs = [r for seed in records.values() for r in seed.values()]
+    clocks = sorted({r.get('time_model', 'steps') for r in runs if r['strategy'] != 'fault_free'})
     curves = [seed['fault_free']['val_curve'] for seed in records.values()]
     return {'moves': point.moves, 'overrides': point.overrides, 'seeds': list(records),
             'model_params': allreduce.param_count(cfg.model),
-            'tokens_per_step': cfg.data.global_batch_size * cfg.data.seq_len,
-            'replicas': replicas, 'steps': cfg.train.steps,
-            'time_model': clocks[0] if len(clocks) == 1 else 'mixed: ' + ', '.join(clocks),
-            'data_seeds': [seed['fault_free'].get('data_seed', 0) for seed in records.values()],
-            'interval': 't',
+            'tokens_per_step': cfg.data.global_batch_size * cfg.data.seq_len, 'replicas': replicas,
+            'steps': cfg.train.steps, 'time_model': clocks[0] if len(clocks) == 1 else 'mixed: ' + ', '.join(clocks),
+            'data_seeds': [seed['fault_free'].get('data_seed', 0) for seed in records.values()], 'interval': 't',
             'fault_free_falls_at_last_eval': [len(c) > 1 and c[-1][1] < c[-2][1] for c in curves],
             'hours': {k: sum(r.get(f'{k}_sec', 0.0) for r in runs) / 3600 for k in ('wall', 'cpu')}}
 
 
-def summarise_point(point: vp.Point, records: dict, bench: dict | None,
-                    bench_path: str = BENCH) -> dict:
+def summarise_point(point: vp.Point, records: dict, bench: dict) -> dict:
     """One point's figures (module docstring)."""
     from configs.small import get_config
     from mecefo_jax.config_resolve import resolve
@@ -145,69 +106,46 @@ def summarise_point(point: vp.Point, records: dict, bench: dict | None,
     out = _point_facts(point, records, cfg, replicas)
     out['allreduce'] = {'analytic': allreduce.step_allreduce(cfg, replicas),
                         'gpu': allreduce.step_allreduce(cfg, replicas, bench=bench)}
-    phi = out['allreduce']['gpu']['phi']
-    analytic = _figures(records, cfg, replicas, None, None)
-    rows = {'analytic': analytic}
-    if bench is not None:
-        rows['gpu'] = _figures(records, cfg, replicas, bench, 0.0)
-        rows['gpu_allreduce'] = _figures(records, cfg, replicas, bench, phi)
-    spec = {'analytic': 'analytic', 'gpu': f'bench:{bench_path}', 'gpu_allreduce': f'bench:{bench_path}'}
-    out['costs'] = {label: _cost_entry(point, r, cfg, replicas, spec[label],
-                                       phi if label == 'gpu_allreduce' else 0.0)
-                    for label, r in rows.items()}
+    costs = _costs(point, records, cfg, replicas, bench, out['allreduce']['gpu']['phi'])
+    out['costs'] = {label: entry for label, (_, entry) in costs.items()}
+    analytic = costs['analytic'][0]
     steps, ppl = _per_seed(analytic, 'steps_to_target'), _per_seed(analytic, 'ppl_increase_pct')
-    out['runs'] = {name: {'goodput': {label: out['costs'][label]['goodput'][name] for label in rows},
-                          'steps_to_target': t_interval(steps[name]),
-                          'ppl_increase_pct': t_interval(ppl[name])} for name in analytic}
+    out['runs'] = {name: {'goodput': {label: c['goodput'][name] for label, c in out['costs'].items()},
+                          'steps_to_target': t_interval(steps[name]), 'ppl_increase_pct': t_interval(ppl[name])}
+                   for name in analytic}
     # Steps and perplexity the run's minus drop's: above 0, drop is ahead, as for goodput.
     out['paired_steps'], out['paired_ppl'] = paired(steps, vp.DEFAULT, -1), paired(ppl, vp.DEFAULT, -1)
-    v = verdict_model.measured_v_interval(steps)
-    out['v'] = v
+    v = out['v'] = verdict_model.measured_v_interval(steps)
     out['break_even_step'] = None if v is None else verdict_model.break_even_step(replicas, v['mean'])
     out['break_even_helper_step'] = {
-        run: verdict_breakeven.break_even_helper_step(records, run, vp.DEFAULT, cfg, replicas,
-                                                      cfg.train.steps)
+        run: verdict_breakeven.break_even_helper_step(records, run, vp.DEFAULT, cfg, replicas)
         for run in (vp.MECEFO_RUN, run_name(*vp.capped_plan(point))) if run in analytic}
     return out
 
 
 def default_point(report: dict) -> str | None:
-    """The point the default `fault.strategy` follows: of those with at least
-    MIN_DEFAULT_SEEDS seeds, the one at the largest shape (model parameters); among equal
-    shapes, the last in the study's order (verdict_points.POINTS runs towards the paper)."""
-    order = list(vp.POINTS)
-    eligible = [n for n, p in report['points'].items() if len(p['seeds']) >= MIN_DEFAULT_SEEDS]
-    if not eligible:
-        return None
-    return max(eligible, key=lambda n: (report['points'][n]['model_params'], order.index(n)))
+    """The point the default `fault.strategy` follows: of those with at least MIN_DEFAULT_SEEDS seeds, the one at the
+    largest shape (model parameters); among equal shapes, the last in the study's order (verdict_points.POINTS runs
+    towards the paper)."""
+    eligible = [(p['model_params'], list(vp.POINTS).index(n), n) for n, p in report['points'].items()
+                if len(p['seeds']) >= MIN_DEFAULT_SEEDS]
+    return max(eligible)[2] if eligible else None
 
 
-def build(work: str, bench_path: str = BENCH) -> dict:
-    bench = None
-    if bench_path and os.path.exists(bench_path):
-        with open(bench_path) as f:
-            bench = json.load(f)
+def build(work: str) -> dict:
+    with open(BENCH) as f:
+        bench = json.load(f)
     points = {}
     for name, point in vp.POINTS.items():
         names = [run_name(*r) for r in vp.runs_of(point)]
         # A point is reported once some seed has its fault-free run and drop's beside it.
         records = load_records(os.path.join(work, name), order=names, require=(vp.DEFAULT,))
         if records:
-            points[name] = summarise_point(point, records, bench, bench_path)
-    report = {'command': COMMAND, 'default': vp.DEFAULT, 'control': CONTROL,
-              'bench': os.path.relpath(bench_path, REPO) if bench else None, 'interval': 't',
-              'level': LEVEL, 'cluster': dataclasses.asdict(allreduce.Cluster()), 'points': points}
+            points[name] = summarise_point(point, records, bench)
+    report = {'command': COMMAND, 'default': vp.DEFAULT, 'control': CONTROL, 'bench': os.path.relpath(BENCH, REPO),
+              'interval': 't', 'level': LEVEL, 'cluster': dataclasses.asdict(allreduce.Cluster()), 'points': points}
     report['default_point'] = default_point(report)
     return report
-
-
-def _cell(s: dict | None, spec: str = '.3f') -> str:
-    """mean [lo, hi] (side), or n/a; an unbounded interval reads [unbounded]."""
-    if s is None:
-        return 'n/a'
-    interval = ('unbounded' if s['lo'] is None else
-                f"{format(s['lo'], spec)}, {format(s['hi'], spec)}")
-    return f"{format(s['mean'], spec)} [{interval}]" + (f" ({s['side']})" if 'side' in s else '')
 
 
 def _seeds_needed(diff: dict | None) -> str:
@@ -219,22 +157,24 @@ def _params(n: int) -> str:
     return f'{n / 1e9:.1f}B' if n >= 1e9 else f'{n / 1e6:.0f}M' if n >= 1e6 else f'{n / 1e3:.0f}k'
 
 
-def map_table(report: dict) -> str:
-    """The map under GPU costs (analytic where no bench is given): per point its shape,
-    seeds, the clock its records ran on, the best run, drop against each contender and
-    mecefo against the control (95% t, side of 0), the seeds that would separate drop
-    from mecefo, and v."""
-    labels = list(vp.contenders(vp.POINTS['small']))
-    rows = []
-    for name, p in report['points'].items():
-        c = p['costs'].get('gpu') or p['costs']['analytic']
-        m = c['map']
-        rows.append([name, _params(p['model_params']), len(p['seeds']), p['time_model'],
-                     f"`{m['best']}`", *(_cell(m['drop_minus'].get(x), '+.3f') for x in labels),
-                     _seeds_needed(m['drop_minus'].get('mecefo')),
-                     _cell(m['mecefo_minus_control'], '+.3f'), _cell(p['v'], '.2f')])
+def map_table(report: dict, readme: bool = False) -> str:
+    """The map under GPU costs: per point its shape, seeds, the clock its records ran on, the best run, drop against
+    each contender and mecefo against the control (95% t, side of 0), the seeds that would separate drop from
+    mecefo, and v. `readme`: README.md's six columns (`tests/verdict_test.py` holds README.md and docs/verdict.md
+    to these tables)."""
+    labels = ['mecefo'] if readme else list(vp.contenders(vp.POINTS['small']))
     headers = ['point', 'model', 'seeds', 'failures met in', 'best', *(f'drop − {x}' for x in labels),
                'seeds to separate drop, mecefo', 'mecefo − control', 'v']
+    rows = []
+    for name, p in report['points'].items():
+        m = p['costs']['gpu']['map']
+        rows.append([name, _params(p['model_params']), len(p['seeds']), p['time_model'], f"`{m['best']}`",
+                     *(cell(m['drop_minus'].get(x), '+.3f') for x in labels),
+                     _seeds_needed(m['drop_minus'].get('mecefo')),
+                     cell(m['mecefo_minus_control'], '+.3f'), cell(p['v'], '.2f')])
+    if readme:
+        headers = ['point', 'model', 'seeds', 'best, GPU costs', '`drop` − `mecefo`, GPU costs [95% t]', 'v [95%]']
+        rows = [[row[i] for i in (0, 1, 2, 4, 5, 8)] for row in rows]
     return markdown_table(headers, rows)
 
 
@@ -242,76 +182,54 @@ def costs_table(report: dict) -> str:
     """drop − mecefo and the rate model under each step cost, beside phi and the re-timing."""
     rows = []
     for name, p in report['points'].items():
-        cells = [name, f"{p['costs'].get('gpu_allreduce', {}).get('exposed', 0.0):.3f}"]
-        for label in COSTS:
-            c = p['costs'].get(label)
-            cells += ['n/a', 'n/a', 'n/a'] if c is None else [
-                f"`{c['map']['best']}`", _cell(c['map']['drop_minus'].get('mecefo'), '+.3f'),
-                f"{c['model']['break_even_v']:.2f} / {c['model']['best_split']['break_even_v']:.2f}"]
+        cells = [name, f"{p['costs']['gpu_allreduce']['exposed']:.3f}"]
+        for c in p['costs'].values():
+            cells += [f"`{c['map']['best']}`", cell(c['map']['drop_minus'].get('mecefo'), '+.3f'),
+                      f"{c['model']['break_even_v']:.2f} / {c['model']['best_split']['break_even_v']:.2f}"]
         helper = ', '.join(f'{fmt(s, ".3f")}' for s in p['break_even_helper_step'].values())
         rows.append(cells + [fmt(p['break_even_step'], '.3f'), helper, f"{p['hours']['wall']:.2f}"])
-    headers = ['point', 'φ']
-    for label in COSTS:
-        headers += [f'best, {label}', f'drop − mecefo, {label}', f'break-even v, {label}: one / split']
-    return markdown_table(headers + ['break-even step', 'break-even helper step: mecefo, capped',
-                                     'train hours'], rows)
+    headers = [h.format(label) for label in COSTS
+               for h in ('best, {}', 'drop − mecefo, {}', 'break-even v, {}: one / split')]
+    return markdown_table(['point', 'φ', *headers, 'break-even step',
+                           'break-even helper step: mecefo, capped', 'train hours'], rows)
 
 
 def point_table(p: dict) -> str:
-    """Every run of a point: goodput under each cost, drop's paired difference under GPU
-    costs, steps to target and perplexity, each paired against drop."""
-    gpu = p['costs'].get('gpu') or p['costs']['analytic']
-    rows = [[f'`{run}`', *(_cell(r['goodput'].get(label)) for label in COSTS),
-             _cell(gpu['paired'].get(run), '+.3f'), _seeds_needed(gpu['paired'].get(run)),
-             _cell(r['steps_to_target'], '.1f'), _cell(p['paired_steps'].get(run), '+.1f'),
-             _cell(r['ppl_increase_pct'], '+.2f'), _cell(p['paired_ppl'].get(run), '+.2f')]
+    """Every run of a point: goodput under each cost, drop's paired difference under GPU costs, steps to target and
+    perplexity, each paired against drop."""
+    gpu = p['costs']['gpu']['paired']
+    rows = [[f'`{run}`', *(cell(r['goodput'].get(label)) for label in COSTS), cell(gpu.get(run), '+.3f'),
+             _seeds_needed(gpu.get(run)), cell(r['steps_to_target'], '.1f'), cell(p['paired_steps'].get(run), '+.1f'),
+             cell(r['ppl_increase_pct'], '+.2f'), cell(p['paired_ppl'].get(run), '+.2f')]
             for run, r in p['runs'].items()]
-    return markdown_table(['run', *(f'goodput, {x}' for x in COSTS), 'drop − run, gpu',
-                           'seeds to separate', 'steps to target', 'run − drop', 'ppl increase %',
-                           'run − drop'], rows)
+    return markdown_table(['run', *(f'goodput, {x}' for x in COSTS), 'drop − run, gpu', 'seeds to separate',
+                           'steps to target', 'run − drop', 'ppl increase %', 'run − drop'], rows)
 
 
 def markdown(report: dict) -> str:
-    lines = ['# The verdict: drop against MeCeFO, point by point', '', f'`{COMMAND}`', '',
-             '## The map', '', map_table(report), '', '## Under each step cost', '',
-             costs_table(report), '']
+    lines = ['# The verdict: drop against MeCeFO, point by point', '', f'`{COMMAND}`', '', '## The map', '',
+             map_table(report), '', '## Under each step cost', '', costs_table(report), '']
     for name, p in report['points'].items():
         lines += [f"## {name}: {p['moves']}", '', point_table(p), '']
     return '\n'.join(lines)
 
 
-def readme_map(report: dict) -> list[str]:
-    """The README's table: per point its model size, seeds, the best run and drop − mecefo
-    under GPU costs (95% t interval, side of 0), and v. `tests/verdict_test.py` holds the
-    README to these lines."""
-    rows = []
-    for name, p in report['points'].items():
-        m = (p['costs'].get('gpu') or p['costs']['analytic'])['map']
-        rows.append([name, _params(p['model_params']), len(p['seeds']), f"`{m['best']}`",
-                     _cell(m['drop_minus'].get('mecefo'), '+.3f'), _cell(p['v'], '.2f')])
-    return markdown_table(['point', 'model', 'seeds', 'best, GPU costs',
-                           '`drop` − `mecefo`, GPU costs [95% t]', 'v [95%]'], rows).split('\n')
-
-
 def plot(report: dict, path: str) -> None:
     """Goodput per run and point under each step cost, with its t interval."""
     plt = pyplot()
-    points = list(report['points'])
+    points = report['points']
     if not points:
         return
     fig, axes = plt.subplots(1, len(points), figsize=(4.5 * len(points), 4.5), squeeze=False)
-    for ax, name in zip(axes[0], points):
-        runs = [r for r in report['points'][name]['runs'] if r != 'fault_free']
+    for ax, (name, p) in zip(axes[0], points.items()):
+        runs = [r for r in p['runs'] if r != 'fault_free']
         for k, label in enumerate(COSTS):
-            cells = [(y + 0.2 * (k - 1), report['points'][name]['runs'][r]['goodput'].get(label))
-                     for y, r in enumerate(runs)]
-            cells = [(y, g) for y, g in cells if g]
-            ax.errorbar([g['mean'] for _, g in cells], [y for y, _ in cells], fmt='o', capsize=2,
-                        xerr=[[g['mean'] - g['lo'] for _, g in cells],
-                              [g['hi'] - g['mean'] for _, g in cells]], label=label, ms=3)
+            cells = [(y + 0.2 * (k - 1), g) for y, r in enumerate(runs)
+                     if (g := p['runs'][r]['goodput'].get(label))]
+            ax.errorbar([g['mean'] for _, g in cells], [y for y, _ in cells], fmt='o', capsize=2, label=label, ms=3,
+                        xerr=[[g['mean'] - g['lo'] for _, g in cells], [g['hi'] - g['mean'] for _, g in cells]])
         ax.set_yticks(list(range(len(runs))), runs, fontsize=7)
-        ax.set_title(name)
-        ax.set_xlabel('goodput')
+        ax.set(title=name, xlabel='goodput')
         ax.axvline(1.0, color='grey', lw=0.5)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
@@ -327,5 +245,5 @@ def write(work: str, out_dir: str) -> dict:
         f.write(markdown(report))
     plot(report, os.path.join(out_dir, 'verdict.png'))
     print(f"verdict: {len(report['points'])} point(s) -> {out_dir}/verdict.{{json,md,png}}")
-    print('The README map (README.md, Results):', *readme_map(report), sep='\n')
+    print('The README map (README.md, Results):', map_table(report, readme=True), sep='\n')
     return report

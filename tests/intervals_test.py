@@ -76,3 +76,13 @@ def test_fiellers_interval_is_where_the_paired_t_interval_holds_zero():
     # A denominator not told apart from 0 leaves the ratio unbounded.
     assert intervals.ratio_interval([1.0, 2.0, 1.5], [5.0, -4.0, 1.0]) is None
     assert intervals.ratio_interval([1.0], [2.0]) is None
+
+
+def test_an_interval_reads_as_mean_bounds_and_side():
+    """The one cell format of both reports: bounds only where the interval has them, its side
+    only where it was set (paired differences), n/a where there is no interval."""
+    got = intervals.paired({'drop': [0.9, 0.9, 0.9], 'run': [0.8, 0.86, None], 'fault_free': [1.0] * 3}, 'drop')
+    assert list(got) == ['run'] and got['run']['n'] == 2  # the seed without a value is left out
+    assert intervals.cell(got['run'], '+.2f') == f"+0.07 [{got['run']['lo']:+.2f}, {got['run']['hi']:+.2f}] (=)"
+    assert intervals.cell({'mean': 0.4, 'lo': None, 'hi': None}, '.2f') == '0.40 [unbounded]'
+    assert intervals.cell(intervals.t_interval([1.0, 3.0]), '.1f').startswith('2.0 [') and intervals.cell(None) == 'n/a'

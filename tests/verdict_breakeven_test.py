@@ -44,10 +44,10 @@ def test_layouts_no_slower_than_a_normal_step_keep_their_time(paper_like):
 def test_at_the_break_even_step_the_capped_plan_keeps_up_with_drop(paper_like):
     """Its mean goodput, re-timed at c, equals drop's to within what the bisection's
     tolerance on c moves it; a step 1% dearer leaves it behind, 1% cheaper ahead."""
-    records, cfg, replicas, steps = paper_like
-    c = vb.break_even_helper_step(records, CAPPED, vp.DEFAULT, cfg, replicas, steps)
-    drop = vb.mean_goodput(records, vp.DEFAULT, cfg, replicas, steps)
-    at = functools.partial(vb.mean_goodput, records, CAPPED, cfg, replicas, steps)
+    records, cfg, replicas, _ = paper_like
+    c = vb.break_even_helper_step(records, CAPPED, vp.DEFAULT, cfg, replicas)
+    drop = vb.mean_goodput(records, vp.DEFAULT, cfg, replicas)
+    at = functools.partial(vb.mean_goodput, records, CAPPED, cfg, replicas)
     assert at(c) == pytest.approx(drop, abs=1e-4)
     assert at(c * 1.01) < drop < at(c * 0.99)
 
@@ -58,16 +58,15 @@ def test_the_records_and_the_rate_model_agree_on_the_papers_rule(paper_like):
     and c* = 1 + (2v - 1) f/(n - f) from the measured v. They agree to 0.01: the model
     leaves out what the runs pay besides steps (changes, compiles, refreshes)."""
     records, cfg, replicas, steps = paper_like
-    timed = vb.break_even_helper_step(records, vp.MECEFO_RUN, vp.DEFAULT, cfg, replicas, steps)
+    timed = vb.break_even_helper_step(records, vp.MECEFO_RUN, vp.DEFAULT, cfg, replicas)
     rows = ttt_report.figures_per_seed(records, ttt_report.time_models(cfg, replicas, None), steps)
-    v = vm.measured_v({name: statistics.fmean(r['steps_to_target'] for r in runs)
-                       for name, runs in rows.items()})
+    v = vm.measured_v_interval({name: [statistics.fmean(r['steps_to_target'] for r in runs)]
+                                for name, runs in rows.items()})['mean']
     assert timed == pytest.approx(vm.break_even_step(replicas, v), abs=0.01)
 
 
 def test_a_run_behind_drop_at_any_helper_step_has_no_break_even(paper_like):
     """The control's steps are all normal-speed, so no helper step moves it: it stays
     behind drop across the whole bracket, and there is no break-even to report."""
-    records, cfg, replicas, steps = paper_like
-    assert vb.break_even_helper_step(records, vr.CONTROL, vp.DEFAULT, cfg, replicas,
-                                     steps) is None
+    records, cfg, replicas, _ = paper_like
+    assert vb.break_even_helper_step(records, vr.CONTROL, vp.DEFAULT, cfg, replicas) is None

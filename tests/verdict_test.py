@@ -170,11 +170,11 @@ def test_the_committed_report_is_what_the_committed_records_give():
 
 
 def test_the_readme_and_docs_lead_with_the_committed_map():
-    """README.md's verdict table is `readme_map` (at most 6 columns), docs/verdict.md's map is
+    """README.md's verdict table is `map_table(readme=True)` (at most 6 columns), docs/verdict.md's map is
     `map_table`; paste what `python scripts/verdict.py --report_only` prints."""
     with open(os.path.join(RESULTS, 'verdict.json')) as f:
         report = json.load(f)
-    lines = vr.readme_map(report)
+    lines = vr.map_table(report, readme=True).split('\n')
     assert len(lines) == 2 + len(report['points']) and lines[0].count('|') - 1 <= 6
     for doc, want in (('README.md', lines), (os.path.join('docs', 'verdict.md'),
                                              vr.map_table(report).split('\n'))):
@@ -252,8 +252,8 @@ def test_v_has_fiellers_interval_over_the_seeds():
                 'mecefo_high': [310.0, 305.0, 318.0, 306.0, 316.0],
                 'drop_adopters_high': [320.0, 310.0, 330.0, 322.0, 324.0]}
     v = vm.measured_v_interval(per_seed)
-    means = {n: sum(x) / len(x) for n, x in per_seed.items()}
-    assert v['mean'] == pytest.approx(vm.measured_v(means)) and v['seeds'] == 5
+    free, ours, control = (sum(x) / len(x) for x in per_seed.values())
+    assert v['mean'] == pytest.approx(1 - (ours - free) / (control - free)) and v['seeds'] == 5
     lost, control = ([a - f for a, f in zip(per_seed[n], per_seed['fault_free'])]
                      for n in ('mecefo_high', 'drop_adopters_high'))
     lo, hi = ratio_interval(lost, control)
@@ -266,16 +266,17 @@ def test_v_has_fiellers_interval_over_the_seeds():
 
 
 def test_v_is_measured_against_the_drop_the_same_rows_control():
-    steps = {'fault_free': 300.0, 'mecefo_high': 310.0, 'drop_adopters_high': 320.0}
-    assert vm.measured_v(steps) == pytest.approx(0.5)
-    assert vm.measured_v({**steps, 'drop_adopters_high': 300.0}) is None  # the control lost none
-    assert vm.measured_v({k: v for k, v in steps.items() if k != 'drop_adopters_high'}) is None
+    steps = {'fault_free': [300.0], 'mecefo_high': [310.0], 'drop_adopters_high': [320.0]}
+    assert vm.measured_v_interval(steps)['mean'] == pytest.approx(0.5)
+    assert vm.measured_v_interval({**steps, 'drop_adopters_high': [300.0]}) is None  # the control lost none
+    assert vm.measured_v_interval({k: v for k, v in steps.items() if k != 'drop_adopters_high'}) is None
+    assert vm.measured_v_interval({**steps, 'mecefo_high': [None]}) is None  # no seed has all three
 
 
 def test_one_failure_steps_price_drop_elastic_and_the_neighbour():
     for name in ('small', 'paper_like'):
         cfg = _point_cfg(name)
         n = cfg.mesh.replicas or cfg.mesh.num_cpu_devices
-        steps = vm.one_failure_steps(cfg, n, 'analytic')
+        steps = vm.model_row(cfg, n, 'analytic')['one_failure_steps']
         assert steps['drop'] == 1.0 and steps['elastic'] >= 1 + 1 / (n - 1)
         assert 1.0 < steps['mecefo'] < 2.0  # two shards, cheaper than two exact ones
