@@ -1,46 +1,13 @@
 """Modelled time and time to target: the arithmetic of the time-to-target experiment.
 
-This module owns the *record* of a run, plain JSON so that a report can be
-rebuilt from stored runs with other cost constants: `executed` ([clock, step,
-layout number] per executed step), `layouts` (`LayoutBook` entries: live mask
-and device programs), `events` (each live-set change: kind, clock, step,
-lost steps), `refresh_steps`, `saves` (checkpoint/restart's) and `relaunch`
-(whether a change relaunches the job). And what is computed from it: the
-modelled cluster time at which each step's state exists, and the time at
-which the validation loss first reaches a target. No jax is run here: everything is arithmetic on records.
-
-Modelled time is deterministic: the same record gives the same seconds on any
-machine, and no timing taken during the run enters it.
-
-* A step lasts `fault.step_time_sec` times its slowest live device's program
-  cost in normal steps, diluted by the exposed share phi of the gradient
-  all-reduce: 1 + (c - 1)(1 - phi) (`faults/step_clock.py`). Under the
-  analytic costs c is the FLOP model of the config's own shape, as the
-  `mecefo_planned` planner weighs layouts, and the ratio is the fault
-  controller's own (`step_clock.layout_step_ratio`, phi from
-  `fault.allreduce_exposed`): under `fault.time_model='wall_clock'` the run
-  met its failures on this very clock. A fault-free step costs 1. Given a
-  `bench_step.json` (`scripts/gpu_report.py`, `scripts/bench_step.py`) the
-  programs cost its measured wall-time ratios instead (`bench_table`), with
-  the phi given (`studies/allreduce.py` models it): the same layouts, timed
-  as the bench's machine ran its shape.
-* Each live-set change costs the stated `TimeCosts`: in place (every strategy
-  but checkpoint/restart) detect + rebuild, plus compile when the new layout
-  was not compiled before in the run (the controller keeps every topology it
-  has built); checkpoint/restart relaunches the job: detect +
-  `fault.relaunch_delay_sec` + restore + compile, every time.
-* Every projection refresh the controller did (MeCeFO strategies: at a
-  failure onset, and every `mecefo.tau` steps while a neighbour is active)
-  costs what `faults/refresh_costs.py` charges a replica for the config's
-  shape (its products split over the live replicas). Under any
-  `mecefo.projection` but 'weights' the controller does none, and records none.
-* Every checkpoint checkpoint/restart saves blocks training for
-  `TimeCosts.checkpoint_save_sec`; the steps it redoes after a restore are
-  executed steps like any other.
-
-The time of a step's state is that after its last execution (a step redone
-after a rollback counts when it is redone: the state of its first execution
-was lost).
+It owns the *record* of a run, plain JSON so that a report can be rebuilt from stored
+runs with other cost constants (`executed`, `layouts`, `events`, `refresh_steps`, `saves`,
+`relaunch`), and what is computed from it: the modelled cluster time at which each step's
+state exists, and when the validation loss first reaches a target. No jax runs here, and
+no timing taken during a run enters it, so the same record gives the same seconds on any
+machine. What a step, a live-set change, a refresh and a save cost, and why:
+docs/time_to_target.md, "How it is measured". A step redone after a rollback counts when
+it is redone: the state of its first execution was lost.
 """
 from __future__ import annotations
 

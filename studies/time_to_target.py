@@ -1,41 +1,17 @@
 """Time to target: which fault-tolerance setting reaches the fault-free model's loss soonest.
 
-Owns the experiment behind `scripts/time_to_target.py`: how each (seed, run)
-is obtained, and where its result is kept. Which runs and with which
-settings is `time_to_target_settings.py`'s; the arithmetic (modelled time,
-crossing, goodput) `goodput.py`'s, the derived runs `replay.py`'s, the
-report `time_to_target_report.py`'s.
+Owns the experiment behind `scripts/time_to_target.py`: how each (seed, run) is obtained,
+and where its result is kept. Which runs, with which settings, is
+`time_to_target_settings.py`'s; the arithmetic `goodput.py`'s, the derived runs
+`replay.py`'s, the report `time_to_target_report.py`'s. The method (one seed sets the
+initialisation, the data order and the failure trace; the target; runs forked from the
+fault-free state at their first failure; `elastic` and `checkpoint_restart` replayed):
+docs/time_to_target.md, "How it is measured". A stored record made under another data
+seed or failure clock is another run, and is trained again.
 
-Per seed s every run starts from the same initialisation and data order
-(`train.seed = fault.seed = data.seed = s`) and every strategy of a regime
-sees the same failure trace (it depends on `fault.seed`, the regime,
-`fault.regime_replicas` and the replica count only). Under
-`fault.time_model='wall_clock'` that trace is in cluster seconds, and each
-run meets it at its own pace (`faults/step_clock.py`): the derived runs too
-(`wall_clock_events`). A stored record made under another data seed or clock
-is another run: it is trained again. The target is the
-fault-free run's validation loss after `train.steps` steps. Every other run
-goes on past `train.steps` until an evaluation reaches the target, at most to
-`limit_factor` x `train.steps` (then it did not reach it); its learning-rate
-schedule keeps its horizon at `train.steps` (`train.lr_schedule_steps`), so a
-run that goes on is the same run continued, at the final learning rate, and
-its failure trace covers the steps past `train.steps`.
-
-How each run is obtained, all exact:
-
-* `fault_free` is trained for `train.steps` steps, and saves its state at the
-  first failure step of every trained run's trace (`fork/step<k>/`);
-* a run is the fault-free run until its first failure, so it starts from
-  that saved state (any saved step at or before it gives the same run: the
-  fault controller runs the fault-free program while every replica is up);
-* a run whose first failure comes at or after `train.steps` is the
-  fault-free run: it reaches the target (its own loss there) before failing;
-* `elastic` and `checkpoint_restart` have the fault-free run's gradients:
-  their curve is the fault-free one, replayed in modelled time (`replay.py`).
-
-Resumable: each (seed, run) is written atomically to `seed<s>/<run>.json`
-when it finishes and is not run again; an interrupted command loses only the
-run in progress (its work directory is started afresh).
+Resumable: each (seed, run) is written atomically to `seed<s>/<run>.json` when it
+finishes and is not run again; an interrupted command loses only the run in progress
+(its work directory is started afresh).
 """
 import json
 import math
