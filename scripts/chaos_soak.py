@@ -17,6 +17,8 @@ sys.path.insert(0, ROOT)
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from tests.drills.chaos_soak import SPARE_STEPS  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
                                           lock_config=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory (the job, logs, chaos_soak.*).')
@@ -24,6 +26,8 @@ _KILLS = flags.DEFINE_integer('kills', 100, 'Random deaths to inflict.', lower_b
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the kinds, targets and moments.')
 _NODES = flags.DEFINE_integer('nodes', 3, 'Simulated Ray nodes (the head and the rest).',
                               lower_bound=2)
+_SPARE = flags.DEFINE_integer('spare_steps', SPARE_STEPS, 'Steps the job runs beyond the most its kills '
+                              'can take (fewer: a shorter job, the same kills).', lower_bound=1)
 flags.mark_flags_as_required(['config', 'out'])
 
 
@@ -38,7 +42,7 @@ def main(argv):
     from mecefo_jax.config_resolve import updated
     from tests.drills import chaos_soak
     values = chaos_soak.job_values(_KILLS.value, os.path.join(_OUT.value, 'cache'),
-                                   os.path.join(_OUT.value, 'xla_cache'))
+                                   os.path.join(_OUT.value, 'xla_cache'), spare_steps=_SPARE.value)
     cfg = start(_CONFIG.value)  # fake CPU devices here: the in-process simulation needs them
     cfg = updated(cfg, values)
     from tests.drills import chaos_report

@@ -38,12 +38,19 @@ KINDS = ('worker', 'keeper', 'launcher', 'node', 'hang', 'double')
 WORKERS, LOCAL_DEVICES = 4, 2
 GAP_STEPS = (2, 10)  # a kill lands this many steps (uniform) into a running generation
 RETURN_STEPS = 4  # a failed worker rejoins this many steps later
+SPARE_STEPS = 40  # the job's steps beyond the most its kills can take
 POLL_SEC = 0.05
 
 
-def job_values(kills: int, tokenizer_cache: str = '', xla_cache: str = '') -> dict:
-    """The soak job's overrides of configs/tiny.py: long enough for `kills` kills."""
-    steps = kills * (GAP_STEPS[1] + RETURN_STEPS + 4) + 40
+def job_values(kills: int, tokenizer_cache: str = '', xla_cache: str = '', *,
+               spare_steps: int = SPARE_STEPS) -> dict:
+    """The soak job's overrides of configs/tiny.py: long enough for `kills` kills.
+
+    A kill lands at most GAP_STEPS[1] steps (and a rejoin, and a step of polling) past
+    the start of the generation after the previous kill's, so every kill lands before
+    the last `spare_steps`. A smoke asks for fewer (`scripts/chaos_soak.py --spare_steps`):
+    the same kills at the same steps, fewer steps after them to run and to simulate."""
+    steps = kills * (GAP_STEPS[1] + RETURN_STEPS + 4) + spare_steps
     values = {'train.steps': steps, 'train.eval_every': 0, 'train.checkpoint_every': 10,
               'mesh.data': WORKERS * LOCAL_DEVICES, 'launch.local_devices': LOCAL_DEVICES,
               'launch.return_after_steps': RETURN_STEPS, 'launch.heartbeat_timeout_sec': 3.0,
