@@ -84,7 +84,9 @@ def test_a_plain_kill_resumes_from_the_newer_tier_and_counts_what_it_redoes(
     loss row per completed step), had recorded past the resumed step, as its resume's
     cut reports it. Worker 1 may die a step or two past the step the launcher saw,
     after joining the collectives of a step the survivor then finishes: the launcher's
-    routine reports could miss it, and redone_steps fell one short."""
+    routine reports could miss it, and redone_steps fell one short (again under load,
+    where the survivor's report of that step came after the launcher's last ask): the
+    launcher now reads the newest loss row once the generation's processes are gone."""
     workdir = str(tmp_path)
     values = overrides(launcher_caches, **{'launch.kill': '7:1', 'snapshot.every': 5,
                                            'train.checkpoint_every': 2, 'train.steps': 12,

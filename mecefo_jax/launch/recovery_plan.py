@@ -24,6 +24,7 @@ from mecefo_jax.launch.outcome import Outcome
 from mecefo_jax.launch.placement import assign_nodes
 from mecefo_jax.launch.ray_cluster import alive_nodes
 from mecefo_jax.snapshot import shm
+from mecefo_jax.training.metrics import METRICS_FILENAME, newest_loss_step
 
 _POLL_SEC = 0.05
 
@@ -34,6 +35,10 @@ def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, G
     job.ahead.stop()  # it competes with the way back; its sets are moot after a loss
     row = _opened_row(job, gen, outcome)
     generation.stop(gen)
+    # Its processes gone, no step can end: the newest loss row (the resume cuts back from
+    # it) counts too, a step whose report the survivor had not sent when asked.
+    row['completed_steps'] = max(row['completed_steps'], newest_loss_step(
+        os.path.join(job.workdir, METRICS_FILENAME)) or 0)
     job.keepers.end_sessions()
     row['teardown_sec'] = time.time() - start
     workers = list(range(job.placement.workers))
