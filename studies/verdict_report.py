@@ -162,7 +162,7 @@ def map_table(report: dict, readme: bool = False) -> str:
     each contender and mecefo against the control (95% t, side of 0), the seeds that would separate drop from
     mecefo, and v. `readme`: README.md's six columns (`tests/verdict_test.py` holds README.md and docs/verdict.md
     to these tables)."""
-    labels = ['mecefo'] if readme else list(vp.contenders(vp.POINTS['small']))
+    labels = list(vp.contenders(vp.POINTS['small']))
     headers = ['point', 'model', 'seeds', 'failures met in', 'best', *(f'drop − {x}' for x in labels),
                'seeds to separate drop, mecefo', 'mecefo − control', 'v']
     rows = []
@@ -173,9 +173,14 @@ def map_table(report: dict, readme: bool = False) -> str:
                      _seeds_needed(m['drop_minus'].get('mecefo')),
                      cell(m['mecefo_minus_control'], '+.3f'), cell(p['v'], '.2f')])
     if readme:
-        headers = ['point', 'model', 'seeds', 'best, GPU costs', '`drop` − `mecefo`, GPU costs [95% t]', 'v [95%]']
-        rows = [[row[i] for i in (0, 1, 2, 4, 5, 8)] for row in rows]
+        keep = [headers.index(h) for h in README_COLUMNS]
+        headers, rows = list(README_COLUMNS.values()), [[row[i] for i in keep] for row in rows]
     return markdown_table(headers, rows)
+
+
+# README.md's map: {the map's column: its header there}.
+README_COLUMNS = {'point': 'point', 'model': 'model', 'seeds': 'seeds', 'best': 'best, GPU costs',
+                  'drop − mecefo': '`drop` − `mecefo`, GPU costs [95% t]', 'v': 'v [95%]'}
 
 
 def costs_table(report: dict) -> str:
