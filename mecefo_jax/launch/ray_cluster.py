@@ -210,8 +210,3 @@ def alive_nodes() -> list[Node]:
                   bool(n.get('Resources', {}).get('node:__internal_head__')))
              for n in ray.nodes() if n['Alive']]
     return sorted(nodes, key=lambda n: (n.is_head, n.node_id))
-
-
-def node_alive(node_id: str) -> bool:
-    import ray
-    return any(n['NodeID'] == node_id and n['Alive'] for n in ray.nodes())

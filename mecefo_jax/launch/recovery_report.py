@@ -22,9 +22,16 @@ def read_json(path: str) -> dict | None:
         return None
 
 
-def append(out_dir: str, row: dict) -> None:
+def append(out_dir: str, row: dict) -> dict:
     with open(os.path.join(out_dir, 'recoveries.jsonl'), 'a') as f:
         f.write(json.dumps(row) + '\n')
+    return row
+
+
+def started(row: dict, out_dir: str) -> bool:
+    """Whether every member of the row's `next_generation` has written its start record."""
+    return all(os.path.exists(os.path.join(out_dir, f"g{row['next_generation']}_w{w}_start.json"))
+               for w in row['members'])
 
 
 def complete(row: dict, out_dir: str) -> dict:

@@ -98,6 +98,7 @@ class Launcher:
         self.started_at, self.failures_seen = time.time(), 0  # observed failure rate (cadence)
         self._generation: Generation | None = None
         self._progress_rejected = 0
+        self._pending: dict | None = None  # recorded once its generation started: a launcher killed later keeps it
         # What the recovery planner reads and changes between generations.
         self.job = JobState(cfg, placement, keepers, nodes, injector,
                             CompileAhead(cfg, self.workdir, placement, log=log), log,
@@ -129,13 +130,12 @@ class Launcher:
                 unborn = self._spawn(gen)
                 if pending is not None:
                     pending.update(relaunched_at=gen.started, next_generation=gen.number)
+                self._pending = pending
                 outcome = (self._watch(gen) if not unborn else
                            Outcome('failed', unborn, 'its actor died before it started',
                                    gen.started, time.time(), gen.resume_step))
                 self._progress_rejected += gen.rejected
-                if pending is not None:
-                    self._finish(pending)
-                    pending = None
+                self._finish_pending()  # if no first step completed it sooner
                 if outcome.kind in ('finished', 'preempted'):
                     break
                 if outcome.kind == 'error':
@@ -199,8 +199,7 @@ class Launcher:
     def _gave_up(self, gen: Generation, row: dict) -> GaveUp:
         """Too many relaunches: the row records the last failure, and the job stops."""
         row.update(kind='gave_up', next_generation=None)
-        self.recoveries.append(row)
-        recovery_report.append(self.dir, row)
+        self.recoveries.append(recovery_report.append(self.dir, row))
         error = GaveUp(f'Gave up after {gen.number - 1 - self._first_number} relaunches '
                        '(launch.max_relaunches).')
         self.job.log(f'[launch] {error}')
@@ -216,8 +215,7 @@ class Launcher:
                'failed_workers': outcome.failed, 'cause': outcome.cause,
                'failed_at': outcome.failed_at, 'completed_steps': outcome.completed_steps,
                'error': str(error)}
-        self.recoveries.append(row)
-        recovery_report.append(self.dir, row)
+        self.recoveries.append(recovery_report.append(self.dir, row))
         self.job.log(f'[launch] {error}')
         return error
 
@@ -351,6 +349,8 @@ class Launcher:
                     self._record_config()
             if completed > progress:
                 progress, progressed_at = completed, now_mono
+            if completed >= 1 and self._pending and recovery_report.started(self._pending, self.dir):
+                self._finish_pending()
             hang = hung(self.job, gen, progress, now_mono - progressed_at, now)
             if hang is not None:
                 return hang
@@ -391,10 +391,10 @@ class Launcher:
 
     # ------------------------------------------------------------- recovery
 
-    def _finish(self, row: dict) -> None:
-        """Complete a recovery row from the next generation's start records."""
-        recovery_report.complete(row, self.dir)
-        self.recoveries.append(row)
-        recovery_report.append(self.dir, row)
-        self.job.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
-                     f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")
+    def _finish_pending(self) -> None:
+        """The open recovery row, completed from its generation's start records and recorded."""
+        row, self._pending = self._pending, None
+        if row is not None:
+            self.recoveries.append(recovery_report.append(self.dir, recovery_report.complete(row, self.dir)))
+            self.job.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
+                         f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")

@@ -80,10 +80,6 @@ class KeeperClient:
         """Published snapshots, newest first."""
         return [SnapshotRecord.from_reply(r) for r in self.request('list')[0]['snapshots']]
 
-    def latest(self) -> SnapshotRecord | None:
-        records = self.snapshots()
-        return records[0] if records else None
-
     def begin(self, nbytes: int) -> dict:
         return self.request('begin', nbytes=int(nbytes))[0]
 
