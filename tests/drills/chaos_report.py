@@ -83,10 +83,10 @@ def _end_records(workdir: str) -> list[dict]:
     return out
 
 
-def _soak(config_path, workdir, out_dir, *, kills, seed, nodes, values, log):
+def _soak(config_path, workdir, out_dir, *, kills, seed, nodes, values, max_gap, log):
     """The job and its kills: (kill records, wall seconds, the finished Soak, cluster pids)."""
     soak = chaos_soak.Soak(config_path, workdir, out_dir, kills=kills, seed=seed, nodes=nodes,
-                           values=values, log=log)
+                           values=values, max_gap=max_gap, log=log)
     start = time.time()
     try:
         records = soak.run()
@@ -100,12 +100,14 @@ def _soak(config_path, workdir, out_dir, *, kills, seed, nodes, values, log):
 
 
 def run(config_path: str, cfg, out_dir: str, *, kills: int, seed: int, nodes: int = 3,
-        values: dict | None = None, command: str = '', log=print) -> dict:
+        values: dict | None = None, max_gap: int = chaos_soak.GAP_STEPS[1], command: str = '',
+        log=print) -> dict:
     """The whole soak; `cfg` is the job's resolved config (the base plus `values`)."""
     from mecefo_jax.launch.ray_cluster import namespace_of
     workdir = os.path.join(out_dir, 'job')
     records, wall, soak, cluster_procs = _soak(config_path, workdir, out_dir, kills=kills,
-                                               seed=seed, nodes=nodes, values=values, log=log)
+                                               seed=seed, nodes=nodes, values=values, max_gap=max_gap,
+                                               log=log)
     replicas = chaos_soak.WORKERS * chaos_soak.LOCAL_DEVICES
     report = {'command': command, 'config': config_path, 'seed': seed, 'kills_asked': kills,
               'nodes': nodes, 'launcher_exit_code': soak.exit_code, 'launches': soak.launches,

@@ -43,14 +43,18 @@ POLL_SEC = 0.05
 
 
 def job_values(kills: int, tokenizer_cache: str = '', xla_cache: str = '', *,
-               spare_steps: int = SPARE_STEPS) -> dict:
+               spare_steps: int = SPARE_STEPS, max_gap: int = GAP_STEPS[1]) -> dict:
     """The soak job's overrides of configs/tiny.py: long enough for `kills` kills.
 
-    A kill lands at most GAP_STEPS[1] steps (and a rejoin, and a step of polling) past
+    A kill lands at most `max_gap` steps (and a rejoin, and a step of polling) past
     the start of the generation after the previous kill's, so every kill lands before
-    the last `spare_steps`. A smoke asks for fewer (`scripts/chaos_soak.py --spare_steps`):
-    the same kills at the same steps, fewer steps after them to run and to simulate."""
-    steps = kills * (GAP_STEPS[1] + RETURN_STEPS + 4) + spare_steps
+    the last `spare_steps`. A smoke asks for fewer (`scripts/chaos_soak.py --spare_steps
+    --max_gap`): the same kinds in the same order, kills sooner into each generation, and
+    fewer steps after them to run and to simulate."""
+    if not GAP_STEPS[0] <= max_gap <= GAP_STEPS[1]:
+        raise ValueError(f'max_gap={max_gap}: a kill lands {GAP_STEPS[0]} to {GAP_STEPS[1]} steps '
+                         f'into a generation; ask for a max_gap in that range')
+    steps = kills * (max_gap + RETURN_STEPS + 4) + spare_steps
     values = {'train.steps': steps, 'train.eval_every': 0, 'train.checkpoint_every': 10,
               'mesh.data': WORKERS * LOCAL_DEVICES, 'launch.local_devices': LOCAL_DEVICES,
               'launch.return_after_steps': RETURN_STEPS, 'launch.heartbeat_timeout_sec': 3.0,
@@ -96,10 +100,12 @@ class Soak:
     """One soak job (module docstring): `run()` returns the kill records."""
 
     def __init__(self, config_path: str, workdir: str, out_dir: str, *, kills: int, seed: int,
-                 nodes: int = 3, values: dict | None = None, log=print):
+                 nodes: int = 3, values: dict | None = None, max_gap: int = GAP_STEPS[1],
+                 log=print):
+        self.max_gap = max_gap
         self.config_path, self.workdir, self.out_dir = config_path, workdir, out_dir
         self.kills, self.seed, self.nodes, self.log = kills, seed, nodes, log
-        self.values = values or job_values(kills)
+        self.values = values or job_values(kills, max_gap=max_gap)
         self.rng = random.Random(seed)
         self.records: list[dict] = []
         self.launcher: subprocess.Popen | None = None
@@ -170,7 +176,7 @@ class Soak:
         """Wait until a generation newer than the last kill's has done a random number of
         steps; False if the job ended first."""
         last = self._failed_generation
-        gap = self.rng.randint(*GAP_STEPS)
+        gap = self.rng.randint(GAP_STEPS[0], self.max_gap)
         deadline = time.monotonic() + limit_sec
         while time.monotonic() < deadline:
             if self.launcher.poll() is not None:
