@@ -157,6 +157,11 @@ def _params(n: int) -> str:
     return f'{n / 1e9:.1f}B' if n >= 1e9 else f'{n / 1e6:.0f}M' if n >= 1e6 else f'{n / 1e3:.0f}k'
 
 
+# README.md's map: {the map's column: its header there}.
+README_COLUMNS = {'point': 'point', 'model': 'model', 'seeds': 'seeds', 'best': 'best, GPU costs',
+                  'drop − mecefo': '`drop` − `mecefo`, GPU costs [95% t]', 'v': 'v [95%]'}
+
+
 def map_table(report: dict, readme: bool = False) -> str:
     """The map under GPU costs: per point its shape, seeds, the clock its records ran on, the best run, drop against
     each contender and mecefo against the control (95% t, side of 0), the seeds that would separate drop from
@@ -176,11 +181,6 @@ def map_table(report: dict, readme: bool = False) -> str:
         keep = [headers.index(h) for h in README_COLUMNS]
         headers, rows = list(README_COLUMNS.values()), [[row[i] for i in keep] for row in rows]
     return markdown_table(headers, rows)
-
-
-# README.md's map: {the map's column: its header there}.
-README_COLUMNS = {'point': 'point', 'model': 'model', 'seeds': 'seeds', 'best': 'best, GPU costs',
-                  'drop − mecefo': '`drop` − `mecefo`, GPU costs [95% t]', 'v': 'v [95%]'}
 
 
 def costs_table(report: dict) -> str:
