@@ -65,10 +65,6 @@ class Budget:
     role: int = ROLE_NEIGHBOUR
 
     @property
-    def within_step(self) -> bool:
-        return self.slowest_cost <= 1.0 + _TOL
-
-    @property
     def neighbour_rows(self) -> int:
         if not self.helpers:
             return 0

@@ -42,10 +42,6 @@ class Placement:
     def workers_of(self, replica: int) -> tuple[int, ...]:
         return tuple(sorted({d // self.local_devices for d in self.devices_of(replica)}))
 
-    def replicas_of(self, worker: int) -> tuple[int, ...]:
-        """Replicas with at least one device on `worker` (its failure takes them down)."""
-        return tuple(r for r in range(self.replicas) if worker in self.workers_of(r))
-
     def present(self, members) -> tuple[bool, ...]:
         members = set(members)
         return tuple(set(self.workers_of(r)) <= members for r in range(self.replicas))

@@ -40,7 +40,6 @@ class PreemptionGuard:
         self._flag = threading.Event()
         self._previous: dict = {}
         self._multi = False
-        self.signal_name: str | None = None
 
     def __enter__(self) -> PreemptionGuard:
         self._multi = _multi_process()
@@ -66,7 +65,6 @@ class PreemptionGuard:
 
         Multi-process, every process learns of it through JAX's SIGTERM notifier.
         """
-        self.signal_name = why
         self._flag.set()
         if self._multi:
             os.kill(os.getpid(), signal.SIGTERM)

@@ -103,7 +103,7 @@ def _report(cfg, config_path: str, out_dir: str, workers: int, nodes: int, jobs:
     memory, disk = jobs['memory'], jobs['disk']
     mem, dsk = jobs_lib.job_recovery(memory), jobs_lib.job_recovery(disk)
     versus_simulated = jobs_lib.versus_simulated(
-        sim_cfg, memory, mem, placement.replicas_of(jobs_lib.VICTIM), out_dir, 'memory', log)
+        sim_cfg, memory, mem, jobs_lib.replicas_of(placement, jobs_lib.VICTIM), out_dir, 'memory', log)
     job_every = jobs_lib.chosen_interval(memory, os.path.join(out_dir, 'memory'),
                                          cfg.snapshot.every)
     jobs_lib.add_step_and_cold_compile(mem, dsk, memory, disk, jobs['ahead'], out_dir, workers)

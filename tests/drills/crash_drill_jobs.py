@@ -27,6 +27,11 @@ COMPONENTS = ('detect_sec', 'teardown_sec', 'relaunch_sec', 'distributed_init_se
               'restore_sec', 'compile_sec', 'refresh_sec', 'start_to_first_step_sec')
 
 
+def replicas_of(placement, worker: int) -> tuple[int, ...]:
+    """Replicas with at least one device on `worker` (its failure takes them down)."""
+    return tuple(r for r in range(placement.replicas) if worker in placement.workers_of(r))
+
+
 def run_job(cfg, values, workdir, workers, log, node_killer=None):
     log(f'[drill] {os.path.basename(workdir)}: {workers} workers, ' +
         ', '.join(f'{k}={v}' for k, v in values.items() if k.startswith(('launch', 'snapshot'))))
@@ -189,7 +194,7 @@ def node_loss_recovery(sim_cfg, summary: dict, placement, out_dir: str, log) -> 
     out.update(lost_nodes=failure.get('lost_nodes'), victim=summary['victim'],
                rejoined_on=rejoin['nodes'][str(summary['victim'])],
                rejoin_healed_bytes=rejoin.get('healed_bytes'))
-    out.update(versus_simulated(sim_cfg, summary, out, placement.replicas_of(summary['victim']),
+    out.update(versus_simulated(sim_cfg, summary, out, replicas_of(placement, summary['victim']),
                                 out_dir, 'node_loss', log))
     return out
 
