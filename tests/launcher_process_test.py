@@ -4,7 +4,9 @@ On the session's shared simulated Ray cluster, or (the killed launcher's
 rerun) on the default local cluster the launcher starts. Ctrl-C and SIGTERM
 save a step and leave nothing behind; a worker the stop cannot reach ends
 after the stop timeout; a killed launcher's rerun resumes from the keepers
-it left, after mistaken reruns are refused without touching them; and
+it left, after mistaken reruns are refused without touching them; one killed
+before its first save is rerun from step 0; one killed inside the generation
+that recovered from a worker's death leaves that recovery's row; and
 `--cleanup` removes what a killed launcher left, the rerun resuming from disk.
 (SIGTERM and Ctrl-C share a job: the rerun after SIGTERM is the one Ctrl-C stops.)
 """
@@ -195,6 +197,47 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(lau
     assert all(row['replicas'] == [0, 1, 2, 3] for row in final.values())  # none was down
     (tmp_path / 'simulated').mkdir()
     assert_params_equal_simulated(workdir, config(values), tmp_path / 'simulated', replicas=4)
+
+
+def test_a_launcher_killed_before_its_first_save_is_rerun_from_step_0(cluster, launcher_caches, tmp_path):
+    """Nothing saved (no snapshots, no checkpoint) when the launcher kills itself at step 2:
+    the same command again starts the job over at step 0, its own run by the config record,
+    rather than refusing a fresh start over it; the recovery row says all it redid."""
+    workdir = str(tmp_path)
+    launcher, args = start_launcher(launcher_caches, workdir, address=cluster.address, **{
+        'train.steps': 4, 'train.log_every': 1, 'train.checkpoint_every': 0, 'snapshot.every': 0,
+        'launch.kill': '2:launcher:KILL'})
+    output = launcher.communicate(timeout=600)[0]
+    assert launcher.returncode == -signal.SIGKILL, output
+    killed_at = loss_steps(workdir)[0][-1]
+    assert killed_at >= 2 and not os.path.exists(os.path.join(workdir, 'checkpoints', str(killed_at)))
+    rerun(args, 4)
+    steps, rows = loss_steps(workdir)
+    assert {'event': 'resumed', 'step': 0, 'source': 'start_over', 'dropped_through': killed_at} in rows
+    assert steps == [1, 2, 3, 4]  # one loss row per step
+    (restart,) = read(workdir, 'summary.json')['recoveries']
+    assert (restart['kind'], restart['resume'], restart['resume_step']) == ('launcher_restart', 'fresh', 0)
+    assert restart['redone_steps'] == restart['completed_steps'] >= 2
+
+
+def test_a_launcher_killed_after_a_recovery_leaves_the_recoverys_row(cluster, launcher_caches, tmp_path):
+    """Worker 1 is killed at step 3 and the launcher kills itself at step 6, inside the
+    generation that recovered: the recovery's row was written once that generation's
+    members had started, not when it ended (the launcher never saw it end)."""
+    workdir = str(tmp_path)
+    launcher, args = start_launcher(launcher_caches, workdir, address=cluster.address, **{
+        'train.steps': 8, 'launch.kill': '3:1:KILL,6:launcher:KILL'})
+    output = launcher.communicate(timeout=600)[0]
+    assert launcher.returncode == -signal.SIGKILL, output
+    with open(os.path.join(workdir, 'launch', 'recoveries.jsonl')) as f:
+        (row,) = [json.loads(line) for line in f]
+    assert (row['kind'], row['ended_generation'], row['next_generation']) == ('failure', 0, 1)
+    assert row['failed_workers'] == [1] and row['recovery_sec'] > 0 and row['resume_step'] >= 1
+    keepers = live_keeper_pids(workdir)
+    base = [a for a in args if not a.startswith('--config')]
+    cleaned = subprocess.run(base + ['--cleanup'], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert_nothing_left(workdir, keepers, launcher_killed=True)
 
 
 def test_cleanup_removes_what_a_killed_launcher_left_and_the_rerun_resumes_from_disk(

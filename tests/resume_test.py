@@ -102,6 +102,33 @@ def test_a_run_with_nothing_to_resume_is_not_silently_restarted(cache_dir, tmp_p
     assert loss_steps(workdir) == [1, 2]
 
 
+def test_a_launchers_own_run_with_nothing_saved_starts_over_and_a_checkpoint_still_wins(
+        cache_dir, tmp_path):
+    """A launcher job killed before its first save: its rerun's workers (`own_run`, the job's
+    config record fitting) hold nothing in memory and start over at step 0, one loss row per
+    step and the same losses; where a checkpoint exists, it is restored instead."""
+    from mecefo_jax.launch.worker_args import WorkerArgs
+    from mecefo_jax.launch.worker_snapshots import restore_fn
+
+    def own_run(workdir):
+        return restore_fn(WorkerArgs(config_json='{}', workdir=workdir, coordinator='', members=(0,),
+                                     worker=0, workers=1, resume='fresh', own_run=True), {})
+    workdir = str(tmp_path / 'nothing_saved')
+    cfg = tiny(cache_dir, steps=3, **{'train.checkpoint_every': 0})
+    first = train_lib.train(tiny(cache_dir, steps=2, **{'train.checkpoint_every': 0}), workdir)
+    train_lib.train(cfg, workdir, restore=own_run(workdir))
+    rows = read_metrics(workdir)
+    assert {'event': 'resumed', 'step': 0, 'source': 'start_over', 'dropped_through': 2} in rows
+    assert loss_steps(workdir) == [1, 2, 3]
+    assert [r['loss'] for r in rows if r.get('step') == 2 and 'loss' in r] == [first['final_loss']]
+    saved = str(tmp_path / 'saved')
+    train_lib.train(tiny(cache_dir, steps=2, **{'train.checkpoint_every': 2}), saved)
+    train_lib.train(tiny(cache_dir, steps=3, **{'train.checkpoint_every': 2}), saved,
+                    restore=own_run(saved))
+    assert {'event': 'resumed', 'step': 2, 'source': 'disk'} in read_metrics(saved)
+    assert loss_steps(saved) == [1, 2, 3]
+
+
 @pytest.mark.subprocess
 def test_sigterm_to_main_exits_preempted_and_the_rerun_resumes_exactly(cache_dir, tmp_path):
     workdir = str(tmp_path / 'run')

@@ -130,8 +130,8 @@ def _fall_back_to_disk(job: JobState, workers, holders, row: dict) -> None:
         f"no copy of the job's state is left in memory (the keepers of workers "
         f"{sorted(holders) or 'none'} live, sharing no step after {row['completed_steps']} "
         f'completed): every worker restarts from the newest Orbax checkpoint in the workdir '
-        f'(train.checkpoint_every={every}); if none was written yet, nothing is left to resume '
-        f'from and the workers stop with the way to start over')
+        f'(train.checkpoint_every={every}); if none was written yet, the job starts over at '
+        f'step 0 (nothing saved is lost)')
     job.log(f"[launch] {row['fallback']}")
 
 
@@ -271,3 +271,19 @@ def _rebuild_from_parity(job: JobState, worker: int, old: list, row: dict) -> bo
             row.setdefault('parity_rebuild_mismatch', {})[str(worker)] = (
                 recovery_report.first_difference(bytes(rebuilt.raw), original))
     return True
+
+
+def launcher_restart_row(out_dir: str, gen: Generation, started: float, adopted: list, ray: dict) -> dict | None:
+    """A rerun's recovery row: from the keepers a killed launcher left, else from disk or step
+    0; None where no launcher ran here or the last one ended (it wrote `summary.json`)."""
+    ended = (recovery_report.read_json(os.path.join(out_dir, 'summary.json')) or {}).get('last_generation', -1)
+    if not gen.resume_step and (gen.number == 0 or ended >= gen.number - 1):
+        return None
+    killed = recovery_report.read_json(os.path.join(out_dir, 'launcher_killed.json')) or {}
+    cause = 'its keepers were not' if gen.resume_step else 'no keeper held a step of the job'
+    return {'kind': 'launcher_restart', 'ended_generation': gen.number - 1, 'failed_workers': [],
+            'cause': f'the launcher was gone; {cause}', 'failed_at': started,
+            'launcher_died_at': killed.get('time'), 'detect_sec': 0.0, 'teardown_sec': 0.0,
+            'deaths': {}, 'completed_steps': recovery_report.completed_steps_recorded(out_dir),
+            'adopted_keepers': adopted, 'members': list(gen.members), 'resume': gen.resume,
+            **{k: v for k, v in ray.items() if k.startswith('ray_')}}

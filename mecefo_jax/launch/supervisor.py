@@ -8,17 +8,16 @@ or hung one from its silence (`launch.heartbeat_timeout_sec`, see
 `generation`). On a failure it tears the generation down (a JAX collective
 cannot finish without the dead process) and starts the next one:
 
-* `launch.recovery=memory` (default): the survivors are relaunched with the
-  failed workers' replicas marked down, so the fault controller absorbs their
-  shards under `fault.strategy` (`drop` by default; MeCeFO pins them on live
-  ring neighbours), and the state comes from the keepers' in-memory
-  snapshots (REFT, arXiv 2310.12670; each keeper holds its worker's part,
-  `snapshot.shard`), not from disk. With `launch.return_after_steps` the
-  failed workers rejoin that many steps later, on their node or on another:
-  the survivors stop at that step and all workers are relaunched. When the survivors no longer hold a whole replica
-  (`mesh.data=1` with `mesh.model` spanning workers) the failed worker is
-  replaced at once; if its keeper died with it, its snapshot is rebuilt from
-  the parity group (`snapshot.parity=xor`).
+* `launch.recovery=memory` (default): the survivors are relaunched with the failed
+  workers' replicas marked down, so the fault controller absorbs their shards under
+  `fault.strategy` (`drop` by default; MeCeFO pins them on live ring neighbours), and
+  the state comes from the keepers' in-memory snapshots (REFT, arXiv 2310.12670; each
+  keeper holds its worker's part, `snapshot.shard`), not from disk. With
+  `launch.return_after_steps` the failed workers rejoin that many steps later, on their
+  node or on another: the survivors stop at that step and all workers are relaunched.
+  When the survivors no longer hold a whole replica (`mesh.data=1` with `mesh.model`
+  spanning workers) the failed worker is replaced at once; if its keeper died with it,
+  its snapshot is rebuilt from the parity group (`snapshot.parity=xor`).
 * `launch.recovery=disk`: the old way, every worker restarts from the latest
   Orbax checkpoint (`train.checkpoint_every`).
 
@@ -28,18 +27,17 @@ start has failed; one whose workers all answer but complete no step for
 `launch.stall_timeout_sec` (a collective that never finishes) is torn down
 and relaunched on the same workers.
 
-Keepers are detached, named actors (`keepers`): they outlive a worker's
-crash and the launcher's own. A launcher started again on the same workdir
-finds them and resumes from their memory; a job that ends (finished,
-stopped, failed for good) ends its keepers. Each recovery is one row of
-`<workdir>/launch/recoveries.jsonl` (`recovery_report`).
+Keepers are detached, named actors (`keepers`): they outlive a worker's crash and the
+launcher's own. A launcher started again on the same workdir finds them and resumes
+from their memory (a job that saved nothing yet starts over at step 0, its config
+record fitting); a job that ends (finished, stopped, failed for good) ends its
+keepers. Each recovery is one row of `launch/recoveries.jsonl`.
 
 This module runs the loop; `outcome` judges how a generation ended, and
 `recovery_plan` plans the next one from the `JobState` the launcher owns.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -47,6 +45,7 @@ import time
 
 from mecefo_jax.config.schema import Config
 from mecefo_jax.config_resolve import updated
+from mecefo_jax.host import atomic_file
 from mecefo_jax.launch import actors, config_record, generation, ray_cluster, recovery_plan, recovery_report
 from mecefo_jax.launch.compile_ahead import CompileAhead
 from mecefo_jax.launch.exits import WorkerProgramError
@@ -156,8 +155,7 @@ class Launcher:
                 rejected = self.job.keepers.rejected()
                 self._end_keepers()
         summary = self._summary(gen, outcome, error, rejected)
-        with open(os.path.join(self.dir, 'summary.json'), 'w') as f:
-            json.dump(summary, f, indent=2)
+        atomic_file.write_json(os.path.join(self.dir, 'summary.json'), summary)  # never half a file
         if error is not None:
             raise error
         return summary
@@ -176,7 +174,7 @@ class Launcher:
             self.job.keepers.stop(set(self.job.keepers.handles) - set(self.adopted))
 
     def _record_config(self) -> None:
-        """`launch/config.json`: what every worker runs, once the job ran a step with it."""
+        """`launch/config.json`, once the job ran a step (before a kill injected there: `own_run`)."""
         self.stepped = True
         config_record.write(self.dir, self.job.cfg)
 
@@ -228,11 +226,10 @@ class Launcher:
         adopted = self.adopted = self.job.keepers.find() if self.job.uses_keepers else {}
         strays = self.job.keepers.strays() if adopted else []
         if strays:
-            raise ValueError(f"This workdir's job left keepers for workers {strays}, beyond "
-                             f'--nprocs={self.job.placement.workers}: rerun with the --nprocs it '
-                             f'ran with (--nprocs={max(strays) + 1}), or remove them with --cleanup '
-                             '(the rerun then resumes from the newest disk checkpoint). They were '
-                             'left as they were.')
+            raise ValueError(f"This workdir's job left keepers for workers {strays}, beyond --nprocs="
+                             f'{self.job.placement.workers}: rerun with the --nprocs it ran with (--nprocs='
+                             f'{max(strays) + 1}), or remove them with --cleanup (the rerun then resumes '
+                             'from the newest disk checkpoint). They were left as they were.')
         self._place(workers, keep={w: h.node_id for w, h in adopted.items()})
         self._check_node_loss()
         resume_step = self.job.keepers.common_step(adopted) if adopted else 0
@@ -241,18 +238,11 @@ class Launcher:
                 self.job.keepers.start(w, self.job.nodes[w])
         gen = Generation(self._first_number, workers, 'memory' if resume_step else 'fresh', 0,
                          resume_step)
-        if not resume_step:
-            return gen, None
-        killed = recovery_report.read_json(os.path.join(self.dir, 'launcher_killed.json')) or {}
-        self.job.log(f'[launch] found the keepers of workers {sorted(adopted)} alive: resuming from '
-                     f'their step {resume_step}')
-        return gen, {'kind': 'launcher_restart', 'ended_generation': self._first_number - 1,
-                     'failed_workers': [], 'cause': 'the launcher was gone; its keepers were not',
-                     'failed_at': started, 'launcher_died_at': killed.get('time'),
-                     'detect_sec': 0.0, 'teardown_sec': 0.0, 'deaths': {},
-                     'completed_steps': recovery_report.completed_steps_recorded(self.dir),
-                     'adopted_keepers': sorted(adopted), 'members': workers, 'resume': 'memory',
-                     **{k: v for k, v in ray_cluster.describe(self.joined).items() if k.startswith('ray_')}}
+        if resume_step:
+            self.job.log(f'[launch] found the keepers of workers {sorted(adopted)} alive: '
+                         f'resuming from their step {resume_step}')
+        return gen, recovery_plan.launcher_restart_row(self.dir, gen, started, sorted(adopted),
+                                                       ray_cluster.describe(self.joined))
 
     def _place(self, members, keep: dict) -> None:
         """Put `members` on live nodes (`keep`ing those whose keeper lives there)."""
@@ -282,10 +272,12 @@ class Launcher:
 
     def worker_args(self, gen: Generation, keepers: tuple = ()) -> dict:
         """Each member's `WorkerArgs` fields but its place in the job: one resolved config
-        (overrides included) for every worker of every generation."""
+        (overrides included) for every worker of every generation; `own_run` where the job's
+        config record (written at its first step) fits."""
         base = dict(config_json=self.job.cfg.to_json(), workdir=self.workdir,
                     workers=self.job.placement.workers, generation=gen.number, resume=gen.resume,
                     resume_step=gen.resume_step, stop_at=gen.stop_at, keepers=keepers,
+                    own_run=config_record.differences(self.dir, self.job.cfg) == [],
                     observed_failures_per_hour=self.observed_failures_per_hour())
         return {w: dict(base, **self.job.injector.holds(w)) for w in gen.members}
 
@@ -335,22 +327,22 @@ class Launcher:
                 if outcome is not None:
                     return outcome
                 continue
-            self.job.injector.inject(gen)
-            now_mono, now = time.monotonic(), time.time()
             # Reports come from a thread: a hang that blocks every worker's
             # training loop (a collective that never completes) keeps them
             # answering. Steps completing is the other sign of life; the
             # stall clock starts at the generation's first completed step.
             completed = gen.completed()
+            if completed >= 1 and not self.stepped:
+                self._record_config()
+            if completed >= 1 and self._pending and recovery_report.started(self._pending, self.dir):
+                self._finish_pending()
+            self.job.injector.inject(gen)  # after the records a launcher killed here must leave
+            now_mono, now = time.monotonic(), time.time()
             self.job.ahead.maybe_start(gen.number, completed)
             if completed >= 1 > progress:
                 self._warm_standbys()
-                if not self.stepped:
-                    self._record_config()
             if completed > progress:
                 progress, progressed_at = completed, now_mono
-            if completed >= 1 and self._pending and recovery_report.started(self._pending, self.dir):
-                self._finish_pending()
             hang = hung(self.job, gen, progress, now_mono - progressed_at, now)
             if hang is not None:
                 return hang

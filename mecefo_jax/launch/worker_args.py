@@ -22,6 +22,7 @@ class WorkerArgs:
     resume: str = 'fresh'  # 'fresh' | 'memory' | 'disk'
     resume_step: int = 0  # memory: the snapshot step to restore (0: the processes agree)
     stop_at: int = 0  # stop after this step (0: train.steps)
+    own_run: bool = False  # the workdir's run is this job's: with nothing saved, start over
     keepers: tuple = ()  # each worker's KeeperHandle, None where it has none
     hold_in_publish: int = 0  # drills: hold inside the publish of this snapshot step (0: never)
     hold_after_snapshot: int = 0  # drills: hold after the first snapshot at or after this step

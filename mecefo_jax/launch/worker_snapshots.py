@@ -14,18 +14,20 @@ from mecefo_jax.snapshot.cadence import MAX_INTERVAL
 
 
 def restore_fn(args: WorkerArgs, info: dict):
-    """`resume`'s restore callback; None for 'fresh'.
+    """`resume`'s restore callback; None for 'fresh' (a checkpoint, else a new run).
 
-    'fresh' restores the newest intact disk checkpoint if the workdir has one
-    (a rerun after the launcher and its keepers were lost), else starts a new run.
+    In the job's own run (`args.own_run`) a tier holding nothing answers
+    `START_OVER`: a job killed before its first save starts again at step 0.
     """
     from mecefo_jax.launch import worker_state
-    if args.resume == 'memory':
-        return worker_state.keeper_restore(list(args.keepers), args.worker, info,
-                                           step=args.resume_step or None)
-    if args.resume == 'disk':
-        return worker_state.disk_restore(info)
-    return None
+    from mecefo_jax.training.resume import START_OVER
+    held = (worker_state.keeper_restore(list(args.keepers), args.worker, info,
+                                        step=args.resume_step or None)
+            if args.resume == 'memory' else
+            worker_state.disk_restore(info) if args.resume == 'disk' else None)
+    if not args.own_run:
+        return held
+    return lambda run, topology: (held and held(run, topology)) or START_OVER
 
 
 def _held_forever(progress: Progress, kind: str, step: int, tag: str) -> None:

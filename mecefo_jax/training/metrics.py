@@ -22,7 +22,7 @@ import numpy as np
 from mecefo_jax.host import atomic_file
 
 METRICS_FILENAME = 'metrics.jsonl'
-RESUME_SOURCES = ('memory', 'disk')
+RESUME_SOURCES = ('memory', 'disk', 'start_over')  # start_over: step 0, nothing was saved
 
 
 def resumed_row(step: int, source: str, dropped_through: int | None = None) -> dict:

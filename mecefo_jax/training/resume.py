@@ -1,12 +1,12 @@
 """Where a run starts: restored from memory or disk, or fresh, and recorded only once checked.
 
-A resume must never lose the user's run or its record: the newest intact
-checkpoint wins (a damaged one is moved aside, checkpoint_damage.py), a
-config that does not fit the checkpoint names the fields and the overrides
-that do (config_record.py), a workdir that holds a run with nothing left to
-resume from is refused rather than silently restarted from step 0, and
-config.json and the metrics are written only after the state is restored
-and checked, cut back to the resumed step so no step has two values.
+A resume must never lose the user's run or its record: the newest intact checkpoint
+wins (a damaged one is moved aside, checkpoint_damage.py), a config that does not fit
+the checkpoint names the fields and the overrides that do (config_record.py), a
+workdir that holds a run with nothing left to resume from is refused rather than
+silently restarted from step 0 (a launcher's own job that saved nothing starts over,
+said and recorded), and config.json and the metrics are written only after the state
+is restored and checked, cut back to the resumed step so no step has two values.
 """
 from __future__ import annotations
 
@@ -40,39 +40,41 @@ class WorkdirHoldsRunError(RuntimeError):
     """A fresh start was asked of a workdir whose run has nothing left to resume from."""
 
 
+START_OVER = 'start_over'  # restore holds nothing, the run is the caller's: no checkpoint, step 0
+
+
 def init_or_restore(run, restore=None):
     """The state to start from, placed on the mesh of the present replicas.
 
     `restore(run, topology) -> (state, data_state, 'memory' | 'disk')` (a
     launcher relaunch's keepers) wins; otherwise the newest intact Orbax
     checkpoint and its data state; otherwise a fresh initialisation, unless
-    the workdir already holds a run (never a silent restart from step 0).
+    the workdir already holds a run (never a silent restart from step 0) that
+    `restore` did not claim by returning `START_OVER`.
     """
     topo = run.topologies.get(run.present_rows)
     cfg = run.cfg
     restored = restore(run, topo) if restore is not None else None
-    if restored is None and run.checkpointer is not None \
+    own_run = restored is START_OVER
+    if (restored is None or own_run) and run.checkpointer is not None \
             and run.checkpointer.latest_step() is not None:
         restored = (*restore_onto(run, run.checkpointer, topo), 'disk')
-    if restored is None:
-        _refuse_fresh_start_over_a_run(run)
+    if restored is None or restored is START_OVER:
+        path = run.metrics.path
+        held = os.path.exists(path) and any('loss' in row for row in read_metrics(path))
+        if held and not own_run:
+            raise WorkdirHoldsRunError(
+                f'--workdir={run.workdir} holds a run (metrics.jsonl) but no checkpoint or snapshot '
+                'to resume it from. Pass a new --workdir for a new run, or delete that directory '
+                'to start over on purpose.')
         state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
                                                 seed=cfg.train.seed, rank=cfg.mecefo.rank)
-        _record_start(run, 0, None)
+        _record_start(run, 0, START_OVER if held else None)
         return state
     state, data_state, source = restored
     run.train_data.set_state(data_state)
     _record_start(run, int(state.step), source)
     return state
-
-
-def _refuse_fresh_start_over_a_run(run) -> None:
-    path = run.metrics.path
-    if os.path.exists(path) and any('loss' in row for row in read_metrics(path)):
-        raise WorkdirHoldsRunError(
-            f'--workdir={run.workdir} holds a run (metrics.jsonl) but no checkpoint or snapshot '
-            'to resume it from. Pass a new --workdir for a new run, or delete that directory '
-            'to start over on purpose.')
 
 
 def _record_start(run, step: int, source: str | None) -> None:
