@@ -178,7 +178,7 @@ def test_launcher_hands_its_resolved_overrides_to_every_worker(tmp_path):
         assert (args[w]['generation'], args[w]['resume'], args[w]['resume_step']) == (3, 'memory', 5)
     assert config_resolve.loads_json(args[1]['config_json']).train.steps == 7
     # The workdir's run is the job's own (its workers may start it over when nothing was
-    # saved) only where the job's config record fits: none yet, or another job's, is not.
+    # saved) only where the job's config record fits: none, or another job's, is not.
     from mecefo_jax.launch import config_record
     assert not args[0]['own_run']
     os.makedirs(launcher.dir)
@@ -186,6 +186,8 @@ def test_launcher_hands_its_resolved_overrides_to_every_worker(tmp_path):
     assert not launcher.worker_args(Generation(3, [0, 1], 'fresh', 0))[0]['own_run']
     config_record.write(launcher.dir, cfg)
     assert launcher.worker_args(Generation(3, [0, 1], 'fresh', 0))[0]['own_run']
+    # The workdir's first generation is no launcher's rerun: a run found there is another's.
+    assert not launcher.worker_args(Generation(0, [0, 1], 'fresh', 0))[0]['own_run']
 
 
 def test_launch_kill_reads_every_form_and_names_the_format_when_it_cannot():

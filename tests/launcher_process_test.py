@@ -63,6 +63,15 @@ def wait_for(path_glob, launcher, limit=300):
     wait_until(lambda: glob.glob(path_glob), launcher, f'{path_glob} appearing', limit)
 
 
+def wait_for_workers_to_end(workdir, limit=30):
+    """Hold the test until a killed launcher's workers are gone (Ray ends a dead driver's actors)."""
+    workers = worker_pids(workdir)
+    deadline = time.monotonic() + limit
+    while [p for p in workers if shm.alive(p)]:
+        assert time.monotonic() < deadline, 'workers outlived their launcher'
+        time.sleep(0.2)
+
+
 def loss_steps(workdir):
     rows = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
     return [r['step'] for r in rows if 'loss' in r], rows
@@ -175,11 +184,7 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(lau
     assert host is not None, 'the local cluster died with the launcher'
     assert read(workdir, 'launcher_killed.json')['where'].startswith(
         'held after its snapshot of step 6')
-    workers_before = worker_pids(workdir)
-    deadline = time.monotonic() + 30  # Ray ends a dead driver's actors
-    while [p for p in workers_before if shm.alive(p)]:
-        assert time.monotonic() < deadline, 'workers outlived their launcher'
-        time.sleep(0.2)
+    wait_for_workers_to_end(workdir)
     assert_mistaken_reruns_are_refused_and_leave_the_job(args, workdir, host)
     done = rerun(args, 10)
     summary = read(workdir, 'summary.json')
@@ -209,6 +214,7 @@ def test_a_launcher_killed_before_its_first_save_is_rerun_from_step_0(cluster, l
         'launch.kill': '2:launcher:KILL'})
     output = launcher.communicate(timeout=600)[0]
     assert launcher.returncode == -signal.SIGKILL, output
+    wait_for_workers_to_end(workdir)  # Ray ends a dead driver's actors, a step or so later
     killed_at = loss_steps(workdir)[0][-1]
     assert killed_at >= 2 and not os.path.exists(os.path.join(workdir, 'checkpoints', str(killed_at)))
     rerun(args, 4)

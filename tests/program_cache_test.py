@@ -14,7 +14,7 @@ def cache(tmp_path):
     program_cache.enable(str(tmp_path))
     program_cache.stats = program_cache.Stats()
     yield tmp_path
-    program_cache.disable()
+    program_cache.enable('')
 
 
 def _lowered():
@@ -40,7 +40,7 @@ def test_a_damaged_entry_is_compiled_again_with_a_warning(cache):
 
 
 def test_disabled_it_compiles_and_stores_nothing(tmp_path):
-    program_cache.disable()
+    program_cache.enable('')
     compiled = program_cache.compile(_lowered(), jax.devices()[:1], 'f')
     assert compiled(np.ones((4, 3), np.float32)).shape == (4, 4)
     assert not list(tmp_path.iterdir())
@@ -74,7 +74,7 @@ def test_with_a_context_a_stored_program_loads_without_tracing_and_computes_the_
         program_cache.load_or_compile(_counting_jit(traces), args, jax.devices()[:1], 'f')
         assert len(traces) == 4 and program_cache.stats.untraced_hits == 1
     finally:
-        program_cache.disable()
+        program_cache.enable('')
 
 
 def test_a_damaged_untraced_entry_is_traced_again_with_a_warning(tmp_path):
@@ -93,7 +93,7 @@ def test_a_damaged_untraced_entry_is_traced_again_with_a_warning(tmp_path):
                                                      jax.devices()[:1], 'f')
         assert len(traces) == 2 and compiled(np.ones((4, 3), np.float32)).shape == (4, 4)
     finally:
-        program_cache.disable()
+        program_cache.enable('')
 
 
 def test_the_source_fingerprint_is_part_of_the_context():

@@ -1,8 +1,8 @@
 """The job's config record, `<workdir>/launch/config.json`, and what a rerun that differs is told.
 
 The record says which config wrote the keepers' snapshots and the job's
-checkpoints. A rerun writes it only once a generation of it completed a
-step: a rerun that fails before that (its config does not fit the
+checkpoints. A new job's launcher writes it at its start; a rerun only once
+a generation of it completed a step: a rerun that fails before that (its config does not fit the
 snapshots) leaves the record, and the keepers, as it found them, and is
 told which fields differ and the `--config.x.y=...` flags that resume the
 run as it was. The launcher's own fields (`launch.*`) never change what a

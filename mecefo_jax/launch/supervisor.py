@@ -57,6 +57,7 @@ from mecefo_jax.launch.outcome import Outcome, decided, failed, hung, preempted
 from mecefo_jax.launch.placement import WHOLE_SNAPSHOTS, Placement, assign_nodes, node_loss_plan
 from mecefo_jax.launch.ray_cluster import alive_nodes, namespace_of
 from mecefo_jax.launch.standby import Standbys
+from mecefo_jax.training.metrics import METRICS_FILENAME, newest_loss_step
 
 _POLL_SEC = 0.05
 
@@ -236,6 +237,8 @@ class Launcher:
         for w in workers:
             if self.job.uses_keepers and w not in adopted:
                 self.job.keepers.start(w, self.job.nodes[w])
+        if self._first_number == 0 and newest_loss_step(os.path.join(self.workdir, METRICS_FILENAME)) is None:
+            config_record.write(self.dir, self.job.cfg)  # a new job's: a kill at its first step finds it
         gen = Generation(self._first_number, workers, 'memory' if resume_step else 'fresh', 0,
                          resume_step)
         if resume_step:
@@ -272,12 +275,12 @@ class Launcher:
 
     def worker_args(self, gen: Generation, keepers: tuple = ()) -> dict:
         """Each member's `WorkerArgs` fields but its place in the job: one resolved config
-        (overrides included) for every worker of every generation; `own_run` where the job's
-        config record (written at its first step) fits."""
+        (overrides included) for every worker of every generation; `own_run` past the job's
+        first generation where its config record fits."""
         base = dict(config_json=self.job.cfg.to_json(), workdir=self.workdir,
                     workers=self.job.placement.workers, generation=gen.number, resume=gen.resume,
                     resume_step=gen.resume_step, stop_at=gen.stop_at, keepers=keepers,
-                    own_run=config_record.differences(self.dir, self.job.cfg) == [],
+                    own_run=gen.number > 0 and config_record.differences(self.dir, self.job.cfg) == [],
                     observed_failures_per_hour=self.observed_failures_per_hour())
         return {w: dict(base, **self.job.injector.holds(w)) for w in gen.members}
 

@@ -48,14 +48,15 @@ _SECTIONS_OUTSIDE_PROGRAMS = ('launch', 'snapshot')
 
 
 def enable(directory: str, context: str = '') -> None:
-    """Store and look up this process's compiled programs under `directory`.
+    """Store and look up this process's compiled programs under `directory` ('': no more).
 
     With a `context` (`program_context`), `load_or_compile` finds programs
     without tracing them.
     """
     global _directory, _context
-    os.makedirs(directory, exist_ok=True)
-    _directory, _context = directory, context
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    _directory, _context = directory or None, context
 
 
 def configure(setting: str, workdir: str, context: str = '') -> str:
@@ -71,11 +72,6 @@ def configure(setting: str, workdir: str, context: str = '') -> str:
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
     enable(os.path.join(cache, 'programs'), context)
     return cache
-
-
-def disable() -> None:
-    global _directory, _context
-    _directory, _context = None, ''
 
 
 def program_context(cfg) -> str:
