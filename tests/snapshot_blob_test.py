@@ -167,6 +167,23 @@ def test_shm_reads_are_verified_views_of_the_keepers_memory():
         snap.close()
 
 
+class _SameName(LocalKeeper):
+    def __str__(self):  # what clients key their mappings by: two objects at one address
+        return 'same'
+
+
+def test_a_keeper_made_after_another_closed_never_reuses_its_segment_names():
+    """Clients of one process share mappings, keyed by keeper, slot and segment name. A
+    keeper that named its first segment as a closed one did (both numbered from 0) was
+    handed that one's unlinked mapping: its first publish found zeros ("Bad snapshot
+    magic"), as a fresh keeper at a freed keeper's address did in the suite."""
+    for _ in range(2):
+        with _SameName('same', slots=2) as keeper:
+            _write(keeper, (1,), _assorted(2))
+            with ShmSnapshot(keeper, 1, timeout=10) as snap:
+                assert snap.step == 1
+
+
 def _pins(keeper):
     return [s.pins for s in keeper.keeper._slots]
 

@@ -37,6 +37,8 @@ from mecefo_jax.snapshot.keeper_requests import (
 # Complete parity steps kept per group: the newest one may be for a step
 # some survivor no longer holds (see the module docstring on slots).
 _KEEP_PARITY = 2
+# Process-wide: no two keepers of a process name a segment alike (clients cache maps by name).
+_SEGMENT_NUMBERS = itertools.count()
 _MAX_PARITY_STEPS = 6
 
 
@@ -100,7 +102,6 @@ class Keeper:
         self._slots = [_Slot(i) for i in range(slots)]
         self._tokens = itertools.count(1)
         self._seq = itertools.count(1)
-        self._gen = itertools.count()
         self._parity: dict[str, dict[int, _Stripe]] = {}
 
     # ------------------------------------------------------------ dispatch
@@ -183,7 +184,7 @@ class Keeper:
                     slot.seg, slot.capacity, slot.state, slot.step = None, 0, 'free', None
                 # Headroom so that slowly growing headers do not reallocate every step.
                 capacity = max(nbytes + nbytes // 16, 1 << 20)
-                name = f'{shm.prefix(os.getpid(), self.job)}s{slot.index}_g{next(self._gen)}'
+                name = f'{shm.prefix(os.getpid(), self.job)}s{slot.index}_g{next(_SEGMENT_NUMBERS)}'
                 slot.seg, slot.capacity = shm.create(name, capacity), capacity
             slot.state, slot.step, slot.token = 'writing', None, next(self._tokens)
             return {'slot': slot.index, 'shm': slot.seg.name, 'capacity': slot.capacity,
