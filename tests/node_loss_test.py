@@ -94,6 +94,7 @@ def test_a_placement_that_one_lost_node_would_end_is_refused(cluster, tmp_path, 
                  log=lambda _: None)._first_generation(0.0)
     launcher = Launcher(config(launcher_caches, **dict(values, **{'snapshot.parity': 'xor'})),
                         str(tmp_path / 'b'), WORKERS, log=lambda _: None)
+    os.makedirs(launcher.dir)  # as Launcher.run makes it: the job's records go there
     try:
         launcher._first_generation(0.0)  # parity groups spread over the nodes: accepted
         assert len(set(launcher.job.nodes.values())) == WORKERS
