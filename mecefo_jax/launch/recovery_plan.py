@@ -276,8 +276,8 @@ def _rebuild_from_parity(job: JobState, worker: int, old: list, row: dict) -> bo
 def launcher_restart_row(out_dir: str, gen: Generation, started: float, adopted: list, ray: dict) -> dict | None:
     """A rerun's recovery row: from the keepers a killed launcher left, else from disk or step
     0; None where no launcher ran here or the last one ended (it wrote `summary.json`)."""
-    ended = (recovery_report.read_json(os.path.join(out_dir, 'summary.json')) or {}).get('last_generation', -1)
-    if not gen.resume_step and (gen.number == 0 or ended >= gen.number - 1):
+    summarized = (recovery_report.read_json(os.path.join(out_dir, 'summary.json')) or {}).get('last_generation', -1)
+    if not gen.resume_step and summarized >= gen.number - 1:  # generation 0: -1 >= -1, none ran
         return None
     killed = recovery_report.read_json(os.path.join(out_dir, 'launcher_killed.json')) or {}
     cause = 'its keepers were not' if gen.resume_step else 'no keeper held a step of the job'
