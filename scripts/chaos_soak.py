@@ -17,7 +17,7 @@ sys.path.insert(0, ROOT)
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from tests.drills.chaos_soak import GAP_STEPS, SPARE_STEPS  # noqa: E402
+from tests.drills.chaos_soak import GAP_STEPS, SPARE_STEPS, WORKERS  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
                                           lock_config=True)
@@ -31,6 +31,8 @@ _SPARE = flags.DEFINE_integer('spare_steps', SPARE_STEPS, 'Steps the job runs be
 _MAX_GAP = flags.DEFINE_integer('max_gap', GAP_STEPS[1], 'The most steps a kill lands into a running '
                                 'generation (fewer: a shorter job, the same kinds in the same order).',
                                 lower_bound=GAP_STEPS[0], upper_bound=GAP_STEPS[1])
+_WORKERS = flags.DEFINE_integer('workers', WORKERS, 'Worker processes of the job (fewer: less to start at '
+                                'each relaunch; 2 still gives every kind a target).', lower_bound=2)
 flags.mark_flags_as_required(['config', 'out'])
 
 
@@ -46,14 +48,14 @@ def main(argv):
     from tests.drills import chaos_soak
     values = chaos_soak.job_values(_KILLS.value, os.path.join(_OUT.value, 'cache'),
                                    os.path.join(_OUT.value, 'xla_cache'), spare_steps=_SPARE.value,
-                                   max_gap=_MAX_GAP.value)
+                                   max_gap=_MAX_GAP.value, workers=_WORKERS.value)
     cfg = start(_CONFIG.value)  # fake CPU devices here: the in-process simulation needs them
     cfg = updated(cfg, values)
     from tests.drills import chaos_report
     path = config_flags.get_config_filename(flags.FLAGS['config'])
     report = chaos_report.run(path, cfg, os.path.abspath(_OUT.value), kills=_KILLS.value,
                               seed=_SEED.value, nodes=_NODES.value, values=values, max_gap=_MAX_GAP.value,
-                              command=_command())
+                              command=_command(), workers=_WORKERS.value)
     print(chaos_report.markdown(report))
     sys.exit(1 if chaos_report.broken(report) else 0)
 

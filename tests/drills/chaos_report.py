@@ -83,10 +83,10 @@ def _end_records(workdir: str) -> list[dict]:
     return out
 
 
-def _soak(config_path, workdir, out_dir, *, kills, seed, nodes, values, max_gap, log):
+def _soak(config_path, workdir, out_dir, *, kills, seed, nodes, values, max_gap, workers, log):
     """The job and its kills: (kill records, wall seconds, the finished Soak, cluster pids)."""
     soak = chaos_soak.Soak(config_path, workdir, out_dir, kills=kills, seed=seed, nodes=nodes,
-                           values=values, max_gap=max_gap, log=log)
+                           values=values, max_gap=max_gap, workers=workers, log=log)
     start = time.time()
     try:
         records = soak.run()
@@ -101,16 +101,16 @@ def _soak(config_path, workdir, out_dir, *, kills, seed, nodes, values, max_gap,
 
 def run(config_path: str, cfg, out_dir: str, *, kills: int, seed: int, nodes: int = 3,
         values: dict | None = None, max_gap: int = chaos_soak.GAP_STEPS[1], command: str = '',
-        log=print) -> dict:
+        workers: int = chaos_soak.WORKERS, log=print) -> dict:
     """The whole soak; `cfg` is the job's resolved config (the base plus `values`)."""
     from mecefo_jax.launch.ray_cluster import namespace_of
     workdir = os.path.join(out_dir, 'job')
     records, wall, soak, cluster_procs = _soak(config_path, workdir, out_dir, kills=kills,
                                                seed=seed, nodes=nodes, values=values, max_gap=max_gap,
-                                               log=log)
-    replicas = chaos_soak.WORKERS * chaos_soak.LOCAL_DEVICES
+                                               workers=workers, log=log)
+    replicas = workers * chaos_soak.LOCAL_DEVICES
     report = {'command': command, 'config': config_path, 'seed': seed, 'kills_asked': kills,
-              'nodes': nodes, 'launcher_exit_code': soak.exit_code, 'launches': soak.launches,
+              'workers': workers, 'nodes': nodes, 'launcher_exit_code': soak.exit_code, 'launches': soak.launches,
               'steps': int(cfg.train.steps), 'wall_sec': wall,
               'kills': chaos_verify.kill_rows(records, workdir)}
     final, problems = chaos_verify.check_provenance(workdir, cfg, replicas)
@@ -141,7 +141,7 @@ def markdown(report: dict) -> str:
     left = ', '.join(report['leaked']) or 'nothing'
     run = [('command', f"`{report.get('command') or '(called from Python)'}`"),
            ('config', f"`{report['config']}`"), ('seed', report['seed']),
-           ('kills', report['kills_asked']), ('workers', chaos_soak.WORKERS),
+           ('kills', report['kills_asked']), ('workers', report.get('workers', chaos_soak.WORKERS)),
            ('simulated nodes', report['nodes']), ('steps', report['steps']),
            ('reached step', report['final_step']), ('wall (min)', fmt(report['wall_sec'] / 60, '.1f')),
            ('launcher runs', report['launches']),

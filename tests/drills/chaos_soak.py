@@ -43,20 +43,25 @@ POLL_SEC = 0.05
 
 
 def job_values(kills: int, tokenizer_cache: str = '', xla_cache: str = '', *,
-               spare_steps: int = SPARE_STEPS, max_gap: int = GAP_STEPS[1]) -> dict:
+               spare_steps: int = SPARE_STEPS, max_gap: int = GAP_STEPS[1],
+               workers: int = WORKERS) -> dict:
     """The soak job's overrides of configs/tiny.py: long enough for `kills` kills.
 
     A kill lands at most `max_gap` steps (and a rejoin, and a step of polling) past
     the start of the generation after the previous kill's, so every kill lands before
-    the last `spare_steps`. A smoke asks for fewer (`scripts/chaos_soak.py --spare_steps
-    --max_gap`): the same kinds in the same order, kills sooner into each generation, and
-    fewer steps after them to run and to simulate."""
+    the last `spare_steps`. A smoke asks for less (`scripts/chaos_soak.py --spare_steps
+    --max_gap --workers`): the same kinds in the same order, kills sooner into each
+    generation, fewer steps after them to run and to simulate, and fewer worker processes
+    to start at each relaunch (with 2, every kind still has a target; a double kill then
+    leaves no survivor)."""
+    if workers < 2:
+        raise ValueError(f'workers={workers}: a double kill needs 2 workers; ask for at least 2')
     if not GAP_STEPS[0] <= max_gap <= GAP_STEPS[1]:
         raise ValueError(f'max_gap={max_gap}: a kill lands {GAP_STEPS[0]} to {GAP_STEPS[1]} steps '
                          f'into a generation; ask for a max_gap in that range')
     steps = kills * (max_gap + RETURN_STEPS + 4) + spare_steps
     values = {'train.steps': steps, 'train.eval_every': 0, 'train.checkpoint_every': 10,
-              'mesh.data': WORKERS * LOCAL_DEVICES, 'launch.local_devices': LOCAL_DEVICES,
+              'mesh.data': workers * LOCAL_DEVICES, 'launch.local_devices': LOCAL_DEVICES,
               'launch.return_after_steps': RETURN_STEPS, 'launch.heartbeat_timeout_sec': 3.0,
               'launch.max_relaunches': 10 * kills + 10,
               # Replicas summed in one order: the simulation's model is the same, bit for bit.
@@ -101,11 +106,11 @@ class Soak:
 
     def __init__(self, config_path: str, workdir: str, out_dir: str, *, kills: int, seed: int,
                  nodes: int = 3, values: dict | None = None, max_gap: int = GAP_STEPS[1],
-                 log=print):
-        self.max_gap = max_gap
+                 workers: int = WORKERS, log=print):
+        self.max_gap, self.workers = max_gap, workers
         self.config_path, self.workdir, self.out_dir = config_path, workdir, out_dir
         self.kills, self.seed, self.nodes, self.log = kills, seed, nodes, log
-        self.values = values or job_values(kills, max_gap=max_gap)
+        self.values = values or job_values(kills, max_gap=max_gap, workers=workers)
         self.rng = random.Random(seed)
         self.records: list[dict] = []
         self.launcher: subprocess.Popen | None = None
@@ -121,7 +126,7 @@ class Soak:
 
     def _command(self) -> list[str]:
         return ([sys.executable, '-m', 'mecefo_jax.launch', f'--config={self.config_path}',
-                 f'--nprocs={WORKERS}', f'--workdir={self.workdir}',
+                 f'--nprocs={self.workers}', f'--workdir={self.workdir}',
                  f'--address={self.cluster.address}']
                 + [f'--config.{k}={v}' for k, v in self.values.items()])
 
