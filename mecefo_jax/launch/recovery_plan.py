@@ -78,6 +78,23 @@ def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, G
     return row, Generation(gen.number + 1, members, resume, stop_at, resume_step)
 
 
+def rerun_step(keepers, adopted, out_dir: str) -> int:
+    """The step a rerun resumes from the keepers a killed launcher left (0: none holds one).
+
+    The newest step that every keeper of its writers holds (the members of the generation
+    that computed it last, `recovery_report.snapshot_writers`), not the newest that every
+    adopted keeper holds: a worker down when the launcher died left a keeper with older
+    steps only, and its survivors' snapshots are whole without it. A step whose writers
+    are not on record needs every adopted keeper, as before.
+    """
+    held = {w: keepers.steps(w) for w in adopted}
+    writers = recovery_report.snapshot_writers(out_dir)
+    for step in sorted(set().union(*held.values()), reverse=True):
+        if all(step in held.get(w, ()) for w in writers.get(step, held)):
+            return step
+    return 0
+
+
 def _holders(job: JobState, gen: Generation, survivors, members, fresh, row: dict):
     """The keepers whose common step the members restore; None where none can serve.
 

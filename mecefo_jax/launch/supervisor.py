@@ -125,12 +125,14 @@ class Launcher:
         error, outcome, gen, rejected = None, None, None, 0
         try:
             gen, pending = self._first_generation(started)
+            self.recoveries += recovery_report.record_left(self.dir)  # a killed launcher's open row
             first = gen.number
             while True:
                 unborn = self._spawn(gen)
                 if pending is not None:
                     pending.update(relaunched_at=gen.started, next_generation=gen.number)
                 self._pending = pending
+                recovery_report.hold(self.dir, pending)
                 outcome = (self._watch(gen) if not unborn else
                            Outcome('failed', unborn, 'its actor died before it started',
                                    gen.started, time.time(), gen.resume_step))
@@ -233,7 +235,7 @@ class Launcher:
                              'from the newest disk checkpoint). They were left as they were.')
         self._place(workers, keep={w: h.node_id for w, h in adopted.items()})
         self._check_node_loss()
-        resume_step = self.job.keepers.common_step(adopted) if adopted else 0
+        resume_step = recovery_plan.rerun_step(self.job.keepers, adopted, self.dir) if adopted else 0
         for w in workers:
             if self.job.uses_keepers and w not in adopted:
                 self.job.keepers.start(w, self.job.nodes[w])
@@ -390,6 +392,6 @@ class Launcher:
         """The open recovery row, completed from its generation's start records and recorded."""
         row, self._pending = self._pending, None
         if row is not None:
-            self.recoveries.append(recovery_report.append(self.dir, recovery_report.complete(row, self.dir)))
+            self.recoveries.append(recovery_report.record(self.dir, row))
             self.job.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
                          f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")
