@@ -79,14 +79,9 @@ def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, G
 
 
 def rerun_step(keepers, adopted, out_dir: str) -> int:
-    """The step a rerun resumes from the keepers a killed launcher left (0: none holds one).
-
-    The newest step that every keeper of its writers holds (the members of the generation
-    that computed it last, `recovery_report.snapshot_writers`), not the newest that every
-    adopted keeper holds: a worker down when the launcher died left a keeper with older
-    steps only, and its survivors' snapshots are whole without it. A step whose writers
-    are not on record needs every adopted keeper, as before.
-    """
+    """The newest step every keeper of its writers holds (0: none), for a rerun: a worker down
+    when the launcher died left a keeper of older steps, and the survivors' are whole without
+    it. A step whose writers are not on record needs every adopted keeper."""
     held = {w: keepers.steps(w) for w in adopted}
     writers = recovery_report.snapshot_writers(out_dir)
     for step in sorted(set().union(*held.values()), reverse=True):

@@ -3,10 +3,8 @@
 A row is opened when a generation ends (what failed, when, how long the
 teardown took) and completed from the next generation's start records (how
 long relaunching, joining, restoring, compiling and the first step took),
-split into the badput kinds of ml-goodput-measurement. While it is open it
-is held in `pending_recovery.json` (`hold`): a launcher killed before it saw
-that generation's first step leaves it there, and the rerun records it
-(`record_left`).
+split into the badput kinds of ml-goodput-measurement. An open row is held
+in `pending_recovery.json`, where a killed launcher's rerun finds it.
 """
 from __future__ import annotations
 
@@ -36,7 +34,7 @@ def append(out_dir: str, row: dict) -> dict:
 
 
 def hold(out_dir: str, row: dict | None) -> None:
-    """Keep the open row on disk until it is recorded (nothing to keep: None)."""
+    """Keep the open row on disk until it is recorded (a killed launcher's rerun records it)."""
     if row is not None:
         atomic_file.write_json(os.path.join(out_dir, PENDING_FILENAME), row)
 
@@ -44,22 +42,17 @@ def hold(out_dir: str, row: dict | None) -> None:
 def record(out_dir: str, row: dict) -> dict:
     """Complete the open row from its generation's start records, append it, drop the held copy."""
     row = append(out_dir, complete(row, out_dir))
-    try:
-        os.remove(os.path.join(out_dir, PENDING_FILENAME))
-    except FileNotFoundError:
-        pass
+    if os.path.exists(path := os.path.join(out_dir, PENDING_FILENAME)):
+        os.remove(path)
     return row
 
 
 def record_left(out_dir: str) -> list[dict]:
-    """The row a killed launcher held open, recorded now (as complete as its generation's start
-    records allow); [] where it left none."""
+    """The row a killed launcher held open, recorded now; [] where it left none."""
     row = read_json(os.path.join(out_dir, PENDING_FILENAME))
-    if row is None:
-        return []
-    if not started(row, out_dir):
+    if row is not None and not started(row, out_dir):
         row['unfinished'] = 'the launcher died before every member of the next generation started'
-    return [record(out_dir, row)]
+    return [] if row is None else [record(out_dir, row)]
 
 
 def started(row: dict, out_dir: str) -> bool:
@@ -140,14 +133,9 @@ def next_generation_number(out_dir: str) -> int:
 
 
 def snapshot_writers(out_dir: str) -> dict[int, list[int]]:
-    """Per snapshot step (the state after that many steps), the workers of the generation
-    that computed the step last: the keepers a whole snapshot of it needs.
-
-    From `provenance.jsonl` (its newest row for the step: a redone step's) and the start
-    records (`g<G>_w<W>_start.json`: the generation's members). A step whose row was cut
-    short by a crash is absent.
-    """
-    generation_of = {}
+    """Per snapshot step (the state after that many steps), the members of the generation
+    that computed it last (`provenance.jsonl`'s newest row, the start records)."""
+    generation_of, members = {}, {}
     try:
         with open(os.path.join(out_dir, 'provenance.jsonl'), 'rb') as f:
             for line in f:
@@ -158,7 +146,6 @@ def snapshot_writers(out_dir: str) -> dict[int, list[int]]:
                     continue  # a row cut short by the crash
     except FileNotFoundError:
         return {}
-    members: dict[int, list[int]] = {}
     for path in glob.glob(os.path.join(out_dir, 'g*_w*_start.json')):
         if m := re.match(r'g(\d+)_w(\d+)_start\.json$', os.path.basename(path)):
             members.setdefault(int(m.group(1)), []).append(int(m.group(2)))
