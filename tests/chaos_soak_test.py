@@ -5,7 +5,11 @@ its simulated Ray cluster), the fewest kills that cover every kind (`chaos_soak.
 the soak inflicts each kind as often as the others), in the order the seed picks, each
 kill at most `MAX_GAP` steps into a running generation (the soak's default: 10), the job
 `SPARE_STEPS` steps past the most the kills can take (the soak's default: 40): fewer
-steps between and after the kills to run and to simulate. The job reaches its last step
+steps between and after the kills to run and to simulate. The job has `WORKERS` workers
+(the soak's default: 4): half the processes to start at each relaunch, and every kind
+still has a target (a double kill leaves no survivor). At 2 workers this smoke found a
+rerun that started over beside a survivor's keeper and a recovery row lost with a
+launcher killed 90 ms into the recovered generation (docs/chaos_soak.md). The job reaches its last step
 with every step recorded once on its reference batch, its final parameters equal the
 same live replica sets simulated in one process bit for bit (train.ordered_reduction),
 and nothing is left behind after the job and `--cleanup`.
@@ -24,6 +28,7 @@ pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # its own Ray cluster an
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARE_STEPS = 10
 MAX_GAP = GAP_STEPS[0] + 1  # still a draw: 2 or 3 steps into a generation
+WORKERS = 2
 
 
 def test_the_soaks_defaults_run_the_job_its_committed_result_ran():
@@ -44,7 +49,8 @@ def test_a_death_of_every_kind_loses_nothing_and_leaves_nothing(tmp_path, tokeni
     done = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'chaos_soak.py'),
                            '--config', os.path.join(ROOT, 'configs', 'tiny.py'),
                            '--kills', str(len(KINDS)), '--seed', '0', '--out', str(out),
-                           '--spare_steps', str(SPARE_STEPS), '--max_gap', str(MAX_GAP)],
+                           '--spare_steps', str(SPARE_STEPS), '--max_gap', str(MAX_GAP),
+                           '--workers', str(WORKERS)],
                           capture_output=True, text=True, timeout=900, check=False)
     report_path = out / 'chaos_soak.json'
     assert report_path.exists(), done.stdout[-3000:] + done.stderr[-3000:]
@@ -53,7 +59,7 @@ def test_a_death_of_every_kind_loses_nothing_and_leaves_nothing(tmp_path, tokeni
     assert report['launcher_exit_code'] == 0 and report['final_step'] == report['steps']
     assert report['steps'] == job_values(len(KINDS), spare_steps=SPARE_STEPS,
                                          max_gap=MAX_GAP)['train.steps']  # the flag's job
-    assert report['leaked'] == []
+    assert report['workers'] == WORKERS and report['leaked'] == []
     assert report['max_rel_param_diff'] == 0.0  # the replicas summed in one order
     kinds = [k['kind'] for k in report['kills']]
     assert sorted(kinds) == sorted(KINDS)  # every kind, each once
