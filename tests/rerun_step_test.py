@@ -40,6 +40,7 @@ def test_a_step_written_by_the_survivors_alone_is_whole_without_the_down_workers
     _records(tmp_path, [(s, 0) for s in range(3)] + [(s, 1) for s in range(3, 6)], {0: [0, 1], 1: [0]})
     assert recovery_report.snapshot_writers(str(tmp_path)) == {1: [0, 1], 2: [0, 1], 3: [0, 1],
                                                                4: [0], 5: [0], 6: [0]}
+    assert recovery_report.completed_steps_recorded(str(tmp_path)) == 6  # the cut row skipped
     keepers = Keepers({0: {5, 6}, 1: {2, 3}})
     assert rerun_step(keepers, [0, 1], str(tmp_path)) == 6
     assert keepers.steps(0) & keepers.steps(1) == set()  # the old rule: no common step, start over

@@ -96,19 +96,27 @@ def complete(row: dict, out_dir: str) -> dict:
     return row
 
 
-def completed_steps_recorded(out_dir: str) -> int:
-    """Steps the job recorded in `provenance.jsonl` (process 0 writes one row per step)."""
+def _provenance_rows(out_dir: str) -> list[dict]:
+    """The whole rows of `provenance.jsonl` (process 0 writes one per step), in order."""
     try:
         with open(os.path.join(out_dir, 'provenance.jsonl'), 'rb') as f:
             lines = f.read().splitlines()
     except FileNotFoundError:
-        return 0
-    for line in reversed(lines):
+        return []
+    rows = []
+    for line in lines:
         try:
-            return int(json.loads(line)['step']) + 1
+            row = json.loads(line)
+            rows.append({**row, 'step': int(row['step'])})
         except (ValueError, KeyError):
             continue  # a row cut short by the crash
-    return 0
+    return rows
+
+
+def completed_steps_recorded(out_dir: str) -> int:
+    """Steps the job recorded in `provenance.jsonl`."""
+    rows = _provenance_rows(out_dir)
+    return rows[-1]['step'] + 1 if rows else 0
 
 
 def first_difference(rebuilt: bytes, original: bytes) -> dict:
@@ -135,17 +143,9 @@ def next_generation_number(out_dir: str) -> int:
 def snapshot_writers(out_dir: str) -> dict[int, list[int]]:
     """Per snapshot step (the state after that many steps), the members of the generation
     that computed it last (`provenance.jsonl`'s newest row, the start records)."""
-    generation_of, members = {}, {}
-    try:
-        with open(os.path.join(out_dir, 'provenance.jsonl'), 'rb') as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                    generation_of[int(row['step']) + 1] = int(row['generation'])
-                except (ValueError, KeyError):
-                    continue  # a row cut short by the crash
-    except FileNotFoundError:
-        return {}
+    generation_of = {row['step'] + 1: int(row['generation'])
+                     for row in _provenance_rows(out_dir) if 'generation' in row}
+    members: dict[int, list[int]] = {}
     for path in glob.glob(os.path.join(out_dir, 'g*_w*_start.json')):
         if m := re.match(r'g(\d+)_w(\d+)_start\.json$', os.path.basename(path)):
             members.setdefault(int(m.group(1)), []).append(int(m.group(2)))
