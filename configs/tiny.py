@@ -13,6 +13,9 @@ def get_config():
     cfg.data.seq_len = 32  # tokens per sequence
     cfg.data.global_batch_size = 16  # 2 sequences per replica on 8 devices
     cfg.train.steps = 40  # a short run
+    # The schedule spans 40 steps whatever train.steps a test or smoke sets: the LR is
+    # a constant of the compiled step, so runs of any length share their programs.
+    cfg.train.lr_schedule_steps = 40
     cfg.train.learning_rate = 1e-2  # tiny models tolerate a high peak LR
     cfg.train.log_every = 5  # rows per 5 steps
     cfg.train.eval_every = 20  # two evals in the default run
