@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from mecefo_jax.faults import costs as costs_lib  # noqa: E402
+from mecefo_jax.faults import bench_costs  # noqa: E402
 from studies.cluster import recovery as recovery_lib  # noqa: E402
 from studies.cluster import report as cluster_report  # noqa: E402
 from studies.cluster import sim as cluster_sim  # noqa: E402
@@ -125,9 +125,9 @@ def main(argv):
         if FLAGS.cost == 'bench' and not FLAGS.bench_json:
             raise ValueError('--cost=bench needs --bench_json PATH (bench_step.json).')
         config.validate()
-        bench = costs_lib.load_json(FLAGS.bench_json, '--bench_json') if FLAGS.cost == 'bench' else None
+        bench = bench_costs.load_json(FLAGS.bench_json, '--bench_json') if FLAGS.cost == 'bench' else None
         tables = cluster_sim.cost_tables(config, bench=bench, bench_path=FLAGS.bench_json)
-        drill = (costs_lib.load_json(FLAGS.recovery_json, '--recovery_json') if FLAGS.recovery_json
+        drill = (bench_costs.load_json(FLAGS.recovery_json, '--recovery_json') if FLAGS.recovery_json
                  else None)
         recovery = recovery_lib.recovery_table(drill=drill, overrides=overrides,
                                                drill_path=FLAGS.recovery_json or '--recovery_json')

@@ -26,7 +26,7 @@ neighbour the most (the bound most favourable to MeCeFO). Latency (about
 
 t_compute, the fault-free step's compute on one replica: under GPU costs the
 bench's measured normal step where the bench ran the config's own shape on a
-GPU (`faults/costs.bench_table`, scaled to the replica's tokens); elsewhere,
+GPU (`faults/bench_costs.bench_table`, scaled to the replica's tokens); elsewhere,
 and under the analytic costs, the FLOP model's step (`faults/costs.flops_per_token`,
 about 6 N FLOPs per token plus the attention scores) at `Cluster.mfu` of
 `Cluster.peak_tflops` (`faults/costs.mfu_step_sec`).
@@ -106,13 +106,13 @@ def exposed_share(compute_sec: float, exposed_sec: float) -> float:
 
 def compute_sec(cfg, replicas: int, cluster: Cluster, bench: dict | None = None) -> tuple[float, str]:
     """(seconds, source) of one replica's fault-free compute (module docstring)."""
-    from mecefo_jax.faults import costs
+    from mecefo_jax.faults import bench_costs, costs
     shape = costs.shape_of(cfg.model)
     seqs = cfg.data.global_batch_size // replicas
     kw = dict(seq_len=cfg.data.seq_len, replica_seqs=seqs, mfu=cluster.mfu,
               peak_flops=cluster.peak_tflops * 1e12, recompute_ffn=cfg.mecefo.remat_ffn)
     if bench is not None:
-        table = costs.bench_table(bench, shape, metric='step_ms', **kw)
+        table = bench_costs.bench_table(bench, shape, metric='step_ms', **kw)
         return table.step_sec, table.step_sec_source
     return (costs.mfu_step_sec(shape, **kw),
             f'analytic FLOPs at MFU {cluster.mfu:g} of {cluster.peak_tflops:g} TFLOP/s')

@@ -126,7 +126,8 @@ class TimeModel:
     def _bench_ratio(self, cfg, bench: dict, rank):
         """(fn(programs) -> the step's ratio under the bench's measured costs, diluted; the
         bench table's note)."""
-        from mecefo_jax.faults.costs import bench_table, role_cost, shape_of
+        from mecefo_jax.faults.bench_costs import bench_table
+        from mecefo_jax.faults.costs import role_cost, shape_of
         from mecefo_jax.faults.planner import program_cost
         table = bench_table(bench, shape_of(cfg.model), metric='step_ms', seq_len=cfg.data.seq_len,
                             replica_seqs=self.shard, mfu=1.0, rank=rank,

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from mecefo_jax.faults import bench_costs
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults import plan as plan_lib
 from studies.cluster import recovery as recovery_lib
@@ -237,7 +238,7 @@ def test_bench_table_reads_ratios_and_names_missing_modes():
                         'plain_dp': {'step_ms': 0.95}},
              'config': {'d_model': 32}, 'device': 'cpu:cpu'}
     shape = costs_lib.PAPER_MODELS['350M']
-    t = costs_lib.bench_table(bench, shape, metric='step_ms', seq_len=256, replica_seqs=16,
+    t = bench_costs.bench_table(bench, shape, metric='step_ms', seq_len=256, replica_seqs=16,
                               mfu=0.4)
     assert (t.ratio('ndb_naive'), t.ratio('mecefo'), t.ratio('mecefo_per_batch'),
             t.plain) == (1.9, 1.4, 0.7, 0.95)
@@ -246,12 +247,12 @@ def test_bench_table_reads_ratios_and_names_missing_modes():
     gpu = dict(bench, device='gpu:NVIDIA H100', modes={'normal': {'step_ms': 50.0}},
                config={'d_model': 1024, 'num_layers': 24, 'ffn_hidden': 2736,
                        'vocab_size': 32000, 'seq_len': 256, 'per_device_batch': 4})
-    t = costs_lib.bench_table(gpu, shape, metric='step_ms', seq_len=256, replica_seqs=16,
+    t = bench_costs.bench_table(gpu, shape, metric='step_ms', seq_len=256, replica_seqs=16,
                               mfu=0.4)
     assert t.step_sec == pytest.approx(0.050 * 16 / 4)
     del bench['ratios']['mecefo']
     with pytest.raises(ValueError, match='bench_json'):
-        costs_lib.bench_table(bench, shape, metric='step_ms', seq_len=256, replica_seqs=16,
+        bench_costs.bench_table(bench, shape, metric='step_ms', seq_len=256, replica_seqs=16,
                               mfu=0.4)
 
 

@@ -25,7 +25,7 @@ from mecefo_jax.config_resolve import resolve, updated
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import (
-    NEIGHBOUR_MODE_STRATEGIES,
+    SPECS,
     STRATEGIES,
     AllReplicasDownError,
     layout_for,
@@ -480,7 +480,7 @@ def test_every_strategy_completes_failure_and_recovery(strategy, strategy_runs):
         assert [t['tokens'] for t in result.probe.trace][2:5] == [(N - 1) * TOKENS_PER_SHARD] * 3
     else:
         assert s['useful_tokens'] == full_tokens
-    if strategy in NEIGHBOUR_MODE_STRATEGIES:
+    if SPECS[strategy].neighbour_mode:
         assert s['refresh_steps'] and s['refresh_steps'][0] == s['events'][0]['step']
         assert any(ROLE_NEIGHBOUR in t['layout'].roles for t in result.probe.trace)
     else:

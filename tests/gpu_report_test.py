@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from mecefo_jax.faults import costs
+from mecefo_jax.faults import bench_costs, costs
 from studies.gpu import profile, report, runner, step, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +106,7 @@ def test_smoke_step_figures_are_plausible_and_the_simulator_reads_them(smoke):
     for name in ('bench_step.json', 'bench_step_best.json'):
         with open(out / name) as f:
             bench = json.load(f)
-        table = costs.bench_table(bench, costs.PAPER_MODELS['350M'], metric='step_ms',
+        table = bench_costs.bench_table(bench, costs.PAPER_MODELS['350M'], metric='step_ms',
                                   seq_len=256, replica_seqs=16, mfu=0.4)
         assert table.ratio('mecefo') > 0 and table.ratio('ndb_naive') > 0
 

@@ -22,6 +22,7 @@ import re
 
 import numpy as np
 
+from mecefo_jax.faults import bench_costs
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults.planner import Planner, attention_share, program_cost
 from mecefo_jax.faults.strategies import STRATEGIES, layout_for
@@ -39,10 +40,10 @@ def cost_table(cfg, spec: str, shard: int) -> costs_lib.CostTable:
     if kind == 'analytic' and not path:
         return costs_lib.analytic_table(shape, **common)
     if kind == 'bench' and path:
-        return costs_lib.bench_table(costs_lib.load_json(path, '--cost bench:'), shape,
-                                     metric='step_ms', path=path, **common)
+        return bench_costs.bench_table(bench_costs.load_json(path, '--cost bench:'), shape,
+                                       metric='step_ms', path=path, **common)
     if kind == 'roles' and path:
-        return roles_table(costs_lib.load_json(path, '--cost roles:'), shape, path=path, **common)
+        return roles_table(bench_costs.load_json(path, '--cost roles:'), shape, path=path, **common)
     raise ValueError(f'--cost={spec!r}: use analytic, bench:PATH (bench_step.json) or '
                      f'roles:PATH (compare_faults.json).')
 

@@ -75,7 +75,6 @@ REGISTRY = (
 SPECS = {spec.name: spec for spec in REGISTRY}
 STRATEGIES = tuple(spec.name for spec in REGISTRY if not spec.control)
 CONTROLS = tuple(spec.name for spec in REGISTRY if spec.control)
-NEIGHBOUR_MODE_STRATEGIES = tuple(spec.name for spec in REGISTRY if spec.neighbour_mode)
 
 
 def validate_strategy(name: str) -> str:

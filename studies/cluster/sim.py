@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from mecefo_jax.faults import bench_costs, refresh_costs
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults import planner as planner_lib
-from mecefo_jax.faults import refresh_costs
 from mecefo_jax.faults import strategies as strategies_lib
 from mecefo_jax.faults.strategies import SPECS, Orphans, StrategySpec
 from mecefo_jax.neighbour.layout import ROLE_NORMAL
@@ -106,7 +106,7 @@ def cost_tables(config: SimConfig, *, bench: dict | None = None,
                   rank=config.rank, recompute_ffn=config.recompute_ffn,
                   causal_scores=config.causal_scores, peak_flops=config.peak_tflops * 1e12)
         table = (costs_lib.analytic_table(shape, **kw) if bench is None else
-                 costs_lib.bench_table(bench, shape, metric='step_ms', path=bench_path, **kw))
+                 bench_costs.bench_table(bench, shape, metric='step_ms', path=bench_path, **kw))
         if config.refresh_sec >= 0:
             refresh = {'refresh_sec': config.refresh_sec, 'refresh_split_sec': 0.0, 'refresh_source': '--refresh_sec'}
         else:
