@@ -36,8 +36,11 @@ RUN_BOUND = 2e-5
 
 
 def _cfg(**changes):
+    """configs/tiny.py with one block: every block takes the same path through the packing,
+    and the runs' compiles are what these tests pay for."""
     c = tiny.get_config()
     c.train.steps, c.train.log_every, c.train.eval_every, c.train.checkpoint_every = 20, 1, 0, 0
+    c.model.num_layers = 1
     for dotted, value in changes.items():
         section, field = dotted.split('__')
         c[section][field] = value
