@@ -239,7 +239,7 @@ def test_bench_table_reads_ratios_and_names_missing_modes():
              'config': {'d_model': 32}, 'device': 'cpu:cpu'}
     shape = costs_lib.PAPER_MODELS['350M']
     t = bench_costs.bench_table(bench, shape, metric='step_ms', seq_len=256, replica_seqs=16,
-                              mfu=0.4)
+                                mfu=0.4)
     assert (t.ratio('ndb_naive'), t.ratio('mecefo'), t.ratio('mecefo_per_batch'),
             t.plain) == (1.9, 1.4, 0.7, 0.95)
     assert 'analytic' in t.step_sec_source  # a CPU bench of another shape gives no time
@@ -248,12 +248,12 @@ def test_bench_table_reads_ratios_and_names_missing_modes():
                config={'d_model': 1024, 'num_layers': 24, 'ffn_hidden': 2736,
                        'vocab_size': 32000, 'seq_len': 256, 'per_device_batch': 4})
     t = bench_costs.bench_table(gpu, shape, metric='step_ms', seq_len=256, replica_seqs=16,
-                              mfu=0.4)
+                                mfu=0.4)
     assert t.step_sec == pytest.approx(0.050 * 16 / 4)
     del bench['ratios']['mecefo']
     with pytest.raises(ValueError, match='bench_json'):
         bench_costs.bench_table(bench, shape, metric='step_ms', seq_len=256, replica_seqs=16,
-                              mfu=0.4)
+                                mfu=0.4)
 
 
 def test_roles_table_from_measured_role_seconds():

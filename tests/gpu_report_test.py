@@ -107,7 +107,7 @@ def test_smoke_step_figures_are_plausible_and_the_simulator_reads_them(smoke):
         with open(out / name) as f:
             bench = json.load(f)
         table = bench_costs.bench_table(bench, costs.PAPER_MODELS['350M'], metric='step_ms',
-                                  seq_len=256, replica_seqs=16, mfu=0.4)
+                                        seq_len=256, replica_seqs=16, mfu=0.4)
         assert table.ratio('mecefo') > 0 and table.ratio('ndb_naive') > 0
 
 

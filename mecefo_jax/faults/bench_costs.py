@@ -47,7 +47,7 @@ def bench_table(bench: dict, shape: costs.ModelShape, *, metric: str, seq_len: i
         step_src = f'GPU bench step_ms ({device}), scaled linearly to {replica_seqs} seqs'
     else:
         step = costs.mfu_step_sec(shape, seq_len=seq_len, replica_seqs=replica_seqs, mfu=mfu,
-                            **analytic_kw)
+                                  **analytic_kw)
         peak = analytic_kw.get('peak_flops', costs.PEAK_FLOPS_A100_BF16) / 1e12
         step_src = (f'analytic FLOPs at MFU {mfu:g} of {peak:g} TFLOP/s (bench is '
                     f'{device or "unknown device"}, shape '
@@ -55,10 +55,10 @@ def bench_table(bench: dict, shape: costs.ModelShape, *, metric: str, seq_len: i
     shape_txt = ', '.join(f'{k}={config.get(k)}' for k in
                           ('d_model', 'num_layers', 'ffn_hidden', 'seq_len', 'per_device_batch'))
     return costs.CostTable(source='bench', exact=((1.0, 1.0), (2.0, ndb)),
-                     neighbour=tuple(neighbour), plain=plain, step_sec=step,
-                     step_sec_source=step_src,
-                     note=f'{path}: ratios[*][{metric}] of {shape_txt} on {device}'
-                          + ('' if same_shape else ' (another shape: ratios applied as they are)'))
+                           neighbour=tuple(neighbour), plain=plain, step_sec=step,
+                           step_sec_source=step_src,
+                           note=f'{path}: ratios[*][{metric}] of {shape_txt} on {device}'
+                                + ('' if same_shape else ' (another shape: ratios applied as they are)'))
 
 
 def load_json(path: str, flag: str) -> dict:
