@@ -102,7 +102,7 @@ def test_roles_are_data_one_failure_at_a_time_compiles_one_failure_program():
 
 @pytest.fixture(scope='module')
 def model_and_state():
-    model = build_model(_cfg(), num_layers=1)
+    model = build_model(_cfg())
     params = nn.unbox(init_params(model, jax.random.key(1)))
     projections = jax.jit(compute_projections, static_argnums=1)(params, 8)
     tokens = np.random.default_rng(0).integers(0, 256, (8, 2, 33), dtype=np.int32)

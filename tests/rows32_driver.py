@@ -30,7 +30,7 @@ def main():
     changes = dict(data__global_batch_size=32, mesh__num_cpu_devices=32, fault__strategy='mecefo',
                    fault__events=EVENTS)
     from flax import linen as nn
-    model = build_model(_cfg(**changes), num_layers=1)
+    model = build_model(_cfg(**changes))
     params = nn.unbox(init_params(model, jax.random.key(2)))
     projections = jax.jit(compute_projections, static_argnums=1)(params, 8)
     tokens = np.random.default_rng(1).integers(0, 256, (32, 1, 33), dtype=np.int32)
