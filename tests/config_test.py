@@ -204,6 +204,8 @@ def test_launch_kill_reads_every_form_and_names_the_format_when_it_cannot():
             parse_kills(bad, 2)
     with pytest.raises(ValueError, match='worker 5 of 2 workers'):
         parse_kills('3:5', 2)
+    with pytest.raises(ValueError, match="host's crash.*'3:1:KILL:keeper'"):
+        parse_kills('3:1:TERM:keeper', 2)
 
 
 @pytest.mark.subprocess  # python -m mecefo_jax.main

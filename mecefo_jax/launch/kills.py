@@ -94,6 +94,9 @@ def parse_kills(text: str, workers: int) -> list[Kill]:
                 raise ValueError
         except (ValueError, IndexError, AttributeError):
             raise ValueError(f'launch.kill: cannot read {item!r}; use {_KILL_FORMAT}.') from None
+        if where == 'keeper' and sig != signal.SIGKILL:
+            raise ValueError(f"launch.kill: {item!r}: a worker lost with its keeper is a host's "
+                             f"crash, so its signal is KILL ('{step}:{worker}:KILL:keeper').")
         if not (worker == LAUNCHER or 0 <= worker < workers) or step < 0:
             raise ValueError(f'launch.kill: {item!r} names worker {worker} of {workers} workers '
                              f'(0..{workers - 1}, or launcher) at step {step} (>= 0).')
@@ -187,10 +190,12 @@ class Injector:
         if kill.keeper_only:  # the worker goes on, and meets the loss at its next snapshot
             self.keepers.kill(kill.worker)
             return
-        if kill.keeper:
-            # Keep what the keeper held, only to check a parity rebuild bit for bit.
-            self.lost_snapshots[kill.worker] = self.keepers.held_bytes(kill.worker)
         self.injected[kill.worker] = signal.Signals(kill.signal).name
         generation.signal(gen, kill.worker, kill.signal)
         if kill.keeper:
+            # Keep what the keeper held, only to check a parity rebuild bit for bit. Its
+            # worker (SIGKILLed: `parse_kills`) is dead first, so nothing is published or
+            # evicted while it is copied: the copy is what the crash lost.
+            generation.wait_dead(gen, kill.worker)
+            self.lost_snapshots[kill.worker] = self.keepers.held_bytes(kill.worker)
             self.keepers.kill(kill.worker)
