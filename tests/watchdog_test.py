@@ -57,3 +57,38 @@ def test_after_the_last_step_the_end_gets_the_stop_timeout_not_the_stall_timeout
 
 def test_a_generation_whose_workers_all_ended_is_not_hung(launcher):
     assert outcome.hung(launcher.job, generation(ended=(0, 1)), 5, STOP + STALL, NOW) is None
+
+
+class _Actor:
+    """A started actor whose `info` answer is scripted: a dict, or the error `ray.get` raises."""
+
+    def __init__(self, answer):
+        self.info = type('Method', (), {'remote': staticmethod(lambda: answer)})
+
+
+def test_an_actor_that_misses_the_start_timeout_fails_the_start_and_no_worker(
+        launcher, monkeypatch):
+    """A loaded host can take longer than `launch.start_timeout_sec` to start an actor:
+    that start timed out (every worker is relaunched), unlike an actor Ray reports dead
+    (its worker failed). No `run` starts in either case."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    from mecefo_jax.launch import generation as gen_module
+
+    def get(answer, timeout):
+        assert timeout == START
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(ray, 'get', get)
+    for answers, dead, late in (([GetTimeoutError(), {'ip': 'x'}], [], [0]),
+                                ([GetTimeoutError(), RayActorError()], [1], [0])):
+        gen = generation()
+        standbys = type('Standbys', (), {'take': lambda self, w, node: _Actor(answers[w])})()
+        assert gen_module.spawn(gen, args={}, nodes={0: 'a', 1: 'b'}, env={}, gpus={},
+                                standbys=standbys, timeout=START) == (dead, late)
+        assert gen.runs == {}
+    timed_out = outcome.start_timed_out(launcher.job, gen, gen.started + START + 0.5)
+    assert timed_out.failed == [] and timed_out.cause == f'no step completed within {START:.1f} s of the start'

@@ -67,14 +67,16 @@ class Generation:
 
 
 def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, standbys,
-          timeout: float) -> list:
+          timeout: float) -> tuple[list, list]:
     """Start `gen`'s workers on their nodes and their `run`s (`args[w]` are WorkerArgs fields).
 
     A worker takes its warm standby when one waits on its node, else a new
     actor. Process 0 chooses the coordinator's port on its node first: the
     coordinator binds only that address (`coordinator.join`). Returns the
-    workers whose actor died before it could start (its node went meanwhile);
-    then no `run` is started.
+    workers whose actor died before it could start (its node went meanwhile)
+    and those whose actor did not answer within `timeout` (a loaded host: the
+    start timed out, no worker failed); where either is not empty no `run`
+    is started.
     """
     import ray
     from ray.exceptions import GetTimeoutError, RayError
@@ -86,14 +88,16 @@ def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, st
             opts = actors.options(env=env, node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
             actor = cls.options(**opts).remote(False)  # needed now: it imports at full priority
         gen.actors[w] = actor
-    dead = []
+    dead, late = [], []
     for w in gen.members:
         try:
             gen.info[w] = ray.get(gen.actors[w].info.remote(), timeout=timeout)
-        except (RayError, GetTimeoutError):
+        except GetTimeoutError:
+            late.append(w)
+        except RayError:
             dead.append(w)
-    if dead:
-        return dead
+    if dead or late:
+        return dead, late
     first = gen.actors[gen.members[0]]
     coordinator = f"{gen.info[gen.members[0]]['ip']}:{ray.get(first.free_port.remote(), timeout=timeout)}"
     now = time.monotonic()
@@ -101,7 +105,7 @@ def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, st
         gen.heard[w] = now
         gen.runs[w] = gen.actors[w].run.remote(WorkerArgs(coordinator=coordinator, worker=w,
                                                           members=tuple(gen.members), **args[w]))
-    return []
+    return [], []
 
 
 def poll_progress(gen: Generation) -> None:

@@ -55,16 +55,21 @@ def hung(job: JobState, gen: Generation, progress: int, stalled: float, now: flo
                            now - stalled, now, progress)
         return None
     if progress <= 0 and now - gen.started > job.cfg.launch.start_timeout_sec and running:
-        job.log(f'[launch] no step completed {now - gen.started:.0f} s after the start '
-                '(launch.start_timeout_sec): the generation hangs')
-        return Outcome('failed', [], f'no step completed within '
-                       f'{job.cfg.launch.start_timeout_sec:.1f} s of the start',
-                       gen.started, now, 0)
+        return start_timed_out(job, gen, now)
     if progress > 0 and stalled > job.cfg.launch.stall_timeout_sec and running:
         job.log(f'[launch] no step completed for {stalled:.0f} s: the job is stuck')
         return Outcome('failed', [], f'no step completed for {stalled:.1f} s',
                        now - stalled, now, progress)
     return None
+
+
+def start_timed_out(job: JobState, gen: Generation, now: float) -> Outcome:
+    """A generation that completed no step within `launch.start_timeout_sec` of its start
+    (its actors too slow to answer count: the start takes them in)."""
+    job.log(f'[launch] no step completed {now - gen.started:.0f} s after the start '
+            '(launch.start_timeout_sec): the generation hangs')
+    return Outcome('failed', [], f'no step completed within '
+                   f'{job.cfg.launch.start_timeout_sec:.1f} s of the start', gen.started, now, 0)
 
 
 def decided(job: JobState, gen: Generation, deaths: list, now: float) -> bool:

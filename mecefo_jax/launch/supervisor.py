@@ -53,7 +53,7 @@ from mecefo_jax.launch.generation import Generation
 from mecefo_jax.launch.job_state import JobState
 from mecefo_jax.launch.keepers import JobKeepers
 from mecefo_jax.launch.kills import Injector, parse_kills
-from mecefo_jax.launch.outcome import Outcome, decided, failed, hung, preempted
+from mecefo_jax.launch.outcome import Outcome, decided, failed, hung, preempted, start_timed_out
 from mecefo_jax.launch.placement import WHOLE_SNAPSHOTS, Placement, assign_nodes, node_loss_plan
 from mecefo_jax.launch.ray_cluster import alive_nodes, namespace_of
 from mecefo_jax.launch.standby import Standbys
@@ -128,14 +128,15 @@ class Launcher:
             self.recoveries += recovery_report.record_left(self.dir)  # a killed launcher's open row
             first = gen.number
             while True:
-                unborn = self._spawn(gen)
+                unborn, late = self._spawn(gen)
                 if pending is not None:
                     pending.update(relaunched_at=gen.started, next_generation=gen.number)
                 self._pending = pending
                 recovery_report.hold(self.dir, pending)
-                outcome = (self._watch(gen) if not unborn else
-                           Outcome('failed', unborn, 'its actor died before it started',
-                                   gen.started, time.time(), gen.resume_step))
+                outcome = (Outcome('failed', unborn, 'its actor died before it started',
+                                   gen.started, time.time(), gen.resume_step) if unborn
+                           else start_timed_out(self.job, gen, time.time()) if late
+                           else self._watch(gen))
                 self._progress_rejected += gen.rejected
                 self._finish_pending()  # if no first step completed it sooner
                 if outcome.kind in ('finished', 'preempted'):
@@ -291,17 +292,18 @@ class Launcher:
         hours = (time.time() - self.started_at) / 3600.0
         return self.failures_seen / hours if self.failures_seen and hours > 0 else 0.0
 
-    def _spawn(self, gen: Generation) -> list:
-        """Start `gen`; the workers whose actor died before it started ([] normally)."""
+    def _spawn(self, gen: Generation) -> tuple[list, list]:
+        """Start `gen`; the workers whose actor died before it started, and those whose
+        actor did not answer within the start timeout (both [] normally)."""
         self._generation = gen
         keepers = tuple(self.job.keepers.as_list()) if self.job.uses_keepers else ()
         gpus, env = self._actor_resources(gen.members)
-        unborn = generation.spawn(gen, args=self.worker_args(gen, keepers), nodes=self.job.nodes,
-                                  env=env, gpus=gpus, standbys=self.standbys,
-                                  timeout=self.job.cfg.launch.start_timeout_sec)
+        unborn, late = generation.spawn(
+            gen, args=self.worker_args(gen, keepers), nodes=self.job.nodes, env=env, gpus=gpus,
+            standbys=self.standbys, timeout=self.job.cfg.launch.start_timeout_sec)
         self.job.log(f'[launch] generation {gen.number}: workers {gen.members} '
                      f'({gen.resume}{f", stop at step {gen.stop_at}" if gen.stop_at else ""})')
-        return unborn
+        return unborn, late
 
     def _actor_resources(self, workers) -> tuple[dict, dict]:
         """(GPUs per worker, the workers' environment): a node's GPUs where it has them."""
