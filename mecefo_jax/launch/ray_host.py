@@ -25,9 +25,13 @@ from mecefo_jax.host import atomic_file  # noqa: E402
 
 # A node whose raylet stops answering is declared dead after about
 # period x threshold (Ray's defaults take 15 s or more): the launcher must
-# see a lost node within a few seconds.
-HEALTH_CHECK = {'health_check_initial_delay_ms': 0, 'health_check_period_ms': 500,
-                'health_check_timeout_ms': 500, 'health_check_failure_threshold': 3}
+# see a lost node within a few seconds. Ray starts its workers at niceness 15
+# by default; here they are the job (training and the keepers' memory), so
+# they run at 0: on a loaded host a niced worker starves for seconds, and its
+# silence then reads as a hang (launch.heartbeat_timeout_sec).
+SYSTEM_CONFIG = {'health_check_initial_delay_ms': 0, 'health_check_period_ms': 500,
+                 'health_check_timeout_ms': 500, 'health_check_failure_threshold': 3,
+                 'worker_niceness': 0}
 
 
 def _parse(argv):
@@ -51,7 +55,7 @@ def main(argv=None) -> int:
     context = ray.init(address='local', num_cpus=args.num_cpus,
                        object_store_memory=args.object_store_mb << 20,
                        include_dashboard=False, log_to_driver=False, logging_level='WARNING',
-                       _system_config=HEALTH_CHECK)
+                       _system_config=SYSTEM_CONFIG)
     atomic_file.write_json(args.state_file, {
         'address': context.address_info['gcs_address'], 'pid': os.getpid(),
         'start_sec': time.perf_counter() - start,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 
-from mecefo_jax.launch.ray_host import HEALTH_CHECK
+from mecefo_jax.launch.ray_host import SYSTEM_CONFIG
 
 
 class SimulatedCluster:
@@ -41,7 +41,7 @@ class SimulatedCluster:
                      'include_log_monitor': False}
         self._node_args = node_args
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
-            node_args, include_dashboard=False, _system_config=HEALTH_CHECK))
+            node_args, include_dashboard=False, _system_config=SYSTEM_CONFIG))
         self.nodes = {self.cluster.head_node.node_id: self.cluster.head_node}
         for _ in range(nodes - 1):
             self.add(wait=False)
