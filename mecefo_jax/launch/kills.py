@@ -147,6 +147,9 @@ class Injector:
             if due[kill] is None or any(due[k] is None for k in pending if k.step == kill.step):
                 continue
             self._fire(gen, kill, due[kill])
+        for kill in pending:
+            if kill in self.fired and kill.keeper:
+                self._lose_keeper(gen, kill.worker)
         for kill in pending:  # a killed worker is dead before the next look at exits
             if (kill in self.fired and kill.signal == signal.SIGKILL
                     and not (kill.node or kill.keeper_only)):
@@ -192,10 +195,12 @@ class Injector:
             return
         self.injected[kill.worker] = signal.Signals(kill.signal).name
         generation.signal(gen, kill.worker, kill.signal)
-        if kill.keeper:
-            # Keep what the keeper held, only to check a parity rebuild bit for bit. Its
-            # worker (SIGKILLed: `parse_kills`) is dead first, so nothing is published or
-            # evicted while it is copied: the copy is what the crash lost.
-            generation.wait_dead(gen, kill.worker)
-            self.lost_snapshots[kill.worker] = self.keepers.held_bytes(kill.worker)
-            self.keepers.kill(kill.worker)
+
+    def _lose_keeper(self, gen, worker: int) -> None:
+        """Kill the keeper of a worker SIGKILLed with it (`parse_kills`), once every kill of
+        the step is sent. What it held is kept, only to check a parity rebuild bit for bit:
+        copied once its worker is dead, so that nothing is published or evicted meanwhile."""
+        from mecefo_jax.launch import generation
+        generation.wait_dead(gen, worker)
+        self.lost_snapshots[worker] = self.keepers.held_bytes(worker)
+        self.keepers.kill(worker)
