@@ -22,7 +22,8 @@ class Kill:
     """One injected failure at `step`.
 
     `worker`: the worker it hits, or LAUNCHER (the launcher signals itself).
-    `keeper`: the worker's keeper is killed with it (its memory is lost).
+    `keeper`: the worker's keeper is killed with it (its memory is lost): a host's
+    crash, so the worker's signal is SIGKILL.
     `keeper_only`: the worker's keeper is killed and the worker is not: the
     worker finds its keeper gone at its next snapshot.
     `node`: the worker's node is lost (a node-loss hook the caller owns, as a
