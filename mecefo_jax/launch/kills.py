@@ -148,13 +148,13 @@ class Injector:
             if due[kill] is None or any(due[k] is None for k in pending if k.step == kill.step):
                 continue
             self._fire(gen, kill, due[kill])
-        for kill in pending:
-            if kill in self.fired and kill.keeper:
-                self._lose_keeper(gen, kill.worker)
         for kill in pending:  # a killed worker is dead before the next look at exits
             if (kill in self.fired and kill.signal == signal.SIGKILL
                     and not (kill.node or kill.keeper_only)):
                 generation.wait_dead(gen, kill.worker)
+        for kill in pending:  # then the keepers lost with them (`Kill.keeper`: SIGKILL only)
+            if kill in self.fired and kill.keeper:
+                self._lose_keeper(kill.worker)
 
     def _due(self, gen, kill: Kill) -> str | None:
         """Where the held worker of `kill` is if the kill is due now, else None."""
@@ -197,11 +197,9 @@ class Injector:
         self.injected[kill.worker] = signal.Signals(kill.signal).name
         generation.signal(gen, kill.worker, kill.signal)
 
-    def _lose_keeper(self, gen, worker: int) -> None:
-        """Kill the keeper of a worker SIGKILLed with it (`parse_kills`), once every kill of
-        the step is sent. What it held is kept, only to check a parity rebuild bit for bit:
-        copied once its worker is dead, so that nothing is published or evicted meanwhile."""
-        from mecefo_jax.launch import generation
-        generation.wait_dead(gen, worker)
+    def _lose_keeper(self, worker: int) -> None:
+        """Kill the keeper of a worker SIGKILLed with it, once `inject` has seen the worker
+        dead. What it held is kept, only to check a parity rebuild bit for bit: copied after
+        the worker's death, so that nothing is published or evicted meanwhile."""
         self.lost_snapshots[worker] = self.keepers.held_bytes(worker)
         self.keepers.kill(worker)
