@@ -6,6 +6,8 @@ and exit after a generation's last step by `launch.stop_timeout_sec`. A slow
 final save under load was once taken for a stuck collective, and a finished
 job was torn down and run again.
 """
+from types import SimpleNamespace
+
 import pytest
 
 from configs.tiny import get_config
@@ -59,13 +61,6 @@ def test_a_generation_whose_workers_all_ended_is_not_hung(launcher):
     assert outcome.hung(launcher.job, generation(ended=(0, 1)), 5, STOP + STALL, NOW) is None
 
 
-class _Actor:
-    """A started actor whose `info` answer is scripted: a dict, or the error `ray.get` raises."""
-
-    def __init__(self, answer):
-        self.info = type('Method', (), {'remote': staticmethod(lambda: answer)})
-
-
 def test_an_actor_that_misses_the_start_timeout_fails_the_start_and_no_worker(
         launcher, monkeypatch):
     """A loaded host can take longer than `launch.start_timeout_sec` to start an actor:
@@ -86,7 +81,9 @@ def test_an_actor_that_misses_the_start_timeout_fails_the_start_and_no_worker(
     for answers, dead, late in (([GetTimeoutError(), {'ip': 'x'}], [], [0]),
                                 ([GetTimeoutError(), RayActorError()], [1], [0])):
         gen = generation()
-        standbys = type('Standbys', (), {'take': lambda self, w, node: _Actor(answers[w])})()
+        # A started actor per worker, its `info` answer scripted: a dict, or what ray.get raises.
+        standbys = SimpleNamespace(take=lambda w, node: SimpleNamespace(
+            info=SimpleNamespace(remote=lambda: answers[w])))
         assert gen_module.spawn(gen, args={}, nodes={0: 'a', 1: 'b'}, env={}, gpus={},
                                 standbys=standbys, timeout=START) == (dead, late)
         assert gen.runs == {}
