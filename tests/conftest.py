@@ -51,6 +51,13 @@ _CACHE_DIR, _TOKENIZER_DIR, _LAUNCHER_CACHE_DIR = map(_session_dir, _KINDS)
 jax.config.update('jax_compilation_cache_dir', _CACHE_DIR)
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+# The scripts, drivers and launchers the tests start read the same cache from their
+# environment (JAX reads these at import): a program this session compiled once,
+# under the same flags and devices (both in XLA's cache key), is not compiled again
+# in a child. A process that names a cache of its own (`launch.compilation_cache`,
+# a script's --out) still uses that one.
+os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE_DIR, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+                  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
 
 
 # The Ray modules in two groups, each run on one pytest-xdist worker in this
