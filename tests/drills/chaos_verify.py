@@ -115,7 +115,8 @@ def simulate(cfg, events: str, sim_dir: str, replicas: int) -> dict:
     from mecefo_jax import run as run_lib
     from mecefo_jax.config_resolve import updated
     from mecefo_jax.training.run_setup import build_run
-    cfg = updated(cfg, {'fault.events': events, 'fault.regime': ''})
+    # Only the final parameters are compared: the simulation saves no checkpoint.
+    cfg = updated(cfg, {'fault.events': events, 'fault.regime': '', 'train.checkpoint_every': 0})
     run = build_run(cfg, sim_dir, replica_rows=[(d,) for d in jax.devices()[:replicas]])
     params = jax.device_get(run_lib.run(cfg, sim_dir, run=run)['state'].params)
     return {jax.tree_util.keystr(p): np.asarray(v)
