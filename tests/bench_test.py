@@ -65,13 +65,10 @@ def tiny_config():
 
 
 def _subprocess_env():
+    """This environment (the session's compilation cache included: tests/conftest.py) with
+    the repository on PYTHONPATH."""
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [ROOT, env.get('PYTHONPATH')]))
-    cache = jax.config.jax_compilation_cache_dir
-    if cache:  # share this session's compilation cache (see the module docstring)
-        env.update(JAX_COMPILATION_CACHE_DIR=cache,
-                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
     return env
 
 

@@ -32,12 +32,9 @@ def plan(tmp_path_factory):
     """scripts/memory_plan.py in a subprocess, as a user runs it (absl flags, config overrides)."""
     out = tmp_path_factory.mktemp('plan')
     path = os.pathsep.join(filter(None, [ROOT, os.environ.get('PYTHONPATH')]))
+    # The session's compilation cache comes with os.environ (tests/conftest.py): programs
+    # compiled here are reused.
     env = dict(os.environ, PYTHONPATH=path)
-    cache = jax.config.jax_compilation_cache_dir
-    if cache:  # this session's compilation cache: programs compiled here are reused
-        env.update(JAX_COMPILATION_CACHE_DIR=cache,
-                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, 'scripts', 'memory_plan.py'),
          '--config', os.path.join(ROOT, 'configs', 'tiny.py'), '--num_devices', str(NUM_DEVICES),
