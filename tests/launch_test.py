@@ -19,12 +19,12 @@ import time
 
 import pytest
 from launch_jobs import STEPS, WORKERS, assert_nothing_left, config, final_provenance, launch, overrides, read
+from process_waits import wait_gone
 from simulated_params import assert_params_equal_simulated
 
 from mecefo_jax.config_resolve import updated
 from mecefo_jax.launch import generation
 from mecefo_jax.launch.supervisor import Launcher
-from mecefo_jax.snapshot import shm
 from mecefo_jax.training.metrics import read_metrics
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
@@ -190,10 +190,7 @@ def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
         time.sleep(0.2)
     assert standbys.take(0, node) is warm
     assert standbys.take(1, node) is None
-    deadline = time.monotonic() + 30
-    while shm.alive(cold_pid):  # killed
-        assert time.monotonic() < deadline, 'the cold standby was left running'
-        time.sleep(0.2)
+    wait_gone([cold_pid], 'the cold standby was left running', poll=0.2)  # killed
     ray.kill(warm)
 
 

@@ -32,6 +32,7 @@ from launch_jobs import (
     read,
     worker_pids,
 )
+from process_waits import wait_gone
 from simulated_params import assert_params_equal_simulated
 
 from mecefo_jax.snapshot import shm
@@ -65,11 +66,7 @@ def wait_for(path_glob, launcher, limit=300):
 
 def wait_for_workers_to_end(workdir, limit=30):
     """Hold the test until a killed launcher's workers are gone (Ray ends a dead driver's actors)."""
-    workers = worker_pids(workdir)
-    deadline = time.monotonic() + limit
-    while [p for p in workers if shm.alive(p)]:
-        assert time.monotonic() < deadline, 'workers outlived their launcher'
-        time.sleep(0.2)
+    wait_gone(worker_pids(workdir), 'workers outlived their launcher', limit, poll=0.2)
 
 
 def loss_steps(workdir):

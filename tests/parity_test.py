@@ -3,13 +3,12 @@
 Real keeper actors (three slots each, as parity needs) on one local Ray
 cluster; snapshots are built from numpy shards, so no jax is involved.
 """
-import time
-
 import ml_dtypes
 import numpy as np
 import pytest
+from process_waits import wait_gone
 
-from mecefo_jax.snapshot import blob, erasure, parity, shm
+from mecefo_jax.snapshot import blob, erasure, parity
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter
 from mecefo_jax.snapshot.keeper_actor import start_keeper, stop_keeper
 
@@ -146,10 +145,7 @@ def test_rebuild_after_the_lost_members_keeper_is_killed(cluster):
         # ray.kill returns before the process ends, and a keeper still running answers:
         # the rebuild starts once it is gone. Still listed, it counts as lost because it
         # does not answer.
-        deadline = time.monotonic() + 30
-        while shm.alive(keepers[1].pid):
-            assert time.monotonic() < deadline, 'the killed keeper is still running'
-            time.sleep(0.05)
+        wait_gone([keepers[1].pid], 'the killed keeper is still running')
         rebuilt = parity.rebuild_member(GROUP, keepers)
         assert (rebuilt.member, rebuilt.step) == (1, 4)
         assert bytes(rebuilt.raw) == blobs[1]

@@ -7,11 +7,11 @@ actors (token authentication on), never through a listener of their own.
 import os
 import subprocess
 import sys
-import time
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 import pytest
+from process_waits import wait_gone
 
 from mecefo_jax.snapshot import blob, shm
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, ShmSnapshot, SnapshotWriter
@@ -60,10 +60,7 @@ def test_a_killed_keepers_segments_are_removed_as_stale():
     _fill(k)
     names = shm.listed(k.pid)
     ray.kill(k.actor)
-    deadline = time.monotonic() + 30
-    while shm.alive(k.pid):
-        assert time.monotonic() < deadline, 'a killed keeper is still running'
-        time.sleep(0.05)
+    wait_gone([k.pid], 'a killed keeper is still running')
     assert sorted(set(names) & set(shm.remove_stale())) == names
     assert shm.listed(k.pid) == []
 
