@@ -170,7 +170,7 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
 
 
 def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
-    """A standby still importing (here one that never warms: `Worker(False)`) is killed,
+    """A standby still importing (here one that never warms: `Worker(env, False)`) is killed,
     not taken: its lowest-priority warm-up thread can hold the GIL for seconds on a
     loaded machine. A warm one on the asked-for node is taken."""
     import ray
@@ -179,8 +179,9 @@ def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
     from mecefo_jax.launch.standby import Standbys
     from mecefo_jax.launch.worker import Worker
     standbys, node = Standbys(), cluster.head
-    standbys.fill({0: node, 1: node}, env={}, gpus={})
-    cold = ray.remote(Worker).options(**actors.options(env={}, node_id=node, concurrency=4)).remote(False)
+    standbys.fill({0: node, 1: node}, env=actors.actor_env(2), gpus={})
+    cold = ray.remote(Worker).options(**actors.options(node_id=node, concurrency=4)).remote(
+        actors.actor_env(2), False)
     cold_pid = ray.get(cold.info.remote())['pid']
     standbys._ready[1] = (node, cold)
     warm = standbys._ready[0][1]

@@ -42,6 +42,9 @@ def survivor_sets(placement) -> list[tuple[int, list[int]]]:
 class CompileMember:
     """One process of a compile-ahead job (`ray.remote(CompileMember)`)."""
 
+    def __init__(self, env: dict):
+        actors.enter(env)
+
     def free_port(self) -> str:
         """host:port free on this node, for the job's coordinator."""
         import socket
@@ -91,7 +94,7 @@ def drive(cfg, config_json: str, workdir: str, placement, *, losses=None, nice: 
             report['stopped'] = True
             break
         start = time.perf_counter()
-        handles = [member_cls.options(**actors.options(env=env, concurrency=2)).remote()
+        handles = [member_cls.options(**actors.options(concurrency=2)).remote(env)
                    for _ in members]
         coordinator = ray.get(handles[0].free_port.remote())
         refs = [h.compile.remote(config_json, workdir, placement.workers, lost, coordinator, p, nice)

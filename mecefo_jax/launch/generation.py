@@ -85,8 +85,8 @@ def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, st
     for w in gen.members:
         actor = standbys.take(w, nodes[w])
         if actor is None:
-            opts = actors.options(env=env, node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
-            actor = cls.options(**opts).remote(False)  # needed now: it imports at full priority
+            opts = actors.options(node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
+            actor = cls.options(**opts).remote(env, False)  # needed now: it imports at full priority
         gen.actors[w] = actor
     dead, late = [], []
     for w in gen.members:

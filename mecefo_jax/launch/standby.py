@@ -34,8 +34,8 @@ class Standbys:
                 continue
             if held is not None:
                 _kill(held[1])
-            opts = actors.options(env=env, node_id=node, gpus=gpus.get(w, 0), concurrency=4)
-            self._ready[w] = (node, cls.options(**opts).remote())
+            opts = actors.options(node_id=node, gpus=gpus.get(w, 0), concurrency=4)
+            self._ready[w] = (node, cls.options(**opts).remote(env))
 
     def take(self, worker: int, node: str):
         """The standby of `worker` if it waits warm on `node` (taken from the pool), else None.

@@ -32,7 +32,7 @@ import threading
 import time
 
 from mecefo_jax.host import atomic_file, workdir_lock
-from mecefo_jax.launch import worker_records, worker_snapshots
+from mecefo_jax.launch import actors, worker_records, worker_snapshots
 from mecefo_jax.launch.progress import Progress
 from mecefo_jax.launch.worker_args import WorkerArgs
 
@@ -58,7 +58,8 @@ class Worker:
     lock for seconds at a time, and the actor would not answer.
     """
 
-    def __init__(self, warm: bool = True):
+    def __init__(self, env: dict, warm: bool = True):
+        actors.enter(env)  # XLA's flags and device count, before anything starts JAX
         self.created = time.time()
         self.warmed = None  # time.time() the imports were done
         self.progress_ = Progress()
