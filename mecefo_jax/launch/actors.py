@@ -34,9 +34,11 @@ def actor_env(local_devices: int, *, gpus: bool = False) -> dict:
 def enter(env: dict) -> None:
     """Apply `actor_env`'s variables in this actor's process, before JAX starts a backend.
 
-    XLA reads its flags, and OpenBLAS its thread count, when JAX first starts
-    a backend (or a LAPACK call loads the library), so they apply as long as
-    this runs first: in the actor's `__init__`. A process whose backend has
+    XLA reads its flags when JAX first starts a backend, and the OpenBLAS that
+    JAX's LAPACK calls use (SciPy's) its thread count when the first such call
+    loads it, so they apply as long as this runs first: in the actor's
+    `__init__`. (NumPy's own OpenBLAS, loaded with the actor's module, keeps
+    the node's setting; a worker does no NumPy linear algebra.) A process whose backend has
     already started (one Ray reused after it ran JAX) would train on the old
     flags: refused.
     """
