@@ -9,9 +9,9 @@ the workers are, on one simulated cluster for the module.
 import json
 import os
 import threading
-import time
 
 import pytest
+from process_waits import wait_gone
 
 from configs.tiny import get_config
 from mecefo_jax.config_resolve import resolve, updated
@@ -19,7 +19,6 @@ from mecefo_jax.launch import compile_ahead
 from mecefo_jax.launch.compile_ahead import survivor_sets
 from mecefo_jax.launch.placement import Placement
 from mecefo_jax.launch.supervisor import Launcher
-from mecefo_jax.snapshot import shm
 
 WORKERS = 3
 
@@ -96,7 +95,5 @@ def test_a_stopped_compile_ahead_kills_its_members_and_still_counts_their_cpu_se
     (row,) = result['sets']
     assert (row['members'], row['ok']) == ([0, 2], False)
     assert row['cpu_sec'] > 0  # asked of the members before they were killed
-    deadline = time.monotonic() + 30  # ray.kill returns at once; Ray ends the processes
-    while [pid for pid in row['pids'] if shm.alive(pid)]:
-        assert time.monotonic() < deadline, 'members left running'
-        time.sleep(0.1)
+    # ray.kill returns at once; Ray ends the processes
+    wait_gone(row['pids'], 'members left running', poll=0.1)

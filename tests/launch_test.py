@@ -178,10 +178,9 @@ def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
     from mecefo_jax.launch import actors
     from mecefo_jax.launch.standby import Standbys
     from mecefo_jax.launch.worker import Worker
-    standbys, node = Standbys(), cluster.head
-    standbys.fill({0: node, 1: node}, env=actors.actor_env(2), gpus={})
-    cold = ray.remote(Worker).options(**actors.options(node_id=node, concurrency=4)).remote(
-        actors.actor_env(2), False)
+    standbys, node, env = Standbys(), cluster.head, actors.actor_env(2)
+    standbys.fill({0: node, 1: node}, env=env, gpus={})
+    cold = ray.remote(Worker).options(**actors.options(node_id=node, concurrency=4)).remote(env, False)
     cold_pid = ray.get(cold.info.remote())['pid']
     standbys._ready[1] = (node, cold)
     warm = standbys._ready[0][1]

@@ -7,8 +7,9 @@ asks for). The actor applies it in its own process (`enter`), before JAX
 starts a backend, rather than through a Ray `runtime_env`: Ray starts an
 actor with a `runtime_env` through a set-up process that imports Ray once
 more before the worker's own (twice the start-up CPU of a plain actor,
-about 1.1 against 0.55 CPU-s on a 2-core machine). Each worker is its own host: `launch.local_devices` fake CPU
-devices on a CPU node, or that many GPUs where the node has them.
+about 1.1 against 0.55 CPU-s on a 2-core machine). Each worker is its own
+host: `launch.local_devices` fake CPU devices on a CPU node, or that many
+GPUs where the node has them.
 OpenBLAS runs single-threaded unless the user says otherwise: XLA already
 runs one LAPACK call per device at once, and OpenBLAS's own threads on top
 spun against them (a 4-layer projection refresh took 1.4 to 5 s on 6 CPU
@@ -38,18 +39,17 @@ def enter(env: dict) -> None:
     JAX's LAPACK calls use (SciPy's) its thread count when the first such call
     loads it, so they apply as long as this runs first: in the actor's
     `__init__`. (NumPy's own OpenBLAS, loaded with the actor's module, keeps
-    the node's setting; a worker does no NumPy linear algebra.) A process whose backend has
-    already started (one Ray reused after it ran JAX) would train on the old
-    flags: refused.
+    the node's setting; a worker does no NumPy linear algebra.) A process
+    whose backend has already started under other flags (one Ray reused after
+    it ran JAX) would train on them: refused.
     """
-    if 'jax' in sys.modules:
+    current = os.environ.get('XLA_FLAGS', '')
+    if 'jax' in sys.modules and env.get('XLA_FLAGS', current) != current:
         from jax._src import xla_bridge
-        flags = env.get('XLA_FLAGS', os.environ.get('XLA_FLAGS', ''))
-        if xla_bridge.backends_are_initialized() and os.environ.get('XLA_FLAGS', '') != flags:
+        if xla_bridge.backends_are_initialized():
             raise RuntimeError(
                 f'this Ray worker process (pid {os.getpid()}) already started JAX with XLA_FLAGS='
-                f"{os.environ.get('XLA_FLAGS', '')!r}, not the actor's {flags!r}: "
-                'an actor needs a process of its own')
+                f"{current!r}, not the actor's {env['XLA_FLAGS']!r}: an actor needs a process of its own")
     os.environ.update(env)
 
 
