@@ -13,14 +13,12 @@ import tempfile
 import uuid
 
 import pytest
+from fast_xla import FLAGS as FAST_XLA_FLAGS
 
-# XLA's backend at optimisation level 0 compiles a tiny config's programs about
-# twice as fast and runs them about as fast (their steps are dispatch-bound),
-# with the same results: the suite tests behaviour, never speed. Subprocesses
-# and the launcher's Ray workers inherit the flag (launch/actors.py).
+# The suite's faster-compiling XLA flags (tests/fast_xla.py): subprocesses and the
+# launcher's Ray workers inherit them (launch/actors.py).
 os.environ['XLA_FLAGS'] = (
-    os.environ.get('XLA_FLAGS', '')
-    + ' --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0'
+    os.environ.get('XLA_FLAGS', '') + f' --xla_force_host_platform_device_count=8 {FAST_XLA_FLAGS}'
 ).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # One BLAS thread per LAPACK call, as every script (sharding.simulate_cpu_devices) and

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+from fast_xla import FLAGS as FAST_XLA_FLAGS
 
 from mecefo_jax.faults import bench_costs, costs
 from studies.gpu import profile, report, runner, step, sweep
@@ -53,7 +54,7 @@ def fine(ctx):
 
 def _env(*dirs):
     env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-    env['XLA_FLAGS'] = '--xla_backend_optimization_level=0'  # one CPU device; see conftest
+    env['XLA_FLAGS'] = FAST_XLA_FLAGS  # one CPU device; tests/fast_xla.py
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [*dirs, ROOT, env.get('PYTHONPATH')]))
     env['JAX_PLATFORMS'] = 'cpu'
     return env

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 import pytest
+from fast_xla import FLAGS as FAST_XLA_FLAGS
 
 from configs.tiny import get_config
 from mecefo_jax.config_resolve import resolve, updated
@@ -47,10 +48,10 @@ def _run_two_processes(out_dir, args_of_process, timeout_sec=TIMEOUT_SEC):
     env = dict(os.environ)
     env['JAX_PLATFORMS'] = 'cpu'
     env['PYTHONPATH'] = os.pathsep.join([REPO, env.get('PYTHONPATH', '')]).rstrip(os.pathsep)
-    # The driver sets its own device count (4). Optimisation level 0 halves
-    # XLA's CPU compile time and changes codegen only, the same in both
-    # processes; what is compared here is the processes against each other.
-    env['XLA_FLAGS'] = '--xla_backend_optimization_level=0'
+    # The driver sets its own device count (4). The suite's compile flags
+    # (tests/fast_xla.py) change codegen only, the same in both processes;
+    # what is compared here is the processes against each other.
+    env['XLA_FLAGS'] = FAST_XLA_FLAGS
     coordinator = f'localhost:{_free_port()}'
     procs, logs = [], []
     for i in range(2):
