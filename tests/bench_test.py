@@ -3,9 +3,10 @@ scripts/bench_step.py on a one-block tiny model.
 
 Compile time dominates on CPU, so the tests share programs: the script runs
 once in a subprocess (with the optional packages blocked), timed, and every
-figure below is read from its JSON; the in-process run (`--iters 0`: costed,
-not timed) uses the same config and compiles from this session's compilation
-cache, which the subprocess wrote, so each per-mode step is compiled once.
+figure below is read from its JSON; the run from Python (`--iters 0`: costed,
+not timed, in a second process under the script's flags) uses the same config
+and compiles from this session's compilation cache, which the script wrote, so
+each per-mode step is compiled once.
 """
 import json
 import math
@@ -66,9 +67,13 @@ def tiny_config():
 
 def _subprocess_env():
     """This environment (the session's compilation cache included: tests/conftest.py) with
-    the repository on PYTHONPATH."""
+    the repository on PYTHONPATH, and XLA:CPU's fusion emitters on: without them
+    (tests/fast_xla.py) XLA expands each scatter-add into a while loop, which a FLOP count
+    sees once, and a one-block step would no longer be straight-line code."""
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [ROOT, env.get('PYTHONPATH')]))
+    env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
+                                if not f.startswith('--xla_cpu_use_fusion_emitters'))
     return env
 
 
@@ -94,12 +99,20 @@ def result(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def costed(tmp_path_factory, result):
-    """The in-process run, `--iters 0` (after the script: its programs come from the cache)."""
+    """`run_benchmark` called from Python, `--iters 0`, after the script (its programs come
+    from the cache), in a process under the script's flags."""
     out = tmp_path_factory.mktemp('bench')
-    res = bench.run_benchmark(tiny_config(), str(out), batch=BATCH, iters=0, device=jax.devices()[0],
-                              log=lambda _: None)
+    code = ('import json, jax\n'
+            'from studies import step_cost\n'
+            'from tests.bench_test import BATCH, tiny_config\n'
+            f'res = step_cost.run_benchmark(tiny_config(), {str(out)!r}, batch=BATCH, iters=0,\n'
+            '                               device=jax.devices()[0], log=lambda _: None)\n'
+            f'print(json.dumps(res))\n')
+    proc = _run_blocked(code, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
     with open(out / bench.OUTPUT_FILE) as f:
-        assert json.load(f) == json.loads(json.dumps(res))
+        assert json.load(f) == res
     return res
 
 
