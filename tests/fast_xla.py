@@ -14,8 +14,11 @@ time (most of an in-process test's CPU is XLA's backend compile):
 Both change how a fused HLO computation becomes machine code, not the HLO
 graph or its op order. Every comparison in the suite is between programs
 compiled under the same flags (a test's reference and its subject, in one
-process or in its children, which inherit them); the production claims (the
-fault-free curve bit for bit) are made by scripts under the default flags.
+process or in its children, which inherit them). A user's run, the scripts
+and the main job set none of these: they compile under XLA's defaults.
+Without the fusion emitters XLA:CPU also lowers each scatter-add to a while
+loop, so a test that counts a program's loops runs it under the default
+emitters (tests/bench_test.py).
 """
 
 FLAGS = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
