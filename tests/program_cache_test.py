@@ -238,3 +238,35 @@ def test_a_program_calling_lapack_runs_when_loaded_untraced_in_a_fresh_process(t
         assert run.returncode == 0, run.stderr[-2000:]
     # Stored by the first process, found untraced by the second; Q of eye(8, 4) sums to 4.
     assert [r.stdout.split()[-2:] for r in runs] == [['0', '4.0'], ['1', '4.0']]
+
+
+def test_a_fresh_state_loads_without_tracing_and_equals_the_plain_init(tmp_path):
+    """A fresh generation's workers find the init program before tracing it (a launcher's
+    program cache); the state is the plain jit's bit for bit, and another seed is another program."""
+    from configs import tiny
+    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.model.llama import build_model
+    from mecefo_jax.model.optim import make_optimizer
+    from mecefo_jax.parallel import sharding, state
+
+    cfg = resolve(tiny.get_config())
+    model, optimizer = build_model(cfg), make_optimizer(cfg.train)
+    mesh = sharding.make_mesh(cfg.mesh)
+    rank = cfg.mecefo.rank
+    plain, shardings = state.create_train_state(model, optimizer, mesh, seed=3, rank=rank)
+    program_cache.enable(str(tmp_path), context=program_cache.program_context(cfg))
+    program_cache.stats = program_cache.Stats()
+    try:
+        first, _ = state.create_train_state(model, optimizer, mesh, seed=3, rank=rank, shardings=shardings)
+        again, _ = state.create_train_state(model, optimizer, mesh, seed=3, rank=rank, shardings=shardings)
+        assert program_cache.stats.untraced_hits == 1 and program_cache.stats.misses == 1
+        for a, b, c in zip(jax.tree.leaves(plain), jax.tree.leaves(first), jax.tree.leaves(again)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+            assert a.sharding == c.sharding
+        other, _ = state.create_train_state(model, optimizer, mesh, seed=4, rank=rank, shardings=shardings)
+        assert program_cache.stats.untraced_hits == 1 and program_cache.stats.misses == 2
+        assert not np.array_equal(np.asarray(jax.tree.leaves(other.params)[0]),
+                                  np.asarray(jax.tree.leaves(plain.params)[0]))
+    finally:
+        program_cache.enable('')

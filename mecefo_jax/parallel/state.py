@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.model.llama import Llama, init_params
 from mecefo_jax.neighbour import projections as proj_lib
-from mecefo_jax.parallel import sharding
+from mecefo_jax.parallel import program_cache, sharding
 
 
 @flax.struct.dataclass
@@ -74,7 +74,17 @@ def abstract_train_state(model: Llama, optimizer, *, rank):
     return jax.eval_shape(_init_fn(model, optimizer, 0, rank))
 
 
-def create_train_state(model: Llama, optimizer, mesh, *, seed: int, rank):
-    """Initialise parameters, optimizer state and projections directly sharded."""
-    shardings = state_shardings(model, optimizer, mesh, rank)
-    return jax.jit(_init_fn(model, optimizer, seed, rank), out_shardings=shardings)(), shardings
+def create_train_state(model: Llama, optimizer, mesh, *, seed: int, rank, shardings=None):
+    """Initialise parameters, optimizer state and projections directly sharded.
+
+    `shardings` are `state_shardings`' on `mesh` where the caller has them. With the
+    program cache on (a launcher's workers), the init program is found there before
+    tracing: a fresh generation's workers skip tracing and lowering it again.
+    """
+    shardings = state_shardings(model, optimizer, mesh, rank) if shardings is None else shardings
+    init = jax.jit(_init_fn(model, optimizer, seed, rank), out_shardings=shardings)
+    if not program_cache.enabled():
+        return init(), shardings
+    compiled = program_cache.load_or_compile(init, (), mesh.devices.flat, 'init',
+                                             identity=f'seed={seed} rank={rank!r}')
+    return compiled(), shardings

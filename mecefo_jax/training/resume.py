@@ -68,7 +68,8 @@ def init_or_restore(run, restore=None):
                 'to resume it from. Pass a new --workdir for a new run, or delete that directory '
                 'to start over on purpose.')
         state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
-                                                seed=cfg.train.seed, rank=cfg.mecefo.rank)
+                                                seed=cfg.train.seed, rank=cfg.mecefo.rank,
+                                                shardings=topo.state_shardings)
         _record_start(run, 0, START_OVER if held else None)
         return state
     state, data_state, source = restored
