@@ -81,10 +81,10 @@ def topologies(cache_dir, tmp_path_factory):
     real = state_lib.create_train_state
     made = {}
 
-    def create_once(model, optimizer, mesh, *, seed, rank):
+    def create_once(model, optimizer, mesh, *, seed, rank, shardings=None):
         key = (tuple(d.id for d in mesh.devices.flat), mesh.devices.shape, seed, rank)
         if key not in made:
-            made[key] = real(model, optimizer, mesh, seed=seed, rank=rank)
+            made[key] = real(model, optimizer, mesh, seed=seed, rank=rank, shardings=shardings)
         state, shardings = made[key]
         copy = jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), state)
         return copy, shardings
