@@ -21,4 +21,5 @@ loop, so a test that counts a program's loops runs it under the default
 emitters (tests/bench_test.py).
 """
 
-FLAGS = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
+FUSION_EMITTERS_OFF = '--xla_cpu_use_fusion_emitters=false'
+FLAGS = f'--xla_backend_optimization_level=0 {FUSION_EMITTERS_OFF}'

@@ -77,14 +77,13 @@ def abstract_train_state(model: Llama, optimizer, *, rank):
 def create_train_state(model: Llama, optimizer, mesh, *, seed: int, rank, shardings=None):
     """Initialise parameters, optimizer state and projections directly sharded.
 
-    `shardings` are `state_shardings`' on `mesh` where the caller has them. With the
-    program cache on (a launcher's workers), the init program is found there before
-    tracing: a fresh generation's workers skip tracing and lowering it again.
+    `shardings` are `state_shardings`' on `mesh` where the caller has them. The init
+    program goes through `program_cache` (a plain compile while it is off); with it on
+    (a launcher's workers) it is found before tracing, so a fresh generation's workers
+    skip tracing and lowering it again.
     """
     shardings = state_shardings(model, optimizer, mesh, rank) if shardings is None else shardings
     init = jax.jit(_init_fn(model, optimizer, seed, rank), out_shardings=shardings)
-    if not program_cache.enabled():
-        return init(), shardings
     compiled = program_cache.load_or_compile(init, (), mesh.devices.flat, 'init',
                                              identity=f'seed={seed} rank={rank!r}')
     return compiled(), shardings
