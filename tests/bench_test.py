@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fast_xla import FUSION_EMITTERS_OFF
 
 from configs import tiny
 from mecefo_jax.config_resolve import resolve
@@ -73,7 +72,8 @@ def _subprocess_env():
     sees once, and a one-block step would no longer be straight-line code."""
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [ROOT, env.get('PYTHONPATH')]))
-    env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split() if f != FUSION_EMITTERS_OFF)
+    env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
+                                if not f.startswith('--xla_cpu_use_fusion_emitters'))
     return env
 
 

@@ -21,5 +21,4 @@ loop, so a test that counts a program's loops runs it under the default
 emitters (tests/bench_test.py).
 """
 
-FUSION_EMITTERS_OFF = '--xla_cpu_use_fusion_emitters=false'
-FLAGS = f'--xla_backend_optimization_level=0 {FUSION_EMITTERS_OFF}'
+FLAGS = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
