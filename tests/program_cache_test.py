@@ -105,6 +105,31 @@ def test_the_source_fingerprint_is_part_of_the_context():
     # The launcher's and the snapshots' settings decide no program.
     assert program_cache.program_context(updated(cfg, {'launch.kill': '3:1'})) == context
     assert program_cache.program_context(updated(cfg, {'mecefo.rank': 3})) != context
+    # Every module of the package counts, not only the cache's own folder: the step's
+    # programs come from model/, neighbour/ and parallel/ alike.
+    files = program_cache.source_files()
+    assert {'model/llama.py', 'neighbour/layout.py', 'parallel/step.py', 'main.py'} <= set(files)
+
+
+def test_the_loops_own_settings_leave_the_context_and_the_schedules_length_stays():
+    """How long, how often to log, evaluate and save decide no program: a rerun that trains
+    longer finds its programs untraced. `train.steps` still counts where it sets the
+    learning-rate schedule's length (`lr_schedule_steps=0`)."""
+    from configs.tiny import get_config
+    from mecefo_jax.config_resolve import resolve, updated
+    cfg = resolve(get_config())
+    assert cfg.train.lr_schedule_steps > 0  # tiny: the schedule has a length of its own
+    context = program_cache.program_context(cfg)
+    host_only = {'train.steps': cfg.train.steps + 7, 'train.log_every': 1, 'train.eval_every': 3,
+                 'train.eval_batches': 5, 'train.checkpoint_every': 2, 'train.keep_checkpoints': 9}
+    for field, value in host_only.items():
+        assert program_cache.program_context(updated(cfg, {field: value})) == context, field
+    for field, value in {'train.lr_schedule_steps': 41, 'train.learning_rate': 0.5,
+                         'train.ordered_reduction': not cfg.train.ordered_reduction}.items():
+        assert program_cache.program_context(updated(cfg, {field: value})) != context, field
+    own_schedule = updated(cfg, {'train.lr_schedule_steps': 0})
+    assert (program_cache.program_context(updated(own_schedule, {'train.steps': 17}))
+            != program_cache.program_context(own_schedule))
 
 
 def _lowered_only_here():

@@ -7,7 +7,7 @@ lowered text, its devices and owning processes, its place in the job and the JAX
 build, so a job renumbered as a compile-ahead job was (`launch.compile_ahead`) finds
 every program. Tracing and lowering cost more than loading on the way back from a
 crash, so `load_or_compile` first looks up by what decides a program before tracing
-(`program_context`: the config sections programs read and this package's source; the
+(`program_context`: the config fields programs read and this package's source; the
 identity; the abstract inputs; devices; process; build). On CPU a loaded program's
 first call is checked (`_FirstCallCheck`).
 """
@@ -27,6 +27,7 @@ import jax
 import jaxlib
 
 from mecefo_jax.host import atomic_file
+from mecefo_jax.model.optim import schedule_steps
 
 
 @dataclasses.dataclass
@@ -45,6 +46,14 @@ _context = ''  # what decides a program besides its inputs ('' : no untraced loo
 
 # Config sections no program reads: the launcher's and the snapshots'.
 _SECTIONS_OUTSIDE_PROGRAMS = ('launch', 'snapshot')
+# Fields of `train` that only the host's loop reads (how long, how often to log, evaluate
+# and save). `steps` reaches a program only through the learning-rate schedule's length,
+# which the context holds instead: a rerun that trains longer or logs more often finds
+# its programs untraced.
+_TRAIN_FIELDS_OUTSIDE_PROGRAMS = ('steps', 'log_every', 'eval_every', 'eval_batches',
+                                  'checkpoint_every', 'keep_checkpoints')
+# The package's source, every file of it: a program may come from any of its modules.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def enable(directory: str, context: str = '') -> None:
@@ -75,23 +84,30 @@ def configure(setting: str, workdir: str, context: str = '') -> str:
 
 
 def program_context(cfg) -> str:
-    """The config sections programs read, and this package's source: part of every untraced key."""
+    """The config fields programs read, and this package's source: part of every untraced key."""
     sections = {k: v for k, v in cfg.to_dict().items() if k not in _SECTIONS_OUTSIDE_PROGRAMS}
+    train = {k: v for k, v in sections['train'].items() if k not in _TRAIN_FIELDS_OUTSIDE_PROGRAMS}
+    sections['train'] = dict(train, schedule_steps=schedule_steps(cfg.train))
     return json.dumps(sections, sort_keys=True, default=repr) + source_fingerprint()
+
+
+def source_files(root: str = _PACKAGE_ROOT) -> list[str]:
+    """Every Python file under `root`, relative to it, in a fixed order."""
+    files = []
+    for folder, dirs, names in sorted(os.walk(root)):
+        dirs.sort()
+        files += [os.path.relpath(os.path.join(folder, n), root) for n in sorted(names) if n.endswith('.py')]
+    return files
 
 
 @functools.cache
 def source_fingerprint() -> str:
     """sha256 of every Python file of this package: an edited rule means a new program."""
-    root = os.path.dirname(os.path.abspath(__file__))
     digest = hashlib.sha256()
-    for folder, dirs, files in sorted(os.walk(root)):
-        dirs.sort()
-        for name in sorted(f for f in files if f.endswith('.py')):
-            path = os.path.join(folder, name)
-            digest.update(os.path.relpath(path, root).encode())
-            with open(path, 'rb') as f:
-                digest.update(f.read())
+    for relative in source_files():
+        digest.update(relative.encode())
+        with open(os.path.join(_PACKAGE_ROOT, relative), 'rb') as f:
+            digest.update(f.read())
     return digest.hexdigest()
 
 
