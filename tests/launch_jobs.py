@@ -13,6 +13,7 @@ import time
 
 from configs.tiny import get_config
 from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.host import workdir_lock
 from mecefo_jax.launch.ray_cluster import namespace_of
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.snapshot import shm
@@ -48,10 +49,18 @@ def read(workdir, name):
         return json.load(f)
 
 
-def worker_pids(workdir) -> list[int]:
-    """Every worker process the job ran (from their start records)."""
-    return [read(workdir, os.path.basename(p))['pid']
-            for p in glob.glob(os.path.join(workdir, 'launch', 'g*_w*_start.json'))]
+def worker_processes(workdir) -> list[tuple[int, int | None]]:
+    """(pid, start ticks) of every worker process the job ran, from their start records."""
+    records = [read(workdir, os.path.basename(p))
+               for p in glob.glob(os.path.join(workdir, 'launch', 'g*_w*_start.json'))]
+    return [(r['pid'], r.get('start_ticks')) for r in records]
+
+
+def running(processes) -> list[int]:
+    """The pids of `processes` ((pid, start ticks)) that still run as those processes: a
+    suite's processes and threads wrap pid_max (32768 here) within minutes, so a bare pid
+    may name another process by the time it is looked at."""
+    return [pid for pid, ticks in processes if workdir_lock.same_process_alive(pid, ticks)]
 
 
 def keeper_names(workdir) -> list[str]:
@@ -69,10 +78,11 @@ def assert_nothing_left(workdir, keeper_pids=(), *, launcher_killed=False):
     Ray reaps killed keeper actors: both within seconds.
     """
     deadline = time.monotonic() + 30
-    while launcher_killed and [p for p in worker_pids(workdir) if shm.alive(p)]:
+    workers = worker_processes(workdir)
+    while launcher_killed and running(workers):
         assert time.monotonic() < deadline, 'workers outlived their killed launcher'
         time.sleep(0.2)
-    assert not [p for p in worker_pids(workdir) if shm.alive(p)], 'workers outlived the launcher'
+    assert not running(workers), f'workers {running(workers)} outlived the launcher'
     while keeper_names(workdir):
         assert time.monotonic() < deadline, f'left behind: keepers {keeper_names(workdir)}'
         time.sleep(0.2)

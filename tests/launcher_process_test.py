@@ -30,7 +30,8 @@ from launch_jobs import (
     live_keeper_pids,
     overrides,
     read,
-    worker_pids,
+    running,
+    worker_processes,
 )
 from process_waits import wait_gone
 from simulated_params import assert_params_equal_simulated
@@ -66,7 +67,8 @@ def wait_for(path_glob, launcher, limit=300):
 
 def wait_for_workers_to_end(workdir, limit=30):
     """Hold the test until a killed launcher's workers are gone (Ray ends a dead driver's actors)."""
-    wait_gone(worker_pids(workdir), 'workers outlived their launcher', limit, poll=0.2)
+    workers = worker_processes(workdir)
+    wait_gone(workers, 'workers outlived their launcher', limit, poll=0.2, running=running)
 
 
 def loss_steps(workdir):

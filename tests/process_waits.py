@@ -4,9 +4,14 @@ import time
 from mecefo_jax.snapshot import shm
 
 
-def wait_gone(pids, what: str, limit: float = 30.0, poll: float = 0.05) -> None:
-    """Hold until none of `pids` runs on this machine; fail with `what` after `limit` seconds."""
+def _running_pids(pids) -> list:
+    return [p for p in pids if shm.alive(p)]
+
+
+def wait_gone(pids, what: str, limit: float = 30.0, poll: float = 0.05, running=_running_pids) -> None:
+    """Hold until none of `pids` runs on this machine (`running(pids)` is empty); fail with
+    `what` after `limit` seconds."""
     deadline = time.monotonic() + limit
-    while [p for p in pids if shm.alive(p)]:
+    while running(pids):
         assert time.monotonic() < deadline, what
         time.sleep(poll)
