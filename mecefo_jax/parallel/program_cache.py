@@ -183,6 +183,26 @@ def load_or_compile(jitted, args, devices, name: str, identity: str = ''):
     return compiled
 
 
+def load_or_compute(name: str, identity: str, compute):
+    """A host value that the context and `identity` decide (a state's layout), pickled beside
+    the programs: a relaunched process reads it instead of tracing for it again. Without a
+    context, `compute()`."""
+    if not _context:
+        return compute()
+    key = _digest((_context, name, identity, _FORMAT, jax.__version__, jaxlib.__version__))
+    path = os.path.join(_directory, f'{name}-{key}.pkl')
+    try:
+        with open(path, 'rb') as f:
+            return pickle.load(f)
+    except FileNotFoundError:
+        pass
+    except Exception as error:  # a damaged entry: compute it and write it again
+        warnings.warn(f'program cache: could not load {path} ({error!r}); computing it.', stacklevel=2)
+    value = compute()
+    atomic_file.write_bytes(path, pickle.dumps(value))
+    return value
+
+
 def _store_untraced(path: str, payload: bytes, lowered) -> None:
     _, in_tree = jax.tree_util.tree_flatten(lowered.args_info)
     atomic_file.write_bytes(path, pickle.dumps((payload, in_tree, lowered.out_tree)))

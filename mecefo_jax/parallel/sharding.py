@@ -96,7 +96,7 @@ def mesh_rows(mesh: Mesh) -> list[tuple]:
     return [tuple(row) for row in mesh.devices]
 
 
-def _fit_spec(spec: P, shape, mesh: Mesh) -> P:
+def fit_spec(spec: P, shape, mesh: Mesh) -> P:
     """Drop mesh axes that do not divide their dimension (replicate instead)."""
     axes = []
     for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
@@ -105,17 +105,19 @@ def _fit_spec(spec: P, shape, mesh: Mesh) -> P:
     return P(*axes)
 
 
-def logical_shardings(boxed_tree, mesh: Mesh):
-    """NamedShardings for a tree of `nn.LogicallyPartitioned` boxes (or arrays).
+def mesh_specs(boxed_tree):
+    """PartitionSpecs over mesh axes for a tree of `nn.LogicallyPartitioned` boxes (or arrays),
+    before fitting to a mesh. Unboxed leaves are replicated, which is what non-parameter
+    state wants."""
+    return nn.logical_to_mesh(nn.get_partition_spec(boxed_tree), LOGICAL_AXIS_RULES)
 
-    Unboxed leaves are replicated, which is what non-parameter state wants.
-    """
-    specs = nn.get_partition_spec(boxed_tree)
-    mesh_specs = nn.logical_to_mesh(specs, LOGICAL_AXIS_RULES)
+
+def logical_shardings(boxed_tree, mesh: Mesh):
+    """NamedShardings on `mesh` for a tree of `nn.LogicallyPartitioned` boxes (or arrays)."""
     shapes = jax.tree.map(lambda x: x.shape, nn.unbox(boxed_tree))
     return jax.tree.map(
-        lambda spec, shape: NamedSharding(mesh, _fit_spec(spec, shape, mesh)),
-        mesh_specs, shapes, is_leaf=lambda x: isinstance(x, P))
+        lambda spec, shape: NamedSharding(mesh, fit_spec(spec, shape, mesh)),
+        mesh_specs(boxed_tree), shapes, is_leaf=lambda x: isinstance(x, P))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -1,4 +1,5 @@
-"""The train state pytree and its sharded creation on a mesh."""
+"""The train state pytree, its layout on a mesh and its sharded creation."""
+import dataclasses
 from typing import Any
 
 import flax
@@ -30,29 +31,64 @@ class TrainState:
     projections: Any
 
 
-def _projection_shardings(param_shardings, abstract_projections):
+def _projection_specs(param_specs, abstract_projections):
     """V [..., n, r] is split like its kernel [..., n, m], the output axis replicated."""
     def for_path(path, v):
-        kernel_sharding = param_shardings
+        kernel_spec = param_specs
         for key in path:
-            kernel_sharding = kernel_sharding[key.key]
-        spec = tuple(kernel_sharding.spec) + (None,) * (v.ndim - len(kernel_sharding.spec))
-        return NamedSharding(kernel_sharding.mesh, P(*spec[:-1], None))
+            kernel_spec = kernel_spec[key.key]
+        spec = tuple(kernel_spec) + (None,) * (v.ndim - len(kernel_spec))
+        return P(*spec[:-1], None)
     return jax.tree_util.tree_map_with_path(for_path, abstract_projections)
 
 
-def state_shardings(model: Llama, optimizer: optax.GradientTransformation, mesh, rank):
-    """NamedShardings of the whole state, derived from the params' logical names."""
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """The train state's shapes and each leaf's mesh axes, from one trace of its init.
+
+    Restore targets (`abstract`) and the shardings on any mesh (`shardings`) both come
+    from it, so a process traces the init once; it pickles, so a launcher's relaunched
+    workers find it in the program cache (`layout`) and trace nothing.
+    """
+    abstract: TrainState  # ShapeDtypeStructs
+    specs: TrainState  # PartitionSpecs, before fitting to a mesh
+
+    def shardings(self, mesh) -> TrainState:
+        """NamedShardings on `mesh`: a mesh axis that does not divide its dimension replicates."""
+        def on_mesh(spec, leaf):
+            fitted = tuple(sharding.fit_spec(spec, leaf.shape, mesh))
+            return NamedSharding(mesh, P(*fitted[:len(tuple(spec))]))  # P() stays P()
+        return jax.tree.map(on_mesh, self.specs, self.abstract, is_leaf=lambda x: isinstance(x, P))
+
+
+def trace_layout(model: Llama, optimizer: optax.GradientTransformation, rank) -> StateLayout:
+    """`StateLayout` traced: the params' logical names mapped to mesh axes, optax states
+    mirroring the params (anything else, such as counts, replicated)."""
     boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-    param_sh = sharding.logical_shardings(boxed, mesh)
-    params_abs = flax.linen.unbox(boxed)
-    opt_abs = jax.eval_shape(optimizer.init, params_abs)
-    # optax states mirror the params tree; anything else (counts) is replicated.
-    opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, opt_abs, param_sh,
-                                   transform_non_params=lambda _: sharding.replicated(mesh))
-    proj_abs = jax.eval_shape(lambda p: proj_lib.compute_projections(p, rank), params_abs)
-    return TrainState(step=sharding.replicated(mesh), params=param_sh, opt_state=opt_sh,
-                      projections=_projection_shardings(param_sh, proj_abs))
+    params = flax.linen.unbox(boxed)
+    param_specs = jax.tree.map(lambda spec, p: P(*spec, *(None,) * (p.ndim - len(tuple(spec)))),
+                               sharding.mesh_specs(boxed), params, is_leaf=lambda x: isinstance(x, P))
+    opt_state = jax.eval_shape(optimizer.init, params)
+    opt_specs = optax.tree_map_params(optimizer, lambda _, spec: spec, opt_state, param_specs,
+                                      transform_non_params=lambda _: P(),
+                                      is_leaf=lambda x: isinstance(x, P))
+    projections = jax.eval_shape(lambda p: proj_lib.compute_projections(p, rank), params)
+    abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                          opt_state=opt_state, projections=projections)
+    specs = TrainState(step=P(), params=param_specs, opt_state=opt_specs,
+                       projections=_projection_specs(param_specs, projections))
+    return StateLayout(abstract=abstract, specs=specs)
+
+
+def layout(model: Llama, optimizer: optax.GradientTransformation, rank) -> StateLayout:
+    """`trace_layout`, through the program cache where it is on (a launcher's workers)."""
+    return program_cache.load_or_compute('state_layout', f'rank={rank!r}',
+                                         lambda: trace_layout(model, optimizer, rank))
+
+
+def state_shardings(model: Llama, optimizer: optax.GradientTransformation, mesh, rank):
+    """NamedShardings of the whole state on `mesh`, derived from the params' logical names."""
+    return trace_layout(model, optimizer, rank).shardings(mesh)
 
 
 def _init_fn(model: Llama, optimizer, seed: int, rank):
@@ -67,11 +103,6 @@ def _init_fn(model: Llama, optimizer, seed: int, rank):
                           opt_state=optimizer.init(params),
                           projections=proj_lib.compute_projections(params, rank))
     return init
-
-
-def abstract_train_state(model: Llama, optimizer, *, rank):
-    """Shapes and dtypes of the state without materialising it (restore targets)."""
-    return jax.eval_shape(_init_fn(model, optimizer, 0, rank))
 
 
 def create_train_state(model: Llama, optimizer, mesh, *, seed: int, rank, shardings=None):

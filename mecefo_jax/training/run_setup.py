@@ -6,7 +6,6 @@ metrics sink. The loop (`loop.py`), the controllers and the launcher's
 workers all start from `build_run`.
 """
 import dataclasses
-import functools
 import os
 
 from mecefo_jax.checkpointing import checkpoint as ckpt_lib
@@ -27,6 +26,7 @@ class Run:
     model: Llama
     optimizer: object
     full_rows: tuple  # device rows: one per replica, or the mesh's rows with replicas as rows
+    state_layout: state_lib.StateLayout  # the state's shapes and mesh axes, traced once
     topologies: TopologyCache
     train_data: object
     val_data: object
@@ -34,11 +34,10 @@ class Run:
     metrics: MetricsWriter
     val_start: dict | None = None  # validation iterator state every eval restarts from
 
-    @functools.cached_property
+    @property
     def abstract_state(self):
-        """Shapes and dtypes of the train state (restore targets), traced once."""
-        return state_lib.abstract_train_state(self.model, self.optimizer,
-                                              rank=self.cfg.mecefo.rank)
+        """Shapes and dtypes of the train state (restore targets), from its layout."""
+        return self.state_layout.abstract
 
     @property
     def replicas_as_rows(self) -> bool:
@@ -109,7 +108,7 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     mesh = sharding.mesh_from_rows(present_rows)
     rank = cfg.mecefo.rank
     refresh, refresh_iters = cfg.mecefo.refresh, cfg.mecefo.refresh_iters
-    base_shardings = state_lib.state_shardings(model, optimizer, mesh, rank)
+    state_layout = state_lib.layout(model, optimizer, rank)
     num_shards = cfg.mesh.replicas or len(replica_rows)
     vocab = cfg.model.vocab_size
     train_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
@@ -126,7 +125,8 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     # (init_or_restore): a rejected resume must not overwrite the run's record.
     return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
                full_rows=replica_rows,
-               topologies=TopologyCache(model, optimizer, base_shardings, rank,
+               state_layout=state_layout,
+               topologies=TopologyCache(model, optimizer, state_layout.shardings(mesh), rank,
                                         refresh=refresh, refresh_iters=refresh_iters,
                                         refresh_split_min_elements=(
                                             cfg.mecefo.refresh_split_min_elements)),
