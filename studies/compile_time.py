@@ -35,14 +35,15 @@ def failure_step_compile(cfg, num_layers: int, *, scan_layers: bool = True) -> f
                          'devices: a failure needs a survivor. Use a mesh of two or more replicas (a CPU host '
                          'simulates mesh.num_cpu_devices devices).')
     optimizer, rank = optim.make_optimizer(cfg.train), cfg.mecefo.rank
-    cache = TopologyCache(model, optimizer, state_lib.state_shardings(model, optimizer, mesh, rank), rank,
+    state_layout = state_lib.trace_layout(model, optimizer, rank)
+    cache = TopologyCache(model, optimizer, state_layout.shardings(mesh), rank,
                           refresh=cfg.mecefo.refresh, refresh_iters=cfg.mecefo.refresh_iters,
                           refresh_split_min_elements=cfg.mecefo.refresh_split_min_elements)
     live = tuple(r != min(3, replicas - 1) for r in range(replicas))
     topology = cache.get([row for row, up in zip(sharding.mesh_rows(mesh), live) if up])
     layout = layout_for('mecefo', live, cfg.data.global_batch_size // replicas)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            state_lib.abstract_train_state(model, optimizer, rank=rank), topology.state_shardings)
+                            state_layout.abstract, topology.state_shardings)
     spec = topology.batch_spec(layout, cfg.data.seq_len + 1)
     start = time.perf_counter()
     topology.compiled_step(abstract, spec, layout)

@@ -93,7 +93,7 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
     from mecefo_jax.parallel import sharding
     from mecefo_jax.parallel import step as step_lib
     from mecefo_jax.parallel.aot import abstract, abstract_batch
-    from mecefo_jax.parallel.state import abstract_train_state, state_shardings
+    from mecefo_jax.parallel.state import trace_layout
     from studies.step_cost import config_summary
     log = log or (lambda msg: print(msg, flush=True))
     mesh_info = resolve(cfg, num_devices)
@@ -105,8 +105,9 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
                          f'--xla_force_host_platform_device_count={REPLICAS * width} (scripts/memory_plan.py does).')
     model, optimizer, rank = build_model(cfg), make_optimizer(cfg.train), cfg.mecefo.rank
     mesh = sharding.mesh_from_rows([devices[r * width:(r + 1) * width] for r in range(REPLICAS)])
-    shardings = state_shardings(model, optimizer, mesh, rank)
-    state_abs = abstract(abstract_train_state(model, optimizer, rank=rank), shardings)
+    state_layout = trace_layout(model, optimizer, rank)
+    shardings = state_layout.shardings(mesh)
+    state_abs = abstract(state_layout.abstract, shardings)
     roles = {}
     for role, layout in _layouts(b, failure_step).items():
         log(f'memory_plan[{role}]: compiling {[p.name for p in layout.programs]} on a {REPLICAS}x{width} mesh...')

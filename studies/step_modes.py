@@ -102,12 +102,13 @@ class Bench:
         from mecefo_jax.model.llama import build_model
         from mecefo_jax.model.optim import make_optimizer
         from mecefo_jax.parallel import sharding
-        from mecefo_jax.parallel.state import abstract_train_state, state_shardings
+        from mecefo_jax.parallel.state import trace_layout
         model = build_model(cfg) if model is None else model
         device = device or jax.devices()[0]
         mesh, optimizer, rank = sharding.mesh_from_rows([[device]]), make_optimizer(cfg.train), cfg.mecefo.rank
-        shardings = state_shardings(model, optimizer, mesh, rank)
-        state_abs = abstract(abstract_train_state(model, optimizer, rank=rank), shardings)
+        state_layout = trace_layout(model, optimizer, rank)
+        shardings = state_layout.shardings(mesh)
+        state_abs = abstract(state_layout.abstract, shardings)
         return cls(cfg, batch, device, model, optimizer, mesh, shardings, state_abs)
 
     def program(self, mode: str):

@@ -75,12 +75,13 @@ class Setup:
         from mecefo_jax.model.optim import make_optimizer
         from mecefo_jax.parallel import sharding
         from mecefo_jax.parallel.aot import abstract
-        from mecefo_jax.parallel.state import abstract_train_state, state_shardings
+        from mecefo_jax.parallel.state import trace_layout
         self, rank = cls(), cfg.mecefo.rank
         self.cfg, self.device, self.model = cfg, device or jax.devices()[0], build_model(cfg)
         self.optimizer, self.mesh = make_optimizer(cfg.train), sharding.mesh_from_rows([[self.device]])
-        self.shardings = state_shardings(self.model, self.optimizer, self.mesh, rank)
-        self.state_abs = abstract(abstract_train_state(self.model, self.optimizer, rank=rank), self.shardings)
+        state_layout = trace_layout(self.model, self.optimizer, rank)
+        self.shardings = state_layout.shardings(self.mesh)
+        self.state_abs = abstract(state_layout.abstract, self.shardings)
         return self
 
     @property
