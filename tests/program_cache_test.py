@@ -177,7 +177,8 @@ program_cache.enable(str(directory / 'programs'), context='bad entry' if mode ==
 if mode == 'untraced':
     entry = directory / 'programs' / f"g-untraced-{program_cache.untraced_key('g:', args, devices)}.bin"
     _, in_tree = jax.tree_util.tree_flatten(lowered().args_info)
-    entry.write_bytes(pickle.dumps((bad, in_tree, lowered().out_tree)))
+    entry.write_bytes(pickle.dumps((bad, in_tree, lowered().out_tree,
+                                    program_cache.calls_lapack(lowered().as_text()))))
     program = program_cache.load_or_compile(jax.jit(f, donate_argnums=(1,)), args, devices, 'g')
     stored = lambda: pickle.loads(entry.read_bytes())[0]
 else:
@@ -248,21 +249,38 @@ import sys
 import jax, jax.numpy as jnp, numpy as np
 from mecefo_jax.parallel import program_cache
 program_cache.enable(sys.argv[1], context='qr test')
+spec = (jax.ShapeDtypeStruct((8, 4), jnp.float32),)
+sine = program_cache.load_or_compile(jax.jit(lambda x: jnp.sin(x).sum()), spec, jax.devices()[:1], 'sin')
+prepared = [program_cache._prepare_lapack.cache_info().currsize]
 f = jax.jit(lambda x: jnp.linalg.qr(x)[0].sum())
-c = program_cache.load_or_compile(f, (jax.ShapeDtypeStruct((8, 4), jnp.float32),),
-                                  jax.devices()[:1], 'qr')
-print(program_cache.stats.untraced_hits, float(c(np.eye(8, 4, dtype=np.float32))))
+c = program_cache.load_or_compile(f, spec, jax.devices()[:1], 'qr')
+prepared.append(program_cache._prepare_lapack.cache_info().currsize)
+print(*prepared, program_cache.stats.untraced_hits, float(sine(np.zeros((8, 4), np.float32))),
+      float(c(np.eye(8, 4, dtype=np.float32))))
 """
 
 
 @pytest.mark.subprocess
 def test_a_program_calling_lapack_runs_when_loaded_untraced_in_a_fresh_process(tmp_path):
-    """A fresh process that never lowered a LAPACK op crashed running one it loaded (SIGSEGV)."""
+    """A fresh process that never lowered a LAPACK op crashed running one it loaded (SIGSEGV):
+    it sets LAPACK up before loading one, and only then (0.3 CPU-s that a relaunched worker
+    whose programs call none is spared)."""
     runs = [_python(_LOAD_QR, str(tmp_path)) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     # Stored by the first process, found untraced by the second; Q of eye(8, 4) sums to 4.
-    assert [r.stdout.split()[-2:] for r in runs] == [['0', '4.0'], ['1', '4.0']]
+    # The first process lowered both (LAPACK set up by JAX's own lowering, not by the cache).
+    assert [r.stdout.split()[-5:] for r in runs] == [['0', '0', '0', '0.0', '4.0'],
+                                                   ['0', '1', '2', '0.0', '4.0']]
+
+
+def test_calls_lapack_names_the_programs_that_call_a_lapack_kernel():
+    spec = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+    text = lambda f: jax.jit(f).lower(spec).as_text()  # noqa: E731
+    assert program_cache.calls_lapack(text(lambda x: jnp.linalg.svd(x, full_matrices=False)))
+    assert program_cache.calls_lapack(text(lambda x: jnp.linalg.qr(x)[0]))
+    assert program_cache.calls_lapack(text(lambda x: jnp.linalg.eigh(x[:4] @ x[:4].T)[0]))
+    assert not program_cache.calls_lapack(text(lambda x: jnp.sin(x) @ x.T))
 
 
 def test_a_fresh_state_loads_without_tracing_and_equals_the_plain_init(tmp_path):

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import time
 import warnings
 
@@ -124,7 +125,8 @@ def _digest(parts) -> str:
 
 
 # Entries are fresh compiles from format 2 on; older ones may hold bytes that fail to run.
-_FORMAT = '2'
+# Format 3's untraced entries say whether the program calls LAPACK.
+_FORMAT = '3'
 
 
 def _process_parts(devices) -> tuple:
@@ -205,17 +207,24 @@ def load_or_compute(name: str, identity: str, compute):
 
 def _store_untraced(path: str, payload: bytes, lowered) -> None:
     _, in_tree = jax.tree_util.tree_flatten(lowered.args_info)
-    atomic_file.write_bytes(path, pickle.dumps((payload, in_tree, lowered.out_tree)))
+    entry = (payload, in_tree, lowered.out_tree, calls_lapack(lowered.as_text()))
+    atomic_file.write_bytes(path, pickle.dumps(entry))
+
+
+def calls_lapack(program_text: str) -> bool:
+    """Whether a lowered program calls one of jaxlib's CPU LAPACK kernels (QR, SVD, ...)."""
+    from jaxlib import lapack
+    kernels = lapack.registrations()['cpu']
+    return bool({name for name, _, _ in kernels} & set(re.findall(r'custom_call @([\w.]+)', program_text)))
 
 
 @functools.cache
-def _prepare_runtime() -> None:
-    """What lowering would have set up for a program that runs without being lowered here.
+def _prepare_lapack() -> None:
+    """Set up JAX's CPU LAPACK kernels (QR, SVD, ...) for a loaded program that calls them.
 
-    JAX initialises its CPU LAPACK kernels (QR, SVD, ...) while lowering the
-    first program that uses one; a loaded program that calls them in a
-    process that never lowered one crashes (SIGSEGV, jax 0.10.2). Lowering
-    one small QR initialises all of them.
+    JAX does it while lowering the first program that uses one; a loaded one that calls
+    them in a process that never lowered one crashes (SIGSEGV, jax 0.10.2). Lowering one
+    small QR sets up all of them: about 0.3 CPU-s, spared where no loaded program calls one.
     """
     import jax.numpy as jnp
     jax.jit(jnp.linalg.qr).lower(jax.ShapeDtypeStruct((2, 2), jnp.float32))
@@ -226,8 +235,9 @@ def _load_untraced(path: str, devices):
     from jax.experimental import serialize_executable
     try:
         with open(path, 'rb') as f:
-            payload, in_tree, out_tree = pickle.load(f)
-        _prepare_runtime()
+            payload, in_tree, out_tree, lapack = pickle.load(f)
+        if lapack:
+            _prepare_lapack()
         return serialize_executable.deserialize_and_load(
             payload, in_tree, out_tree, backend=devices[0].client, execution_devices=devices)
     except FileNotFoundError:
