@@ -176,9 +176,7 @@ devices = jax.devices()[:1]
 program_cache.enable(str(directory / 'programs'), context='bad entry' if mode == 'untraced' else '')
 if mode == 'untraced':
     entry = directory / 'programs' / f"g-untraced-{program_cache.untraced_key('g:', args, devices)}.bin"
-    _, in_tree = jax.tree_util.tree_flatten(lowered().args_info)
-    entry.write_bytes(pickle.dumps((bad, in_tree, lowered().out_tree,
-                                    program_cache.calls_lapack(lowered().as_text()))))
+    program_cache._store_untraced(str(entry), bad, lowered())  # as a worker stores one
     program = program_cache.load_or_compile(jax.jit(f, donate_argnums=(1,)), args, devices, 'g')
     stored = lambda: pickle.loads(entry.read_bytes())[0]
 else:
