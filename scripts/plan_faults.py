@@ -1,4 +1,4 @@
-"""What if these replicas fail? Every strategy's layout and modelled step: see mecefo_jax/faults/plan.py.
+"""What if these replicas fail? Every strategy's layout and modelled step: see studies/fault_plan.py.
 
   python scripts/plan_faults.py --config configs/llama_350m.py --replicas 32 --down 3,4,17
   python scripts/plan_faults.py --config configs/llama_350m.py --down 3 --cost bench:bench_step.json --json
@@ -28,7 +28,7 @@ flags.mark_flags_as_required(['config'])
 def main(argv):
     del argv
     from mecefo_jax.config_resolve import resolve_or_exit
-    from mecefo_jax.faults import plan
+    from studies import fault_plan as plan
     cfg = resolve_or_exit(_CONFIG.value)
     replicas = _REPLICAS.value or (cfg.mesh.data if cfg.mesh.data > 0
                                    else cfg.mesh.num_cpu_devices // cfg.mesh.model)

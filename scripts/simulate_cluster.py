@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from mecefo_jax.faults import bench_costs  # noqa: E402
+from studies import bench_costs  # noqa: E402
 from studies.cluster import recovery as recovery_lib  # noqa: E402
 from studies.cluster import report as cluster_report  # noqa: E402
 from studies.cluster import sim as cluster_sim  # noqa: E402
@@ -62,7 +62,7 @@ flags.DEFINE_integer('tau', _DEFAULT.tau,
                      'Steps between projection refreshes while a neighbour is active.')
 flags.DEFINE_float('refresh_sec', _DEFAULT.refresh_sec,
                    'Seconds per projection refresh; < 0: its FLOPs at --svd_tflops and its '
-                   'collective bytes at --link_gbps (faults/refresh_costs.py).')
+                   'collective bytes at --link_gbps (studies/refresh_costs.py).')
 flags.DEFINE_float('svd_tflops', _DEFAULT.svd_tflops,
                    'Assumed effective TFLOP/s of the refresh on the GPU (not measured).')
 flags.DEFINE_float('link_gbps', _DEFAULT.link_gbps,

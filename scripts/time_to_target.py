@@ -65,7 +65,7 @@ flags.mark_flags_as_required(['out'])
 
 def _bench() -> dict | None:
     """The --bench_json dict under --cost=bench; None under 'analytic'."""
-    from mecefo_jax.faults.bench_costs import load_json
+    from studies.bench_costs import load_json
     if _COST.value == 'analytic':
         if _BENCH_JSON.value:
             raise ValueError('--bench_json is read only with --cost=bench.')

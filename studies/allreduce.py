@@ -106,7 +106,8 @@ def exposed_share(compute_sec: float, exposed_sec: float) -> float:
 
 def compute_sec(cfg, replicas: int, cluster: Cluster, bench: dict | None = None) -> tuple[float, str]:
     """(seconds, source) of one replica's fault-free compute (module docstring)."""
-    from mecefo_jax.faults import bench_costs, costs
+    from mecefo_jax.faults import costs
+    from studies import bench_costs
     shape = costs.shape_of(cfg.model)
     seqs = cfg.data.global_batch_size // replicas
     kw = dict(seq_len=cfg.data.seq_len, replica_seqs=seqs, mfu=cluster.mfu,

@@ -18,7 +18,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from mecefo_jax.faults.refresh_costs import ffn_kernels
+from mecefo_jax.faults.costs import ffn_kernels
 from mecefo_jax.neighbour import projections as proj_lib
 
 GROUPS = ('attention', 'ffn', 'other', 'total_non_attention')

@@ -14,8 +14,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from mecefo_jax.faults import refresh_costs, step_clock
+from mecefo_jax.faults import step_clock
 from mecefo_jax.neighbour.layout import ROLE_NORMAL, Program
+from studies import refresh_costs
 from studies.cluster.recovery import DEFAULT_BREAKDOWN
 
 HOUR = 3600.0
@@ -43,7 +44,7 @@ class TimeCosts:
     # replica's state (a 350M model's parameters and Adam moments, 4.2 GB, at about
     # 2 GB/s of effective PCIe bandwidth); the write to storage overlaps training.
     checkpoint_save_sec: float = 2.0
-    # The projection refresh's FLOP rate and link bandwidth (faults/refresh_costs.py).
+    # The projection refresh's FLOP rate and link bandwidth (studies/refresh_costs.py).
     refresh_tflops: float = refresh_costs.DEFAULT_REFRESH_TFLOPS
     link_gbps: float = refresh_costs.DEFAULT_LINK_GBPS
 
@@ -126,9 +127,9 @@ class TimeModel:
     def _bench_ratio(self, cfg, bench: dict, rank):
         """(fn(programs) -> the step's ratio under the bench's measured costs, diluted; the
         bench table's note)."""
-        from mecefo_jax.faults.bench_costs import bench_table
         from mecefo_jax.faults.costs import role_cost, shape_of
         from mecefo_jax.faults.planner import program_cost
+        from studies.bench_costs import bench_table
         table = bench_table(bench, shape_of(cfg.model), metric='step_ms', seq_len=cfg.data.seq_len,
                             replica_seqs=self.shard, mfu=1.0, rank=rank,
                             recompute_ffn=cfg.mecefo.remat_ffn)

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mecefo_jax.faults.refresh_costs import subspace_flops
 from mecefo_jax.neighbour import projections as proj_lib
+from studies.refresh_costs import subspace_flops
 from studies.report import fmt, markdown_table
 
 ITERATION_SWEEP = (1, 2, 3, 4)  # energy ratios also reported for these iteration counts

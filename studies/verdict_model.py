@@ -60,8 +60,8 @@ def measured_v_interval(per_seed: dict) -> dict | None:
 def model_row(cfg, replicas: int, cost_spec: str, exposed: float = 0.0) -> dict:
     """The point's steps of one failure, v* and `best_split` under one step-cost model, each step diluted by the
     all-reduce's exposed share `exposed`."""
-    from mecefo_jax.faults.plan import cost_table, plan_all
     from mecefo_jax.faults.step_clock import diluted
+    from studies.fault_plan import cost_table, plan_all
     plans = plan_all(cfg, replicas=replicas, down=(0,), cost_spec=cost_spec, strategies=('mecefo', 'elastic', 'drop'))
     steps = {name: diluted(plan['slowest_cost'], exposed) for name, plan in plans.items()}
     shard = cfg.data.global_batch_size // replicas

@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from mecefo_jax.faults import bench_costs
 from mecefo_jax.faults import costs as costs_lib
-from mecefo_jax.faults import plan as plan_lib
+from studies import bench_costs
+from studies import fault_plan as plan_lib
 from studies.cluster import recovery as recovery_lib
 from studies.cluster import report as report_lib
 from studies.cluster import sim

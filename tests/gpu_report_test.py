@@ -21,7 +21,8 @@ import sys
 import pytest
 from fast_xla import FLAGS as FAST_XLA_FLAGS
 
-from mecefo_jax.faults import bench_costs, costs
+from mecefo_jax.faults import costs
+from studies import bench_costs
 from studies.gpu import profile, report, runner, step, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

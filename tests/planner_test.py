@@ -231,7 +231,7 @@ def test_plan_command_prints_every_strategy_as_json():
 def test_plan_command_shows_the_neighbour_row_cap():
     from configs import tiny
     from mecefo_jax.config_resolve import resolve
-    from mecefo_jax.faults import plan
+    from studies import fault_plan as plan
     cfg = resolve(tiny.get_config())
     # tiny: 2 sequences per shard on 8 replicas; one failure, capped at 4 rows: two mixed
     # helpers, each its own shard exact and one adopted row in neighbour mode (2 rows),
@@ -249,7 +249,7 @@ def test_fault_library_never_imports_experiments():
     import subprocess
     import sys
     code = ('import sys, mecefo_jax.faults.planner, mecefo_jax.faults.strategies, '
-            'mecefo_jax.faults.costs, mecefo_jax.faults.plan, mecefo_jax.faults.controller; '
+            'mecefo_jax.faults.costs, mecefo_jax.faults.controller; '
             'bad = [m for m in sys.modules if m.startswith("studies")]; '
             'assert not bad, bad')
     subprocess.run([sys.executable, '-c', code], check=True)

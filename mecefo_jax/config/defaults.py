@@ -8,7 +8,7 @@ into typed, validated sections, and the code reads only those.
 from ml_collections import ConfigDict, config_dict
 
 # mecefo.refresh_split_min_elements: smaller kernels refresh whole on every replica. Named,
-# since the refresh's cost model (faults/refresh_costs.py) prices the same default.
+# since the refresh's cost model (studies/refresh_costs.py) prices the same default.
 DEFAULT_SPLIT_MIN_ELEMENTS = 1 << 18
 
 

@@ -15,9 +15,9 @@ numpy: the planner needs it at run time. Three sources:
     Elementwise work (about 1% of a block) is left out.
 ``bench``
     `bench_step.json` from `scripts/bench_step.py`: ``ratios[mode][metric]``
-    (`faults/bench_costs.py`).
+    (`studies/bench_costs.py`).
 ``roles``
-    Per-program seconds measured by the strategy comparison (`faults/plan.py`).
+    Per-program seconds measured by the strategy comparison (`studies/fault_plan.py`).
 
 Between the points a table gives, cost is linear in examples (through (0, 0),
 extrapolated past the last point with the last segment's slope).

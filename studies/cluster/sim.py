@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from mecefo_jax.faults import bench_costs, refresh_costs
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults import planner as planner_lib
 from mecefo_jax.faults import strategies as strategies_lib
 from mecefo_jax.faults.strategies import SPECS, Orphans, StrategySpec
 from mecefo_jax.neighbour.layout import ROLE_NORMAL
+from studies import bench_costs, refresh_costs
 from studies.cluster import traces as traces_lib
 
 CONTINUOUS_ROWS = 1000  # rows per shard the planner splits when batches are continuous

@@ -1,7 +1,7 @@
 """Cost tables from measurements: a `bench_step.json` of `scripts/bench_step.py`.
 
 The planner at run time prices layouts with `faults/costs.analytic_table`; the
-strategy comparison (`faults/plan.py`) and the studies read measured ratios
+strategy comparison (`studies/fault_plan.py`) and the studies read measured ratios
 through `bench_table` instead.
 """
 from __future__ import annotations
