@@ -27,7 +27,7 @@ def _define_flags():
 
 def main(argv):
     del argv
-    from mecefo_jax.command_line import start
+    from mecefo_jax.config.resolve import start
     FLAGS = flags.FLAGS
     cfg = start(FLAGS.config)  # every field checked before anything starts
     import jax

@@ -19,7 +19,7 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
     del argv
-    from mecefo_jax.command_line import start
+    from mecefo_jax.config.resolve import start
     cfg = start(_CONFIG.value)
     try:
         depths = [int(d) for d in _DEPTHS.value]

@@ -35,7 +35,7 @@ flags.mark_flags_as_required(['config', 'out'])
 
 def main(argv):
     del argv
-    from mecefo_jax.command_line import start
+    from mecefo_jax.config.resolve import start
     cfg = start(_CONFIG.value)  # and fake CPU devices for the full-mesh overhead check
     from studies import step_cost as bench
     bench.main(cfg, _OUT.value, batch=_BATCH.value, warmup=_WARMUP.value, iters=_ITERS.value,

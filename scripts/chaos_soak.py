@@ -43,8 +43,7 @@ def _command() -> str:
 
 def main(argv):
     del argv
-    from mecefo_jax.command_line import start
-    from mecefo_jax.config_resolve import updated
+    from mecefo_jax.config.resolve import start, updated
     from tests.drills import chaos_soak
     values = chaos_soak.job_values(_KILLS.value, os.path.join(_OUT.value, 'cache'),
                                    os.path.join(_OUT.value, 'xla_cache'), spare_steps=_SPARE.value,

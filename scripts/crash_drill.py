@@ -43,7 +43,7 @@ def _command() -> str:
 
 def main(argv):
     del argv
-    from mecefo_jax.command_line import start
+    from mecefo_jax.config.resolve import start
     cfg = _CONFIG.value
     cfg.train.steps = _STEPS.value  # the drill's own flags set these two fields
     cfg.train.eval_every = 0

@@ -74,7 +74,7 @@ def _measure(cfg, workdir: str) -> tuple[dict, list[str]]:
 
 def main(argv):
     del argv
-    from mecefo_jax.command_line import start
+    from mecefo_jax.config.resolve import start
     cfg = start(_CONFIG.value)
     from studies.fidelity_runs import write
     thread_env = ''.join(f'{k}={os.environ[k]} ' for k in ('OPENBLAS_NUM_THREADS',) if k in os.environ)

@@ -32,7 +32,7 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
     del argv
-    from mecefo_jax.command_line import start
+    from mecefo_jax.config.resolve import start
     from mecefo_jax.parallel.sharding import mesh_shape
     from studies import memory_plan
 

@@ -27,7 +27,7 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
     del argv
-    from mecefo_jax.config_resolve import resolve_or_exit
+    from mecefo_jax.config.resolve import resolve_or_exit
     from studies import fault_plan as plan
     cfg = resolve_or_exit(_CONFIG.value)
     replicas = _REPLICAS.value or (cfg.mesh.data if cfg.mesh.data > 0

@@ -78,7 +78,7 @@ def _bench() -> dict | None:
 
 def _setup():
     """(cfg, seeds, runs, default, settings, config name) from the flags."""
-    from mecefo_jax.command_line import start
+    from mecefo_jax.config.resolve import start
     from studies import time_to_target_settings as setup
     if _SMOKE.value:
         from configs.tiny import get_config

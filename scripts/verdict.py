@@ -44,8 +44,8 @@ _DEVICE_PER_REPLICA = flags.DEFINE_bool(
 def _run_point(name: str) -> None:
     """One point's time-to-target experiment, in this process."""
     from configs.small import get_config
-    from mecefo_jax.command_line import start
-    from mecefo_jax.config_resolve import updated
+    from mecefo_jax.config.resolve import start
+    from mecefo_jax.config.resolve import updated
     from studies import verdict_points as vp
     from studies.replicas import num_replicas
     point = vp.POINTS[name]

@@ -19,17 +19,19 @@ uses too).
 
 The cluster is the MeCeFO paper's (Hu et al., NeurIPS 2025, arXiv
 2510.16415): 32 A100 GPUs, 4 nodes of 8. The figures of `Cluster` carry
-their sources; what the paper does not give is stated as an assumption, each
-chosen so that phi comes out large, which dilutes MeCeFO's slower
-neighbour the most (the bound most favourable to MeCeFO). Latency (about
-2 (n - 1) hops per all-reduce) is left out.
+their sources; what the paper does not give is stated as an assumption. The
+assumptions do not all push phi one way, so phi is an estimate, not a bound
+in MeCeFO's favour: no overlap makes it as large as it can be, but float32
+gradients or a higher MFU would make it larger than the stated bf16 and 40%,
+and latency (about 2 (n - 1) hops per all-reduce), left out, would add to it
+(`verdict_clock.phi_sensitivity` gives phi under each).
 
-t_compute, the fault-free step's compute on one replica: under GPU costs the
-bench's measured normal step where the bench ran the config's own shape on a
-GPU (`faults/bench_costs.bench_table`, scaled to the replica's tokens); elsewhere,
-and under the analytic costs, the FLOP model's step (`faults/costs.flops_per_token`,
-about 6 N FLOPs per token plus the attention scores) at `Cluster.mfu` of
-`Cluster.peak_tflops` (`faults/costs.mfu_step_sec`).
+t_compute, the fault-free step's compute on one replica: the FLOP model's step
+(`faults/costs.flops_per_token`, about 6 N FLOPs per token plus the attention
+scores) at `Cluster.mfu` of `Cluster.peak_tflops` (`faults/costs.mfu_step_sec`);
+given a bench that ran the config's own shape on a GPU, that GPU's measured
+normal step instead (`bench_costs.bench_table`, scaled to the replica's tokens),
+which the verdict reports only beside the cluster's own.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ class Cluster:
     # datasheet); a ring that stays in one node runs at it.
     nvlink_gbps: float = 300.0
     # Bytes per gradient element: an assumption, bf16 gradients all-reduced (the paper
-    # does not say; float32 would double B and phi's exposed part).
+    # does not say; float32 would double B and make phi larger).
     grad_bytes: int = 2
     # Share of the ring hidden behind the backward pass: an assumption, none (bucketed
     # all-reduce as in PyTorch DDP, Li et al., VLDB 2020, hides part; 0 is the largest phi).

@@ -23,7 +23,7 @@ def failure_step_compile(cfg, num_layers: int, *, scan_layers: bool = True) -> f
     from mecefo_jax.faults.strategies import layout_for
     from mecefo_jax.model import optim
     from mecefo_jax.model.llama import build_model
-    from mecefo_jax.parallel import aot, sharding
+    from mecefo_jax.parallel import sharding
     from mecefo_jax.parallel import state as state_lib
     from mecefo_jax.parallel.topology import TopologyCache
 
@@ -42,7 +42,7 @@ def failure_step_compile(cfg, num_layers: int, *, scan_layers: bool = True) -> f
     live = tuple(r != min(3, replicas - 1) for r in range(replicas))
     topology = cache.get([row for row, up in zip(sharding.mesh_rows(mesh), live) if up])
     layout = layout_for('mecefo', live, cfg.data.global_batch_size // replicas)
-    abstract = aot.abstract(state_layout.abstract, topology.state_shardings)
+    abstract = sharding.abstract(state_layout.abstract, topology.state_shardings)
     spec = topology.batch_spec(layout, cfg.data.seq_len + 1)
     start = time.perf_counter()
     topology.compiled_step(abstract, spec, layout)

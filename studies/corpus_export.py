@@ -73,7 +73,7 @@ def text_data(assets: str) -> dict:
 def export(documents, out: str, vocab_size: int, *, val_fraction: float = 0.05) -> dict:
     """Write the corpus and its tokenizer under `out`; check the text source reads back
     `documents` exactly; return (and write) the summary."""
-    from mecefo_jax.config.schema import DataSection
+    from mecefo_jax.config.defaults import DataSection
     from mecefo_jax.data import tokenizer as tok
     files = write_corpus(documents, os.path.join(out, CORPUS_DIR))
     overrides = {k.split('.')[1]: v for k, v in text_data(out).items()}

@@ -22,9 +22,10 @@ import re
 
 import numpy as np
 
+from mecefo_jax.config.defaults import STRATEGIES
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults.planner import Planner, attention_share, program_cost
-from mecefo_jax.faults.strategies import STRATEGIES, layout_for
+from mecefo_jax.faults.strategies import layout_for
 from mecefo_jax.neighbour.layout import ROLE_NAMES, ROLE_NORMAL, Layout
 from studies import bench_costs
 

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config.resolve import updated
 from mecefo_jax.neighbour import projections as proj_lib
 from mecefo_jax.training.observers import Observer
 from studies import fidelity as fid

@@ -92,7 +92,7 @@ class TimeModel:
     def __init__(self, cfg, num_replicas: int, costs: TimeCosts | None = None,
                  bench: dict | None = None, exposed: float | None = None):
         """`exposed`: phi of the all-reduce; None takes the config's `fault.allreduce_exposed`."""
-        from mecefo_jax.config_resolve import updated
+        from mecefo_jax.config.resolve import updated
         from mecefo_jax.faults.costs import shape_of
         from mecefo_jax.neighbour.projections import resolve_rank
         self.costs = costs = costs or TimeCosts()

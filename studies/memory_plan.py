@@ -92,7 +92,7 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
     from mecefo_jax.model.optim import make_optimizer
     from mecefo_jax.parallel import sharding
     from mecefo_jax.parallel import step as step_lib
-    from mecefo_jax.parallel.aot import abstract, abstract_batch
+    from mecefo_jax.parallel.sharding import abstract, abstract_batch
     from mecefo_jax.parallel.state import trace_layout
     from studies.step_cost import config_summary
     log = log or (lambda msg: print(msg, flush=True))
@@ -111,7 +111,7 @@ def plan(cfg, *, num_devices: int = 32, limit_gb: float = 70.0, failure_step: bo
     roles = {}
     for role, layout in _layouts(b, failure_step).items():
         log(f'memory_plan[{role}]: compiling {[p.name for p in layout.programs]} on a {REPLICAS}x{width} mesh...')
-        step = step_lib.make_train_step(model, optimizer, mesh, shardings, layout.programs)
+        step = step_lib.make_train_step(model, optimizer, mesh, shardings, layout.programs, ordered_reduction=False)
         start = time.perf_counter()
         compiled = step.lower(state_abs, abstract_batch(mesh, layout.capacity, cfg.data.seq_len + 1,
                                                         REPLICAS)).compile()

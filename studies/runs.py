@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mecefo_jax.config.schema import PROJECTION_RULES
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config.defaults import PROJECTION_RULES
+from mecefo_jax.config.resolve import updated
 from mecefo_jax.faults.schedule import REGIMES
-from mecefo_jax.faults.strategies import validate_strategy
+from mecefo_jax.faults.strategies import strategy_spec
 
 
 class Run(NamedTuple):
@@ -63,7 +63,7 @@ def parse_runs(text: str) -> tuple[Run, ...]:
                 raise ValueError(f'--runs: {item!r}: fault_free takes no regime.')
         else:
             try:
-                validate_strategy(strategy)
+                strategy_spec(strategy)
             except ValueError as e:
                 raise ValueError(f'--runs: {item!r}: {e}') from None
             if regime not in REGIMES:

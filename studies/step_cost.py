@@ -97,7 +97,7 @@ def two_shard_gradients(model, mesh, state, tokens_nbt) -> dict[str, Any]:
         layout = mode_layout(mode, tokens_nbt.shape[1])
         batch = jax.device_put(dict(assemble(layout, tokens_nbt), step=np.int32(0)),
                                sharding.batch_shardings(mesh))
-        grad_fn = jax.jit(step_lib.make_grad_fn(model, mesh, layout.programs))
+        grad_fn = jax.jit(step_lib.make_grad_fn(model, mesh, layout.programs, ordered_reduction=False))
         grads[mode] = jax.device_get(grad_fn(state.params, state.projections, batch)[0])
     return grads
 
@@ -146,7 +146,7 @@ def fault_free_overhead(cfg, model, optimizer, *, batch: int, warmup: int, iters
                                 sharding.batch_shardings(mesh))
     tokens = jax.device_put(tokens_nbt.reshape(data * batch, seq), sharding.data_sharded(mesh))
     fault_free = step_lib.make_train_step(model, optimizer, mesh, shardings,
-                                          layout.programs).lower(state, step_batch).compile()
+                                          layout.programs, ordered_reduction=False).lower(state, step_batch).compile()
     plain = make_plain_dp_step(model, optimizer, mesh, shardings.params, shardings.opt_state).lower(
         state.params, state.opt_state, tokens).compile()
     runner = StepRunner(state)

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from mecefo_jax.parallel.aot import abstract, abstract_batch
+from mecefo_jax.parallel.sharding import abstract, abstract_batch
 from studies.fidelity import path_names
 
 MODES = ('normal', 'ndb_naive', 'mecefo', 'mecefo_per_batch', 'plain_dp')
@@ -124,7 +124,8 @@ class Bench:
                     (self.state_abs.params, self.state_abs.opt_state, tokens),
                     {'rows': self.batch, 'neighbour': False})
         (program,) = programs = mode_layout(mode, self.batch).programs
-        return (lambda m: step_lib.make_train_step(m, self.optimizer, self.mesh, self.shardings, programs),
+        return (lambda m: step_lib.make_train_step(m, self.optimizer, self.mesh, self.shardings, programs,
+                                                        ordered_reduction=False),
                 (self.state_abs, abstract_batch(self.mesh, program.rows, seq)),
                 {'program': program.name, 'rows': program.rows, 'neighbour': program.role == ROLE_NEIGHBOUR})
 

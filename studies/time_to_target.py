@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config.resolve import updated
 from studies.goodput import LayoutBook
 from studies.replay import DERIVED, replay
 from studies.report import write_json

@@ -12,7 +12,7 @@ import math
 import os
 import statistics
 
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config.resolve import updated
 from studies import intervals
 from studies.goodput import HOUR, TimeModel, time_to_target
 from studies.intervals import cell, side, t_interval

@@ -9,7 +9,7 @@ and the size of the validation split the default validation set covers.
 import dataclasses
 import math
 
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config.resolve import updated
 from studies.goodput import TimeCosts
 from studies.runs import Run, parse_runs, run_name  # noqa: F401 (the script's)
 

@@ -100,7 +100,7 @@ def _point_facts(point: vp.Point, records: dict, cfg, replicas: int) -> dict:
 def summarise_point(point: vp.Point, records: dict, bench: dict) -> dict:
     """One point's figures (module docstring)."""
     from configs.small import get_config
-    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.config.resolve import resolve
     cfg = resolve(vp.point_config(get_config(), point))
     replicas = len(next(iter(records.values()))['fault_free']['layouts'][0]['live'])
     out = _point_facts(point, records, cfg, replicas)

@@ -9,7 +9,7 @@ import pytest
 from configs.llama_350m import get_config as llama_350m
 from configs.small import get_config as small
 from configs.tiny import get_config as tiny
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.faults.step_clock import diluted
 from mecefo_jax.model.llama import build_model, init_params
 from studies import allreduce

@@ -2,7 +2,7 @@
 import json
 
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from studies import compile_time as bench_compile
 
 

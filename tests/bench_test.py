@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.model.llama import build_model
 from mecefo_jax.model.optim import make_optimizer
 from mecefo_jax.parallel import sharding

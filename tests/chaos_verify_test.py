@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from mecefo_jax.host import workdir_lock
+from mecefo_jax.host import processes
 from tests.drills import chaos_verify
 
 
@@ -27,7 +27,7 @@ def test_a_live_worker_is_a_leak_and_a_reused_pid_is_not(tmp_path):
     held = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'],
                             stdin=subprocess.PIPE)
     try:
-        ticks = workdir_lock.start_ticks(held.pid)
+        ticks = processes.start_ticks(held.pid)
         assert ticks is not None and ticks >= 0
         _record(launch_dir, 3, 0, held.pid, ticks)       # the worker itself, still running
         _record(launch_dir, 3, 1, held.pid, ticks - 1)   # its pid, once another process's

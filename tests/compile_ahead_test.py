@@ -14,7 +14,7 @@ import pytest
 from process_waits import wait_gone
 
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.launch import compile_ahead
 from mecefo_jax.launch.compile_ahead import survivor_sets
 from mecefo_jax.launch.placement import Placement
@@ -53,7 +53,7 @@ def test_a_relaunch_after_compile_ahead_compiles_nothing_on_every_process(cluste
     cfg = _config(tokenizer_cache, **{'launch.kill': '2:1'})
     os.makedirs(os.path.join(workdir, 'launch'))
     # The compile-ahead job for the loss of worker 1, run to its end first.
-    ahead = compile_ahead.drive(cfg, cfg.to_json(), workdir, Placement(WORKERS, 1, 1),
+    ahead = compile_ahead.drive(cfg, workdir, Placement(WORKERS, 1, 1),
                                 losses=[1], nice=0, log=lambda _: None)
     assert ahead['done'] and [s['members'] for s in ahead['sets']] == [[0, 2]]
     assert ahead['sets'][0]['ok'] and ahead['cpu_sec'] > 0
@@ -85,7 +85,7 @@ def test_a_stopped_compile_ahead_kills_its_members_and_still_counts_their_cpu_se
     stop, running = threading.Event(), threading.Event()
     result = {}
     driver = threading.Thread(target=lambda: result.update(compile_ahead.drive(
-        cfg, cfg.to_json(), workdir, Placement(WORKERS, 1, 1), losses=[1], stop=stop,
+        cfg, workdir, Placement(WORKERS, 1, 1), losses=[1], stop=stop,
         running=running, log=lambda _: None)))
     driver.start()
     assert running.wait(timeout=300), 'the job never ran'  # its members are compiling

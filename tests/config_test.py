@@ -12,9 +12,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs.tiny import get_config
-from mecefo_jax import config_resolve
-from mecefo_jax.config import schema as settings
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config import defaults as settings
+from mecefo_jax.config import resolve as config_resolve
+from mecefo_jax.config.resolve import updated
 from mecefo_jax.launch.kills import LAUNCHER, Kill, parse_kills
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.parallel.sharding import mesh_shape
@@ -90,8 +90,10 @@ BAD = [
     ({'fault__events': '2:3:4,4:3:2'}, 'replica 3 fails again', '--config.fault.events='),
     ({'fault__regime': 'bogus'}, "fault.regime='bogus'", "--config.fault.regime=''"),
     ({'fault__strategy': 'pray'}, "fault.strategy='pray'", '--config.fault.strategy=mecefo'),
-    ({'fault__strategy': 'mecefo_spread'}, "fault.strategy='mecefo_spread': was retired",
-     '--config.fault.strategy=mecefo_planned'),
+    ({'fault__mtbf_hours': -1.0, 'fault__mttr_hours': 1.0}, 'fault.mtbf_hours=-1.0: must be >= 0',
+     '--config.fault.mtbf_hours=0.0'),
+    ({'fault__regime_replicas': -1}, 'fault.regime_replicas=-1: must be >= 0',
+     '--config.fault.regime_replicas=0'),
     ({'fault__max_neighbour_rows': -1}, 'fault.max_neighbour_rows=-1: must be >= 0',
      '--config.fault.max_neighbour_rows=0'),
     ({'fault__max_neighbour_rows': 8}, 'fault.max_neighbour_rows=8: caps the plans of '
@@ -174,9 +176,9 @@ def test_launcher_hands_its_resolved_overrides_to_every_worker(tmp_path):
     args = launcher.worker_args(Generation(3, [0, 1], 'memory', 0, resume_step=5))
     # What every worker resolves from the text it is handed is the launcher's config.
     for w in (0, 1):
-        assert config_resolve.loads_json(args[w]['config_json']) == cfg
+        assert args[w]['cfg'] == cfg
         assert (args[w]['generation'], args[w]['resume'], args[w]['resume_step']) == (3, 'memory', 5)
-    assert config_resolve.loads_json(args[1]['config_json']).train.steps == 7
+    assert args[1]['cfg'].train.steps == 7
     # The workdir's run is the job's own (its workers may start it over when nothing was
     # saved) only where the job's config record fits: none, or another job's, is not.
     from mecefo_jax.launch import config_record

@@ -10,7 +10,7 @@ the launcher's classification of deaths it has been told about.)
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.launch import exits, outcome
 from mecefo_jax.launch.exits import ABORTED_BY_JAX, CRASH, PROGRAM_ERROR, Death
 from mecefo_jax.launch.generation import Generation

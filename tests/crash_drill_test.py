@@ -37,7 +37,7 @@ def test_a_drill_refuses_a_directory_a_previous_drill_left_behind(tmp_path):
     """Its jobs would resume from the old checkpoints: the simulated run once did, silently
     finishing at step 40 without training, and the drill compared against that."""
     from configs.tiny import get_config
-    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.config.resolve import resolve
     os.makedirs(tmp_path / 'simulated' / 'checkpoints' / '40')
     with pytest.raises(ValueError, match='is not empty'):
         crash_drill.run_drill(resolve(get_config()), 'configs/tiny.py', str(tmp_path),
@@ -54,7 +54,7 @@ def test_a_preempted_job_ends_the_drill(monkeypatch, tmp_path):
             return {'preempted_at': 7, 'recoveries': []}
 
     from configs.tiny import get_config
-    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.config.resolve import resolve
     monkeypatch.setattr(crash_drill_jobs, 'Launcher', Preempted)
     with pytest.raises(crash_drill_jobs.DrillStopped, match='memory job .* saved step 7'):
         crash_drill_jobs.run_job(resolve(get_config()), {}, str(tmp_path / 'memory'), 4,
@@ -75,7 +75,7 @@ def test_random_kill_steps_are_uniform_over_the_range_and_the_same_for_a_seed():
 def test_random_kills_report_each_kills_loss_and_what_disk_would_lose(monkeypatch, tmp_path):
     """Jobs faked: each recovery row as the launcher writes it; the drill's figures from them."""
     from configs.tiny import get_config
-    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.config.resolve import resolve
     from tests.drills import crash_drill_random as rnd
     made = []
 

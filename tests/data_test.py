@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mecefo_jax.config import base_config
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.data import pipeline as data
 from mecefo_jax.data import sources as data_sources
 
@@ -325,7 +325,7 @@ def test_non_tfds_sources_do_not_import_tensorflow_datasets():
         "import sys\n"
         "from mecefo_jax.config import base_config\n"
         "from mecefo_jax.data import pipeline, sources as data_sources, tokenizer\n"
-        "from mecefo_jax.config_resolve import resolve\n"
+        "from mecefo_jax.config.resolve import resolve\n"
         "data_sources.load_documents(resolve(base_config()).data, 'train')\n"
         "assert 'tensorflow_datasets' not in sys.modules, 'tensorflow_datasets was imported'\n"
     )

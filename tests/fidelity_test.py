@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.faults.costs import ModelShape
 from mecefo_jax.neighbour import projections as proj_lib
 from mecefo_jax.neighbour.lowrank import lowrank_dense

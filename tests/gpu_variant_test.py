@@ -12,7 +12,7 @@ import os
 import pytest
 
 from mecefo_jax.config.defaults import GPU_VARIANT_FIELDS, with_variant
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLAMAS = sorted(glob.glob(os.path.join(ROOT, 'configs', 'llama_*.py')))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import small, tiny
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.faults import controller as controller_lib
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults.costs import thin_qr_flops

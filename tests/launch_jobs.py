@@ -12,8 +12,8 @@ import os
 import time
 
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
-from mecefo_jax.host import workdir_lock
+from mecefo_jax.config.resolve import resolve, updated
+from mecefo_jax.host import processes
 from mecefo_jax.launch.ray_cluster import namespace_of
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.snapshot import shm
@@ -60,7 +60,7 @@ def running(processes) -> list[int]:
     """The pids of `processes` ((pid, start ticks)) that still run as those processes: a
     suite's processes and threads wrap pid_max (32768 here) within minutes, so a bare pid
     may name another process by the time it is looked at."""
-    return [pid for pid, ticks in processes if workdir_lock.same_process_alive(pid, ticks)]
+    return [pid for pid, ticks in processes if processes.same_process_alive(pid, ticks)]
 
 
 def keeper_names(workdir) -> list[str]:
@@ -86,7 +86,7 @@ def assert_nothing_left(workdir, keeper_pids=(), *, launcher_killed=False):
     while keeper_names(workdir):
         assert time.monotonic() < deadline, f'left behind: keepers {keeper_names(workdir)}'
         time.sleep(0.2)
-    assert not [p for p in keeper_pids if shm.alive(p) or shm.listed(p)]
+    assert not [p for p in keeper_pids if processes.alive(p) or shm.listed(p)]
 
 
 def live_keeper_pids(workdir) -> list[int]:

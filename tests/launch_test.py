@@ -22,7 +22,7 @@ from launch_jobs import STEPS, WORKERS, assert_nothing_left, config, final_prove
 from process_waits import wait_gone
 from simulated_params import assert_params_equal_simulated
 
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config.resolve import updated
 from mecefo_jax.launch import generation
 from mecefo_jax.launch.supervisor import Launcher
 from mecefo_jax.training.metrics import read_metrics

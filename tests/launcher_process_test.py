@@ -36,6 +36,7 @@ from launch_jobs import (
 from process_waits import wait_gone
 from simulated_params import assert_params_equal_simulated
 
+from mecefo_jax.host import processes
 from mecefo_jax.snapshot import shm
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes, workers, launchers
@@ -195,7 +196,7 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(lau
     steps, rows = loss_steps(workdir)
     assert {'event': 'resumed', 'step': 6, 'source': 'memory'} in rows
     assert steps == list(range(1, 11))  # one loss row per step
-    assert ray_cluster.local_cluster(workdir) is None and not shm.alive(host['pid'])
+    assert ray_cluster.local_cluster(workdir) is None and not processes.alive(host['pid'])
     values = overrides(launcher_caches, **{'train.steps': 10, 'snapshot.every': 3})
     final = final_provenance(workdir, values)
     assert all(row['replicas'] == [0, 1, 2, 3] for row in final.values())  # none was down

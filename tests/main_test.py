@@ -5,8 +5,8 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax import run as run_lib
-from mecefo_jax.config.schema import ConfigError
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.defaults import ConfigError
+from mecefo_jax.config.resolve import resolve
 
 
 @pytest.mark.parametrize('field', ['mttr_hours', 'mtbf_hours'])

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs import tiny
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.parallel import sharding
 from studies import memory_plan
 

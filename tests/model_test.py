@@ -25,7 +25,7 @@ from layer_trees import stack_layers
 from tree_asserts import assert_tree_close
 
 from configs import tiny
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.model.llama import Block, Llama, build_model, init_params
 from mecefo_jax.neighbour.attention_skip import is_attention_branch
 from mecefo_jax.neighbour.projections import compute_projections
@@ -57,7 +57,7 @@ def _model(**changes) -> Llama:
 MODEL = _model()
 CFG = MODEL.cfg
 assert CFG.scan_layers  # the production path
-D, F, H, K, E = CFG.d_model, CFG.ffn_hidden, CFG.num_heads, CFG.num_kv_heads, CFG.head_dim
+D, F, H, K, E = CFG.d_model, CFG.ffn_hidden, CFG.num_heads, CFG.num_kv_heads, CFG.d_model // CFG.num_heads
 G = H // K
 
 
@@ -461,7 +461,7 @@ def _block_cotangents(p0, v0, x, g):
         return h + _ref_ffn(_ref_rms(h, p0['ffn_norm']['scale']), p0['ffn'])
 
     def block(neighbour):
-        return lambda x_bld: Block(CFG, neighbour=neighbour).apply(
+        return lambda x_bld: Block(CFG, MODEL.rules, neighbour=neighbour).apply(
             {'params': p0, 'projections': v0}, x_bld)[0]
 
     out = {}

@@ -60,7 +60,7 @@ def main():
 
     from configs.tiny import get_config
     from mecefo_jax import run as run_lib
-    from mecefo_jax.config_resolve import resolve, updated
+    from mecefo_jax.config.resolve import resolve, updated
     from mecefo_jax.data import tokenizer as tokenizer_lib
     from mecefo_jax.training import run_setup
     from mecefo_jax.training.observers import Observer

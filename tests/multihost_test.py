@@ -26,7 +26,7 @@ import pytest
 from fast_xla import FLAGS as FAST_XLA_FLAGS
 
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config.resolve import resolve, updated
 
 pytestmark = pytest.mark.subprocess  # spawns keepers, workers or launchers
 

@@ -5,7 +5,7 @@ and 3), on a simulated cluster of a node per worker and the head spare (workers 
 to the head last); the programs come from the launcher tests' compilation cache.
 """
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config.resolve import resolve, updated
 
 WORKERS, LOCAL = 2, 2
 REPLICAS = WORKERS * LOCAL

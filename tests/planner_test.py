@@ -215,7 +215,7 @@ def test_plan_command_prints_every_strategy_as_json():
          os.path.join(root, 'configs', 'tiny.py'), '--down', '3', '--json'],
         capture_output=True, text=True, check=True, cwd=root).stdout
     report = json.loads(out)
-    from mecefo_jax.faults.strategies import STRATEGIES
+    from mecefo_jax.config.defaults import STRATEGIES
     assert set(report) == set(STRATEGIES)
     planned = report['mecefo_planned']
     assert [x['replica'] for x in planned['replicas']] == [0, 1, 2, 4, 5, 6, 7]
@@ -230,7 +230,7 @@ def test_plan_command_prints_every_strategy_as_json():
 
 def test_plan_command_shows_the_neighbour_row_cap():
     from configs import tiny
-    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.config.resolve import resolve
     from studies import fault_plan as plan
     cfg = resolve(tiny.get_config())
     # tiny: 2 sequences per shard on 8 replicas; one failure, capped at 4 rows: two mixed

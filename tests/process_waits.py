@@ -1,11 +1,11 @@
 """Holding a test until processes have ended: Ray's kills return before the processes do."""
 import time
 
-from mecefo_jax.snapshot import shm
+from mecefo_jax.host import processes
 
 
 def _running_pids(pids) -> list:
-    return [p for p in pids if shm.alive(p)]
+    return [p for p in pids if processes.alive(p)]
 
 
 def wait_gone(pids, what: str, limit: float = 30.0, poll: float = 0.05, running=_running_pids) -> None:

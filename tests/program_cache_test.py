@@ -98,7 +98,7 @@ def test_a_damaged_untraced_entry_is_traced_again_with_a_warning(tmp_path):
 
 def test_the_source_fingerprint_is_part_of_the_context():
     from configs.tiny import get_config
-    from mecefo_jax.config_resolve import resolve, updated
+    from mecefo_jax.config.resolve import resolve, updated
     cfg = resolve(get_config())
     context = program_cache.program_context(cfg)
     assert context.endswith(program_cache.source_fingerprint())
@@ -116,7 +116,7 @@ def test_the_loops_own_settings_leave_the_context_and_the_schedules_length_stays
     longer finds its programs untraced. `train.steps` still counts where it sets the
     learning-rate schedule's length (`lr_schedule_steps=0`)."""
     from configs.tiny import get_config
-    from mecefo_jax.config_resolve import resolve, updated
+    from mecefo_jax.config.resolve import resolve, updated
     cfg = resolve(get_config())
     assert cfg.train.lr_schedule_steps > 0  # tiny: the schedule has a length of its own
     context = program_cache.program_context(cfg)
@@ -285,7 +285,7 @@ def test_a_fresh_state_loads_without_tracing_and_equals_the_plain_init(tmp_path)
     """A fresh generation's workers find the init program before tracing it (a launcher's
     program cache); the state is the plain jit's bit for bit, and another seed is another program."""
     from configs import tiny
-    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.config.resolve import resolve
     from mecefo_jax.model.llama import build_model
     from mecefo_jax.model.optim import make_optimizer
     from mecefo_jax.parallel import sharding, state

@@ -4,7 +4,7 @@ import textwrap
 import pytest
 
 from configs import tiny
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.data import python_docs, sources
 
 LICENCE = '# Copyright 2026 Somebody. Licensed under the Apache License, Version 2.0.'

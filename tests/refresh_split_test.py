@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.neighbour.projections import subspace_iteration
-from mecefo_jax.parallel import refresh as refresh_lib
+from mecefo_jax.parallel import step as refresh_lib
 from mecefo_jax.parallel.state import TrainState
 from studies import xla_costs as aot
 

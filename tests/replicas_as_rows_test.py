@@ -21,7 +21,7 @@ from tree_asserts import assert_tree_close
 
 from configs import tiny
 from mecefo_jax import run as run_lib
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.faults.step_clock import WallClock, diluted
 from mecefo_jax.faults.strategies import layout_for
 from mecefo_jax.model.llama import build_model, init_params
@@ -111,7 +111,7 @@ def model_and_state():
 
 def _grads(model, params, projections, tokens, step_layout, devices):
     mesh = sharding.mesh_from_rows([[d] for d in jax.devices()[:devices]])
-    fn = jax.jit(step.make_grad_fn(model, mesh, step_layout.programs))
+    fn = jax.jit(step.make_grad_fn(model, mesh, step_layout.programs, ordered_reduction=False))
     shardings = sharding.batch_shardings(mesh)
     host = step_layout.assemble(tokens)
     batch = jax.device_put(host, {k: shardings[k] for k in host})

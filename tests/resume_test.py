@@ -11,7 +11,7 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax.checkpointing import checkpoint as ckpt_lib
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.training import loop as train_lib
 from mecefo_jax.training.metrics import read_metrics
 from mecefo_jax.training.observers import Observer
@@ -111,7 +111,7 @@ def test_a_launchers_own_run_with_nothing_saved_starts_over_and_a_checkpoint_sti
     from mecefo_jax.launch.worker_snapshots import restore_fn
 
     def own_run(workdir):
-        return restore_fn(WorkerArgs(config_json='{}', workdir=workdir, coordinator='', members=(0,),
+        return restore_fn(WorkerArgs(cfg=None, workdir=workdir, coordinator='', members=(0,),
                                      worker=0, workers=1, resume='fresh', own_run=True), {})
     workdir = str(tmp_path / 'nothing_saved')
     cfg = tiny(cache_dir, steps=3, **{'train.checkpoint_every': 0})

@@ -2,7 +2,7 @@
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from studies.runs import Run, parse_runs, run_config, run_name
 
 

@@ -10,7 +10,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs import tiny
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.model.llama import build_model, init_params
 from mecefo_jax.model.optim import make_optimizer
 from mecefo_jax.neighbour.projections import compute_projections

@@ -24,10 +24,10 @@ import numpy as np
 import optax
 import pytest
 
-from mecefo_jax.config.schema import ConfigError
+from mecefo_jax.config.defaults import ConfigError
 from mecefo_jax.model.optim import FlatMoments, hold_where, make_optimizer
 from mecefo_jax.parallel import step as step_lib
-from mecefo_jax.parallel.aot import abstract_batch
+from mecefo_jax.parallel.sharding import abstract_batch
 from studies import step_modes
 from studies.gpu import configs
 from studies.gpu.programs import Setup, mode_layout
@@ -57,7 +57,7 @@ def setup():
 def _lowered(setup, mode: str):
     programs = mode_layout(mode, BATCH).programs
     fn = step_lib.make_train_step(setup.model, setup.optimizer, setup.mesh, setup.shardings,
-                                  programs)
+                                  programs, ordered_reduction=False)
     return fn.lower(setup.state_abs, abstract_batch(setup.mesh, programs[0].rows, setup.seq))
 
 

@@ -16,7 +16,7 @@ from flax import linen as nn
 from tree_asserts import assert_tree_close
 
 from configs import tiny
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.model.llama import build_model, init_params
 from mecefo_jax.neighbour.attention_skip import is_attention_branch
 from mecefo_jax.neighbour.layout import (
@@ -108,7 +108,7 @@ def _mesh_and_step(rows, programs):
     """Mesh over `rows` (tuples of device ids) and its jitted grad fn, built once."""
     by_id = {d.id: d for d in jax.devices()}
     mesh = sharding.mesh_from_rows([[by_id[i] for i in row] for row in rows])
-    return mesh, _jit(step.make_grad_fn(MODEL, mesh, programs))
+    return mesh, _jit(step.make_grad_fn(MODEL, mesh, programs, ordered_reduction=False))
 
 
 def _put(batch, mesh):
@@ -359,7 +359,8 @@ def test_no_attention_gradient_leaves_attention_and_its_adam_state_untouched(set
 
     def train_step(mesh, layout):
         shardings = state.state_shardings(MODEL, optimizer, mesh, RANK)
-        return step.make_train_step(MODEL, optimizer, mesh, shardings, layout.programs), shardings
+        return step.make_train_step(MODEL, optimizer, mesh, shardings, layout.programs,
+                                    ordered_reduction=False), shardings
 
     def batch(layout, mesh, at_step):
         return _put(dict(assemble(layout, two_shards), step=np.int32(at_step)), mesh)
@@ -411,7 +412,8 @@ def test_a_batch_for_another_step_leaves_the_state_untouched(setup):
     mesh = sharding.mesh_from_rows([[jax.devices()[0]]])
     layout = full_layout(1, SHARD_BATCH)
     shardings = state.state_shardings(MODEL, optimizer, mesh, RANK)
-    train_step = step.make_train_step(MODEL, optimizer, mesh, shardings, layout.programs)
+    train_step = step.make_train_step(MODEL, optimizer, mesh, shardings, layout.programs,
+                                      ordered_reduction=False)
     # Copies: the step donates its state, and the module's fixture keeps its arrays.
     params, projections = jax.tree.map(jnp.array, (params, projections))
     start = jax.device_put(state.TrainState(step=jnp.asarray(4, jnp.int32), params=params,
@@ -455,7 +457,7 @@ def test_a_neighbour_with_both_ablation_switches_off_gives_the_exact_global_grad
     model = MODEL.variant(skip_attention=False, projection='exact')
     layout = _failure_layout(neighbour_row=2)
     mesh, _ = _mesh_and_step(LIVE_ROWS, layout.programs)
-    fn = _jit(step.make_grad_fn(model, mesh, layout.programs))
+    fn = _jit(step.make_grad_fn(model, mesh, layout.programs, ordered_reduction=False))
     grads, stats = fn(params, projections, _put(assemble(layout, tokens_nbt), mesh))
     assert_tree_close(grads, reference['grads'], REL, 'both switches off ')
     assert float(stats['attn_tokens']) == N_SHARDS * TOKENS_PER_SHARD
@@ -486,7 +488,7 @@ def test_the_neighbours_trust_weighs_its_rows_gradient_and_count(setup, referenc
     model = MODEL.variant(neighbour_weight=w, trust_top_blocks=1)
     layout = _failure_layout(neighbour_row=2)
     mesh, _ = _mesh_and_step(LIVE_ROWS, layout.programs)
-    fn = _jit(step.make_grad_fn(model, mesh, layout.programs))
+    fn = _jit(step.make_grad_fn(model, mesh, layout.programs, ordered_reduction=False))
     grads, stats = fn(params, projections, _put(assemble(layout, tokens_nbt), mesh))
     neighbour = np.zeros(N_SHARDS, bool)
     neighbour[[2, FAILED]] = True
@@ -507,12 +509,12 @@ def test_the_trust_tree_trusts_the_top_blocks_only():
     model = build_model(resolve(tiny.get_config()), num_layers=3, neighbour_weight=0.5,
                         trust_top_blocks=2)
     params = jax.eval_shape(lambda: nn.unbox(init_params(model, jax.random.key(0))))
-    trust = trust_tree(model.cfg, params)
+    trust = trust_tree(model.rules, model.cfg.num_layers, params)
     np.testing.assert_array_equal(np.ravel(trust['layers']['ffn']['w_up']['kernel']),
                                   [0.0, 0.5, 0.5])
     assert np.all(np.asarray(trust['layers']['attn']['wq']) == 0.0)  # skipped: no gradient
     assert trust['embedding'] == 0.0 and trust['head'] == 0.5
-    assert trust_tree(MODEL.cfg, params) is None  # the paper's rule: nothing to weigh
+    assert trust_tree(MODEL.rules, MODEL.cfg.num_layers, params) is None  # the paper's rule: nothing to weigh
 
 
 def test_without_ffn_kernel_gradients_the_neighbour_counts_as_dropped_for_them(setup,
@@ -523,7 +525,7 @@ def test_without_ffn_kernel_gradients_the_neighbour_counts_as_dropped_for_them(s
     model = MODEL.variant(projection='none')
     layout = _failure_layout(neighbour_row=2)
     mesh, _ = _mesh_and_step(LIVE_ROWS, layout.programs)
-    fn = _jit(step.make_grad_fn(model, mesh, layout.programs))
+    fn = _jit(step.make_grad_fn(model, mesh, layout.programs, ordered_reduction=False))
     grads, _ = fn(params, projections, _put(assemble(layout, tokens_nbt), mesh))
     roles = [ROLE_NORMAL] * N_SHARDS
     roles[2] = roles[FAILED] = ROLE_NEIGHBOUR
@@ -544,7 +546,7 @@ def test_attention_in_the_top_blocks_counts_the_neighbours_rows_there():
     from mecefo_jax.neighbour.combination import trust_tree
     model = build_model(resolve(tiny.get_config()), num_layers=3, attention_top_blocks=1)
     params = jax.eval_shape(lambda: nn.unbox(init_params(model, jax.random.key(0))))
-    trust = trust_tree(model.cfg, params)
+    trust = trust_tree(model.rules, model.cfg.num_layers, params)
     np.testing.assert_array_equal(np.ravel(trust['layers']['attn']['wq']), [0.0, 0.0, 1.0])
     np.testing.assert_array_equal(np.ravel(trust['layers']['ffn']['w_up']['kernel']), [1, 1, 1])
 
@@ -553,7 +555,7 @@ def test_the_ordered_reduction_gives_the_same_gradients(setup, reference):
     """train.ordered_reduction: every replica's sums gathered and added in replica order,
     for the full layout (plain programs, routed through it) and a neighbour's."""
     _, params, projections, tokens_nbt = setup
-    model = MODEL.variant(ordered_reduction=True)
+    model = MODEL
     for layout, expected, rows in (
             (full_layout(N_SHARDS, SHARD_BATCH), reference['grads'],
              tuple((r,) for r in range(N_SHARDS))),
@@ -561,6 +563,6 @@ def test_the_ordered_reduction_gives_the_same_gradients(setup, reference):
                 ROLE_NEIGHBOUR if s in (2, FAILED) else ROLE_NORMAL for s in range(N_SHARDS)]),
              LIVE_ROWS)):
         mesh, _ = _mesh_and_step(rows, layout.programs)
-        fn = _jit(step.make_grad_fn(model, mesh, layout.programs))
+        fn = _jit(step.make_grad_fn(model, mesh, layout.programs, ordered_reduction=True))
         grads, _ = fn(params, projections, _put(assemble(layout, tokens_nbt), mesh))
         assert_tree_close(grads, expected, REL, 'ordered reduction ')

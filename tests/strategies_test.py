@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from mecefo_jax.faults.strategies import STRATEGIES, AllReplicasDownError, adopters, layout_for, ring_order
+from mecefo_jax.config.defaults import CONTROLS, STRATEGIES
+from mecefo_jax.faults.strategies import REGISTRY, AllReplicasDownError, adopters, layout_for, ring_order
 from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Program, assemble
 
 N = 8
@@ -184,11 +185,6 @@ def test_ndb_naive_places_like_mecefo():
         assert (a.replicas, a.pieces) == (b.replicas, b.pieces)
 
 
-def test_the_retired_spread_strategy_is_refused():
-    with pytest.raises(ValueError, match="fault.strategy='mecefo_spread' is unknown"):
-        layout_for('mecefo_spread', mask(down=(3,)), B)
-
-
 @pytest.mark.parametrize('strategy', ['elastic', 'checkpoint_restart'])
 def test_elastic_spreads_over_every_live_replica(strategy):
     live = mask(down=(3,))
@@ -229,6 +225,13 @@ def test_all_down_raises(strategy):
         adopters((False,) * N)
 
 
-def test_unknown_strategy_names_the_config_field():
-    with pytest.raises(ValueError, match=r"fault\.strategy='bamboo'.*mecefo"):
+def test_an_unknown_strategy_is_named_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"strategy 'bamboo' is unknown.*mecefo"):
         layout_for('bamboo', mask(), B)
+
+
+def test_every_strategy_the_config_names_has_one_spec_in_its_order():
+    """`fault.strategy`'s values are declared in the config; the registry gives each one
+    spec, in the order reports list them, the controls last."""
+    assert tuple(spec.name for spec in REGISTRY) == STRATEGIES + CONTROLS
+    assert all(spec.control == (spec.name in CONTROLS) for spec in REGISTRY)

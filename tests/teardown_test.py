@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
+from mecefo_jax.host import processes
 from mecefo_jax.launch.generation import wait_exited
-from mecefo_jax.snapshot import shm
 
 
 def spawn(title: str) -> subprocess.Popen:
@@ -26,7 +26,7 @@ def test_a_worker_still_there_after_the_timeout_is_killed():
     worker = spawn('ray::Worker.run')
     try:
         assert wait_exited_within([worker.pid], 0.2)
-        assert not shm.alive(worker.pid)
+        assert not processes.alive(worker.pid)
     finally:
         worker.kill()
         worker.wait()
@@ -38,7 +38,7 @@ def test_a_reused_pid_is_neither_killed_nor_waited_for():
     other = spawn('not-a-ray-worker')
     try:
         assert wait_exited_within([other.pid], 0.2)
-        assert shm.alive(other.pid)
+        assert processes.alive(other.pid)
     finally:
         other.kill()
         other.wait()
@@ -78,4 +78,4 @@ def test_a_process_that_exits_while_it_is_looked_at_is_dead(monkeypatch):
             raise ProcessLookupError(3, 'No such process')
         return real_open(path, *args, **kwargs)
     monkeypatch.setattr(builtins, 'open', vanished)
-    assert shm.alive(os.getpid()) is False
+    assert processes.alive(os.getpid()) is False

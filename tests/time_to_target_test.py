@@ -18,8 +18,8 @@ import os
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
-from mecefo_jax.config_rules import ConfigError
+from mecefo_jax.config.resolve import resolve, updated
+from mecefo_jax.config.defaults import ConfigError
 from mecefo_jax.faults.schedule import events_from_config, parse_events
 from mecefo_jax.model import optim
 from studies import goodput

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from mecefo_jax.config import base_config
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.data import sources as data_sources
 from mecefo_jax.data import tokenizer as tokenizer_lib
 

@@ -7,7 +7,7 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax.checkpointing import checkpoint as ckpt_lib
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from mecefo_jax.training import loop as train_lib
 from mecefo_jax.training import resume, run_setup
 from mecefo_jax.training.metrics import read_metrics

@@ -6,7 +6,7 @@ import statistics
 import pytest
 
 from configs.small import get_config
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from studies import time_to_target_report as ttt_report
 from studies import verdict_breakeven as vb
 from studies import verdict_model as vm

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from configs.small import get_config
-from mecefo_jax.config_resolve import resolve
+from mecefo_jax.config.resolve import resolve
 from studies import verdict_model as vm
 from studies import verdict_points as vp
 from studies import verdict_report as vr
@@ -71,7 +71,7 @@ def test_each_seed_sets_the_data_order_and_every_strategy_of_a_seed_shares_it(to
     import numpy as np
 
     from configs.tiny import get_config as tiny
-    from mecefo_jax.config_resolve import updated
+    from mecefo_jax.config.resolve import updated
     from mecefo_jax.data.pipeline import make_pipeline
     from studies.runs import Run, run_config
     base = updated(resolve(tiny()), {'data.cache_dir': tokenizer_cache})

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax.config_resolve import resolve, updated
+from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.launch import outcome
 from mecefo_jax.launch.generation import Generation
 from mecefo_jax.launch.supervisor import Launcher

@@ -1,18 +1,13 @@
-"""The config: its defaults, its typed schema, and the record a run keeps of it.
+"""The config: every field declared once, resolved once, and recorded with the run.
 
 | module | what it owns |
 |---|---|
-| `defaults` | `base_config()`, `llama_config()`: every field, its default and meaning; no default is set elsewhere |
-| `schema` | the typed, frozen sections a resolved config becomes (`Config`, `ConfigError`) |
+| `defaults` | every field's default, type, rules and meaning; `Config`; `base_config()`, the ConfigDict configs edit |
+| `resolve` | a ConfigDict resolved into the checked `Config`, once per process; what command lines do first |
 | `record` | `<workdir>/config.json`, and what a mismatch with it means |
-Its rules and resolution sit above the layers they check (`config_rules`, `config_resolve`).
+
+`configs/*.py` start from `base_config()` or `llama_config(...)`, both here.
 """
+from mecefo_jax.config.defaults import base_config, llama_config
 
-
-def __getattr__(name):
-    # `from mecefo_jax.config import base_config`, without making every importer of
-    # the schema (keeper processes, the data path) import ml_collections.
-    if name in ('base_config', 'llama_config'):
-        from mecefo_jax.config import defaults
-        return getattr(defaults, name)
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+__all__ = ['base_config', 'llama_config']

@@ -24,7 +24,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from mecefo_jax.config.schema import DataSection
+from mecefo_jax.config.defaults import DataSection
 from mecefo_jax.data import sources as data_sources
 from mecefo_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
 

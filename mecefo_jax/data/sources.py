@@ -28,7 +28,7 @@ import tokenize
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mecefo_jax.config.schema import DataSection
+from mecefo_jax.config.defaults import DataSection
 from mecefo_jax.data import python_docs
 
 SPLITS = ('train', 'validation')

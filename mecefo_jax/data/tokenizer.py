@@ -21,9 +21,9 @@ from typing import Any
 
 import sentencepiece as spm
 
-from mecefo_jax.config.schema import DataSection
+from mecefo_jax.config.defaults import DataSection
 from mecefo_jax.data import sources as data_sources
-from mecefo_jax.host import atomic_file, multihost
+from mecefo_jax.host import files, multihost
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # Bump when the training recipe below changes, so stale cached models are not reused.
@@ -201,7 +201,7 @@ def _replace_if_different(model_bytes: bytes, model_path: str) -> None:
     except FileNotFoundError:
         pass
     os.makedirs(os.path.dirname(model_path), exist_ok=True)
-    atomic_file.write_bytes(model_path, model_bytes)  # readers see the old or the new model
+    files.write_bytes(model_path, model_bytes)  # readers see the old or the new model
 
 
 def _publish_atomically(model_bytes: bytes, model_path: str) -> None:
@@ -215,7 +215,7 @@ def _publish_atomically(model_bytes: bytes, model_path: str) -> None:
     os.makedirs(os.path.dirname(model_path), exist_ok=True)
     # Another process may have published first: then its model is the one used.
     # Filesystems without hard links: last writer wins, still never partial.
-    atomic_file.create_bytes(model_path, model_bytes, replace_without_links=True)
+    files.create_bytes(model_path, model_bytes, replace_without_links=True)
 
 
 def _user_model_file(tokenizer_path: str) -> str:

@@ -27,11 +27,10 @@ from mecefo_jax.faults.strategies import (
     Orphans,
     layout_for,
     strategy_spec,
-    validate_strategy,
 )
 from mecefo_jax.host import multihost
 from mecefo_jax.neighbour import projections as proj_lib
-from mecefo_jax.parallel.transfer import move_state
+from mecefo_jax.parallel.state import move_state
 from mecefo_jax.training.controller import Plan
 
 
@@ -67,7 +66,7 @@ class FaultController:
     def __init__(self, run, schedule: schedule_lib.FailureSchedule, strategy: str):
         cfg = run.cfg
         self.run, self.schedule = run, schedule
-        self.strategy = validate_strategy(strategy)
+        self.strategy = strategy
         self.tau = cfg.mecefo.tau
         # Whether a neighbour reads the held projections V (else they are never refreshed).
         self.uses_projections = cfg.mecefo.projection == 'weights'
@@ -103,7 +102,6 @@ class FaultController:
         are logged to metrics at the first step (once the resumed step is
         known and the metrics are cut back to it).
         """
-        validate_strategy(cfg.fault.strategy)
         events = schedule_lib.events_from_config(cfg.fault, num_replicas=run.num_shards,
                                                  total_steps=cfg.train.steps)
         return cls(run, schedule_lib.FailureSchedule(events, run.num_shards), cfg.fault.strategy)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from mecefo_jax.config.schema import PROJECTION_RULES
+from mecefo_jax.config.defaults import PROJECTION_RULES
 
 PEAK_FLOPS_A100_BF16 = 312e12  # A100 dense bf16 tensor-core peak, FLOP/s
 

@@ -18,7 +18,8 @@ import secrets
 import socket
 import sys
 
-from mecefo_jax.host import atomic_file
+from mecefo_jax.host import files
+from mecefo_jax.host.processes import same_process_alive, start_ticks
 
 LOCK_FILENAME = 'run.lock'
 log = logging.getLogger(__name__)
@@ -34,32 +35,6 @@ class WorkdirLockedError(WorkdirError):
 
 class WorkdirUnusableError(WorkdirError):
     """The workdir is a file, or cannot be created or written."""
-
-
-def start_ticks(pid: int) -> int | None:
-    """Process start time in clock ticks since boot (Linux), to spot pid reuse."""
-    try:
-        with open(f'/proc/{pid}/stat', encoding='ascii') as f:
-            fields = f.read().rsplit(')', 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19]) if fields[0] != 'Z' else -1  # -1: a zombie, already dead
-
-
-def same_process_alive(pid: int, recorded_ticks: int | None) -> bool:
-    """Whether `pid` still runs as the process whose `start_ticks` were recorded, not as a
-    process or thread that reused its number (a long job wraps pid_max); an unknown start
-    time on either side trusts the pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        pass
-    ticks = start_ticks(pid)
-    if ticks == -1:
-        return False
-    return ticks is None or recorded_ticks is None or ticks == recorded_ticks
 
 
 def _alive(holder: dict) -> bool:
@@ -132,7 +107,7 @@ class WorkdirLock:
                                        f'(chmod u+w {self.workdir}) or pass another --workdir.')
 
     def _create(self, record: dict) -> bool:
-        return atomic_file.create_bytes(self.path, json.dumps(record).encode('utf-8'))
+        return files.create_bytes(self.path, json.dumps(record).encode('utf-8'))
 
     def _read(self) -> dict | None:
         try:

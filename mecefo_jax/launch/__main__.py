@@ -38,7 +38,7 @@ def main(argv):
         return
     if _CONFIG.value is None or _NPROCS.value is None:
         sys.exit('launch: --config and --nprocs are required (or --cleanup).')
-    from mecefo_jax.config_resolve import resolve_or_exit
+    from mecefo_jax.config.resolve import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
     from mecefo_jax.host.workdir_lock import WorkdirError, WorkdirLock
     from mecefo_jax.launch import ray_cluster

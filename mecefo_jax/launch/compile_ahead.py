@@ -26,7 +26,7 @@ import resource
 import threading
 import time
 
-from mecefo_jax.host import atomic_file
+from mecefo_jax.host import files
 from mecefo_jax.launch import actors
 
 REPORT = 'compile_ahead.json'
@@ -62,16 +62,15 @@ class CompileMember:
     def pid(self) -> int:
         return os.getpid()
 
-    def compile(self, config_json: str, workdir: str, workers: int, lost: int, coordinator: str,
+    def compile(self, cfg, workdir: str, workers: int, lost: int, coordinator: str,
                 process_id: int, nice: int) -> dict:
         os.nice(nice)  # this thread, and the compile threads it starts: training comes first
-        from mecefo_jax.config_resolve import loads_json
-        out = compile_for_survivors(loads_json(config_json), workdir, workers, lost, coordinator,
+        out = compile_for_survivors(cfg, workdir, workers, lost, coordinator,
                                     process_id)
         return dict(out, cpu_sec=self.cpu_sec())
 
 
-def drive(cfg, config_json: str, workdir: str, placement, *, losses=None, nice: int = 19,
+def drive(cfg, workdir: str, placement, *, losses=None, nice: int = 19,
           stop: threading.Event | None = None, running: threading.Event | None = None,
           log=print) -> dict:
     """Compile for every survivor set in turn, one jax.distributed job each; the report.
@@ -97,7 +96,7 @@ def drive(cfg, config_json: str, workdir: str, placement, *, losses=None, nice: 
         handles = [member_cls.options(**actors.options(concurrency=2)).remote(env)
                    for _ in members]
         coordinator = ray.get(handles[0].free_port.remote())
-        refs = [h.compile.remote(config_json, workdir, placement.workers, lost, coordinator, p, nice)
+        refs = [h.compile.remote(cfg, workdir, placement.workers, lost, coordinator, p, nice)
                 for p, h in enumerate(handles)]
         row = {'lost_worker': lost, 'members': members,
                'pids': ray.get([h.pid.remote() for h in handles])}
@@ -112,14 +111,14 @@ def drive(cfg, config_json: str, workdir: str, placement, *, losses=None, nice: 
         report['sets'].append(row)
         report['cpu_sec'] += row['cpu_sec']
         report['wall_sec'] += row['wall_sec']
-        atomic_file.write_json(path, report)
+        files.write_json(path, report)
         log(f'[compile ahead] loss of worker {lost}: members {members} '
             f"{'compiled' if row['ok'] else 'FAILED or stopped'} in {row['wall_sec']:.1f} s "
             f"({row['cpu_sec']:.1f} CPU s)")
         if report['stopped']:
             return report
     report['done'] = not report['stopped']
-    atomic_file.write_json(path, report)
+    files.write_json(path, report)
     return report
 
 
@@ -148,7 +147,7 @@ class CompileAhead:
         self.enabled = (cfg.launch.compile_ahead and cfg.launch.recovery == 'memory'
                         and cfg.launch.compilation_cache
                         and bool(survivor_sets(placement)))
-        self._args = (cfg, cfg.to_json(), workdir, placement)
+        self._args = (cfg, workdir, placement)
         self._dir = os.path.join(workdir, 'launch')
         self._log = log
         self._stop = threading.Event()
@@ -190,7 +189,7 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     """Member: join the survivors' job and compile what their relaunch will ask for."""
     import jax
 
-    from mecefo_jax.parallel import program_cache
+    from mecefo_jax.parallel import program_cache, sharding
     placement_members = [w for w in range(workers) if w != lost]
     program_cache.configure(cfg.launch.compilation_cache, workdir,
                             program_cache.program_context(cfg))
@@ -198,7 +197,6 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     join(coordinator, len(placement_members), process_id)
     from mecefo_jax.faults.controller import FaultController
     from mecefo_jax.launch import placement as placement_lib
-    from mecefo_jax.parallel import aot
     from mecefo_jax.training import run_setup
     placement = placement_lib.Placement(workers, cfg.launch.local_devices,
                                         cfg.mesh.model)
@@ -209,13 +207,13 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     # layout, and its first prepare compiles exactly these (see _transition).
     controller = FaultController.from_config(cfg, run)
     topology, layout = controller.topology, controller.layout
-    state = aot.abstract(run.abstract_state, topology.state_shardings)
+    state = sharding.abstract(run.abstract_state, topology.state_shardings)
     _, step_sec = topology.compiled_step(
         state, topology.batch_spec(layout, cfg.data.seq_len + 1), layout)
     if layout.uses_neighbour_mode and controller.uses_projections:
         topology.refresh.compile(state)
-    tokens = aot.abstract_batch(topology.mesh, _eval_rows(run, topology.num_replicas),
-                                cfg.data.seq_len + 1, topology.num_replicas)
+    tokens = sharding.abstract_batch(topology.mesh, _eval_rows(run, topology.num_replicas),
+                                     cfg.data.seq_len + 1, topology.num_replicas)
     topology.eval_step.compile(state.params, tokens['tokens'], tokens['weights'])
     stats = program_cache.stats
     print(f'[compile ahead] process {process_id}: {stats.misses} compiled, {stats.hits} cached',
@@ -223,7 +221,7 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
     worker = placement_members[process_id]
     # With an empty cache, train_step_sec is a cold compile (lowering included)
     # of the very program the relaunch's first prepare asks for.
-    atomic_file.write_json(
+    files.write_json(
         os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.json'),
         {'lost_worker': lost, 'worker': worker, 'process_id': process_id,
          'train_step_sec': step_sec, 'programs': stats.programs})

@@ -14,13 +14,13 @@ import json
 import os
 
 from mecefo_jax.config.record import ABSENT, config_differences, override_flag
-from mecefo_jax.host import atomic_file
+from mecefo_jax.host import files
 
 RECORD = 'config.json'
 
 
 def write(launch_dir: str, cfg) -> None:
-    atomic_file.write_text(os.path.join(launch_dir, RECORD), cfg.to_json())
+    files.write_text(os.path.join(launch_dir, RECORD), cfg.to_json())
 
 
 def read(launch_dir: str) -> dict | None:

@@ -16,6 +16,7 @@ import os
 import signal as signal_lib
 import time
 
+from mecefo_jax.host import processes
 from mecefo_jax.launch import actors
 from mecefo_jax.launch.exits import (
     ABORTED_BY_JAX,
@@ -27,9 +28,8 @@ from mecefo_jax.launch.exits import (
     aborted_by_jax,
 )
 from mecefo_jax.launch.progress import parse_report
-from mecefo_jax.launch.worker import Worker, this_host
+from mecefo_jax.launch.worker import Worker
 from mecefo_jax.launch.worker_args import WorkerArgs
-from mecefo_jax.snapshot import shm
 from mecefo_jax.snapshot.keeper_actor import KeeperLost
 
 PROGRESS_SEC = 0.2  # how often each worker is asked how far it got
@@ -249,7 +249,7 @@ def stop(gen: Generation | None) -> None:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 (already dead)
             pass
-    here = this_host()
+    here = processes.this_host()
     local = [gen.info[w]['pid'] for w in gen.actors if gen.info.get(w, {}).get('host') == here]
     _kill_ray_workers(local)
     ray.wait(list(gen.runs.values()), num_returns=len(gen.runs), timeout=_TEARDOWN_SEC)
@@ -260,7 +260,7 @@ def stop(gen: Generation | None) -> None:
 def _kill_ray_workers(pids: list) -> None:
     """SIGKILL each pid that is still a Ray worker (one that is not has exited: its pid reused)."""
     for p in pids:
-        if (shm.cmdline(p) or '').startswith('ray::'):
+        if (processes.cmdline(p) or '').startswith('ray::'):
             try:
                 os.kill(p, signal_lib.SIGKILL)
             except ProcessLookupError:
@@ -274,9 +274,9 @@ def wait_exited(pids: list, timeout: float) -> None:
     one that is not has exited and its pid was reused.
     """
     deadline = time.monotonic() + timeout
-    while pids := [p for p in pids if shm.alive(p)]:
+    while pids := [p for p in pids if processes.alive(p)]:
         if time.monotonic() > deadline:
-            pids = [p for p in pids if (shm.cmdline(p) or '').startswith('ray::')]
+            pids = [p for p in pids if (processes.cmdline(p) or '').startswith('ray::')]
             _kill_ray_workers(pids)
             deadline = float('inf')
         time.sleep(_EXIT_POLL_SEC)

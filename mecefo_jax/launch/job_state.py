@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from mecefo_jax.config.schema import Config
+from mecefo_jax.config.defaults import Config
 from mecefo_jax.launch.compile_ahead import CompileAhead
 from mecefo_jax.launch.keepers import JobKeepers
 from mecefo_jax.launch.kills import Injector

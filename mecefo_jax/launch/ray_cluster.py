@@ -25,8 +25,8 @@ import subprocess
 import sys
 import time
 
+from mecefo_jax.host import processes
 from mecefo_jax.launch.ray_token import ensure_token
-from mecefo_jax.snapshot import shm
 
 STATE_FILE = 'ray_local.json'
 
@@ -81,9 +81,9 @@ def _read_state(workdir: str) -> dict | None:
 
 def _is_our_host(pid: int, workdir: str) -> bool:
     """Whether `pid` is a running ray_host holding `workdir`'s cluster (not a reused pid)."""
-    if not shm.alive(pid):
+    if not processes.alive(pid):
         return False
-    cmdline = shm.cmdline(pid)
+    cmdline = processes.cmdline(pid)
     if cmdline is None:
         return True  # no /proc: trust the pid
     return 'mecefo_jax.launch.ray_host' in cmdline and _state_path(workdir) in cmdline
@@ -136,7 +136,7 @@ def stop_local(workdir: str, timeout: float = 60.0) -> bool:
     pid = int(state['pid'])
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while shm.alive(pid):
+    while processes.alive(pid):
         if time.monotonic() > deadline:
             os.killpg(pid, signal.SIGKILL)  # its own session: the cluster's processes with it
             break

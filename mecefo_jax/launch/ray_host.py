@@ -21,7 +21,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from mecefo_jax.host import atomic_file  # noqa: E402
+from mecefo_jax.host import files  # noqa: E402
 
 # A node whose raylet stops answering is declared dead after about
 # period x threshold (Ray's defaults take 15 s or more): the launcher must
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
                        object_store_memory=args.object_store_mb << 20,
                        include_dashboard=False, log_to_driver=False, logging_level='WARNING',
                        _system_config=SYSTEM_CONFIG)
-    atomic_file.write_json(args.state_file, {
+    files.write_json(args.state_file, {
         'address': context.address_info['gcs_address'], 'pid': os.getpid(),
         'start_sec': time.perf_counter() - start,
         'session_dir': context.address_info.get('session_dir')}, indent=None)

@@ -15,7 +15,7 @@ import os
 import secrets
 import stat
 
-from mecefo_jax.host import atomic_file
+from mecefo_jax.host import files
 
 
 class TokenExposedError(PermissionError):
@@ -56,7 +56,7 @@ def ensure_token() -> bool:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     if made:
         os.chmod(directory, 0o700)  # makedirs' mode is filtered by the umask
-    created = atomic_file.create_bytes(path, secrets.token_hex(32).encode(), mode=0o600)
+    created = files.create_bytes(path, secrets.token_hex(32).encode(), mode=0o600)
     check_private(path)  # a concurrent creator's token must be private too
     _forget_cached_token()
     return created

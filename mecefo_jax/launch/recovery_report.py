@@ -14,7 +14,7 @@ import os
 import re
 import zlib
 
-from mecefo_jax.host import atomic_file
+from mecefo_jax.host import files
 
 PENDING_FILENAME = 'pending_recovery.json'
 
@@ -36,7 +36,7 @@ def append(out_dir: str, row: dict) -> dict:
 def hold(out_dir: str, row: dict | None) -> None:
     """Keep the open row on disk until it is recorded (a killed launcher's rerun records it)."""
     if row is not None:
-        atomic_file.write_json(os.path.join(out_dir, PENDING_FILENAME), row)
+        files.write_json(os.path.join(out_dir, PENDING_FILENAME), row)
 
 
 def record(out_dir: str, row: dict) -> dict:

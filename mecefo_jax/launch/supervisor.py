@@ -43,9 +43,9 @@ import signal
 import threading
 import time
 
-from mecefo_jax.config.schema import Config
-from mecefo_jax.config_resolve import updated
-from mecefo_jax.host import atomic_file
+from mecefo_jax.config.defaults import Config
+from mecefo_jax.config.resolve import updated
+from mecefo_jax.host import files
 from mecefo_jax.launch import actors, config_record, generation, ray_cluster, recovery_plan, recovery_report
 from mecefo_jax.launch.compile_ahead import CompileAhead
 from mecefo_jax.launch.exits import WorkerProgramError
@@ -159,7 +159,7 @@ class Launcher:
                 rejected = self.job.keepers.rejected()
                 self._end_keepers()
         summary = self._summary(gen, outcome, error, rejected)
-        atomic_file.write_json(os.path.join(self.dir, 'summary.json'), summary)  # never half a file
+        files.write_json(os.path.join(self.dir, 'summary.json'), summary)  # never half a file
         if error is not None:
             raise error
         return summary
@@ -280,7 +280,7 @@ class Launcher:
         """Each member's `WorkerArgs` fields but its place in the job: one resolved config
         (overrides included) for every worker of every generation; `own_run` past the job's
         first generation where its config record fits."""
-        base = dict(config_json=self.job.cfg.to_json(), workdir=self.workdir,
+        base = dict(cfg=self.job.cfg, workdir=self.workdir,
                     workers=self.job.placement.workers, generation=gen.number, resume=gen.resume,
                     resume_step=gen.resume_step, stop_at=gen.stop_at, keepers=keepers,
                     own_run=gen.number > 0 and config_record.differences(self.dir, self.job.cfg) == [],

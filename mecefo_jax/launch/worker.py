@@ -31,20 +31,10 @@ import sys
 import threading
 import time
 
-from mecefo_jax.host import atomic_file, workdir_lock
+from mecefo_jax.host import files, processes
 from mecefo_jax.launch import actors, worker_records, worker_snapshots
 from mecefo_jax.launch.progress import Progress
 from mecefo_jax.launch.worker_args import WorkerArgs
-
-
-def this_host() -> str:
-    """This machine, by name and boot: a pid names a process only on its own machine."""
-    try:
-        with open('/proc/sys/kernel/random/boot_id') as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ''
-    return f'{socket.gethostname()}/{boot}'
 
 
 class Worker:
@@ -86,7 +76,7 @@ class Worker:
         import ray
         context = ray.get_runtime_context()
         return {'pid': os.getpid(), 'node_id': context.get_node_id(),
-                'ip': ray.util.get_node_ip_address(), 'host': this_host()}
+                'ip': ray.util.get_node_ip_address(), 'host': processes.this_host()}
 
     def free_port(self) -> int:
         """A free port on this node for the coordinator (process 0 binds it next)."""
@@ -137,8 +127,7 @@ class Worker:
 
 
 def _run(args: WorkerArgs, actor: Worker) -> dict:
-    from mecefo_jax.config_resolve import loads_json
-    cfg = loads_json(args.config_json)
+    cfg = args.cfg
     import jax
     from absl import logging
     logging.set_verbosity(logging.WARNING)
@@ -169,7 +158,7 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     provenance = (os.path.join(args.out_dir, 'provenance.jsonl')
                   if jax.process_index() == 0 else None)
     start_record = dict(worker=args.worker, generation=args.generation, pid=os.getpid(),
-                        start_ticks=workdir_lock.start_ticks(os.getpid()),  # to tell a reused pid
+                        start_ticks=processes.start_ticks(os.getpid()),  # to tell a reused pid
                         process_start=actor.started, actor_created=actor.created,
                         actor_warm_sec=(actor.warmed or time.time()) - actor.created,
                         distributed_init_sec=distributed_init_sec, resume=args.resume)
@@ -186,7 +175,7 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     else:
         end = {'worker': args.worker, 'generation': args.generation, 'final_step': preempted,
                'finished': False, 'preempted': True}
-    atomic_file.write_json(os.path.join(args.out_dir, f'{args.tag}_end.json'), end, default=str)
+    files.write_json(os.path.join(args.out_dir, f'{args.tag}_end.json'), end, default=str)
     if step_log.provenance is not None:
         step_log.provenance.close()
     from mecefo_jax.launch.coordinator import leave

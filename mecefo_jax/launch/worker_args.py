@@ -12,7 +12,7 @@ import os
 @dataclasses.dataclass(frozen=True)
 class WorkerArgs:
     """What one worker of one generation runs (sent by the launcher to its actor)."""
-    config_json: str  # the job's resolved config (Config.to_json): one resolution for every worker
+    cfg: object  # the job's resolved `Config`: one resolution for every worker of every generation
     workdir: str
     coordinator: str  # host:port of the jax.distributed coordinator (process 0)
     members: tuple  # worker ids of this generation, in process order

@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 
-from mecefo_jax.host import atomic_file
+from mecefo_jax.host import files
 from mecefo_jax.launch.progress import Progress
 from mecefo_jax.launch.worker_args import WorkerArgs
 from mecefo_jax.training.observers import Observer  # pure Python: no jax before the actor is up
@@ -116,7 +116,7 @@ class StepLog(Observer):
         from mecefo_jax.parallel import program_cache
         events = [e for e in self.events if e.step == done.step]
         restored = self.info.get('restore')
-        atomic_file.write_json(self.start_path, dict(
+        files.write_json(self.start_path, dict(
             resume_step=done.step, first_step_done=time.time(),
             compile_sec=done.compile_sec + sum(e.compile_sec for e in events),
             programs_compiled=program_cache.stats.misses,

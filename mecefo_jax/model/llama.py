@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
-from mecefo_jax.config.schema import PROJECTION_RULES, Config, ModelSection
+from mecefo_jax.config.defaults import Config, MecefoSection, ModelSection
 from mecefo_jax.model.loss import chunked_cross_entropy
 from mecefo_jax.neighbour.attention_skip import skip_in_backward
 from mecefo_jax.neighbour.lowrank import lowrank_dense, sketched_dense
@@ -29,42 +29,8 @@ from mecefo_jax.neighbour.projections import resolve_rank
 PROJECTIONS = 'projections'  # variable collection holding the SVD projections V
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig(ModelSection):
-    """The config's model section (resolved and checked there), plus the neighbour's rules.
-
-    Every field of `config.schema.ModelSection` is inherited, never re-declared, so
-    the section stays the one place a model field is defined and checked.
-    """
-    # No defaults: every value comes from the resolved config (`from_config`), whose
-    # defaults live in mecefo_jax/config/defaults.py alone.
-    remat_ffn: bool  # neighbour-mode FFN recomputation (mecefo.remat_ffn)
-    unroll_loops: bool  # straight-line layers and loss chunks (FLOP counting; not a config field)
-    projection: str  # the neighbour's FFN gradient rule (mecefo.projection)
-    skip_attention: bool  # the neighbour's attention is identity in backward
-    attention_top_blocks: int  # ... except in the top K blocks
-    neighbour_weight: float  # the combination's trust (neighbour/combination.py)
-    trust_top_blocks: int
-    ordered_reduction: bool  # train.ordered_reduction: parallel/step.py's fixed-order sum
-    rank: float  # mecefo.rank: the 'gradient' rule's r ('weights' reads r off V)
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> ModelConfig:
-        """From the resolved Config: its model section plus mecefo's neighbour rules."""
-        m = cfg.mecefo
-        return cls(**dataclasses.asdict(cfg.model), remat_ffn=m.remat_ffn, unroll_loops=False,
-                   projection=m.projection, rank=m.rank, skip_attention=m.skip_attention,
-                   attention_top_blocks=m.attention_top_blocks,
-                   neighbour_weight=m.neighbour_weight, trust_top_blocks=m.trust_top_blocks,
-                   ordered_reduction=cfg.train.ordered_reduction)
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
+def head_dim(cfg: ModelSection) -> int:
+    return cfg.d_model // cfg.num_heads
 
 
 def _param(module, name, init, shape, logical_axes):
@@ -99,28 +65,15 @@ def rotary(x_blhe, theta: float):
 ATTN_PROJECTIONS = ('attn_q', 'attn_k', 'attn_v')
 ATTN_CONTEXT = 'attn_context'  # attention output before the output projection
 
-# name -> (what is saved for backward; the rest of the block is recomputed).
-REMAT_POLICIES = {
-    'none': 'no rematerialisation: every activation of the block is kept',
-    'full': 'only the block input is kept; the whole block is recomputed',
-    'save_attention': 'q, k, v and the attention context are kept; the FFN is recomputed',
-    'save_dots': 'every matmul output without batch dims is kept (XLA dots_saveable family)',
-}
-
-
 def remat_policy(name: str):
     """The jax.checkpoint policy for a named block remat policy; None for 'none'."""
     cp = jax.checkpoint_policies
-    policies = {
+    return {
         'none': None,
         'full': cp.nothing_saveable,
         'save_attention': cp.save_only_these_names(*ATTN_PROJECTIONS, ATTN_CONTEXT),
         'save_dots': cp.dots_with_no_batch_dims_saveable,
-    }
-    if name not in policies:
-        raise ValueError(f'model.remat_policy={name!r} is unknown; use one of '
-                         f'{", ".join(REMAT_POLICIES)}.')
-    return policies[name]
+    }[name]
 
 
 def attention_implementation(name: str, dtype: str, head_dim: int) -> str:
@@ -129,22 +82,20 @@ def attention_implementation(name: str, dtype: str, head_dim: int) -> str:
     cuDNN's fused kernel needs a GPU, half-precision inputs and a head dim
     that is a multiple of 8; everything else takes XLA's implementation.
     """
-    if name in ('xla', 'cudnn'):
-        return name
     if name != 'auto':
-        raise ValueError(f"model.attention={name!r}: use 'auto', 'xla' or 'cudnn'.")
+        return name
     fused = (jax.default_backend() == 'gpu' and dtype == 'bfloat16' and head_dim % 8 == 0)
     return 'cudnn' if fused else 'xla'
 
 
 class Attention(nn.Module):
     """Causal multi-head attention with optional grouped KV heads."""
-    cfg: ModelConfig
+    cfg: ModelSection
 
     @nn.compact
     def __call__(self, x_bld):
-        c, dt = self.cfg, self.cfg.compute_dtype
-        d, h, k, e = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
+        c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
+        d, h, k, e = c.d_model, c.num_heads, c.num_kv_heads, head_dim(c)
         init = nn.initializers.normal(stddev=d ** -0.5)
         wq_dhe = _param(self, 'wq', init, (d, h, e), ('embed', 'heads', 'head_dim'))
         wk_dke = _param(self, 'wk', init, (d, k, e), ('embed', 'kv_heads', 'head_dim'))
@@ -171,8 +122,8 @@ class FFNLinear(nn.Module):
     logical_axes: tuple
     dtype: jnp.dtype
     neighbour: bool
-    projection: str  # mecefo.projection, from ModelConfig
-    rank: float  # mecefo.rank, from ModelConfig
+    projection: str  # mecefo.projection
+    rank: float  # mecefo.rank (the 'gradient' rule's r; 'weights' reads r off V)
 
     @nn.compact
     def __call__(self, x_bln):
@@ -184,9 +135,6 @@ class FFNLinear(nn.Module):
             return x_bln @ kernel_nm.astype(self.dtype)
         if self.projection == 'none':  # exact activation gradient, no kernel gradient
             return x_bln @ jax.lax.stop_gradient(kernel_nm).astype(self.dtype)
-        if self.projection not in PROJECTION_RULES:
-            raise ValueError(f'mecefo.projection={self.projection!r}: use one of '
-                             f'{", ".join(PROJECTION_RULES)}.')
         if self.projection == 'gradient':
             return sketched_dense(x_bln, kernel_nm, resolve_rank(self.rank, n, self.features))
         v_nr = self.get_variable(PROJECTIONS, 'kernel')
@@ -198,15 +146,17 @@ class FFNLinear(nn.Module):
 
 class FeedForward(nn.Module):
     """SwiGLU: w_down(silu(w_gate x) * w_up x)."""
-    cfg: ModelConfig
+    cfg: ModelSection
+    rules: MecefoSection
     neighbour: bool = False
 
     @nn.compact
     def __call__(self, x_bld):
-        c, dt = self.cfg, self.cfg.compute_dtype
+        c, dt = self.cfg, jnp.dtype(self.cfg.dtype)
 
         def linear(features, axes, name):
-            return FFNLinear(features, axes, dt, self.neighbour, c.projection, c.rank, name=name)
+            return FFNLinear(features, axes, dt, self.neighbour, self.rules.projection,
+                             self.rules.rank, name=name)
 
         gate_blf = linear(c.ffn_hidden, ('embed', 'mlp'), 'w_gate')(x_bld)
         up_blf = linear(c.ffn_hidden, ('embed', 'mlp'), 'w_up')(x_bld)
@@ -215,38 +165,40 @@ class FeedForward(nn.Module):
 
 class Block(nn.Module):
     """One pre-norm block; `(x, _) -> (x, None)` so `nn.scan` can carry x."""
-    cfg: ModelConfig
+    cfg: ModelSection
+    rules: MecefoSection  # how the block's backward runs in neighbour mode
     neighbour: bool = False
 
     @nn.compact
     def __call__(self, x_bld, attention_grad=None):
         c = self.cfg
         attn_bld = Attention(c, name='attn')(RMSNorm(c.norm_eps, name='attn_norm')(x_bld))
-        if self.neighbour and c.skip_attention:
+        if self.neighbour and self.rules.skip_attention:
             # attention_grad: this block's gate (mecefo.attention_top_blocks), or None.
             attn_bld = skip_in_backward(attn_bld, attention_grad)
         x_bld = x_bld + attn_bld
         ffn_cls = FeedForward
-        if self.neighbour and c.remat_ffn:
+        if self.neighbour and self.rules.remat_ffn:
             # Keep only the FFN input; recompute its inner activations.
             ffn_cls = nn.remat(FeedForward, static_argnums=())
         ffn_in_bld = RMSNorm(c.norm_eps, name='ffn_norm')(x_bld)
-        ffn_bld = ffn_cls(c, self.neighbour, name='ffn')(ffn_in_bld)
+        ffn_bld = ffn_cls(c, self.rules, self.neighbour, name='ffn')(ffn_in_bld)
         return x_bld + ffn_bld, None
 
 
-def attention_gates(cfg: ModelConfig):
+def attention_gates(rules: MecefoSection, num_layers: int):
     """Per block, 1.0 where a skipping neighbour still computes the attention backward
     (the top `attention_top_blocks`), else 0.0; None where no block needs a gate."""
-    if not cfg.skip_attention or not cfg.attention_top_blocks:
+    if not rules.skip_attention or not rules.attention_top_blocks:
         return None
-    top = cfg.num_layers - cfg.attention_top_blocks
-    return jnp.asarray([float(i >= top) for i in range(cfg.num_layers)], jnp.float32)
+    top = num_layers - rules.attention_top_blocks
+    return jnp.asarray([float(i >= top) for i in range(num_layers)], jnp.float32)
 
 
-def _run_blocks(cfg: ModelConfig, neighbour: bool, x_bld):
+def _run_blocks(model: Llama, neighbour: bool, x_bld):
     """All blocks: scanned (one body, params [N, ...]) or looped (`layers_i`)."""
-    gates = attention_gates(cfg) if neighbour else None
+    cfg, rules = model.cfg, model.rules
+    gates = attention_gates(rules, cfg.num_layers) if neighbour else None
     block = Block
     policy = remat_policy(cfg.remat_policy)
     if policy is not None:
@@ -255,13 +207,13 @@ def _run_blocks(cfg: ModelConfig, neighbour: bool, x_bld):
     if cfg.scan_layers:
         scanned = nn.scan(block, variable_axes={'params': 0, PROJECTIONS: 0},
                           split_rngs={'params': True}, length=cfg.num_layers,
-                          unroll=cfg.num_layers if cfg.unroll_loops else 1,
+                          unroll=cfg.num_layers if model.unroll_loops else 1,
                           metadata_params={nn.PARTITION_NAME: 'layers'})
-        x_bld, _ = scanned(cfg, neighbour, name='layers')(x_bld, gates)
+        x_bld, _ = scanned(cfg, rules, neighbour, name='layers')(x_bld, gates)
         return x_bld
     for i in range(cfg.num_layers):
         gate = None if gates is None else gates[i]
-        x_bld, _ = block(cfg, neighbour, name=f'layers_{i}')(x_bld, gate)
+        x_bld, _ = block(cfg, rules, neighbour, name=f'layers_{i}')(x_bld, gate)
     return x_bld
 
 
@@ -273,12 +225,18 @@ class Llama(nn.Module):
     weighted sum of next-token cross-entropies, computed in chunks of
     `loss_chunk_tokens` tokens without ever building the whole logits tensor.
     """
-    cfg: ModelConfig
+    cfg: ModelSection
+    rules: MecefoSection  # the neighbour's backward (mecefo.*): used in neighbour mode only
+    unroll_loops: bool = False  # straight-line layers and loss chunks (FLOP counting)
 
     @nn.nowrap  # a plain method: the new model is no submodule of this one
     def variant(self, **changes) -> Llama:
-        """The same model with some `ModelConfig` fields changed (benchmarks, tests)."""
-        return Llama(dataclasses.replace(self.cfg, **changes), parent=None)
+        """The same model with some `model` or `mecefo` fields, or `unroll_loops`, changed
+        (benchmarks, tests, ablations)."""
+        unroll = changes.pop('unroll_loops', self.unroll_loops)
+        rules = {k: changes.pop(k) for k in list(changes) if k in _RULE_FIELDS}
+        return Llama(dataclasses.replace(self.cfg, **changes),
+                     dataclasses.replace(self.rules, **rules), unroll, parent=None)
 
     @nn.compact
     def __call__(self, tokens_bl, neighbour: bool = False, targets_bl=None, weights_b=None):
@@ -287,13 +245,13 @@ class Llama(nn.Module):
                           (c.vocab_size, c.d_model), ('vocab', 'embed'))
         # Gather the rows, then cast: casting the whole table every step would
         # read and write V x D values for a few thousand tokens.
-        x_bld = embed_vd[tokens_bl].astype(c.compute_dtype)
-        x_bld = _run_blocks(c, neighbour, x_bld)
+        x_bld = embed_vd[tokens_bl].astype(c.dtype)
+        x_bld = _run_blocks(self, neighbour, x_bld)
         x_bld = RMSNorm(c.norm_eps, name='final_norm')(x_bld)
         head_dv = _param(self, 'head', nn.initializers.normal(stddev=c.d_model ** -0.5),
                          (c.d_model, c.vocab_size), ('embed', 'vocab'))
         if targets_bl is None:
-            return jnp.matmul(x_bld, head_dv.astype(c.compute_dtype),
+            return jnp.matmul(x_bld, head_dv.astype(c.dtype),
                               preferred_element_type=jnp.float32)
         b, length = tokens_bl.shape
         if weights_b is None:
@@ -301,7 +259,10 @@ class Llama(nn.Module):
         weights_n = jnp.broadcast_to(weights_b[:, None], (b, length)).reshape(-1)
         return chunked_cross_entropy(x_bld.reshape(b * length, -1), head_dv,
                                      targets_bl.reshape(-1), weights_n,
-                                     chunk_tokens=c.loss_chunk_tokens, unroll=c.unroll_loops)
+                                     chunk_tokens=c.loss_chunk_tokens, unroll=self.unroll_loops)
+
+
+_RULE_FIELDS = {f.name for f in dataclasses.fields(MecefoSection)}
 
 
 def init_params(model: Llama, rng, seq_len: int = 8):
@@ -313,7 +274,7 @@ def init_params(model: Llama, rng, seq_len: int = 8):
 def build_model(cfg: Config, **changes) -> Llama:
     """The LLaMA of a resolved config: the one way every caller builds it.
 
-    `changes` replace `ModelConfig` fields for a variant of the same model
-    (benchmarks: fewer layers, unrolled loops, no scan).
+    `changes` replace `model` or `mecefo` fields, or `unroll_loops`, for a variant of
+    the same model (benchmarks: fewer layers, unrolled loops, no scan).
     """
-    return Llama(dataclasses.replace(ModelConfig.from_config(cfg), **changes))
+    return Llama(cfg.model, cfg.mecefo).variant(**changes)

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from mecefo_jax.config.schema import TrainSection
+from mecefo_jax.config.defaults import TrainSection
 
 
 def schedule_steps(train_cfg: TrainSection) -> int:

@@ -25,15 +25,16 @@ from mecefo_jax.neighbour.attention_skip import is_attention_branch
 LAYERS = 'layers'  # the scanned blocks' subtree: leaves [num_layers, ...]
 
 
-def is_paper_rule(cfg) -> bool:
-    """Every neighbour gradient fully trusted (the paper's rule): no weights are applied."""
-    return (cfg.neighbour_weight == 1.0 and cfg.trust_top_blocks == 0
-            and cfg.projection != 'none' and not _attention_per_block(cfg))
+def is_paper_rule(rules) -> bool:
+    """Every neighbour gradient fully trusted (the paper's rule): no weights are applied.
+    `rules` is the config's `mecefo` section."""
+    return (rules.neighbour_weight == 1.0 and rules.trust_top_blocks == 0
+            and rules.projection != 'none' and not _attention_per_block(rules))
 
 
-def _attention_per_block(cfg) -> bool:
+def _attention_per_block(rules) -> bool:
     """Some blocks' attention gets neighbour gradients, others none."""
-    return cfg.skip_attention and cfg.attention_top_blocks > 0
+    return rules.skip_attention and rules.attention_top_blocks > 0
 
 
 def _is_ffn_kernel(path) -> bool:
@@ -47,20 +48,20 @@ def _block_of(path) -> int | None:
     return int(name[len(LAYERS) + 1:]) if name.startswith(LAYERS + '_') else None
 
 
-def trust_tree(cfg, params):
-    """Params-shaped weights w (a float, or [L, 1, ...] for scanned blocks); None under
-    the paper's rule. `cfg` is the model's config (`model.ModelConfig`)."""
-    if is_paper_rule(cfg):
+def trust_tree(rules, layers: int, params):
+    """Params-shaped weights w (a float, or [L, 1, ...] for scanned blocks) of a model of
+    `layers` blocks under the `mecefo` section's `rules`; None under the paper's rule."""
+    if is_paper_rule(rules):
         return None
-    w, top, layers = cfg.neighbour_weight, cfg.trust_top_blocks, cfg.num_layers
+    w, top = rules.neighbour_weight, rules.trust_top_blocks
     trusted = np.array([w if not top or i >= layers - top else 0.0 for i in range(layers)],
                        np.float32)
     # Attention gradients exist where the neighbour computes its attention backward.
-    computed = np.array([not cfg.skip_attention or i >= layers - cfg.attention_top_blocks
+    computed = np.array([not rules.skip_attention or i >= layers - rules.attention_top_blocks
                          for i in range(layers)], np.float32)
 
     def weight(path, leaf):
-        if _is_ffn_kernel(path) and cfg.projection == 'none':
+        if _is_ffn_kernel(path) and rules.projection == 'none':
             return 0.0
         per_block = trusted * computed if is_attention_branch(path) else trusted
         name = str(getattr(path[0], 'key', path[0]))

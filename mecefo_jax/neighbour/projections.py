@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 FFN_KERNEL_NAMES = ('w_gate', 'w_up', 'w_down')
-REFRESH_METHODS = ('svd', 'subspace')
 
 
 def resolve_rank(rank: Any, n_in: int, m_out: int, field: str = 'mecefo.rank') -> int:
@@ -45,26 +44,6 @@ def resolve_rank(rank: Any, n_in: int, m_out: int, field: str = 'mecefo.rank') -
     if not 0.0 < frac <= 1.0:  # also rejects NaN
         raise ValueError(f'{field} must be {valid}; got {rank!r}')
     return max(1, min(max_rank, math.floor(frac * max_rank + 0.5)))
-
-
-def _check_tau(tau: Any, field: str = 'mecefo.tau') -> int:
-    """The refresh period as an int >= 1; tau < 1 would make `step % tau` meaningless.
-
-    The config's rules check `mecefo.tau` once at start; this guards direct callers.
-    """
-    if isinstance(tau, bool) or not isinstance(tau, numbers.Integral) or tau < 1:
-        raise ValueError(f'{field} must be an int >= 1; got {tau!r}')
-    return int(tau)
-
-
-def _check_refresh(method: Any, iterations: Any) -> tuple[str, int]:
-    """(method, iterations), checked for direct callers (the config's rules check the fields)."""
-    if method not in REFRESH_METHODS:
-        raise ValueError(f'mecefo.refresh must be one of {REFRESH_METHODS}; got {method!r}')
-    if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral) \
-            or iterations < 1:
-        raise ValueError(f'mecefo.refresh_iters must be an int >= 1; got {iterations!r}')
-    return method, int(iterations)
 
 
 def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
@@ -207,7 +186,6 @@ def refresh_projections(params: Mapping[str, Any], previous: Mapping[str, Any], 
     `subspace_iteration` on the kernel at the same path, placed by
     `split_for(path, kernel)` when given (the SVD path ignores it).
     """
-    method, iterations = _check_refresh(method, iterations)
     if method == 'svd':
         return compute_projections(params, rank)
 
@@ -230,7 +208,6 @@ def needs_refresh(step: int, *, tau: int, failure_onset: bool, neighbour_active:
     device is in neighbour mode it is refreshed every `tau` steps to track the
     drifting weights; with no neighbour active V is unused, so never.
     """
-    tau = _check_tau(tau)
     if step < 0:
         raise ValueError(f'step must be >= 0; got {step}')
     if failure_onset:

@@ -27,7 +27,7 @@ import warnings
 import jax
 import jaxlib
 
-from mecefo_jax.host import atomic_file
+from mecefo_jax.host import files
 from mecefo_jax.model.optim import schedule_steps
 
 
@@ -201,14 +201,14 @@ def load_or_compute(name: str, identity: str, compute):
     except Exception as error:  # a damaged entry: compute it and write it again
         warnings.warn(f'program cache: could not load {path} ({error!r}); computing it.', stacklevel=2)
     value = compute()
-    atomic_file.write_bytes(path, pickle.dumps(value))
+    files.write_bytes(path, pickle.dumps(value))
     return value
 
 
 def _store_untraced(path: str, payload: bytes, lowered) -> None:
     _, in_tree = jax.tree_util.tree_flatten(lowered.args_info)
     entry = (payload, in_tree, lowered.out_tree, calls_lapack(lowered.as_text()))
-    atomic_file.write_bytes(path, pickle.dumps(entry))
+    files.write_bytes(path, pickle.dumps(entry))
 
 
 def calls_lapack(program_text: str) -> bool:
@@ -297,7 +297,7 @@ def _fresh(lowered, devices, path: str, name: str):
     stats.programs.append((name, 'miss', seconds))
     payload = _serialise(compiled, path)
     if payload is not None:
-        atomic_file.write_bytes(path, payload)
+        files.write_bytes(path, payload)
     return compiled, payload
 
 

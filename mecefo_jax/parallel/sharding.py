@@ -1,17 +1,17 @@
-"""Mesh construction and the one table mapping logical axis names to mesh axes.
+"""Meshes, the one table mapping logical axis names to mesh axes, and abstract step inputs.
 
-Model code names parameter axes logically ('embed', 'mlp', ...); only this
-module knows how those names land on the ("data", "model") mesh.
+Model code names parameter axes logically ('embed', 'mlp', ...); only this module
+knows how those names land on the ("data", "model") mesh. Abstract inputs
+(ShapeDtypeStructs carrying shardings) let a step compile before any array exists.
 """
-import os
-
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax.config.schema import MeshSection
+from mecefo_jax.config.defaults import MeshSection
 
 DATA_AXIS = 'data'
 MODEL_AXIS = 'model'
@@ -28,22 +28,6 @@ LOGICAL_AXIS_RULES = (
     ('mlp', MODEL_AXIS),
     ('rank', None),
 )
-
-
-def simulate_cpu_devices(count: int) -> None:
-    """Ask XLA for `count` fake CPU devices; effective only before jax starts.
-
-    Fake devices run side by side in threads, and each one's LAPACK call into a
-    multi-threaded OpenBLAS oversubscribes the cores (a refresh at 32 fake devices on 2
-    cores took minutes instead of milliseconds). So BLAS gets one thread per call unless
-    OPENBLAS_NUM_THREADS is set, as the launcher's workers do (`launch/actors.py`), which
-    also keeps results bit-identical between a worker and one process.
-    """
-    flag = f'--xla_force_host_platform_device_count={count}'
-    flags = os.environ.get('XLA_FLAGS', '')
-    if 'xla_force_host_platform_device_count' not in flags:
-        os.environ['XLA_FLAGS'] = f'{flags} {flag}'.strip()
-    os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
 
 
 def mesh_shape(mesh_cfg: MeshSection, num_devices: int, *,
@@ -73,11 +57,17 @@ def mesh_shape(mesh_cfg: MeshSection, num_devices: int, *,
     return data, model
 
 
-def make_mesh(mesh_cfg: MeshSection, devices=None, *, allow_subset: bool = False) -> Mesh:
-    """The ("data", "model") mesh from config, over `devices` (default: all)."""
+def device_rows(mesh_cfg: MeshSection, devices=None, *, allow_subset: bool = False) -> list[tuple]:
+    """The config's replica rows of `devices` (default: all), in data-axis order: what every
+    mesh of a run is built from (`mesh_from_rows`)."""
     devices = list(jax.devices() if devices is None else devices)
     data, model = mesh_shape(mesh_cfg, len(devices), allow_subset=allow_subset)
-    return mesh_from_rows([devices[r * model:(r + 1) * model] for r in range(data)])
+    return [tuple(devices[r * model:(r + 1) * model]) for r in range(data)]
+
+
+def make_mesh(mesh_cfg: MeshSection, devices=None, *, allow_subset: bool = False) -> Mesh:
+    """The ("data", "model") mesh from config, over `devices` (default: all)."""
+    return mesh_from_rows(device_rows(mesh_cfg, devices, allow_subset=allow_subset))
 
 
 def mesh_from_rows(rows) -> Mesh:
@@ -89,11 +79,6 @@ def mesh_from_rows(rows) -> Mesh:
     grid = np.array([list(row) for row in rows], dtype=object)
     return Mesh(grid, (DATA_AXIS, MODEL_AXIS),
                 axis_types=(AxisType.Auto, AxisType.Auto))
-
-
-def mesh_rows(mesh: Mesh) -> list[tuple]:
-    """Replica rows of a mesh, in data-axis order."""
-    return [tuple(row) for row in mesh.devices]
 
 
 def fit_spec(spec: P, shape, mesh: Mesh) -> P:
@@ -133,3 +118,19 @@ def batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
     """Where a step's host batch goes: rows split over `data`, the step number everywhere."""
     data = data_sharded(mesh)
     return {'tokens': data, 'weights': data, 'programs': data, 'step': replicated(mesh)}
+
+
+def abstract(tree, shardings):
+    """ShapeDtypeStructs carrying `shardings`: compile without materialising."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        tree, shardings)
+
+
+def abstract_batch(mesh, rows: int, seq: int, num_replicas: int = 1):
+    """The step's batch dict as ShapeDtypeStructs ([R*rows, seq] tokens, ...)."""
+    sh = batch_shardings(mesh)
+    n = num_replicas * rows
+    return {'tokens': jax.ShapeDtypeStruct((n, seq), jnp.int32, sharding=sh['tokens']),
+            'weights': jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sh['weights']),
+            'programs': jax.ShapeDtypeStruct((num_replicas,), jnp.int32, sharding=sh['programs']),
+            'step': jax.ShapeDtypeStruct((), jnp.int32, sharding=sh['step'])}

@@ -1,10 +1,11 @@
-"""The train state pytree, its layout on a mesh and its sharded creation."""
+"""The train state pytree: its layout on a mesh, its sharded creation, its move to another mesh."""
 import dataclasses
 from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -118,3 +119,29 @@ def create_train_state(model: Llama, optimizer, mesh, *, seed: int, rank, shardi
     compiled = program_cache.load_or_compile(init, (), mesh.devices.flat, 'init',
                                              identity=f'seed={seed} rank={rank!r}')
     return compiled(), shardings
+
+
+def move_state(state, shardings):
+    """Place `state` on the arrays' new shardings (possibly another mesh).
+
+    Single-process: a device-to-device `device_put`. Multi-process: every
+    process rebuilds its new local shards from an old local shard with the
+    same index (replicas along 'data' hold identical copies), so no process
+    needs another's memory.
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(state, shardings)
+
+    def move(x, new_sharding):
+        local = {}
+        for shard in x.addressable_shards:
+            local.setdefault(_index_key(shard.index, x.shape), shard.data)
+
+        def fetch(index):
+            return np.asarray(local[_index_key(index, x.shape)])
+        return jax.make_array_from_callback(x.shape, new_sharding, fetch)
+    return jax.tree.map(move, state, shardings)
+
+
+def _index_key(index, shape):
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape))

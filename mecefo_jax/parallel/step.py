@@ -11,8 +11,14 @@ rule, docs/algorithm.md section 4). The 'model' axis stays automatic in both.
 Every batch carries the step it was assembled for; a non-finite step leaves the state
 untouched, and so does every later one, so a loop reading metrics only every few steps
 still stops at the first bad step's state.
+
+The projection refresh recomputes every FFN kernel's V (at failure onsets and every
+`tau` steps while a neighbour is active: neighbour/projections.py has the maths); the
+kernels are identical on every replica, so large ones split the refresh's products
+over 'data' (`data_split_spec`), and small ones refresh whole everywhere.
 """
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.model import optim
 from mecefo_jax.model.llama import PROJECTIONS, Llama
+from mecefo_jax.neighbour import projections as proj_lib
 from mecefo_jax.neighbour.attention_skip import is_attention_branch
 from mecefo_jax.neighbour.combination import combine, scale_cotangents, trust_tree
 from mecefo_jax.neighbour.layout import ROLE_NORMAL
@@ -62,7 +69,7 @@ def _program_grads(model: Llama, program, params, projections, tokens_ct, weight
     exact = program.exact_rows
     parts = [(start, stop, neighbour) for start, stop, neighbour in
              ((0, exact, False), (exact, program.rows, True)) if stop > start]
-    trust = trust_tree(model.cfg, params)
+    trust = _trust(model, params)
 
     def loss_sum(p):
         return sum(token_loss_sum(model, scale_cotangents(p, trust) if neighbour else p,
@@ -75,21 +82,25 @@ def _program_grads(model: Llama, program, params, projections, tokens_ct, weight
             _token_count(tokens_ct[exact:program.rows], weights_c[exact:program.rows]))
 
 
+def _trust(model: Llama, params):
+    return trust_tree(model.rules, model.cfg.num_layers, params)
+
+
 def _stats(model: Llama, loss_sum, exact_tokens, neighbour_tokens) -> dict:
     """The step's loss and counts; `attn_tokens`: the rows that gave an attention gradient."""
     tokens = exact_tokens + neighbour_tokens
-    skipped = model.cfg.skip_attention and not model.cfg.attention_top_blocks
+    skipped = model.rules.skip_attention and not model.rules.attention_top_blocks
     attn = exact_tokens if skipped else tokens
     return {'loss': loss_sum / jnp.maximum(tokens, 1.0), 'tokens': tokens, 'attn_tokens': attn}
 
 
 def _combined(model: Llama, params, grad_sums, exact_tokens, neighbour_tokens):
-    return combine(grad_sums, exact_tokens, neighbour_tokens, trust_tree(model.cfg, params),
-                   model.cfg.skip_attention)
+    return combine(grad_sums, exact_tokens, neighbour_tokens, _trust(model, params),
+                   model.rules.skip_attention)
 
 
-def _device_grads(model: Llama, programs, params, projections, tokens_ct, weights_c,
-                  program_1):
+def _device_grads(model: Llama, programs, ordered_reduction: bool, params, projections, tokens_ct,
+                  weights_c, program_1):
     """One device's gradient sum over its joined rows, in its own program only."""
     # Mark the replicated state as varying over 'data' first: otherwise the
     # transpose of the implicit broadcast psums the parameter gradients
@@ -99,7 +110,7 @@ def _device_grads(model: Llama, programs, params, projections, tokens_ct, weight
                                   weights_c) for p in programs]
     # Rows past a program are padding (weight 0): they count nowhere.
     out = branches[0]() if len(branches) == 1 else lax.switch(program_1[0], branches)
-    if model.cfg.ordered_reduction:
+    if ordered_reduction:
         # Every replica's sums gathered (data movement only), then added in replica order:
         # the same bits whatever the collective's own summation order.
         return jax.tree.map(lambda x: jnp.sum(lax.all_gather(x, DATA, to='invarying'), axis=0),
@@ -116,10 +127,11 @@ def is_plain(programs) -> bool:
     return len(programs) == 1 and programs[0].role == ROLE_NORMAL
 
 
-def make_grad_fn(model: Llama, mesh, programs):
-    """fn(params, projections, batch) -> (grads, stats) for a layout's programs."""
+def make_grad_fn(model: Llama, mesh, programs, *, ordered_reduction: bool):
+    """fn(params, projections, batch) -> (grads, stats) for a layout's programs;
+    `ordered_reduction` is train.ordered_reduction."""
     programs = tuple(programs)
-    if is_plain(programs) and not (model.cfg.ordered_reduction and mesh.shape[DATA] > 1):
+    if is_plain(programs) and not (ordered_reduction and mesh.shape[DATA] > 1):
         return lambda params, projections, batch: _plain_grads(model, params, projections,
                                                                batch)
     if mesh.shape[DATA] == 1:
@@ -135,7 +147,8 @@ def make_grad_fn(model: Llama, mesh, programs):
                     _stats(model, loss_sum, exact, neighbour))
         return single_replica_grad_fn
     device_grads = jax.shard_map(
-        lambda p, v, tok, w, prog: _device_grads(model, programs, p, v, tok, w, prog),
+        lambda p, v, tok, w, prog: _device_grads(model, programs, ordered_reduction, p, v, tok,
+                                                 w, prog),
         mesh=mesh, in_specs=(P(), P(), P(DATA), P(DATA), P(DATA)),
         out_specs=P(), axis_names={DATA})
 
@@ -148,10 +161,11 @@ def make_grad_fn(model: Llama, mesh, programs):
     return grad_fn
 
 
-def make_train_step(model: Llama, optimizer, mesh, state_shardings, programs):
+def make_train_step(model: Llama, optimizer, mesh, state_shardings, programs, *,
+                    ordered_reduction: bool):
     """Pure `train_step(state, batch) -> (state, metrics)`, jitted and donating state."""
     programs = tuple(programs)
-    grad_fn = make_grad_fn(model, mesh, programs)
+    grad_fn = make_grad_fn(model, mesh, programs, ordered_reduction=ordered_reduction)
     has_neighbour = any(p.exact_rows < p.rows for p in programs)
 
     def train_step(state, batch):
@@ -189,3 +203,76 @@ def make_eval_step(model: Llama, mesh, param_shardings):
                    out_shardings=sharding.replicated(mesh))
 
 
+# ------------------------------------------------------------------ the projection refresh
+
+def data_split_spec(spec: P, shape, mesh_shape) -> P:
+    """`spec` with 'data' added on the kernel's long axis (the longer of the last two).
+
+    The FFN kernels are identical on every data-parallel replica, so the
+    refresh's products can be split over 'data' too: each replica computes
+    1/data of them. 'data' goes minor to an axis already split on 'model',
+    so the reshard is a local slice. When the long axis does not split
+    evenly, the other one is taken if it does; if neither does, GSPMD pads
+    the long axis (ceil(n / parts) rows per device: still about 1/data).
+    """
+    axes = list(spec) + [None] * (len(shape) - len(spec))
+
+    def parts(dim):
+        current = axes[dim]
+        named = () if current is None else (current if isinstance(current, tuple) else (current,))
+        return named + (DATA,)
+
+    def even(dim):
+        return shape[dim] % math.prod(mesh_shape[a] for a in parts(dim)) == 0
+
+    long_dim, short_dim = (-2, -1) if shape[-2] > shape[-1] else (-1, -2)
+    dim = long_dim if even(long_dim) or not even(short_dim) else short_dim
+    axes[dim] = parts(dim)
+    return P(*axes)
+
+
+def _refresh_split_for(state_shardings, min_elements: int):
+    """path, kernel -> RefreshSplit: the kernel split over 'data' as well, blocks replicated;
+    a kernel under `min_elements` per layer stays where the model puts it (no split)."""
+    kernels = state_shardings.params
+    mesh = getattr(jax.tree.leaves(kernels)[0], 'mesh', None)  # None: not a NamedSharding
+    mesh_shape = dict(mesh.shape) if mesh is not None else {}
+
+    def split_for(path, kernel_nm):
+        sharding_ = kernels
+        for key in path:
+            sharding_ = sharding_[key]
+        if mesh_shape.get(DATA, 1) == 1 or not isinstance(sharding_, jax.sharding.NamedSharding):
+            return proj_lib.RefreshSplit()  # one replica: nothing to split
+        if math.prod(kernel_nm.shape[-2:]) < min_elements:
+            return proj_lib.RefreshSplit()  # cheaper whole than with two collectives
+        spec = tuple(data_split_spec(sharding_.spec, kernel_nm.shape, mesh_shape))
+        lead = spec[:-2]
+
+        def place(*axes):
+            named = jax.sharding.NamedSharding(mesh, P(*axes))
+            return lambda x: lax.with_sharding_constraint(x, named)
+        return proj_lib.RefreshSplit(
+            kernel=place(*spec), product_m=place(*lead, spec[-1], None),
+            product_n=place(*lead, spec[-2], None), block=place())
+    return split_for
+
+
+def make_refresh_fn(rank, state_shardings, *, method: str, iterations: int,
+                    split_min_elements: int = 0):
+    """Jitted state -> state with every FFN projection V recomputed.
+
+    `method` 'svd' is exact; 'subspace' runs `iterations` of subspace
+    iteration warm-started from the V the state holds (mecefo.refresh),
+    its products split over the data axis (`data_split_spec`) for kernels
+    of at least `split_min_elements` per layer
+    (mecefo.refresh_split_min_elements).
+    """
+    split_for = _refresh_split_for(state_shardings, split_min_elements)
+
+    def refresh(state):
+        return state.replace(projections=proj_lib.refresh_projections(
+            state.params, state.projections, rank, method=method, iterations=iterations,
+            split_for=split_for))
+    return jax.jit(refresh, in_shardings=(state_shardings,),
+                   out_shardings=state_shardings, donate_argnums=0)

@@ -1,9 +1,10 @@
-"""One mesh and everything compiled for it, cached so no topology compiles twice.
+"""One mesh and everything compiled for it, cached so no topology is built or compiled twice.
 
-A `Topology` owns one mesh built from the live replica rows: the state's shardings
-there, the AOT-compiled train step per layout signature, and the eval and refresh
-functions. `TopologyCache` keys them by the live rows. Every program compiles through
-`program_cache`, so a process that compiled it before (or a compile-ahead job) loads it.
+A `Topology` owns the mesh built from one set of live replica rows, the state's
+shardings there (from the state's one layout), the train step compiled per layout
+signature, and the eval and refresh programs. `TopologyCache` keys them by the rows.
+Every program compiles through `program_cache`, so a process that compiled it before
+(or a compile-ahead job) loads it.
 """
 import dataclasses
 import time
@@ -11,11 +12,11 @@ import time
 import jax
 import numpy as np
 
+from mecefo_jax.config.defaults import Config
 from mecefo_jax.neighbour.layout import Layout
-from mecefo_jax.parallel import aot, program_cache, sharding
-from mecefo_jax.parallel import refresh as refresh_lib
+from mecefo_jax.parallel import program_cache, sharding
 from mecefo_jax.parallel import step as step_lib
-from mecefo_jax.parallel.transfer import retarget
+from mecefo_jax.parallel.state import StateLayout
 
 
 class CachedProgram:
@@ -50,21 +51,15 @@ class Topology:
     rows: tuple
     mesh: jax.sharding.Mesh
     state_shardings: object
-    eval_step: object
-    refresh: object
+    eval_step: CachedProgram
+    refresh: CachedProgram
     build_sec: float
-    model: object  # the Llama every program of this topology runs
-    optimizer: object
-    compiled: dict = dataclasses.field(default_factory=dict)
+    train_step: object  # fn(programs) -> the jitted (not yet compiled) train step
+    compiled: dict = dataclasses.field(default_factory=dict)  # layout signature -> program
 
     @property
     def num_replicas(self) -> int:
         return len(self.rows)
-
-    def train_step(self, layout: Layout):
-        """The jitted (not yet compiled) train step for the layout's programs."""
-        return step_lib.make_train_step(self.model, self.optimizer, self.mesh,
-                                        self.state_shardings, layout.programs)
 
     def compiled_step(self, state, batch, layout: Layout):
         """AOT-compiled step for the layout's signature; (fn, compile seconds or 0)."""
@@ -73,13 +68,13 @@ class Topology:
             return self.compiled[key], 0.0
         start = time.perf_counter()
         self.compiled[key] = program_cache.load_or_compile(
-            self.train_step(layout), (state, batch), self.mesh.devices.flat, 'train_step',
+            self.train_step(layout.programs), (state, batch), self.mesh.devices.flat, 'train_step',
             identity=repr(key))
         return self.compiled[key], time.perf_counter() - start
 
     def batch_spec(self, layout: Layout, seq: int) -> dict:
         """Abstract step inputs for `layout`, to compile before the data arrives."""
-        return aot.abstract_batch(self.mesh, layout.capacity, seq, len(layout.replicas))
+        return sharding.abstract_batch(self.mesh, layout.capacity, seq, len(layout.replicas))
 
     def put_batch(self, host_batch: dict):
         """Host step inputs -> global arrays on this mesh (multi-process safe)."""
@@ -92,32 +87,37 @@ class Topology:
 
 
 class TopologyCache:
-    """Builds each mesh (by its live rows) once and keeps it."""
+    """Builds each topology (by its live rows) once, and keeps it."""
 
-    def __init__(self, model, optimizer, base_shardings, rank, *, refresh: str,
-                 refresh_iters: int, refresh_split_min_elements: int):
-        self._model, self._optimizer = model, optimizer
-        self._base_shardings, self._rank = base_shardings, rank
-        self._refresh = dict(method=refresh, iterations=refresh_iters,
-                             split_min_elements=refresh_split_min_elements)
+    def __init__(self, model, optimizer, state_layout: StateLayout, cfg: Config):
+        self._model, self._optimizer, self._layout = model, optimizer, state_layout
+        self._mecefo, self._ordered = cfg.mecefo, cfg.train.ordered_reduction
         self._cache: dict[tuple, Topology] = {}
 
     def get(self, rows) -> Topology:
         rows = tuple(tuple(r) for r in rows)
         if rows not in self._cache:
-            start = time.perf_counter()
-            mesh = sharding.mesh_from_rows(rows)
-            shardings = retarget(self._base_shardings, mesh)
-            self._cache[rows] = Topology(
-                rows=rows, mesh=mesh, state_shardings=shardings,
-                eval_step=CachedProgram(step_lib.make_eval_step(
-                    self._model, mesh, shardings.params), mesh, 'eval_step'),
-                refresh=CachedProgram(refresh_lib.make_refresh_fn(self._rank, shardings,
-                                                               **self._refresh),
-                                      mesh, 'refresh'),
-                build_sec=time.perf_counter() - start,
-                model=self._model, optimizer=self._optimizer)
+            self._cache[rows] = self._build(rows)
         return self._cache[rows]
+
+    def _build(self, rows) -> Topology:
+        start = time.perf_counter()
+        mesh = sharding.mesh_from_rows(rows)
+        shardings = self._layout.shardings(mesh)
+        m = self._mecefo
+        refresh = step_lib.make_refresh_fn(m.rank, shardings, method=m.refresh,
+                                           iterations=m.refresh_iters,
+                                           split_min_elements=m.refresh_split_min_elements)
+
+        def train_step(programs):
+            return step_lib.make_train_step(self._model, self._optimizer, mesh, shardings, programs,
+                                            ordered_reduction=self._ordered)
+        return Topology(
+            rows=rows, mesh=mesh, state_shardings=shardings,
+            eval_step=CachedProgram(step_lib.make_eval_step(self._model, mesh, shardings.params),
+                                    mesh, 'eval_step'),
+            refresh=CachedProgram(refresh, mesh, 'refresh'),
+            build_sec=time.perf_counter() - start, train_step=train_step)
 
     def __len__(self):
         return len(self._cache)

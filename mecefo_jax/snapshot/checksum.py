@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import queue
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 import xxhash
+
+from mecefo_jax.host.processes import DaemonQueue
 
 # A chunk and its copy's source fit in a core's L2 (1 MiB on the EPYC measured:
 # 256 and 512 KiB chunks kept 0.86 to 0.91x of the copy's speed, 1 MiB 0.4 to 0.8x).
@@ -59,7 +60,7 @@ def _sums(srcs, dsts, chunk) -> list[int]:
     if chunk <= 0:
         raise ValueError(f'Checksum chunk must be positive, got {chunk}.')
     tasks = _tasks([d.nbytes for d in dsts], chunk)
-    results = _Pool.run(tasks, srcs, dsts) if len(tasks) > 1 and _THREADS > 1 \
+    results = _pooled(tasks, srcs, dsts) if len(tasks) > 1 and _THREADS > 1 \
         else [_run(t, srcs, dsts) for t in tasks]
     per = [[] for _ in dsts]
     for task, digests in zip(tasks, results):
@@ -95,53 +96,38 @@ def _run(task, srcs, dsts) -> list[bytes]:
     return out
 
 
-class _Pool:
-    """A few daemon threads taking tasks from one queue.
+def _pooled(tasks, srcs, dsts) -> list:
+    """`_run` of each task on the checksum threads; the results in task order."""
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    work = _THREADS_QUEUE.get()
+    for i, task in enumerate(tasks):
+        work.put((i, task, srcs, dsts, done))
+    results: list = [None] * len(tasks)
+    errors = []
+    for _ in tasks:
+        i, ok, value = done.get()
+        results[i] = value
+        if not ok:
+            errors.append(value)
+    if errors:
+        raise errors[0]
+    return results
 
-    Not a ThreadPoolExecutor: its worker still holds a task's arguments for
-    a moment after the result is handed back, and those are views of a
-    keeper's mapping, which cannot be unmapped while a view lives. Here a
-    worker drops the task before it reports.
-    """
-    _queue: queue.SimpleQueue | None = None
-    _pid = -1
-    _lock = threading.Lock()
 
-    @classmethod
-    def run(cls, tasks, srcs, dsts) -> list:
-        done: queue.SimpleQueue = queue.SimpleQueue()
-        work = cls._work()
-        for i, task in enumerate(tasks):
-            work.put((i, task, srcs, dsts, done))
-        results: list = [None] * len(tasks)
-        errors = []
-        for _ in tasks:
-            i, ok, value = done.get()
-            results[i] = value
-            if not ok:
-                errors.append(value)
-        if errors:
-            raise errors[0]
-        return results
+def _serve(work: queue.SimpleQueue) -> None:
+    """One checksum thread. Not a ThreadPoolExecutor: its worker still holds a task's
+    arguments for a moment after handing back the result, and those are views of a
+    keeper's mapping, which cannot be unmapped while a view lives; here a worker drops
+    the task before it reports."""
+    while True:
+        i, task, srcs, dsts, done = work.get()
+        try:
+            value, ok = _run(task, srcs, dsts), True
+        except BaseException as e:  # noqa: BLE001 (raised in the caller)
+            value, ok = e, False
+        del task, srcs, dsts
+        done.put((i, ok, value))
+        del done, value
 
-    @classmethod
-    def _work(cls) -> queue.SimpleQueue:
-        with cls._lock:
-            if cls._pid != os.getpid():  # first use, or a forked child without the threads
-                cls._queue, cls._pid = queue.SimpleQueue(), os.getpid()
-                for n in range(_THREADS):
-                    threading.Thread(target=cls._worker, args=(cls._queue,), daemon=True,
-                                     name=f'snapshot-checksum-{n}').start()
-            return cls._queue
 
-    @staticmethod
-    def _worker(work: queue.SimpleQueue) -> None:
-        while True:
-            i, task, srcs, dsts, done = work.get()
-            try:
-                value, ok = _run(task, srcs, dsts), True
-            except BaseException as e:  # noqa: BLE001 (raised in the caller)
-                value, ok = e, False
-            del task, srcs, dsts
-            done.put((i, ok, value))
-            del done, value
+_THREADS_QUEUE = DaemonQueue(_serve, threads=_THREADS, name='snapshot-checksum')

@@ -21,6 +21,9 @@ import weakref
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 
+from mecefo_jax.host import processes
+from mecefo_jax.host.processes import DaemonQueue
+
 log = logging.getLogger(__name__)
 
 SHM_DIR = '/dev/shm'
@@ -129,33 +132,20 @@ def when_unused(anchor, then: Callable[[], None]) -> None:
     The anchor dies inside the garbage collector, in whichever thread let go
     of it last, which must not wait there (on a keeper, say).
     """
-    weakref.finalize(anchor, _Later.queue().put, then)
+    weakref.finalize(anchor, _LATER.get().put, then)
 
 
-class _Later:
-    """One daemon thread per process running `when_unused` callbacks."""
-    _queue: queue.SimpleQueue | None = None
-    _pid = -1
-    _lock = threading.Lock()
+def _run_later(work: queue.SimpleQueue) -> None:
+    while True:
+        then = work.get()
+        try:
+            then()
+        except Exception:  # noqa: BLE001 (e.g. the keeper is gone, and its pins with it)
+            log.debug('A deferred callback failed', exc_info=True)
+        del then
 
-    @classmethod
-    def queue(cls) -> queue.SimpleQueue:
-        with cls._lock:
-            if cls._pid != os.getpid():  # first use, or a forked child without the thread
-                cls._queue, cls._pid = queue.SimpleQueue(), os.getpid()
-                threading.Thread(target=cls._run, args=(cls._queue,), daemon=True,
-                                 name='shm-when-unused').start()
-            return cls._queue
 
-    @staticmethod
-    def _run(work: queue.SimpleQueue) -> None:
-        while True:
-            then = work.get()
-            try:
-                then()
-            except Exception:  # noqa: BLE001 (e.g. the keeper is gone, and its pins with it)
-                log.debug('A deferred callback failed', exc_info=True)
-            del then
+_LATER = DaemonQueue(_run_later, name='shm-when-unused')  # one thread per process
 
 
 def close(seg) -> None:
@@ -183,32 +173,6 @@ def listed(pid: int) -> list[str]:
     return sorted(n for n in names if n.startswith(prefix(pid)))
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except ProcessLookupError:  # it exited between the signal and the read
-        return False
-    except (FileNotFoundError, IndexError):
-        return True
-
-
-def cmdline(pid: int) -> str | None:
-    """`pid`'s command line (a process title, when it set one), or None where it cannot be read."""
-    try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-            return f.read().decode(errors='replace')
-    except OSError:
-        return None
-
-
 def remove_stale(job: str | None = None) -> list[str]:
     """Unlink segments whose keeper process is gone (of `job`'s keepers only, when given);
     returns their names."""
@@ -223,7 +187,7 @@ def remove_stale(job: str | None = None) -> list[str]:
             continue
         if job is not None and not n.startswith(prefix(int(head[3:]), job)):
             continue
-        if not alive(int(head[3:])):
+        if not processes.alive(int(head[3:])):
             try:
                 os.unlink(os.path.join(SHM_DIR, n))
                 removed.append(n)

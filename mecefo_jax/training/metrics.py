@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mecefo_jax.host import atomic_file
+from mecefo_jax.host import files
 
 METRICS_FILENAME = 'metrics.jsonl'
 RESUME_SOURCES = ('memory', 'disk', 'start_over')  # start_over: step 0, nothing was saved
@@ -86,7 +86,7 @@ def truncate_rows_after(path: str, step: int) -> int:
                 and row['step'] > step):
             kept.append(line if line.endswith('\n') else line + '\n')
     dropped = sum(1 for line in lines if line.strip()) - len(kept)
-    atomic_file.write_text(os.fspath(path), ''.join(kept))
+    files.write_text(os.fspath(path), ''.join(kept))
     return dropped
 
 

@@ -97,7 +97,7 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     model = build_model(cfg)
     optimizer = optim.make_optimizer(cfg.train)
     if replica_rows is None:
-        replica_rows = sharding.mesh_rows(sharding.make_mesh(cfg.mesh))
+        replica_rows = sharding.device_rows(cfg.mesh)
     replica_rows = tuple(None if row is None else tuple(row) for row in replica_rows)
     present_rows = [row for row in replica_rows if row is not None]
     if not present_rows:
@@ -105,10 +105,7 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     if cfg.mesh.replicas and len(present_rows) < len(replica_rows):
         raise ValueError(f'mesh.replicas={cfg.mesh.replicas} simulates replicas as rows in one job; '
                          'a relaunch on survivors needs one replica per row: set --config.mesh.replicas=0.')
-    mesh = sharding.mesh_from_rows(present_rows)
-    rank = cfg.mecefo.rank
-    refresh, refresh_iters = cfg.mecefo.refresh, cfg.mecefo.refresh_iters
-    state_layout = state_lib.layout(model, optimizer, rank)
+    state_layout = state_lib.layout(model, optimizer, cfg.mecefo.rank)
     num_shards = cfg.mesh.replicas or len(replica_rows)
     vocab = cfg.model.vocab_size
     train_data = data_lib.make_pipeline(cfg.data, vocab_size=vocab, num_shards=num_shards,
@@ -126,9 +123,6 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
     return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
                full_rows=replica_rows,
                state_layout=state_layout,
-               topologies=TopologyCache(model, optimizer, state_layout.shardings(mesh), rank,
-                                        refresh=refresh, refresh_iters=refresh_iters,
-                                        refresh_split_min_elements=(
-                                            cfg.mecefo.refresh_split_min_elements)),
+               topologies=TopologyCache(model, optimizer, state_layout, cfg),
                train_data=train_data, val_data=val_data, checkpointer=checkpointer,
                metrics=MetricsWriter(workdir))

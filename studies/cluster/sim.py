@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from mecefo_jax.config import defaults as config_defaults
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults import planner as planner_lib
-from mecefo_jax.faults import strategies as strategies_lib
 from mecefo_jax.faults.strategies import SPECS, Orphans, StrategySpec
 from mecefo_jax.neighbour.layout import ROLE_NORMAL
 from studies import bench_costs, refresh_costs
@@ -22,7 +22,7 @@ from studies.cluster import traces as traces_lib
 
 CONTINUOUS_ROWS = 1000  # rows per shard the planner splits when batches are continuous
 FAULT_FREE = 'fault_free'  # the baseline: no failures at all
-STRATEGIES = (FAULT_FREE,) + strategies_lib.STRATEGIES
+STRATEGIES = (FAULT_FREE,) + config_defaults.STRATEGIES
 ASSUMPTIONS = ('in_process', 'real_crash')
 
 

@@ -25,5 +25,5 @@ def load(name: str, overrides: dict | None = None):
         if field not in (node := getattr(cfg, section)):
             raise ValueError(f'gpu report: config {name} has no field {dotted}.')
         setattr(node, field, value)
-    from mecefo_jax.config_resolve import resolve
+    from mecefo_jax.config.resolve import resolve
     return resolve(cfg)

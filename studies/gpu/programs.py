@@ -74,7 +74,7 @@ class Setup:
         from mecefo_jax.model.llama import build_model
         from mecefo_jax.model.optim import make_optimizer
         from mecefo_jax.parallel import sharding
-        from mecefo_jax.parallel.aot import abstract
+        from mecefo_jax.parallel.sharding import abstract
         from mecefo_jax.parallel.state import trace_layout
         self, rank = cls(), cfg.mecefo.rank
         self.cfg, self.device, self.model = cfg, device or jax.devices()[0], build_model(cfg)
@@ -91,14 +91,15 @@ class Setup:
     def compile(self, mode: str, batch: int):
         from mecefo_jax.parallel import sharding
         from mecefo_jax.parallel import step as step_lib
-        from mecefo_jax.parallel.aot import abstract_batch
+        from mecefo_jax.parallel.sharding import abstract_batch
         if mode == 'plain_dp':
             tokens = jax.ShapeDtypeStruct((batch, self.seq), np.int32, sharding=sharding.data_sharded(self.mesh))
             fn = step_modes.make_plain_dp_step(self.model, self.optimizer, self.mesh, self.shardings.params,
                                                self.shardings.opt_state)
             return fn.lower(self.state_abs.params, self.state_abs.opt_state, tokens).compile()
         programs = mode_layout(mode, batch).programs
-        fn = step_lib.make_train_step(self.model, self.optimizer, self.mesh, self.shardings, programs)
+        fn = step_lib.make_train_step(self.model, self.optimizer, self.mesh, self.shardings,
+                                       programs, ordered_reduction=False)
         return fn.lower(self.state_abs, abstract_batch(self.mesh, programs[0].rows, self.seq)).compile()
 
     @property

@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 
-from mecefo_jax.host import workdir_lock
+from mecefo_jax.host import processes
 from studies.report import fmt, markdown_table, write_json
 from tests.drills import chaos_soak, chaos_verify, findings
 
@@ -91,7 +91,7 @@ def _soak(config_path, workdir, out_dir, *, kills, seed, nodes, values, max_gap,
     try:
         records = soak.run()
         wall = time.time() - start
-        cluster_procs = [(p.process.pid, workdir_lock.start_ticks(p.process.pid))
+        cluster_procs = [(p.process.pid, processes.start_ticks(p.process.pid))
                          for node in soak.cluster.nodes.values()
                          for procs in node.all_processes.values() for p in procs]
     finally:

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from mecefo_jax.host import workdir_lock
+from mecefo_jax.host import processes
 
 KINDS = ('worker', 'keeper', 'launcher', 'node', 'hang', 'double')
 WORKERS, LOCAL_DEVICES = 4, 2
@@ -204,7 +204,7 @@ class Soak:
             with open(path) as f:
                 record = json.load(f)
             # Not a reused pid: the soak must never signal a process that is not the worker.
-            if workdir_lock.same_process_alive(record['pid'], record.get('start_ticks')):
+            if processes.same_process_alive(record['pid'], record.get('start_ticks')):
                 out[record['worker']] = record['pid']
         return out
 

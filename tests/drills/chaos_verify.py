@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from mecefo_jax.host import workdir_lock
+from mecefo_jax.host import processes
 from mecefo_jax.snapshot import shm
 
 
@@ -113,7 +113,7 @@ def simulate(cfg, events: str, sim_dir: str, replicas: int) -> dict:
     import jax
 
     from mecefo_jax import run as run_lib
-    from mecefo_jax.config_resolve import updated
+    from mecefo_jax.config.resolve import updated
     from mecefo_jax.training.run_setup import build_run
     # Only the final parameters are compared: the simulation saves no checkpoint.
     cfg = updated(cfg, {'fault.events': events, 'fault.regime': '', 'train.checkpoint_every': 0})
@@ -140,11 +140,11 @@ def leaks(workdir: str, namespace: str, cluster_procs: list[tuple[int, int | Non
     for generation in start_records(workdir).values():
         # A long soak wraps pid_max: a worker's number may be a later process's or thread's.
         left += [f"worker process {s['pid']} (g{s['generation']} w{s['worker']})"
-                 for s in generation if workdir_lock.same_process_alive(s['pid'], s.get('start_ticks'))]
+                 for s in generation if processes.same_process_alive(s['pid'], s.get('start_ticks'))]
     left += [f'shared memory segment {n}' for n in sorted(os.listdir(shm.SHM_DIR))
              if n.startswith('mcf') and f'_{namespace}_' in n]
     if os.path.exists(os.path.join(workdir, 'run.lock')):
         left.append('the workdir lock run.lock')
     left += [f'cluster process {p}' for p, ticks in cluster_procs
-             if workdir_lock.same_process_alive(p, ticks)]
+             if processes.same_process_alive(p, ticks)]
     return left

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import os
 
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config.resolve import updated
 from tests.drills import crash_drill_jobs as jobs_lib
 from tests.drills.crash_drill_random import KILLS, random_kills
 from tests.drills.crash_drill_report import drill_findings, markdown

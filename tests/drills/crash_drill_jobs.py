@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config.resolve import updated
 from mecefo_jax.launch.supervisor import Launcher
 from tests.drills import crash_drill_nodes
 

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 
-from mecefo_jax.config_resolve import updated
+from mecefo_jax.config.resolve import updated
 
 _CONFIG_PY = '''"""The drill's resolved config, as a config file for the launcher's command line."""
 import json

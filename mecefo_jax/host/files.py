@@ -1,4 +1,5 @@
-"""Files written so that a reader, or a crash, sees the old bytes or the new ones, whole.
+"""Files: written so that a reader, or a crash, sees the old bytes or the new ones, whole;
+and read back as JSON, or None where there is nothing whole to read.
 
 The one way the project writes a file that something else reads back
 (records, caches, reports a later run resumes from): the bytes go to a temp
@@ -89,3 +90,12 @@ def create_bytes(path: str, data: bytes, *, replace_without_links: bool = False,
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def read_json(path: str) -> Any:
+    """The JSON value in `path`; None where it is missing, unreadable or not whole JSON."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
