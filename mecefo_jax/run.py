@@ -26,7 +26,7 @@ def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None
     if not failures and not elastic and all(built.present):
         controller = StaticController(built)
     elif strategy_spec(cfg.fault.strategy).restores_at_failure:
-        from mecefo_jax.faults.restart import RestartController
+        from mecefo_jax.faults.controller import RestartController
         controller = RestartController.from_config(cfg, built)
     else:
         from mecefo_jax.faults.controller import FaultController

@@ -20,5 +20,9 @@
 | `snapshot_bench` | the keepers' write, read and restore paths and the async writer, each against a plain copy |
 | `gpu/` | every GPU figure in one command, each section in its own process (`scripts/gpu_report.py`) |
 | `cluster/` | the strategies projected to 8 to 1,024 replicas (numpy Monte Carlo) |
+| `fault_plan` | every strategy's layout and modelled step for a set of failed replicas |
+| `bench_costs`, `refresh_costs` | step costs read from a benchmark; what one projection refresh costs a replica |
+| `corpus_export` | the python_docs corpus frozen into files, so a CPU and a GPU train on the same text |
+| `verdict_60m` | the verdict's `paper_like_60m` point: `paper_like` at the 60M shape, on a GPU |
 | `report` | number formatting, the one markdown table helper, seed lists, JSON and plots |
 """

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mecefo_jax.snapshot import async_writer, checksum, jax_io, shm
+from mecefo_jax.snapshot import async_writer, blob, jax_io, shm
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter, open_snapshots
 
 
@@ -63,7 +63,7 @@ def _copies(parts: list[np.ndarray], repeats) -> dict:
         for p, lo in zip(parts, offsets):
             np.copyto(dst[lo:lo + p.nbytes], p)
     return {'copy_sec': _median(copy, repeats, warmup=1),
-            'checksum_sec': _median(lambda: checksum.sums(parts), repeats, warmup=1)}
+            'checksum_sec': _median(lambda: blob.sums(parts), repeats, warmup=1)}
 
 
 def _reads(keeper, abstract, repeats) -> dict:
@@ -127,7 +127,7 @@ def path_figures(tree, keeper, *, repeats: int = 3) -> dict:
     time the host path alone; the async writer and the restores include the copies between
     device and host, as a worker's do."""
     shards = jax_io.host_shards(tree)
-    parts = [checksum.flat_bytes(s.data) for s in shards]
+    parts = [blob.flat_bytes(s.data) for s in shards]
     out = {'bytes': sum(p.nbytes for p in parts)}
     step = iter(range(1, 10**6))
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)

@@ -191,7 +191,7 @@ def test_auto_chooses_with_the_failure_rate_and_the_disk_cap_and_records_both():
 def test_a_workers_cadence_options_come_from_the_config_then_the_observed_rate():
     from configs.tiny import get_config
     from mecefo_jax.config.resolve import resolve, updated
-    from mecefo_jax.launch.worker_snapshots import cadence_options
+    from mecefo_jax.launch.worker_state import cadence_options
     cfg = resolve(get_config())  # no failure process; Orbax every 20 steps
     assert cadence_options(cfg) == {'budget_pct': 2.0, 'failures_per_sec': 0.0,
                                     'max_interval': 20}

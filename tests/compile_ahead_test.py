@@ -17,8 +17,8 @@ from configs.tiny import get_config
 from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.launch import compile_ahead
 from mecefo_jax.launch.compile_ahead import survivor_sets
+from mecefo_jax.launch.launcher import Launcher
 from mecefo_jax.launch.placement import Placement
-from mecefo_jax.launch.supervisor import Launcher
 
 WORKERS = 3
 

@@ -15,8 +15,8 @@ from configs.tiny import get_config
 from mecefo_jax.config import defaults as settings
 from mecefo_jax.config import resolve as config_resolve
 from mecefo_jax.config.resolve import updated
-from mecefo_jax.launch.kills import LAUNCHER, Kill, parse_kills
-from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.launch.chaos import LAUNCHER, Kill, parse_kills
+from mecefo_jax.launch.launcher import Launcher
 from mecefo_jax.parallel.sharding import mesh_shape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -168,28 +168,30 @@ def test_a_mesh_must_use_every_device():
     assert mesh_shape(config_resolve.resolve(get_config()).mesh, 8) == (8, 1)
 
 
-def test_launcher_hands_its_resolved_overrides_to_every_worker(tmp_path):
+def test_launcher_hands_its_resolved_config_and_placement_to_every_worker(tmp_path):
+    from mecefo_jax.config.record import write_config_record
     from mecefo_jax.launch.generation import Generation
+    from mecefo_jax.training.resume import Tier
     cfg = config_resolve.resolve(parse('--config.train.steps=7', '--config.mesh.data=4',
                                  '--config.launch.local_devices=2', '--config.fault.seed=5'))
     launcher = Launcher(cfg, str(tmp_path), 2, log=lambda _: None)
-    args = launcher.worker_args(Generation(3, [0, 1], 'memory', 0, resume_step=5))
-    # What every worker resolves from the text it is handed is the launcher's config.
+    args = launcher.worker_args(Generation(3, [0, 1], Tier.MEMORY, 0, resume_step=5))
+    # Every worker is handed the launcher's config and placement themselves, not a text
+    # to resolve and check again.
     for w in (0, 1):
-        assert args[w]['cfg'] == cfg
+        assert args[w]['cfg'] is cfg and args[w]['placement'] is launcher.job.placement
         assert (args[w]['generation'], args[w]['resume'], args[w]['resume_step']) == (3, 'memory', 5)
     assert args[1]['cfg'].train.steps == 7
     # The workdir's run is the job's own (its workers may start it over when nothing was
-    # saved) only where the job's config record fits: none, or another job's, is not.
-    from mecefo_jax.launch import config_record
+    # saved) only where the workdir's config record fits, the launcher's own fields aside:
+    # none, or another run's, is not.
     assert not args[0]['own_run']
-    os.makedirs(launcher.dir)
-    config_record.write(launcher.dir, config_resolve.updated(cfg, {'train.steps': 8}))
-    assert not launcher.worker_args(Generation(3, [0, 1], 'fresh', 0))[0]['own_run']
-    config_record.write(launcher.dir, cfg)
-    assert launcher.worker_args(Generation(3, [0, 1], 'fresh', 0))[0]['own_run']
+    write_config_record(str(tmp_path), config_resolve.updated(cfg, {'train.steps': 8}))
+    assert not launcher.worker_args(Generation(3, [0, 1], Tier.FRESH, 0))[0]['own_run']
+    write_config_record(str(tmp_path), config_resolve.updated(cfg, {'launch.max_relaunches': 3}))
+    assert launcher.worker_args(Generation(3, [0, 1], Tier.FRESH, 0))[0]['own_run']
     # The workdir's first generation is no launcher's rerun: a run found there is another's.
-    assert not launcher.worker_args(Generation(0, [0, 1], 'fresh', 0))[0]['own_run']
+    assert not launcher.worker_args(Generation(0, [0, 1], Tier.FRESH, 0))[0]['own_run']
 
 
 def test_launch_kill_reads_every_form_and_names_the_format_when_it_cannot():

@@ -11,10 +11,10 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax.config.resolve import resolve, updated
-from mecefo_jax.launch import exits, outcome
-from mecefo_jax.launch.exits import ABORTED_BY_JAX, CRASH, PROGRAM_ERROR, Death
-from mecefo_jax.launch.generation import Generation
-from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.launch import generation
+from mecefo_jax.launch import launcher as launcher_lib
+from mecefo_jax.launch.generation import ABORTED_BY_JAX, CRASH, PROGRAM_ERROR, Death, Generation
+from mecefo_jax.launch.launcher import Launcher
 
 JAX_TERMINATING = ('F external/xla/xla/pjrt/distributed/client.cc] Terminating process '
                    'because the JAX distributed service detected fatal errors. This most '
@@ -34,12 +34,12 @@ def launcher(tmp_path):
 def test_a_log_ending_in_jax_terminating_the_process_is_an_abort(tmp_path):
     log = tmp_path / 'g0_w2.log'
     log.write_text('step 5\n' * 20_000 + JAX_TERMINATING)  # past the tail's 64 KiB: the end counts
-    assert exits.aborted_by_jax(str(log))
+    assert generation.aborted_by_jax(str(log))
     log.write_text('step 5\n' + GLOO_TERMINATING)
-    assert exits.aborted_by_jax(str(log))
+    assert generation.aborted_by_jax(str(log))
     log.write_text('step 5\nTraceback (most recent call last):\nValueError: boom\n')
-    assert not exits.aborted_by_jax(str(log))
-    assert not exits.aborted_by_jax(str(tmp_path / 'missing.log'))
+    assert not generation.aborted_by_jax(str(log))
+    assert not generation.aborted_by_jax(str(tmp_path / 'missing.log'))
 
 
 def test_the_coordinators_death_fails_it_alone_and_the_workers_jax_ended_survive(launcher):
@@ -49,7 +49,7 @@ def test_the_coordinators_death_fails_it_alone_and_the_workers_jax_ended_survive
     deaths = [Death(0, 'its process died', CRASH, 1000.0),
               Death(2, ABORTED_BY_JAX, CRASH, 1000.2),
               Death(3, 'its process died', CRASH, 1000.3)]
-    result = outcome.failed(launcher.job, gen, deaths, 1001.0)
+    result = launcher_lib.failed(launcher.job, gen, deaths, 1001.0)
     assert result.kind == 'failed' and result.failed == [0, 3]
     assert result.echoes == {'2': ABORTED_BY_JAX}
     assert result.cause == 'worker 0: its process died; worker 3: its process died'
@@ -58,7 +58,7 @@ def test_the_coordinators_death_fails_it_alone_and_the_workers_jax_ended_survive
 def test_aborts_alone_are_the_failure_when_no_other_death_explains_them(launcher):
     gen = Generation(0, [0, 1], 'fresh', 0, started=990.0)
     deaths = [Death(1, ABORTED_BY_JAX, CRASH, 1000.0)]
-    result = outcome.failed(launcher.job, gen, deaths, 1001.0)
+    result = launcher_lib.failed(launcher.job, gen, deaths, 1001.0)
     assert result.kind == 'failed' and result.failed == [1] and result.echoes == {}
 
 
@@ -67,7 +67,7 @@ def test_a_program_error_beside_a_crash_is_still_its_echo(launcher):
     deaths = [Death(0, 'its process died', CRASH, 1000.0),
               Death(1, 'RuntimeError: collective failed', PROGRAM_ERROR, 1000.1),
               Death(2, ABORTED_BY_JAX, CRASH, 1000.2)]
-    result = outcome.failed(launcher.job, gen, deaths, 1001.0)
+    result = launcher_lib.failed(launcher.job, gen, deaths, 1001.0)
     assert result.failed == [0]
     assert result.echoes == {'1': 'RuntimeError: collective failed', '2': ABORTED_BY_JAX}
 
@@ -77,16 +77,16 @@ def test_echoes_alone_wait_for_the_death_they_echo(launcher, monkeypatch):
     soak's node loss): with only echoes seen, the launcher waits, up to the grace, for a
     death that explains them, and then tells them apart; after the grace, the echoes
     themselves are the failure."""
-    monkeypatch.setattr(outcome.time, 'sleep', lambda _: None)
+    monkeypatch.setattr(launcher_lib.time, 'sleep', lambda _: None)
     later = []
-    monkeypatch.setattr(outcome.generation, 'exits', lambda *a, **k: later)
+    monkeypatch.setattr(launcher_lib.generation, 'exits', lambda *a, **k: later)
     gen = Generation(0, [0, 1, 2, 3], 'fresh', 0, started=990.0)
     echoes = [Death(1, ABORTED_BY_JAX, CRASH, 1000.0), Death(2, ABORTED_BY_JAX, CRASH, 1000.1)]
-    assert not outcome.decided(launcher.job, gen, list(echoes), 1001.0)
+    assert not launcher_lib.decided(launcher.job, gen, list(echoes), 1001.0)
     node = [Death(0, 'its node died', CRASH, 1001.5), Death(3, 'its node died', CRASH, 1001.5)]
     deaths = echoes + node
-    assert outcome.decided(launcher.job, gen, deaths, 1002.0)
-    result = outcome.failed(launcher.job, gen, deaths, 1002.0)
+    assert launcher_lib.decided(launcher.job, gen, deaths, 1002.0)
+    result = launcher_lib.failed(launcher.job, gen, deaths, 1002.0)
     assert result.failed == [0, 3] and set(result.echoes) == {'1', '2'}
     alone = Generation(1, [0, 1, 2, 3], 'memory', 0, started=990.0)
-    assert outcome.decided(launcher.job, alone, list(echoes), 1000.0 + outcome._ERROR_GRACE_SEC + 1)
+    assert launcher_lib.decided(launcher.job, alone, list(echoes), 1000.0 + launcher_lib._ERROR_GRACE_SEC + 1)

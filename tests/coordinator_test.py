@@ -16,7 +16,7 @@ import json, sys
 port, bind = int(sys.argv[1]), sys.argv[2] == 'bind'
 import jax
 if bind:
-    from mecefo_jax.launch.coordinator import join
+    from mecefo_jax.launch.worker import join
     join(f'127.0.0.1:{port}', 1, 0)
 else:  # JAX's default, for contrast
     jax.distributed.initialize(coordinator_address=f'127.0.0.1:{port}', num_processes=1,
@@ -61,7 +61,7 @@ def test_the_coordinator_binds_only_the_launchers_address():
 # without jax.distributed.shutdown, as a worker does when its run failed.
 HELD = """
 import sys
-from mecefo_jax.launch.coordinator import join
+from mecefo_jax.launch.worker import join
 join(f'127.0.0.1:{sys.argv[1]}', 2, int(sys.argv[2]))
 print('joined', flush=True)
 sys.stdin.readline()

@@ -9,7 +9,7 @@ and the launcher says so and restarts from the disk tier.
 import pytest
 from launch_jobs import WORKERS, config, overrides, read
 
-from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.launch.launcher import Launcher
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
 

@@ -14,8 +14,8 @@ import time
 from configs.tiny import get_config
 from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.host import processes
-from mecefo_jax.launch.ray_cluster import namespace_of
-from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.launch.cluster import namespace_of
+from mecefo_jax.launch.launcher import Launcher
 from mecefo_jax.snapshot import shm
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,11 +56,11 @@ def worker_processes(workdir) -> list[tuple[int, int | None]]:
     return [(r['pid'], r.get('start_ticks')) for r in records]
 
 
-def running(processes) -> list[int]:
-    """The pids of `processes` ((pid, start ticks)) that still run as those processes: a
+def running(procs) -> list[int]:
+    """The pids of `procs` ((pid, start ticks)) that still run as those processes: a
     suite's processes and threads wrap pid_max (32768 here) within minutes, so a bare pid
     may name another process by the time it is looked at."""
-    return [pid for pid, ticks in processes if processes.same_process_alive(pid, ticks)]
+    return [pid for pid, ticks in procs if processes.same_process_alive(pid, ticks)]
 
 
 def keeper_names(workdir) -> list[str]:

@@ -24,7 +24,7 @@ from simulated_params import assert_params_equal_simulated
 
 from mecefo_jax.config.resolve import updated
 from mecefo_jax.launch import generation
-from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.launch.launcher import Launcher
 from mecefo_jax.training.metrics import read_metrics
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
@@ -175,12 +175,12 @@ def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
     loaded machine. A warm one on the asked-for node is taken."""
     import ray
 
-    from mecefo_jax.launch import actors
-    from mecefo_jax.launch.standby import Standbys
+    from mecefo_jax.launch import placement
+    from mecefo_jax.launch.generation import Standbys
     from mecefo_jax.launch.worker import Worker
-    standbys, node, env = Standbys(), cluster.head, actors.actor_env(2)
+    standbys, node, env = Standbys(), cluster.head, placement.actor_env(2)
     standbys.fill({0: node, 1: node}, env=env, gpus={})
-    cold = ray.remote(Worker).options(**actors.options(node_id=node, concurrency=4)).remote(env, False)
+    cold = ray.remote(Worker).options(**placement.actor_options(node_id=node, concurrency=4)).remote(env, False)
     cold_pid = ray.get(cold.info.remote())['pid']
     standbys._ready[1] = (node, cold)
     warm = standbys._ready[0][1]
@@ -221,7 +221,7 @@ def test_a_program_error_stops_the_job_at_once_with_the_workers_error(cluster, l
     """Every worker raises the same FileNotFoundError (a data path that does not
     exist): a relaunch would fail again, so the launcher stops after one
     generation and shows the traceback's end from the worker's log."""
-    from mecefo_jax.launch.exits import WorkerProgramError
+    from mecefo_jax.launch.generation import WorkerProgramError
     missing = str(tmp_path / 'no_such_corpus.txt')
     with pytest.raises(WorkerProgramError, match='matches no files') as raised:
         launch(overrides(launcher_caches, **{'data.source': 'text', 'data.text_files': missing}),

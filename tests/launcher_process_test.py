@@ -150,8 +150,8 @@ def assert_mistaken_reruns_are_refused_and_leave_the_job(args, workdir, host):
     hold d_model=32): each refused with its fix, the cluster and the record kept. (The
     keepers are the local cluster's, which this process is not connected to: the rerun
     that follows resuming from them, nothing redone, shows they were kept.)"""
-    from mecefo_jax.launch import ray_cluster
-    with open(os.path.join(workdir, 'launch', 'config.json')) as f:
+    from mecefo_jax.launch import cluster as ray_cluster
+    with open(os.path.join(workdir, 'config.json')) as f:
         record = f.read()
     base = [a for a in args if not a.startswith(('--nprocs', '--config.launch.kill'))]
     for extra, says in (
@@ -160,7 +160,7 @@ def assert_mistaken_reruns_are_refused_and_leave_the_job(args, workdir, host):
         done = subprocess.run(base + extra, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert done.returncode == 1 and says in done.stdout + done.stderr, done.stdout + done.stderr
         assert ray_cluster.local_cluster(workdir) == host
-        with open(os.path.join(workdir, 'launch', 'config.json')) as f:
+        with open(os.path.join(workdir, 'config.json')) as f:
             assert f.read() == record
 
 
@@ -169,11 +169,11 @@ def test_a_killed_launchers_rerun_resumes_from_its_keepers_with_nothing_lost(lau
     the snapshot worker 0 was held after (step 6). Its workers go with it; its keepers
     and the local cluster stay. Two mistaken reruns (fewer --nprocs; a config that does
     not fit the snapshots) are refused, naming the fix, and leave the cluster, the keepers
-    and launch/config.json as they found them. The same command again finds them and
+    and the workdir's config.json as they found them. The same command again finds them and
     resumes there, redoing nothing (each step's samples computed once, the final
     parameters those of the run uninterrupted in one process), then removes them all at
     the end."""
-    from mecefo_jax.launch import ray_cluster
+    from mecefo_jax.launch import cluster as ray_cluster
     workdir = str(tmp_path)
     launcher, args = start_launcher(launcher_caches, workdir, **{
         'train.steps': 10, 'train.log_every': 1, 'snapshot.every': 3,

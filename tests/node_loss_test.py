@@ -18,7 +18,7 @@ from node_jobs import config as job_config
 from simulated_params import assert_params_equal_simulated
 
 from mecefo_jax.config.resolve import updated
-from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.launch.launcher import Launcher
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
 

@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.snapshot.parity and erasure: XOR parity across keepers.
+"""Tests for mecefo_jax.snapshot.parity and blob.XorCode: XOR parity across keepers.
 
 Real keeper actors (three slots each, as parity needs) on one local Ray
 cluster; snapshots are built from numpy shards, so no jax is involved.
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from process_waits import wait_gone
 
-from mecefo_jax.snapshot import blob, erasure, parity
+from mecefo_jax.snapshot import blob, parity
 from mecefo_jax.snapshot.client import KeeperClient, SnapshotWriter
 from mecefo_jax.snapshot.keeper_actor import start_keeper, stop_keeper
 
@@ -79,14 +79,14 @@ def _write_all(keepers, step, sizes):
 def test_xor_code_rebuilds_any_one_block_of_unequal_lengths():
     rng = np.random.default_rng(0)
     blocks = [rng.integers(0, 256, n, dtype=np.uint8) for n in (17, 0, 64, 5)]
-    code = erasure.XorCode()
+    code = blob.XorCode()
     (p,) = code.encode(blocks)
     assert len(p) == 64
     for lost in range(len(blocks)):
         holed = [None if i == lost else b for i, b in enumerate(blocks)]
         out = code.decode(holed, [p], [len(b) for b in blocks])
         np.testing.assert_array_equal(out[lost], blocks[lost])
-    with pytest.raises(erasure.TooManyLostError):
+    with pytest.raises(blob.TooManyLostError):
         code.decode([None, None, blocks[2], blocks[3]], [p], [len(b) for b in blocks])
 
 

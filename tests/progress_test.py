@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
+from mecefo_jax.launch.chaos import FaultPoints
 from mecefo_jax.launch.placement import Placement, assign_nodes, node_loss_problems
-from mecefo_jax.launch.progress import Progress, parse_report
+from mecefo_jax.launch.worker import Progress, Worker
 
 
 class Output:
@@ -25,13 +26,11 @@ def test_completed_counts_the_outputs_that_are_ready_in_order():
     progress, outputs = Progress(), [Output() for _ in range(3)]
     for step, output in enumerate(outputs):
         progress.dispatched_step(step + 1, output)
-    assert progress.report() == {'dispatched': 3, 'completed': 0, 'held': None}
+    assert progress.report() == {'dispatched': 3, 'completed': 0}
     outputs[1].ready = True  # steps complete in order: the first is still running
     assert progress.report()['completed'] == 0
     outputs[0].ready = True
     assert progress.report()['completed'] == 2
-    progress.hold('snapshot', 6)
-    assert progress.report()['held'] == {'kind': 'snapshot', 'step': 6}
     # A step whose collective a dead peer broke is ready, with an error: not completed.
     outputs[2].ready = outputs[2].failed = True
     assert progress.report()['completed'] == 2
@@ -45,12 +44,23 @@ def test_completed_counts_the_outputs_that_are_ready_in_order():
     {'dispatched': 1, 'completed': 0, 'held': {'kind': 'publish', 'step': '3'}},
 ])
 def test_a_report_that_is_not_one_is_refused(junk):
-    assert parse_report(junk) is None
+    assert Progress.parse(junk) is None
 
 
 def test_a_report_keeps_only_its_fields():
     report = {'dispatched': 4, 'completed': 3, 'held': None, 'extra': np.zeros(10)}
-    assert parse_report(report) == {'dispatched': 4, 'completed': 3, 'held': None}
+    assert Progress.parse(report) == {'dispatched': 4, 'completed': 3, 'held': None}
+
+
+def test_a_workers_report_says_where_its_fault_points_hold_it():
+    """The actor's report is its progress and, while an injected failure holds it, where
+    (`FaultPoints.held`, set by the hold): what the launcher's injector waits for."""
+    worker = Worker.__new__(Worker)  # its methods alone: no Ray, no warm-up thread
+    worker.progress_, worker.points = Progress(), None
+    assert Progress.parse(worker.progress()) == {'dispatched': 0, 'completed': 0, 'held': None}
+    worker.points = FaultPoints(after_snapshot_step=6)
+    worker.points.held = {'kind': 'snapshot', 'step': 6}  # what `hold` sets before it waits
+    assert Progress.parse(worker.progress())['held'] == {'kind': 'snapshot', 'step': 6}
 
 
 def test_workers_spread_over_nodes_and_stay_where_their_keepers_are():

@@ -1,7 +1,7 @@
 """How the launcher reads the cluster it joins (no cluster needed)."""
 
 def test_a_cluster_slower_to_report_a_lost_node_than_the_heartbeat_timeout_is_warned_of():
-    from mecefo_jax.launch.ray_cluster import node_loss_warning
+    from mecefo_jax.launch.cluster import node_loss_warning
     ray_default = {'period_ms': 3000, 'timeout_ms': 10000, 'failure_threshold': 5}
     local = {'period_ms': 500, 'timeout_ms': 500, 'failure_threshold': 3}
     warning = node_loss_warning(ray_default, heartbeat_timeout_sec=20.0)

@@ -1,18 +1,18 @@
 """What a rerun takes over from a killed launcher: the step its keepers hold, its open row.
 
-`recovery_plan.rerun_step`: job records as a launcher leaves them (provenance rows per
+`recovery.rerun_step`: job records as a launcher leaves them (provenance rows per
 step, start records per generation) and keepers as sets of published steps, no Ray.
 The case that made the rule: worker 1 was down when the launcher died, so its keeper
 holds only steps from before its death, and worker 0's keeper holds the whole state of
-the newer steps. `recovery_report.record_left`: the recovery row a launcher held open
+the newer steps. `recovery.record_left`: the recovery row a launcher held open
 when it was killed (the chaos smoke with 2 workers killed it 90 ms after the recovered
 generation's first step, before its poll saw the step) is recorded by the rerun.
 """
 import json
 import os
 
-from mecefo_jax.launch import recovery_report
-from mecefo_jax.launch.recovery_plan import rerun_step
+from mecefo_jax.launch import recovery
+from mecefo_jax.launch.recovery import rerun_step
 
 
 class Keepers:
@@ -38,9 +38,9 @@ def test_a_step_written_by_the_survivors_alone_is_whole_without_the_down_workers
     # Generation 0 (workers 0, 1) computed steps 1-3; worker 1 died; generation 1 (worker 0
     # alone) computed steps 4-6 and the launcher died.
     _records(tmp_path, [(s, 0) for s in range(3)] + [(s, 1) for s in range(3, 6)], {0: [0, 1], 1: [0]})
-    assert recovery_report.snapshot_writers(str(tmp_path)) == {1: [0, 1], 2: [0, 1], 3: [0, 1],
+    assert recovery.snapshot_writers(str(tmp_path)) == {1: [0, 1], 2: [0, 1], 3: [0, 1],
                                                                4: [0], 5: [0], 6: [0]}
-    assert recovery_report.completed_steps_recorded(str(tmp_path)) == 6  # the cut row skipped
+    assert recovery.completed_steps_recorded(str(tmp_path)) == 6  # the cut row skipped
     keepers = Keepers({0: {5, 6}, 1: {2, 3}})
     assert rerun_step(keepers, [0, 1], str(tmp_path)) == 6
     assert keepers.steps(0) & keepers.steps(1) == set()  # the old rule: no common step, start over
@@ -59,7 +59,7 @@ def test_a_step_needs_every_writers_keeper_and_an_unrecorded_step_every_adopted_
 
 
 def test_no_records_needs_every_adopted_keeper(tmp_path):
-    assert recovery_report.snapshot_writers(str(tmp_path)) == {}
+    assert recovery.snapshot_writers(str(tmp_path)) == {}
     assert rerun_step(Keepers({0: {2, 5}, 1: {2, 4}}), [0, 1], str(tmp_path)) == 2
 
 
@@ -81,24 +81,24 @@ def test_a_row_held_open_by_a_killed_launcher_is_recorded_by_the_rerun_once(tmp_
     out = str(tmp_path)
     row = {'kind': 'failure', 'failed_at': 100.0, 'completed_steps': 3, 'members': [0],
            'relaunched_at': 100.5, 'next_generation': 1, 'teardown_sec': 0.1}
-    recovery_report.hold(out, row)
+    recovery.hold(out, row)
     _start_record(out, 1, 0, resume_step=3)  # the generation started; the launcher died
-    (recorded,) = recovery_report.record_left(out)
+    (recorded,) = recovery.record_left(out)
     assert recorded['recovery_sec'] == 5.0 and recorded['redone_steps'] == 0
     assert 'unfinished' not in recorded and _rows(out) == [recorded]
-    assert recovery_report.record_left(out) == []  # recorded once
+    assert recovery.record_left(out) == []  # recorded once
     # A row recorded by its own launcher leaves nothing for a rerun.
-    recovery_report.hold(out, dict(row, next_generation=2))
+    recovery.hold(out, dict(row, next_generation=2))
     _start_record(out, 2, 0, resume_step=4)
-    recovery_report.record(out, dict(row, next_generation=2))
-    assert recovery_report.record_left(out) == [] and len(_rows(out)) == 2
+    recovery.record(out, dict(row, next_generation=2))
+    assert recovery.record_left(out) == [] and len(_rows(out)) == 2
 
 
 def test_a_row_whose_generation_never_started_is_recorded_as_unfinished(tmp_path):
     out = str(tmp_path)
-    recovery_report.hold(out, {'kind': 'failure', 'failed_at': 100.0, 'completed_steps': 3,
+    recovery.hold(out, {'kind': 'failure', 'failed_at': 100.0, 'completed_steps': 3,
                                'members': [0, 1], 'relaunched_at': 100.5, 'next_generation': 1,
                                'teardown_sec': 0.1})
     _start_record(out, 1, 0, resume_step=3)  # worker 1 never started
-    (recorded,) = recovery_report.record_left(out)
+    (recorded,) = recovery.record_left(out)
     assert recorded['unfinished'].startswith('the launcher died before') and _rows(out) == [recorded]

@@ -107,12 +107,16 @@ def test_a_launchers_own_run_with_nothing_saved_starts_over_and_a_checkpoint_sti
     """A launcher job killed before its first save: its rerun's workers (`own_run`, the job's
     config record fitting) hold nothing in memory and start over at step 0, one loss row per
     step and the same losses; where a checkpoint exists, it is restored instead."""
-    from mecefo_jax.launch.worker_args import WorkerArgs
-    from mecefo_jax.launch.worker_snapshots import restore_fn
+    from mecefo_jax.launch.placement import Placement
+    from mecefo_jax.launch.worker import WorkerArgs
+    from mecefo_jax.launch.worker_state import restore_fn
+    from mecefo_jax.training.resume import Tier
 
     def own_run(workdir):
-        return restore_fn(WorkerArgs(cfg=None, workdir=workdir, coordinator='', members=(0,),
-                                     worker=0, workers=1, resume='fresh', own_run=True), {})
+        restore, _ = restore_fn(WorkerArgs(cfg=None, workdir=workdir, placement=Placement(1, 1, 1),
+                                           coordinator='', members=(0,), worker=0,
+                                           resume=Tier.FRESH, own_run=True))
+        return restore
     workdir = str(tmp_path / 'nothing_saved')
     cfg = tiny(cache_dir, steps=3, **{'train.checkpoint_every': 0})
     first = train_lib.train(tiny(cache_dir, steps=2, **{'train.checkpoint_every': 0}), workdir)

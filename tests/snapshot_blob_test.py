@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from mecefo_jax.snapshot import blob, checksum
+from mecefo_jax.snapshot import blob
 from mecefo_jax.snapshot.client import (
     BlobSnapshot,
     KeeperClient,
@@ -21,7 +21,7 @@ from mecefo_jax.snapshot.client import (
     ShmSnapshot,
     SnapshotWriter,
 )
-from mecefo_jax.snapshot.keeper_sessions import LocalKeeper
+from mecefo_jax.snapshot.keeper_actor import LocalKeeper
 
 
 def _shard(path, data):
@@ -32,7 +32,7 @@ def _assorted(seed=0):
     """Leaves of every awkward kind: empty, one byte, unaligned, bfloat16, over one chunk and over
     one thread task, non-contiguous, and many tiny ones."""
     rng = np.random.default_rng(seed)
-    big = checksum.CHUNK * 3 + 17
+    big = blob.CHUNK * 3 + 17
     leaves = {
         'empty': np.zeros((0, 4), np.float32),
         'one_byte': np.array([7], np.uint8),
@@ -61,7 +61,7 @@ def test_the_fused_chunked_copy_writes_exactly_the_source_bytes():
     shards = _assorted()
     raw = blob.encode(5, shards, {'pos': 5})
     header = blob.parse(raw)
-    assert header.chunk == checksum.CHUNK and len(header.entries) == len(shards)
+    assert header.chunk == blob.CHUNK and len(header.entries) == len(shards)
     for s, e in zip(shards, header.entries):
         assert e.nbytes == s.data.nbytes, s.path
         assert bytes(raw[e.offset:e.offset + e.nbytes]) == _bytes(s.data).tobytes(), s.path
@@ -75,13 +75,13 @@ def test_copy_and_sum_over_small_chunks_matches_the_hash_list_and_refuses_a_size
     rng = np.random.default_rng(1)
     srcs = [rng.integers(0, 256, n, dtype=np.uint8) for n in (0, 1, 4095, 4096, 4097, 70_000)]
     dsts = [np.empty_like(s) for s in srcs]
-    sums = checksum.copy_and_sum(srcs, dsts, chunk=4096)
+    sums = blob.copy_and_sum(srcs, dsts, chunk=4096)
     for s, d, got in zip(srcs, dsts, sums):
         np.testing.assert_array_equal(d, s)
         assert got == _hash_list(s.tobytes(), 4096)
-    assert checksum.sums(srcs, chunk=4096) == sums
+    assert blob.sums(srcs, chunk=4096) == sums
     with pytest.raises(ValueError, match='Copy of 3 bytes into 4'):
-        checksum.copy_and_sum([np.zeros(3, np.uint8)], [np.zeros(4, np.uint8)])
+        blob.copy_and_sum([np.zeros(3, np.uint8)], [np.zeros(4, np.uint8)])
 
 
 @pytest.mark.parametrize('where', ['first', 'middle', 'last'])

@@ -15,9 +15,8 @@ from process_waits import wait_gone
 
 from mecefo_jax.snapshot import blob, shm
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, ShmSnapshot, SnapshotWriter
-from mecefo_jax.snapshot.keeper_actor import start_keeper, stop_keeper
-from mecefo_jax.snapshot.keeper_requests import check_request
-from mecefo_jax.snapshot.keeper_sessions import LocalKeeper
+from mecefo_jax.snapshot.keeper import check_request
+from mecefo_jax.snapshot.keeper_actor import LocalKeeper, start_keeper, stop_keeper
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray,  # Ray's processes
               pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason='needs /dev/shm (Linux)')]

@@ -134,6 +134,8 @@ def test_under_auto_a_slow_write_never_stalls_the_step_and_the_newest_snapshot_w
     Neither waits: 2 waits its turn, 3 replaces it (2 is dropped), and once the writer
     goes on, 1 and 3 are published."""
     from mecefo_jax.launch.worker_state import SnapshotHook
+    from mecefo_jax.snapshot.client import KeeperClient
+    from tests.fault_points import BeforePublish
     mesh = Mesh(np.array(jax.devices()[:2]).reshape(2, 1), ('data', 'model'))
     _, tree, _ = _replicated(mesh)
     held, release = threading.Event(), threading.Event()
@@ -147,7 +149,7 @@ def test_under_auto_a_slow_write_never_stalls_the_step_and_the_newest_snapshot_w
         return types.SimpleNamespace(step=step, state=tree, data_position={'pos': step},
                                      loss=tree['w'], layout=types.SimpleNamespace(signature='full'))
 
-    hook = SnapshotHook(keepers[2], 'auto', before_publish=before_publish)
+    hook = SnapshotHook(BeforePublish(KeeperClient(keepers[2]), before_publish), 'auto')
     try:
         hook.cadence.due(0, 'full')  # its topology seen; then an interval, as if measured
         hook.cadence.interval = 1

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from mecefo_jax.snapshot import async_writer, jax_io
 from mecefo_jax.snapshot.client import KeeperClient, KeeperError, SnapshotWriter, open_snapshots, open_sources
 from mecefo_jax.snapshot.keeper_actor import start_keeper, stop_keeper
+from tests.fault_points import BeforePublish
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # keepers are Ray actors
 NAMESPACE = 'snapshot_test'
@@ -216,7 +217,7 @@ def test_restore_rejects_a_changed_leaf(own):
 # A writer in a process of its own, reaching the keeper as any driver of the cluster does.
 _CONNECT = """
     import sys, time
-    from mecefo_jax.launch.ray_cluster import use_token_auth
+    from mecefo_jax.launch.cluster import use_token_auth
     use_token_auth()
     import ray
     ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
@@ -301,7 +302,7 @@ def test_async_error_surfaces_on_next_call_and_keeps_last_snapshot(own):
             raise OSError('worker lost its keeper mid-snapshot')
 
     with KeeperClient(own) as c:
-        snap = async_writer.AsyncSnapshotter(SnapshotWriter(c, before_publish=die))
+        snap = async_writer.AsyncSnapshotter(SnapshotWriter(BeforePublish(c, die)))
         snap.submit(40, host, {'pos': 40})
         snap.submit(41, host, {'pos': 41})
         with pytest.raises(async_writer.SnapshotError, match='step 41 failed.*mid-snapshot'):
@@ -356,7 +357,7 @@ def test_a_planned_stop_is_snapshotted_whatever_the_interval(own):
     from mecefo_jax.launch.worker_state import SnapshotHook
     mesh, values = _mesh(4), _values(5)
     state = _put(values, mesh)
-    hook = SnapshotHook(own, 5, stop_at=7)
+    hook = SnapshotHook(KeeperClient(own), 5, stop_at=7)
     try:
         for step in range(7):  # the state after step s enters step s + 1
             hook.on_step(types.SimpleNamespace(step=step, state=state, data_position={'pos': step}))
@@ -377,7 +378,7 @@ def test_auto_ends_each_measured_window_with_nothing_in_flight(own):
     from mecefo_jax.snapshot.cadence import PAIRS, PROBE_STEPS, SETTLE_STEPS
     mesh, values = _mesh(4), _values(5)
     state = _put(values, mesh)
-    hook = SnapshotHook(own, 'auto', budget_pct=2.0)
+    hook = SnapshotHook(KeeperClient(own), 'auto', budget_pct=2.0)
     window_ends = 0
     try:
         for step in range(SETTLE_STEPS + PROBE_STEPS):
@@ -418,7 +419,7 @@ def test_auto_times_a_window_before_its_snapshots_write_ends(own):
             assert gate.wait(timeout=5), 'the window was not timed before the write ended'
             gate.clear()
 
-    hook = SnapshotHook(own, 'auto', budget_pct=2.0, before_publish=before_publish)
+    hook = SnapshotHook(BeforePublish(KeeperClient(own), before_publish), 'auto', budget_pct=2.0)
     timed, record = [], hook.cadence.record_window
 
     def record_window(seconds):

@@ -56,8 +56,8 @@ def test_a_node_the_launcher_killed_is_a_lost_node_whichever_report_comes_first(
     """Ray may report the actor's death before the node's: the cause of a worker whose node
     the launcher killed is still a lost node (the recovery moves it off that node), and a
     signalled worker's cause names the signal."""
-    from mecefo_jax.launch.exits import NODE_DIED, NODE_LOSS_INJECTED
-    from mecefo_jax.launch.generation import crash_cause
+    from mecefo_jax.launch.chaos import NODE_LOSS_INJECTED
+    from mecefo_jax.launch.generation import NODE_DIED, crash_cause
     actor_first = RuntimeError('The actor died unexpectedly before finishing this task.')
     assert crash_cause(actor_first, NODE_LOSS_INJECTED) == NODE_DIED
     assert crash_cause(RuntimeError('its node has died'), None) == NODE_DIED

@@ -12,9 +12,9 @@ import pytest
 
 from configs.tiny import get_config
 from mecefo_jax.config.resolve import resolve, updated
-from mecefo_jax.launch import outcome
+from mecefo_jax.launch import launcher as launcher_lib
 from mecefo_jax.launch.generation import Generation
-from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.launch.launcher import Launcher
 
 STEPS, START, STALL, STOP = 16, 30.0, 8.0, 20.0
 NOW = 1000.0
@@ -38,27 +38,27 @@ def generation(stop_at=0, ended=()):
 def test_a_generation_without_a_step_hangs_after_the_start_timeout(launcher):
     gen = generation()
     gen.started = NOW - START + 1.0
-    assert outcome.hung(launcher.job, gen, 0, 0.0, NOW) is None
+    assert launcher_lib.hung(launcher.job, gen, 0, 0.0, NOW) is None
     gen.started = NOW - START - 1.0
-    assert 'of the start' in outcome.hung(launcher.job, gen, 0, 0.0, NOW).cause
+    assert 'of the start' in launcher_lib.hung(launcher.job, gen, 0, 0.0, NOW).cause
 
 
 def test_a_step_that_never_completes_is_a_stall(launcher):
-    assert outcome.hung(launcher.job, generation(), 5, STALL - 1.0, NOW) is None
-    hung = outcome.hung(launcher.job, generation(), 5, STALL + 1.0, NOW)
+    assert launcher_lib.hung(launcher.job, generation(), 5, STALL - 1.0, NOW) is None
+    hung = launcher_lib.hung(launcher.job, generation(), 5, STALL + 1.0, NOW)
     assert hung.cause.startswith('no step completed for') and hung.completed_steps == 5
 
 
 @pytest.mark.parametrize('stop_at,last', [(0, STEPS), (10, 10)])  # the run's end, a planned stop
 def test_after_the_last_step_the_end_gets_the_stop_timeout_not_the_stall_timeout(
         launcher, stop_at, last):
-    assert outcome.hung(launcher.job, generation(stop_at), last, (STALL + STOP) / 2, NOW) is None
-    hung = outcome.hung(launcher.job, generation(stop_at), last, STOP + 1.0, NOW)
+    assert launcher_lib.hung(launcher.job, generation(stop_at), last, (STALL + STOP) / 2, NOW) is None
+    hung = launcher_lib.hung(launcher.job, generation(stop_at), last, STOP + 1.0, NOW)
     assert hung.cause == f'no end within {STOP:.1f} s of the last step'
 
 
 def test_a_generation_whose_workers_all_ended_is_not_hung(launcher):
-    assert outcome.hung(launcher.job, generation(ended=(0, 1)), 5, STOP + STALL, NOW) is None
+    assert launcher_lib.hung(launcher.job, generation(ended=(0, 1)), 5, STOP + STALL, NOW) is None
 
 
 def test_an_actor_that_misses_the_start_timeout_fails_the_start_and_no_worker(
@@ -87,5 +87,5 @@ def test_an_actor_that_misses_the_start_timeout_fails_the_start_and_no_worker(
         assert gen_module.spawn(gen, args={}, nodes={0: 'a', 1: 'b'}, env={}, gpus={},
                                 standbys=standbys, timeout=START) == (dead, late)
         assert gen.runs == {}
-    timed_out = outcome.start_timed_out(launcher.job, gen, gen.started + START + 0.5)
+    timed_out = launcher_lib.start_timed_out(launcher.job, gen, gen.started + START + 0.5)
     assert timed_out.failed == [] and timed_out.cause == f'no step completed within {START:.1f} s of the start'

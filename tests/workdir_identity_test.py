@@ -4,7 +4,7 @@ import os
 import pytest
 
 from mecefo_jax.host.workdir_lock import WorkdirLock, WorkdirLockedError
-from mecefo_jax.launch import ray_cluster
+from mecefo_jax.launch import cluster as ray_cluster
 
 
 @pytest.fixture

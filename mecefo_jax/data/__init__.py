@@ -3,6 +3,7 @@
 | module | owns |
 |---|---|
 | `sources` | a split's documents: embedded (offline), TFDS from a local `data_dir`, text files |
+| `python_docs` | the embedded corpus: CPython's documentation, read from the installed stdlib |
 | `tokenizer` | the sentencepiece model: trained once, cached, the same bytes on every host |
 | `pipeline` | the Grain pipeline: shuffle, tokenize, pack, batch into shards; its iterator state |
 

@@ -1,7 +1,13 @@
 """Simulated failures inside one running job, and the strategies that answer them.
 
-`schedule` says which replicas are down at which step (`step_clock`: on the wall clock),
-`strategies` and `planner` where their rows go (`costs`: what each role pays),
-`controller` moves training between meshes as
-replicas fail and recover, and `restart` is the checkpoint/restart baseline. Real failures
-are the launcher's (`mecefo_jax.launch`)."""
+| module | what it owns |
+|---|---|
+| `schedule` | which replicas are down at which step: `fault.events`, regimes, the random process |
+| `step_clock` | failures on the wall clock: each run meets the trace at its own step times |
+| `strategies` | where a failed replica's rows go, per strategy (`REGISTRY`) |
+| `planner` | `mecefo_planned`: failed shards split over helpers within one normal step |
+| `costs` | what each role's program costs: the FLOP model the planner prices with |
+| `controller` | the fault controller that moves training between meshes; checkpoint/restart |
+
+Real failures are the launcher's (`mecefo_jax.launch`).
+"""

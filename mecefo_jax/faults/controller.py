@@ -15,10 +15,12 @@ detect, rebuild, compile, restore and refresh seconds, reported to the observers
 its first step is timed; every refresh is waited for and timed.
 """
 import dataclasses
+import os
 import time
 
 import jax
 
+from mecefo_jax.checkpointing import checkpoint as ckpt_lib
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults import step_clock
 from mecefo_jax.faults.planner import config_planner
@@ -31,6 +33,7 @@ from mecefo_jax.faults.strategies import (
 from mecefo_jax.host import multihost
 from mecefo_jax.neighbour import projections as proj_lib
 from mecefo_jax.parallel.state import move_state
+from mecefo_jax.training import resume
 from mecefo_jax.training.controller import Plan
 
 
@@ -77,9 +80,7 @@ class FaultController:
         # layout, compiles and refreshes V as for any failure onset.
         self.live = (True,) * run.num_shards
         self._absent = tuple(not present for present in run.present)
-        self.topology = run.topologies.get(run.present_rows)
-        self.layout = self._layout(run.present)
-        self.packing = run.packing(self.layout)
+        self.plan = self._plan(run.present)
         # fault.time_model='wall_clock': the schedule is read at the run's own cluster seconds.
         self.clock = (step_clock.WallClock(cfg.fault.step_time_sec,
                                            step_clock.layout_step_ratio(cfg, run.num_shards))
@@ -130,8 +131,7 @@ class FaultController:
         elif self._needs_refresh(step, failure_onset=False):
             state, seconds = self._refresh(state, step)
             self._tau_refresh_sec += seconds
-        return state, Plan(self.topology, self.layout, self.live, data_state=data_state,
-                           packing=self.packing)
+        return state, dataclasses.replace(self.plan, data_state=data_state)
 
     def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:
         """After dispatching a step: the events whose first step this was, now timed.
@@ -141,7 +141,7 @@ class FaultController:
         """
         del clock, step
         if self.clock is not None:
-            self.clock.advance(self.layout.programs)
+            self.clock.advance(self.plan.layout.programs)
         if self._pending is None:
             return []
         event, self._pending = self._pending, None
@@ -165,11 +165,15 @@ class FaultController:
 
     # -- internals ----------------------------------------------------------
 
-    def _layout(self, live):
-        return layout_for(self.strategy, live, self.run.shard_batch, planner=self.planner)
+    def _plan(self, live) -> Plan:
+        """Where steps run while `live` replicas are up: the topology of their rows and the
+        strategy's layout (packed onto the devices, where replicas are rows)."""
+        layout = layout_for(self.strategy, live, self.run.shard_batch, planner=self.planner)
+        return Plan(self.run.topologies.get(self.run.rows_for(live)), layout, tuple(live),
+                    packing=self.run.packing(layout))
 
     def _neighbour_active(self) -> bool:
-        return self.layout.uses_neighbour_mode
+        return self.plan.layout.uses_neighbour_mode
 
     def _needs_refresh(self, step: int, failure_onset: bool) -> bool:
         return (self.uses_projections and self._neighbour_active() and proj_lib.needs_refresh(
@@ -179,7 +183,7 @@ class FaultController:
         """Recompute V by SVD; (state, seconds), waited for so the cost is charged."""
         self.refresh_steps.append(step)
         start = time.perf_counter()
-        state = jax.block_until_ready(self.topology.refresh(state))
+        state = jax.block_until_ready(self.plan.topology.refresh(state))
         return state, time.perf_counter() - start
 
     def _transition(self, clock, step, state, desired, detect_sec):
@@ -192,15 +196,13 @@ class FaultController:
                       recovered=recovering, detect_sec=detect_sec,
                       relaunch=any(self._absent[r] for r in failing))
         start = time.perf_counter()
-        topology = self.run.topologies.get(self.run.rows_for(desired))
-        state, data_state = self._recover(topology, step, state, event, start)
-        self.live, self.topology = desired, topology
-        self.layout = self._layout(desired)
-        self.packing = self.run.packing(self.layout)
-        step_layout = self.layout if self.packing is None else self.packing
+        plan = self._plan(desired)
+        state, data_state = self._recover(plan.topology, step, state, event, start)
+        self.live, self.plan = desired, plan
+        topology = plan.topology
         start = time.perf_counter()
-        spec = topology.batch_spec(step_layout, self.run.cfg.data.seq_len + 1)
-        _, compile_sec = topology.compiled_step(state, spec, step_layout)
+        spec = topology.batch_spec(plan.step_layout, self.run.cfg.data.seq_len + 1)
+        _, compile_sec = topology.compiled_step(state, spec, plan.step_layout)
         self.compiles += compile_sec > 0
         event.compile_sec = compile_sec
         if self._needs_refresh(int(state.step), failure_onset=bool(failing)):
@@ -242,3 +244,47 @@ def _load_refresh(topology, state) -> float:
     start = time.perf_counter()
     topology.refresh.compile(state)
     return time.perf_counter() - start
+
+
+class RestartController(FaultController):
+    """`fault.strategy=checkpoint_restart` (see module docstring)."""
+
+    def __init__(self, run, schedule, strategy: str):
+        super().__init__(run, schedule, strategy)
+        self._ckpt = ckpt_lib.Checkpointer(
+            os.path.join(run.workdir, 'restart_checkpoints'),
+            save_every=run.cfg.fault.checkpoint_every, keep=2)
+        self.stop_checkpointer = self._ckpt
+        self._initial_saved = False
+
+    def prepare(self, clock: int, step: int, state):
+        if not self._initial_saved:
+            self.checkpoint_block_sec += self._ckpt.maybe_save(
+                step, state, self.run.train_data.get_state(), force=True)
+            self._initial_saved = True
+        return super().prepare(clock, step, state)
+
+    def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:
+        events = super().after_dispatch(clock, step, state, dispatched)
+        self.checkpoint_block_sec += self._ckpt.maybe_save(
+            step + 1, state, self.run.train_data.get_state())
+        return events
+
+    def summary(self) -> dict:
+        out = super().summary()
+        self._ckpt.close()
+        return out
+
+    def _recover(self, topology, step, state, event, started):
+        """Relaunch on the new mesh from the latest checkpoint; (state, its data state)."""
+        del started
+        if event.kind != 'failure':  # growing back: save now, nothing is lost
+            self.checkpoint_block_sec += self._ckpt.maybe_save(
+                step, state, self.run.train_data.get_state(), force=True)
+        self._ckpt.wait()
+        start = time.perf_counter()
+        restored, data_state = resume.restore_onto(self.run, self._ckpt, topology)
+        event.restore_sec = time.perf_counter() - start
+        event.relaunch_sec_modelled = self.run.cfg.fault.relaunch_delay_sec
+        event.lost_steps = step - int(restored.step)
+        return restored, data_state

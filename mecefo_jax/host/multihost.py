@@ -2,7 +2,7 @@
 
 A multi-host JAX job runs one program per process. Whenever a process decides
 something from local information (which replicas are live, which snapshot
-step it can restore, which tokenizer bytes it holds), the processes must first
+interval it measured, which tokenizer bytes it holds), the processes must first
 agree, or they would compile different programs or train on different data
 and wait forever in a collective. Every helper here returns the same value on
 every process and is free of collectives in a single-process job.
@@ -35,29 +35,6 @@ def process_zero_int(value: int) -> int:
         return int(value)
     from jax.experimental import multihost_utils
     return int(np.asarray(multihost_utils.broadcast_one_to_all(np.int32(value))))
-
-
-def agreed_step(feasible: set[int]) -> tuple[int | None, int | None]:
-    """(the newest step every process can restore, the newest any process can).
-
-    Both None when there is none. Every process gets the same pair, so they
-    all take the same branch after it.
-    """
-    if _process_count() == 1:
-        newest = max(feasible, default=None)
-        return newest, newest
-    from jax.experimental import multihost_utils
-    width = 64  # more snapshots than a keeper ever holds
-    mine = np.full((width,), -1, np.int64)
-    newest = sorted(feasible, reverse=True)[:width]
-    mine[:len(newest)] = newest
-    everyone = np.asarray(multihost_utils.process_allgather(mine))
-    common = set(everyone[0].tolist())
-    for row in everyone[1:]:
-        common &= set(row.tolist())
-    common.discard(-1)
-    anywhere = int(everyone.max())
-    return max(common, default=None), (None if anywhere < 0 else anywhere)
 
 
 def agreed_bytes(read: Callable[[], bytes], *, every_process_reads: bool,

@@ -4,7 +4,7 @@ Runs N training workers (one `jax.distributed` process each, a Ray actor
 per host) and one snapshot keeper per worker, and carries the job through
 worker and node failures: see `mecefo_jax/launch/supervisor.py`. It joins
 the Ray cluster at `--address` (or `RAY_ADDRESS`), or starts a local one
-that outlives it (`ray_cluster`). The config and its
+that outlives it (`cluster`). The config and its
 `--config.section.field=value` overrides are resolved here, once; every
 worker of every generation runs that resolved config.
 
@@ -41,9 +41,9 @@ def main(argv):
     from mecefo_jax.config.resolve import resolve_or_exit
     cfg = resolve_or_exit(_CONFIG.value)
     from mecefo_jax.host.workdir_lock import WorkdirError, WorkdirLock
-    from mecefo_jax.launch import ray_cluster
-    from mecefo_jax.launch.exits import WorkerProgramError
-    from mecefo_jax.launch.supervisor import Launcher
+    from mecefo_jax.launch import cluster
+    from mecefo_jax.launch.generation import WorkerProgramError
+    from mecefo_jax.launch.launcher import Launcher
     from mecefo_jax.training.preemption import EXIT_PREEMPTED
     try:
         lock = WorkdirLock(_WORKDIR.value).acquire()  # one job per workdir
@@ -54,8 +54,8 @@ def main(argv):
             launcher = Launcher(cfg, _WORKDIR.value, _NPROCS.value)
         except ValueError as error:
             sys.exit(f'launch: {error}')
-        joined = launcher.joined = ray_cluster.join(_ADDRESS.value, _WORKDIR.value,
-                                                    object_store_mb=cfg.launch.object_store_mb)
+        joined = launcher.joined = cluster.join(_ADDRESS.value, _WORKDIR.value,
+                                                object_store_mb=cfg.launch.object_store_mb)
         try:
             summary = launcher.run()
         except WorkerProgramError:  # the launcher has shown the worker's traceback
@@ -69,7 +69,7 @@ def main(argv):
             # keepers are gone; one it found (with a killed launcher's keepers) is left as
             # found unless the job ran and ended them. A killed launcher leaves both.
             if joined.local_pid is not None and (joined.started or launcher.stopped_keepers):
-                ray_cluster.stop_local(_WORKDIR.value)
+                cluster.stop_local(_WORKDIR.value)
     print(json.dumps(summary, indent=2, default=str))
     if summary['preempted_at'] is not None:
         if summary['unsaved_workers']:
@@ -87,7 +87,7 @@ def _cleanup() -> None:
     import os
 
     from mecefo_jax.host.workdir_lock import WorkdirError, WorkdirLock, WorkdirLockedError
-    from mecefo_jax.launch.cleanup import cleanup
+    from mecefo_jax.launch.cluster import cleanup
     if not os.path.isdir(_WORKDIR.value):  # no lock to hold, and nothing to make
         print(json.dumps(cleanup(_WORKDIR.value, _ADDRESS.value), indent=2))
         return

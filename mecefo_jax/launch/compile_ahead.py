@@ -27,7 +27,7 @@ import threading
 import time
 
 from mecefo_jax.host import files
-from mecefo_jax.launch import actors
+from mecefo_jax.launch import placement as placement_lib
 
 REPORT = 'compile_ahead.json'
 
@@ -43,7 +43,7 @@ class CompileMember:
     """One process of a compile-ahead job (`ray.remote(CompileMember)`)."""
 
     def __init__(self, env: dict):
-        actors.enter(env)
+        placement_lib.enter(env)
 
     def free_port(self) -> str:
         """host:port free on this node, for the job's coordinator."""
@@ -62,11 +62,10 @@ class CompileMember:
     def pid(self) -> int:
         return os.getpid()
 
-    def compile(self, cfg, workdir: str, workers: int, lost: int, coordinator: str,
+    def compile(self, cfg, workdir: str, placement, lost: int, coordinator: str,
                 process_id: int, nice: int) -> dict:
         os.nice(nice)  # this thread, and the compile threads it starts: training comes first
-        out = compile_for_survivors(cfg, workdir, workers, lost, coordinator,
-                                    process_id)
+        out = compile_for_survivors(cfg, workdir, placement, lost, coordinator, process_id)
         return dict(out, cpu_sec=self.cpu_sec())
 
 
@@ -82,7 +81,7 @@ def drive(cfg, workdir: str, placement, *, losses=None, nice: int = 19,
     """
     import ray
     stop = stop or threading.Event()
-    env = actors.actor_env(cfg.launch.local_devices)
+    env = placement_lib.actor_env(cfg.launch.local_devices)
     member_cls = ray.remote(CompileMember)
     path = os.path.join(workdir, 'launch', REPORT)
     report = {'sets': [], 'cpu_sec': 0.0, 'wall_sec': 0.0, 'done': False, 'stopped': False}
@@ -93,10 +92,10 @@ def drive(cfg, workdir: str, placement, *, losses=None, nice: int = 19,
             report['stopped'] = True
             break
         start = time.perf_counter()
-        handles = [member_cls.options(**actors.options(concurrency=2)).remote(env)
+        handles = [member_cls.options(**placement_lib.actor_options(concurrency=2)).remote(env)
                    for _ in members]
         coordinator = ray.get(handles[0].free_port.remote())
-        refs = [h.compile.remote(cfg, workdir, placement.workers, lost, coordinator, p, nice)
+        refs = [h.compile.remote(cfg, workdir, placement, lost, coordinator, p, nice)
                 for p, h in enumerate(handles)]
         row = {'lost_worker': lost, 'members': members,
                'pids': ray.get([h.pid.remote() for h in handles])}
@@ -184,33 +183,30 @@ class CompileAhead:
             return None
 
 
-def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinator: str,
+def compile_for_survivors(cfg, workdir: str, placement, lost: int, coordinator: str,
                           process_id: int) -> dict:
     """Member: join the survivors' job and compile what their relaunch will ask for."""
     import jax
 
+    from mecefo_jax.faults.controller import FaultController
+    from mecefo_jax.launch.worker import join, leave
     from mecefo_jax.parallel import program_cache, sharding
-    placement_members = [w for w in range(workers) if w != lost]
+    from mecefo_jax.training import run_setup
+    placement_members = [w for w in range(placement.workers) if w != lost]
     program_cache.configure(cfg.launch.compilation_cache, workdir,
                             program_cache.program_context(cfg))
-    from mecefo_jax.launch.coordinator import join
     join(coordinator, len(placement_members), process_id)
-    from mecefo_jax.faults.controller import FaultController
-    from mecefo_jax.launch import placement as placement_lib
-    from mecefo_jax.training import run_setup
-    placement = placement_lib.Placement(workers, cfg.launch.local_devices,
-                                        cfg.mesh.model)
     rows = placement_lib.replica_rows(placement, placement_members, jax.devices())
     scratch = os.path.join(workdir, 'launch', 'compile_ahead', f'lost{lost}')
     run = run_setup.build_run(cfg, scratch, replica_rows=rows, checkpoint_every=0)
     # The relaunch's controller starts on the present replicas' topology and
     # layout, and its first prepare compiles exactly these (see _transition).
     controller = FaultController.from_config(cfg, run)
-    topology, layout = controller.topology, controller.layout
+    topology, layout = controller.plan.topology, controller.plan.step_layout
     state = sharding.abstract(run.abstract_state, topology.state_shardings)
     _, step_sec = topology.compiled_step(
         state, topology.batch_spec(layout, cfg.data.seq_len + 1), layout)
-    if layout.uses_neighbour_mode and controller.uses_projections:
+    if controller.plan.layout.uses_neighbour_mode and controller.uses_projections:
         topology.refresh.compile(state)
     tokens = sharding.abstract_batch(topology.mesh, _eval_rows(run, topology.num_replicas),
                                      cfg.data.seq_len + 1, topology.num_replicas)
@@ -225,7 +221,6 @@ def compile_for_survivors(cfg, workdir: str, workers: int, lost: int, coordinato
         os.path.join(workdir, 'launch', f'compile_ahead_lost{lost}_w{worker}.json'),
         {'lost_worker': lost, 'worker': worker, 'process_id': process_id,
          'train_step_sec': step_sec, 'programs': stats.programs})
-    from mecefo_jax.launch.coordinator import leave
     leave('compile ahead done')
     return {'compiled': stats.misses, 'cached': stats.hits, 'train_step_sec': step_sec}
 

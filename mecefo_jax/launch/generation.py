@@ -1,13 +1,18 @@
-"""One generation of a job: its worker actors, how far they got, and how they ended.
+"""One generation of a job: its worker actors, how far they got, how each ended, its teardown.
 
-A generation is one `jax.distributed` job over the workers that are up, each
-a `Worker` actor on its keeper's node. The launcher learns of a worker's end
-from its `run` call: a result (it finished or stopped as planned), a Python
-exception (a program error: `RayTaskError`), or Ray's report that the actor
-or its node died (a crash). A stopped or hung worker is caught by its
-progress reports: the launcher asks every `PROGRESS_SEC` and a worker that
-has not answered for `launch.heartbeat_timeout_sec` is silent (Ray itself
-does not notice a stopped process).
+A generation is one `jax.distributed` job over the workers that are up, each a
+`Worker` actor on its keeper's node. The launcher learns of a worker's end from its
+`run` call: a result (it finished or stopped as planned), a Python exception (a
+program error: the relaunched program would fail the same way, so the job stops and
+shows the end of the worker's log), or Ray's report that the actor or its node died
+(a crash: a signal, a segfault, the node gone). A stopped or hung worker is caught by
+its progress reports: the launcher asks every `PROGRESS_SEC` and a worker that has not
+answered for `launch.heartbeat_timeout_sec` is silent (Ray does not notice a stopped
+process). A worker that JAX's runtime ended because a peer died is that death's echo.
+
+Standby workers: once a generation has completed its first step, one `Worker` per
+slot is started on its node and imports jax and the training stack, so the next
+relaunch takes a process that is already up (`Standbys`).
 """
 from __future__ import annotations
 
@@ -17,34 +22,89 @@ import signal as signal_lib
 import time
 
 from mecefo_jax.host import processes
-from mecefo_jax.launch import actors
-from mecefo_jax.launch.exits import (
-    ABORTED_BY_JAX,
-    CRASH,
-    NODE_DIED,
-    NODE_LOSS_INJECTED,
-    PROGRAM_ERROR,
-    Death,
-    aborted_by_jax,
-)
-from mecefo_jax.launch.progress import parse_report
-from mecefo_jax.launch.worker import Worker
-from mecefo_jax.launch.worker_args import WorkerArgs
+from mecefo_jax.launch import placement as placement_lib
+from mecefo_jax.launch.chaos import NODE_LOSS_INJECTED
+from mecefo_jax.launch.worker import Progress, Worker, WorkerArgs
 from mecefo_jax.snapshot.keeper_actor import KeeperLost
+from mecefo_jax.training.resume import Tier
 
 PROGRESS_SEC = 0.2  # how often each worker is asked how far it got
 _TEARDOWN_SEC = 30.0  # Ray kills a worker within this (SIGKILL from its raylet)
 _EXIT_POLL_SEC = 0.02
 _FINAL_REPORT_SEC = 2.0  # a survivor answers from a thread within milliseconds
 
+CRASH, PROGRAM_ERROR = 'crash', 'program_error'
+NODE_DIED = 'its node died'  # the cause of a worker whose node was lost
+_TAIL_LINES = 20
+# What a healthy process prints when JAX's distributed runtime ends it because
+# another process died (the coordinator, or a peer it was waiting on).
+JAX_ABORT_MARKER = 'the JAX distributed service detected fatal errors'
+# What one prints when the CPU collectives' transport (gloo) fails on a message cut
+# off by a peer's death: an exception its own thread cannot raise ends the process.
+GLOO_ABORT_MARKER = 'Unhandled exception: N4gloo'
+ABORTED_BY_JAX = "ended by JAX's runtime after a peer died"
+_ABORT_TAIL_BYTES = 64 * 1024
+
+
+def aborted_by_jax(log_path: str) -> bool:
+    """Whether a dead worker's log ends with JAX's runtime terminating it for another
+    process's death (its distributed service, or its collectives' transport).
+
+    Such a worker is healthy: it is an echo of the death that caused it, relaunched as a
+    survivor with its own keeper's snapshots, not a failure.
+    """
+    try:
+        with open(log_path, 'rb') as f:
+            f.seek(max(0, os.path.getsize(log_path) - _ABORT_TAIL_BYTES))
+            tail = f.read().decode(errors='replace')
+    except OSError:
+        return False
+    return JAX_ABORT_MARKER in tail or GLOO_ABORT_MARKER in tail
+
+
+@dataclasses.dataclass(frozen=True)
+class Death:
+    """One dead worker of a generation."""
+    worker: int
+    cause: str  # 'killed by SIGKILL', 'its node died', 'no heartbeat for 3.1 s', ...
+    kind: str  # CRASH | PROGRAM_ERROR
+    failed_at: float  # time.time()
+
+
+def log_tail(path: str, lines: int = _TAIL_LINES) -> str:
+    """The last `lines` lines of a worker's log, from its last traceback if it has one."""
+    try:
+        with open(path, errors='replace') as f:
+            text = f.read()
+    except OSError as e:
+        return f'(no log: {e})'
+    rows = text.rstrip('\n').splitlines()
+    start = max((i for i, r in enumerate(rows) if r.startswith('Traceback')), default=0)
+    return '\n'.join(rows[max(start, len(rows) - lines):])
+
+
+class WorkerProgramError(RuntimeError):
+    """A worker failed in its own code: relaunching it would fail again."""
+
+    def __init__(self, deaths: list, log_dir: str, generation: int, *, note: str | None = None):
+        parts = []
+        for d in deaths:
+            path = os.path.join(log_dir, f'g{generation}_w{d.worker}.log')
+            parts.append(f'Worker {d.worker} stopped with a program error ({d.cause}), not a '
+                         f'crash, so it is not relaunched. The end of {path}:\n'
+                         f'{log_tail(path)}')
+        super().__init__('\n\n'.join(parts) + '\nFix the error and rerun the same command.'
+                         + (f'\n{note}' if note else ''))
+        self.workers = [d.worker for d in deaths]
+
 
 @dataclasses.dataclass
 class Generation:
     number: int
     members: list
-    resume: str
+    resume: Tier
     stop_at: int
-    resume_step: int = 0  # memory resumes: the snapshot step to restore (0: workers agree)
+    resume_step: int = 0  # Tier.MEMORY: the snapshot step every member restores
     started: float = 0.0  # time.time() of the spawn
     actors: dict = dataclasses.field(default_factory=dict)  # worker -> actor handle
     runs: dict = dataclasses.field(default_factory=dict)  # worker -> ObjectRef of run()
@@ -64,6 +124,14 @@ class Generation:
 
     def held(self, worker: int) -> dict | None:
         return (self.progress.get(worker) or {}).get('held')
+
+    def signal(self, worker: int, signum: int) -> None:
+        """Send `signum` into a worker (its own thread delivers it: any node, any state but stopped)."""
+        self.actors[worker].signal.remote(int(signum))
+
+    def wait_dead(self, worker: int, timeout: float = _TEARDOWN_SEC) -> None:
+        import ray
+        ray.wait([self.runs[worker]], timeout=timeout)
 
 
 def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, standbys,
@@ -85,7 +153,7 @@ def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, st
     for w in gen.members:
         actor = standbys.take(w, nodes[w])
         if actor is None:
-            opts = actors.options(node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
+            opts = placement_lib.actor_options(node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
             actor = cls.options(**opts).remote(env, False)  # needed now: it imports at full priority
         gen.actors[w] = actor
     dead, late = [], []
@@ -120,7 +188,7 @@ def poll_progress(gen: Generation) -> None:
             w = refs[ref]
             del gen.asked[w]
             try:
-                report = parse_report(ray.get(ref))
+                report = Progress.parse(ray.get(ref))
             except RayError:  # dead: its run() says how
                 continue
             if report is None:
@@ -147,7 +215,7 @@ def final_progress(gen: Generation, workers, timeout: float = _FINAL_REPORT_SEC)
     ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout) if refs else ([], [])
     for ref in ready:
         try:
-            report = parse_report(ray.get(ref))
+            report = Progress.parse(ray.get(ref))
         except RayError:  # it died meanwhile
             continue
         if report is not None:
@@ -221,16 +289,6 @@ def silent(gen: Generation, deaths: list, timeout: float, now: float, now_mono: 
     return out
 
 
-def signal(gen: Generation, worker: int, signum: int) -> None:
-    """Send `signum` into a worker (its own thread delivers it: any node, any state but stopped)."""
-    gen.actors[worker].signal.remote(int(signum))
-
-
-def wait_dead(gen: Generation, worker: int, timeout: float = _TEARDOWN_SEC) -> None:
-    import ray
-    ray.wait([gen.runs[worker]], timeout=timeout)
-
-
 def stop(gen: Generation | None) -> None:
     """Kill every worker of the generation (stopped ones too) and wait until they are gone.
 
@@ -280,3 +338,64 @@ def wait_exited(pids: list, timeout: float) -> None:
             _kill_ray_workers(pids)
             deadline = float('inf')
         time.sleep(_EXIT_POLL_SEC)
+
+
+# ---------------------------------------------------------------- standby workers
+
+_ASK_SEC = 1.0  # a standby that cannot say it is warm within this is not
+
+
+class Standbys:
+    """worker -> (node, actor) of a warm `Worker` waiting to be taken."""
+
+    def __init__(self):
+        self._ready: dict[int, tuple[str, object]] = {}
+
+    def fill(self, nodes: dict, env: dict, gpus: dict) -> None:
+        """A standby for every worker slot in `nodes` (worker -> node) that has none there."""
+        import ray
+        cls = ray.remote(Worker)
+        for w, node in nodes.items():
+            held = self._ready.get(w)
+            if held is not None and held[0] == node:
+                continue
+            if held is not None:
+                _kill(held[1])
+            opts = placement_lib.actor_options(node_id=node, gpus=gpus.get(w, 0), concurrency=4)
+            self._ready[w] = (node, cls.options(**opts).remote(env))
+
+    def take(self, worker: int, node: str):
+        """The standby of `worker` if it waits warm on `node` (taken from the pool), else None.
+
+        One still importing is killed instead: its warm-up thread runs at the
+        lowest OS priority and, on a loaded machine, holds the GIL and the
+        import lock for seconds while it waits for a CPU, so the worker would
+        answer neither `run` nor the launcher's progress requests (a healthy
+        worker taken for a silent one). A new actor imports at full priority.
+        """
+        import ray
+        from ray.exceptions import GetTimeoutError, RayError
+        held = self._ready.pop(worker, None)
+        if held is None:
+            return None
+        if held[0] == node:
+            try:
+                if ray.get(held[1].is_warm.remote(), timeout=_ASK_SEC):
+                    return held[1]
+            except (RayError, GetTimeoutError):
+                pass
+        _kill(held[1])
+        return None
+
+    def close(self) -> None:
+        for _, actor in self._ready.values():
+            _kill(actor)
+        self._ready.clear()
+
+
+def _kill(actor) -> None:
+    import ray
+    try:
+        ray.kill(actor)
+    except Exception:  # noqa: BLE001 (its node is gone already)
+        pass

@@ -1,58 +1,135 @@
 """One training worker of a launcher job: a Ray actor on one host, one `jax.distributed` process.
 
-The launcher creates a `Worker` actor per worker and generation, on the
-node of that worker's keeper, and calls `run(WorkerArgs)`: the worker joins
-the generation's `jax.distributed` job, restores the state (from the
-keepers' in-memory snapshots, the Orbax checkpoint, or a fresh init), and
-trains through `run.run` under the fault controller, with the replicas of
-absent workers marked down, so `fault.strategy` absorbs their shards
-(`drop` skips them; MeCeFO places them on live neighbours). It snapshots
-the state into its keeper after every `snapshot.every` steps and stops at `stop_at` when the
-launcher plans a rejoin. `run` returns the end record; an exception in it
-is a program error, which the launcher shows and does not relaunch.
+The launcher creates a `Worker` actor per worker and generation, on the node of that
+worker's keeper, and calls `run(WorkerArgs)`: the worker joins the generation's
+`jax.distributed` job (its coordinator bound to the one address the launcher chose),
+restores the state where the launcher said (`worker_state`), and trains through
+`run.run` under the fault controller, the replicas of absent workers marked down, so
+`fault.strategy` absorbs their shards. It snapshots the state into its keeper and
+stops at `stop_at` when the launcher plans a rejoin. `run` returns the end record; an
+exception in it is a program error, which the launcher shows and does not relaunch.
 
-While `run` trains, other threads of the actor answer `progress()` (the
-launcher's watchdog), `request_stop()` (a stop: the workers save the step
-JAX's preemption sync picks) and `signal()` (injected failures).
+While `run` trains, other threads of the actor answer `progress()` (the launcher's
+watchdog: steps dispatched and completed, read without blocking from the step outputs),
+`request_stop()` (the workers save the step JAX's preemption sync picks) and `signal()`
+(injected failures). So a worker blocked in a collective that a dead peer will never
+finish keeps answering, and a stopped or hung one falls silent.
 
-It writes, under `<workdir>/launch/`: its log `g<G>_w<W>.log` (from `run`
-on), `g<G>_w<W>_start.json` once its first step has run (how long joining,
-restoring, compiling and the first step took), `g<G>_w<W>_end.json` when it
-finishes, and (process 0) `provenance.jsonl` (per step: the global batch's
-hash and which examples of which shard were computed) and, when the run is
-complete, `final_params.npz`. What they hold is `worker_records`; its
-snapshot observer and restore come from `worker_snapshots`.
+Under `<workdir>/launch/` it writes its log `g<G>_w<W>.log`, `g<G>_w<W>_start.json` once
+its first step has run (how long joining, restoring, compiling and the first step
+took), `g<G>_w<W>_end.json` when it ends, and (process 0) `provenance.jsonl` (per step:
+the global batch's hash and which examples of which shard were computed) and, for a
+complete run, `final_params.npz`.
 """
 from __future__ import annotations
 
+import atexit
+import collections
+import dataclasses
+import hashlib
+import json
 import os
 import socket
+import statistics
 import sys
 import threading
 import time
 
 from mecefo_jax.host import files, processes
-from mecefo_jax.launch import actors, worker_records, worker_snapshots
-from mecefo_jax.launch.progress import Progress
-from mecefo_jax.launch.worker_args import WorkerArgs
+from mecefo_jax.launch import placement as placement_lib
+from mecefo_jax.training.observers import Observer  # pure Python: no jax before the actor is up
+from mecefo_jax.training.resume import Tier
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerArgs:
+    """What one worker of one generation runs (sent by the launcher to its actor)."""
+    cfg: object  # the job's resolved `Config`: one resolution for every worker of every generation
+    workdir: str
+    placement: placement_lib.Placement  # the job's workers and replicas, checked by the launcher
+    coordinator: str  # host:port of the jax.distributed coordinator (process 0)
+    members: tuple  # worker ids of this generation, in process order
+    worker: int  # this worker (stable across relaunches)
+    generation: int = 0
+    resume: Tier = Tier.FRESH
+    resume_step: int = 0  # Tier.MEMORY: the snapshot step every member restores
+    stop_at: int = 0  # stop after this step (0: train.steps)
+    own_run: bool = False  # the workdir's run is this job's: with nothing saved, start over
+    keepers: tuple = ()  # each worker's KeeperHandle, None where it has none
+    fault_points: object = None  # chaos.FaultPoints: where an injected failure lands, or None
+    observed_failures_per_hour: float = 0.0  # the job's failures so far / its hours so far
+
+    @property
+    def process_id(self) -> int:
+        return self.members.index(self.worker)
+
+    @property
+    def out_dir(self) -> str:
+        return os.path.join(self.workdir, 'launch')
+
+    @property
+    def tag(self) -> str:
+        return f'g{self.generation}_w{self.worker}'
+
+
+class Progress:
+    """How far the worker has got: steps dispatched and steps completed (a failed step is not)."""
+
+    def __init__(self):
+        self.dispatched = 0
+        self.completed = 0
+        self._pending: collections.deque = collections.deque()  # (steps done, output array)
+        self._lock = threading.Lock()
+
+    def dispatched_step(self, steps_done: int, output) -> None:
+        """The loop dispatched step `steps_done - 1`; `output` becomes ready when it ends."""
+        with self._lock:
+            self.dispatched = steps_done
+            self._pending.append((steps_done, output))
+
+    def report(self) -> dict:
+        with self._lock:
+            try:
+                while self._pending and self._pending[0][1].is_ready():
+                    # Ready includes failed (a collective a dead peer broke): reading a
+                    # ready output returns at once, or raises for a step that never completed.
+                    self._pending[0][1].block_until_ready()
+                    self.completed = self._pending.popleft()[0]
+            except Exception:  # noqa: BLE001 (a failed step, or arrays a torn-down job deleted)
+                pass
+            return {'dispatched': self.dispatched, 'completed': self.completed}
+
+    @staticmethod
+    def parse(value) -> dict | None:
+        """A report as the launcher receives it, or None if it is not one (never trusted
+        blindly, never fatal); `held` is where an injected failure holds the worker."""
+        if not isinstance(value, dict):
+            return None
+        for name in ('dispatched', 'completed'):
+            if type(value.get(name)) is not int or value[name] < 0:  # bool is refused too
+                return None
+        held = value.get('held')
+        if held is not None and not (isinstance(held, dict) and held.get('kind') in ('publish', 'snapshot')
+                                     and type(held.get('step')) is int):
+            return None
+        return {'dispatched': value['dispatched'], 'completed': value['completed'], 'held': held}
 
 
 class Worker:
     """The actor (`ray.remote(Worker)`): one process of one generation.
 
-    Created ahead as a *standby* (`launch/standby.py`) it imports jax and the
-    training stack in a thread at the lowest OS priority (Linux niceness is
-    per thread), so that a relaunch finds a warm process without the warm-up
-    slowing the generation that trains meanwhile. Only a warm one is taken:
-    on a loaded machine a thread at that priority holds the GIL and the import
-    lock for seconds at a time, and the actor would not answer.
+    Created ahead as a *standby* (`generation.Standbys`) it imports jax and the
+    training stack in a thread at the lowest OS priority (Linux niceness is per
+    thread), so that a relaunch finds a warm process without the warm-up slowing the
+    generation that trains meanwhile.
     """
 
     def __init__(self, env: dict, warm: bool = True):
-        actors.enter(env)  # XLA's flags and device count, before anything starts JAX
+        placement_lib.enter(env)  # XLA's flags and device count, before anything starts JAX
         self.created = time.time()
         self.warmed = None  # time.time() the imports were done
         self.progress_ = Progress()
+        self.points = None  # this generation's chaos.FaultPoints
         self.guard = None  # the PreemptionGuard while training
         self._stop_pending = False
         self._lock = threading.Lock()
@@ -86,7 +163,7 @@ class Worker:
             return s.getsockname()[1]
 
     def progress(self) -> dict:
-        return self.progress_.report()
+        return dict(self.progress_.report(), held=self.points.held if self.points else None)
 
     def signal(self, signum: int) -> None:
         """An injected failure: the signal into this process."""
@@ -108,7 +185,7 @@ class Worker:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-        self.started = time.time()
+        self.started, self.points = time.time(), args.fault_points
         try:
             return _run(args, self)
         except BaseException:
@@ -130,55 +207,42 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     cfg = args.cfg
     import jax
     from absl import logging
+
+    from mecefo_jax.launch import worker_state
+    from mecefo_jax.parallel import program_cache
+    from mecefo_jax.training import run_setup
     logging.set_verbosity(logging.WARNING)
     # Shared by every worker, generation and compile-ahead job: a program
     # compiled once loads on every process after a relaunch.
-    from mecefo_jax.parallel import program_cache
     program_cache.configure(cfg.launch.compilation_cache, args.workdir,
                             program_cache.program_context(cfg))
     t0 = time.perf_counter()
-    from mecefo_jax.launch.coordinator import join
     join(args.coordinator, len(args.members), args.process_id)
     distributed_init_sec = time.perf_counter() - t0
-
-    from mecefo_jax.launch import placement as placement_lib
-    from mecefo_jax.training import run_setup
-    placement = placement_lib.Placement(args.workers, cfg.launch.local_devices, cfg.mesh.model)
-    placement.check_mesh(cfg.mesh, cfg.data.global_batch_size)
-    rows = placement_lib.replica_rows(placement, list(args.members), jax.devices())
-    # Orbax checkpoints every train.checkpoint_every steps in either mode: the
-    # disk tier under the keepers' memory tier (REFT and Orbax's emergency
-    # checkpointing keep both), so losing the launcher or a node loses at most
-    # the steps since the last save.
+    rows = placement_lib.replica_rows(args.placement, list(args.members), jax.devices())
+    # Orbax checkpoints every train.checkpoint_every steps in either tier: the disk tier
+    # under the keepers' memory tier (REFT and Orbax's emergency checkpointing keep
+    # both), so losing the launcher or a node loses at most the steps since the last save.
     run = run_setup.build_run(cfg, args.workdir, replica_rows=rows)
-
-    info: dict = {}
-    restore = worker_snapshots.restore_fn(args, info)
-    snapshot_hook = worker_snapshots.snapshot_hook(cfg, args, actor.progress_)
-    provenance = (os.path.join(args.out_dir, 'provenance.jsonl')
-                  if jax.process_index() == 0 else None)
+    restore, restored = worker_state.restore_fn(args)
+    snapshots = worker_state.SnapshotObservers.of(args)
     start_record = dict(worker=args.worker, generation=args.generation, pid=os.getpid(),
                         start_ticks=processes.start_ticks(os.getpid()),  # to tell a reused pid
                         process_start=actor.started, actor_created=actor.created,
                         actor_warm_sec=(actor.warmed or time.time()) - actor.created,
                         distributed_init_sec=distributed_init_sec, resume=args.resume)
-    step_log = worker_records.StepLog(actor.progress_, provenance,
-                                      os.path.join(args.out_dir, f'{args.tag}_start.json'), start_record,
-                                      info)
-    observers = [step_log] + ([snapshot_hook] if snapshot_hook is not None else [])
-    summary, preempted = _train(cfg, args, run, restore, observers, actor)
-    if snapshot_hook is not None:
-        snapshot_hook.close()  # the keeper holds the last snapshot before the launcher goes on
+    provenance = os.path.join(args.out_dir, 'provenance.jsonl') if jax.process_index() == 0 else None
+    step_log = StepLog(actor.progress_, provenance, os.path.join(args.out_dir, f'{args.tag}_start.json'),
+                       start_record, restored)
+    summary, preempted = _train(cfg, args, run, restore, [step_log, *snapshots.observers], actor)
+    snapshots.close()  # the keeper holds the last snapshot before the launcher goes on
     if preempted is None:
-        end = worker_records.end_record(cfg, args, summary, snapshot_hook,
-                                        median_step_sec=step_log.median_step_sec())
+        end = end_record(cfg, args, summary, snapshots.hook, median_step_sec=step_log.median_step_sec())
     else:
         end = {'worker': args.worker, 'generation': args.generation, 'final_step': preempted,
                'finished': False, 'preempted': True}
     files.write_json(os.path.join(args.out_dir, f'{args.tag}_end.json'), end, default=str)
-    if step_log.provenance is not None:
-        step_log.provenance.close()
-    from mecefo_jax.launch.coordinator import leave
+    step_log.close()
     leave(f'end of generation {args.generation}')
     return end
 
@@ -195,3 +259,186 @@ def _train(cfg, args: WorkerArgs, run, restore, observers, actor: Worker):
                              preemption=preemption), None
         except Preempted as stopped:
             return None, stopped.step
+
+
+# ------------------------------------------------------------------ the job's coordinator
+
+def join(coordinator: str, num_processes: int, process_id: int, *, timeout: float = 300.0) -> None:
+    """`jax.distributed.initialize`, its coordinator bound to `coordinator` only.
+
+    JAX's coordinator service binds every interface by default (`[::]:port`); here only
+    the address the launcher chose. The other processes connect once it listens: a
+    client that tries before gRPC's first reconnect backoff waits it out in full (a
+    relaunch's start took 0.01 s or 1.2 s by which process got there first).
+    """
+    import jax
+    if process_id != 0:
+        _wait_listening(coordinator, timeout)
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id, coordinator_bind_address=coordinator)
+    atexit.register(_exit_without_barrier)
+
+
+def _wait_listening(address: str, timeout: float) -> bool:
+    """Whether something accepts connections on host:port within `timeout` seconds."""
+    host, port = address.rsplit(':', 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+
+def leave(tag: str) -> None:
+    """Leave the job with every peer: wait until all reach `tag`, then JAX's shutdown (a
+    process that shuts down while a peer still talks to the service can abort that peer)."""
+    import jax
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(tag)
+    jax.distributed.shutdown()
+    atexit.unregister(_exit_without_barrier)
+
+
+def _exit_without_barrier() -> None:
+    """At exit, still in the job (its run failed because a peer died, or Ray tears its actor
+    down): end here. JAX's shutdown barrier would wait for peers that may be dead until the
+    coordination service's heartbeat aborts the process, 100 s later by default."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ------------------------------------------------------------------ what a worker records
+
+class StepLog(Observer):
+    """The worker's observer: progress and provenance per step, the start record once.
+
+    The start record times the way back: everything up to the end of the first step,
+    with the compile and refresh seconds of the events (a relaunch's failure) reported
+    before it, and what the restore read (`restored`, filled by the restore).
+    """
+
+    def __init__(self, progress: Progress, provenance_path, start_path: str, record: dict,
+                 restored: dict):
+        self.progress, self.provenance_path = progress, provenance_path
+        self.provenance = None  # opened at the first step, once the resumed step is known
+        self.start_path, self.record, self.restored = start_path, record, restored
+        self.events = []
+        self.train_start = time.perf_counter()
+        self.first_done = False
+        self.dispatched: list[float] = []  # each step's dispatch time (perf_counter)
+
+    def median_step_sec(self, settle: int = 2) -> float | None:
+        """This generation's median step, dispatch to dispatch, past its first `settle` steps
+        (the loop dispatches a step once the previous one's outputs can be read, so the
+        interval is a step's wall time, snapshot blocking included)."""
+        times = self.dispatched[settle:]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        return statistics.median(gaps) if gaps else None
+
+    def on_event(self, event) -> None:
+        self.events.append(event)
+
+    def on_step(self, done) -> None:
+        import jax
+        import numpy as np
+
+        from mecefo_jax.training.metrics import truncate_rows_after
+        self.progress.dispatched_step(done.step + 1, done.loss)
+        self.dispatched.append(done.dispatched)
+        if self.provenance is None and self.provenance_path is not None:
+            # Steps past the resumed one were recorded by a run that did not keep them:
+            # this run records them again, once.
+            if os.path.exists(self.provenance_path):
+                truncate_rows_after(self.provenance_path, done.step - 1)
+            self.provenance = open(self.provenance_path, 'a')
+        if self.provenance is not None:
+            self.provenance.write(json.dumps({
+                'generation': self.record['generation'], 'step': done.step,
+                'batch_sha256': hashlib.sha256(np.ascontiguousarray(done.tokens_nbt)).hexdigest(),
+                'covered': {str(k): v for k, v in sorted(done.layout.shards_covered().items())},
+                'replicas': list(done.layout.replicas)}) + '\n')
+            self.provenance.flush()
+        if not self.first_done:
+            self.first_done = True
+            jax.block_until_ready(done.loss)
+            self._write_start(done)
+
+    def _write_start(self, done) -> None:
+        from mecefo_jax.parallel import program_cache
+        events = [e for e in self.events if e.step == done.step]
+        restored = self.restored.get('restore')
+        stats = program_cache.stats
+        files.write_json(self.start_path, dict(
+            resume_step=done.step, first_step_done=time.time(),
+            compile_sec=done.compile_sec + sum(e.compile_sec for e in events),
+            programs_compiled=stats.misses, programs_cached=stats.hits,
+            programs_load_sec=stats.load_sec, programs_found_untraced=stats.untraced_hits,
+            refresh_sec=sum(e.refresh_sec for e in events),
+            train_start_to_first_step_sec=time.perf_counter() - self.train_start,
+            **self.record, restore_sec=restored.seconds if restored else None,
+            restore_bytes=restored.bytes_by_source if restored else None,
+            restore_phases=restored.phases if restored else None,
+            healed_bytes=restored.healed_bytes if restored else None), default=str)
+
+    def close(self) -> None:
+        if self.provenance is not None:
+            self.provenance.close()
+
+
+def end_record(cfg, args: WorkerArgs, summary: dict, hook, *, median_step_sec: float | None) -> dict:
+    """The end record (and, for a complete run, the final parameters from process 0)."""
+    import jax
+    import numpy as np
+
+    from mecefo_jax.parallel import program_cache
+    state = summary.pop('state')
+    stats = hook.stats if hook else None
+    end = {'worker': args.worker, 'generation': args.generation,
+           'params_sha256': _local_params_sha256(state.params),
+           'final_step': summary['final_step'], 'finished': summary['final_step'] >= cfg.train.steps,
+           'final_loss': summary['final_loss'], 'final_val_loss': summary['final_val_loss'],
+           'snapshot_blocked_sec': hook.blocked_sec if hook else 0.0,
+           'snapshots': hook.submitted if hook else 0,
+           'snapshots_dropped': stats.dropped if stats else 0,
+           # What this worker wrote per snapshot against its whole state: about 1/n of it
+           # where snapshots are sharded over n workers (snapshot.shard).
+           'snapshot_bytes': stats.bytes if stats else 0,
+           'snapshot_parity_bytes': stats.parity_bytes if stats else 0,
+           'snapshots_published': stats.published if stats else 0,
+           'state_bytes': int(sum(x.nbytes for x in jax.tree.leaves(state))),
+           'programs_compiled': program_cache.stats.misses,
+           'programs_cached': program_cache.stats.hits,
+           'median_step_sec': median_step_sec,
+           'snapshot_cadence': hook.cadence.history if hook and hook.cadence else None}
+    if end['finished']:
+        from jax.experimental import multihost_utils
+        params = multihost_utils.process_allgather(state.params, tiled=True)
+        if jax.process_index() == 0:
+            flat = {jax.tree_util.keystr(p): np.asarray(v)
+                    for p, v in jax.tree_util.tree_leaves_with_path(params)}
+            np.savez(os.path.join(args.out_dir, 'final_params.npz'), **flat)
+    return end
+
+
+def _local_params_sha256(params) -> str:
+    """Hash of this process's parameter shards, after checking its copies of each agree
+    (replicas of one shard index must be bit-identical on every device)."""
+    import jax
+    import numpy as np
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        copies = {}
+        for shard in leaf.addressable_shards:
+            key = tuple((s.start, s.stop) for s in shard.index)
+            data = np.asarray(shard.data).tobytes()
+            if copies.setdefault(key, data) != data:
+                raise AssertionError(f'{jax.tree_util.keystr(path)}: local replicas differ')
+        for key in sorted(copies, key=str):
+            digest.update(repr((jax.tree_util.keystr(path), key)).encode())
+            digest.update(copies[key])
+    return digest.hexdigest()

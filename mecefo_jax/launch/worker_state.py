@@ -1,24 +1,19 @@
-"""The worker's side of in-memory snapshots: take them after each step, restore after a relaunch.
+"""A worker's train state between crashes: snapshots into its keeper after steps, restores after a relaunch.
 
 `SnapshotHook` is an observer of the training loop (mecefo_jax/training/observers.py).
-Right after step k is dispatched it asks for a copy of this process's shards
-of the step's output state in pinned host memory (device-local
-`jax.device_put`s that return at once; each copy is ordered before the next
-step, which donates the state, reuses its buffers), then hands them to an
-`AsyncSnapshotter` that writes it into this worker's keeper in a background
-thread and publishes it as step k + 1 together with the data position after
-batch k. At most one snapshot is in flight; a second waits for the first
-(that wait is the overhead the trainer sees, and is measured).
+Right after step k is dispatched it asks for a copy of this process's shards of the
+step's output state in pinned host memory (device-local `jax.device_put`s that return
+at once; each copy is ordered before the next step, which donates the state, reuses
+its buffers), then hands them to an `AsyncSnapshotter` that writes it into this
+worker's keeper in a background thread and publishes it as step k + 1 together with
+the data position after batch k. At most one snapshot is in flight; a second waits for
+the first (that wait is the overhead the trainer sees, and is measured).
 
-`disk_restore` is the old way, timed the same way: the latest Orbax checkpoint.
-
-`keeper_restore` is a `train(restore=...)` callback: it opens this worker's
-keeper (shared memory) and rebuilds the state on the current mesh at the
-step the launcher chose (`WorkerArgs.resume_step`), reading peer keepers
-(through Ray, whichever node they are on) only to heal what the own keeper
-lacks (REFT, arXiv 2310.12670). Without a chosen
-step the processes agree on the newest step every one of them can assemble,
-and all open the peers when some process cannot assemble the newest.
+After a relaunch, the restore the launcher chose (`restore_fn`, by `resume.Tier`):
+`keeper_restore` opens this worker's keeper (shared memory) and rebuilds the state on
+the current mesh at the launcher's step, reading peer keepers (through Ray, whichever
+node they are on) only to heal what the own keeper lacks (REFT, arXiv 2310.12670);
+`disk_restore` reads the newest Orbax checkpoint, timed the same way.
 """
 from __future__ import annotations
 
@@ -45,6 +40,7 @@ from mecefo_jax.snapshot import (
 from mecefo_jax.snapshot.cadence import MAX_INTERVAL, AutoCadence
 from mecefo_jax.snapshot.jax_io import SnapshotMismatchError, newest_writer_only
 from mecefo_jax.training.observers import Observer
+from mecefo_jax.training.resume import Tier
 
 
 class SnapshotHook(Observer):
@@ -57,16 +53,14 @@ class SnapshotHook(Observer):
     topology change.
     """
 
-    def __init__(self, keeper, every, *, parity: ParityPusher | None = None,
-                 before_publish=None, stop_at: int | None = None, budget_pct: float = 2.0,
-                 log=None, hold_after: int | None = None, on_hold=None,
+    def __init__(self, client, every, *, parity: ParityPusher | None = None,
+                 stop_at: int | None = None, budget_pct: float = 2.0, log=None,
                  failures_per_sec: float = 0.0, max_interval: int = MAX_INTERVAL,
                  shard: bool = False, generation: int = 0, latest_wins: bool | None = None):
-        self._client = KeeperClient(keeper)
+        self._client = client  # a KeeperClient of this worker's keeper
         # The generation tells a restore which writer's parts of a redone step belong together.
-        self._snapshotter = AsyncSnapshotter(
-            SnapshotWriter(self._client, parity=parity, before_publish=before_publish),
-            meta={'generation': int(generation), 'sharded': bool(shard)})
+        self._snapshotter = AsyncSnapshotter(SnapshotWriter(client, parity=parity),
+                                             meta={'generation': int(generation), 'sharded': bool(shard)})
         self.shard = shard  # write only this process's part of each replicated box
         # Never stall the step for a write (the newest snapshot waits its turn): None does
         # so under auto's chosen interval only (see `_snapshot`).
@@ -80,19 +74,12 @@ class SnapshotHook(Observer):
                                        failures_per_sec=failures_per_sec,
                                        max_interval=max_interval)
             self.every = None
-        elif isinstance(every, int) and every >= 1:
-            self.every = every
         else:
-            raise ValueError(f"snapshot.every={every!r}: use 'auto', an integer >= 1, "
-                             'or 0 to disable snapshots.')
+            self.every = every
         # A planned stop (a rejoin) resumes from this step: always snapshot it,
         # whatever the cadence, so the way back redoes nothing.
         self.stop_at = stop_at
-        # Crash drills: after the first snapshot at or after `hold_after` is
-        # published, `on_hold(step)` is called from the training loop (it never
-        # returns), at the next step's plan: that step's metrics row is written by then.
-        self.hold_after, self._on_hold = hold_after, on_hold
-        self._hold_at: int | None = None
+        self.last_submitted: int | None = None  # the newest step handed to the writer
         self.blocked_sec = 0.0  # time the training loop waited for the previous snapshot
         self.submitted = 0
         self._window_start: float | None = None  # auto: when the previous window ended
@@ -102,9 +89,13 @@ class SnapshotHook(Observer):
         """Steps between snapshots now (None while 'auto' is still measuring)."""
         return self.every if self.cadence is None else self.cadence.interval
 
+    def flush(self) -> None:
+        """Wait until every snapshot handed to the writer is published."""
+        self.blocked_sec += self._snapshotter.wait()
+
     def _flush(self) -> tuple[float, int, float]:
         """Background writes so far: (seconds, count, seconds waiting for the step's output)."""
-        self.blocked_sec += self._snapshotter.wait()
+        self.flush()
         stats = self._snapshotter.stats
         return stats.write_sec, stats.published, stats.materialize_sec
 
@@ -132,9 +123,9 @@ class SnapshotHook(Observer):
     def _snapshot(self, done, step: int) -> None:
         # Under auto's chosen interval the step never waits for a slow write: the newest
         # snapshot waits its turn and replaces an older waiting one (counted as dropped).
-        # A fixed interval, auto's measuring windows and the steps the way back needs are
+        # A fixed interval, auto's measuring windows and the step the way back needs are
         # each written, waiting for the previous one if need be.
-        must = step == self.stop_at or (self.hold_after is not None and step >= self.hold_after)
+        must = step == self.stop_at
         chosen = self.cadence is not None and self.cadence.interval is not None
         latest_wins = not must and (chosen if self.latest_wins is None else self.latest_wins)
         start = time.perf_counter()
@@ -143,15 +134,9 @@ class SnapshotHook(Observer):
         blocked = time.perf_counter() - start
         self.blocked_sec += blocked
         self.submitted += 1
+        self.last_submitted = step
         if self.cadence is not None:
             self.cadence.record_blocked(blocked)
-        if self.hold_after is not None and step >= self.hold_after and self._hold_at is None:
-            self._snapshotter.wait()  # published, so its keeper holds it
-            self._hold_at = step
-
-    def on_plan(self, planned) -> None:
-        if self._hold_at is not None:
-            self._on_hold(self._hold_at)
 
     @property
     def stats(self):
@@ -185,15 +170,14 @@ def _newest_writers(snaps: list) -> list:
     return kept
 
 
-def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None = None):
-    """A `train(restore=...)` callback restoring from the keepers' snapshots.
+def keeper_restore(keepers: list, worker: int, info: dict, *, step: int):
+    """A `train(restore=...)` callback restoring the keepers' snapshot of `step`.
 
-    `keepers[w]` is worker w's keeper (None if it is gone). `step`,
-    the launcher's choice, is restored by every process with no collective
-    (an error names the fallback if this process cannot assemble it); without
-    it the processes agree on the newest common step. Fills `info['restore']`
-    with a RestoreInfo. Returns None when no keeper holds anything yet (a
-    fresh start).
+    `keepers[w]` is worker w's keeper (None if it is gone); `step` is the launcher's
+    choice, restored by every process with no collective, from this worker's own
+    keeper's shared memory, healing from its peers' what it lacks (REFT, arXiv
+    2310.12670); an error names the fallback if this process cannot assemble it. Fills
+    `info['restore']` with a RestoreInfo.
     """
     peers = [k for w, k in enumerate(keepers) if w != worker and k is not None]
 
@@ -206,38 +190,19 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
         snaps = _newest_writers(open_sources(keepers[worker]))
         try:
             marks.append(time.perf_counter())
-            if step is not None:
-                chosen = step
-                if chosen not in feasible_steps(abstract, snaps):
-                    # Heal from peers what the own keeper lacks (all of it but its own
-                    # part, where snapshots are sharded over the workers).
-                    snaps = _newest_writers(snaps + open_sources(None, peers))
-                if chosen not in feasible_steps(abstract, snaps):
-                    raise SnapshotMissingError(
-                        f'Worker {worker} cannot assemble the snapshot of step {chosen} from its '
-                        'own keeper or any live peer. Rerun the same launch command: it resumes '
-                        'from the newest Orbax checkpoint in the workdir (written every '
-                        'train.checkpoint_every steps).')
-            else:
-                chosen, newest = multihost.agreed_step(set(feasible_steps(abstract, snaps)))
-                if chosen is None or chosen < newest:
-                    # Some process cannot assemble the newest step from its own
-                    # keeper (a rejoined or replaced worker's is empty or stale):
-                    # every process got the same pair, so all open the peers'
-                    # keepers and agree again.
-                    snaps = _newest_writers(snaps + open_sources(None, peers))
-                    chosen, _ = multihost.agreed_step(set(feasible_steps(abstract, snaps)))
+            if step not in feasible_steps(abstract, snaps):
+                # Heal from peers what the own keeper lacks (all of it but its own part,
+                # where snapshots are sharded over the workers).
+                snaps = _newest_writers(snaps + open_sources(None, peers))
+            if step not in feasible_steps(abstract, snaps):
+                raise SnapshotMissingError(
+                    f'Worker {worker} cannot assemble the snapshot of step {step} from its own '
+                    'keeper or any live peer. Rerun the same launch command: it resumes from the '
+                    'newest Orbax checkpoint in the workdir (written every '
+                    'train.checkpoint_every steps).')
             marks.append(time.perf_counter())
-            if chosen is None:
-                if any(s.step for s in snaps):
-                    raise SnapshotMissingError(
-                        'The keepers hold snapshots, but no step that every process can '
-                        'assemble. Rerun the same launch command: it resumes from the newest '
-                        'Orbax checkpoint in the workdir (written every train.checkpoint_every '
-                        'steps).')
-                return None
             try:
-                state, data_state, report = restore(abstract, snaps, step=chosen)
+                state, data_state, report = restore(abstract, snaps, step=step)
             except SnapshotMismatchError as error:  # name the config field and its fix
                 raise config_record.explain_mismatch(error, run.workdir, run.cfg) from error
             jax.block_until_ready(state)
@@ -247,10 +212,10 @@ def keeper_restore(keepers: list, worker: int, info: dict, *, step: int | None =
         marks.append(time.perf_counter())
         phases = dict(zip(('open_own_keeper', 'choose_step', 'read_and_place'),
                           np.diff(marks).tolist()))
-        info['restore'] = RestoreInfo(step=chosen, seconds=marks[-1] - start,
+        info['restore'] = RestoreInfo(step=step, seconds=marks[-1] - start,
                                       bytes_by_source=dict(report.bytes_by_source),
                                       phases=phases)
-        return state, data_state, 'memory'
+        return state, data_state, Tier.MEMORY
     return restore_fn
 
 
@@ -268,5 +233,71 @@ def disk_restore(info: dict):
         nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
         info['restore'] = RestoreInfo(step=int(state.step), seconds=time.perf_counter() - start,
                                       bytes_by_source={'disk': nbytes})
-        return state, data_state, 'disk'
+        return state, data_state, Tier.DISK
     return restore_fn
+
+# ------------------------------------------------------------------ from a worker's args
+
+def restore_fn(args) -> tuple:
+    """(`resume`'s restore callback for the launcher's tier, the dict its RestoreInfo lands in).
+
+    Tier.FRESH restores nothing here (the workdir's newest checkpoint if any, else a new
+    run). In the job's own run (`args.own_run`) a tier holding nothing answers
+    `START_OVER`: a job killed before its first save starts again at step 0.
+    """
+    from mecefo_jax.training.resume import START_OVER
+    info: dict = {}
+    held = (keeper_restore(list(args.keepers), args.worker, info, step=args.resume_step)
+            if args.resume is Tier.MEMORY else disk_restore(info) if args.resume is Tier.DISK else None)
+    if not args.own_run:
+        return held, info
+    return (lambda run, topology: (held and held(run, topology)) or START_OVER), info
+
+
+@dataclasses.dataclass
+class SnapshotObservers:
+    """A worker's snapshot hook (None where snapshots are off or it has no keeper) and the
+    observers the training loop runs for it, an injected failure's hold included."""
+    hook: SnapshotHook | None
+    observers: list
+
+    @classmethod
+    def of(cls, args) -> SnapshotObservers:
+        cfg, keepers, points = args.cfg, args.keepers, args.fault_points
+        if cfg.snapshot.every == 0 or not keepers or keepers[args.worker] is None:
+            return cls(None, [])
+        client = KeeperClient(keepers[args.worker])
+        hook = SnapshotHook(
+            points.client(client, args.tag) if points else client, cfg.snapshot.every,
+            parity=_parity_pusher(cfg, args) if cfg.snapshot.parity else None,
+            stop_at=args.stop_at or None, **cadence_options(cfg, args.observed_failures_per_hour),
+            shard=cfg.snapshot.shard, generation=args.generation,
+            log=lambda msg: print(f'[worker {args.worker}] {msg}', flush=True))
+        return cls(hook, [hook, *(points.observers(hook, args.tag) if points else [])])
+
+    def close(self) -> None:
+        if self.hook is not None:
+            self.hook.close()
+
+
+def cadence_options(cfg, observed_failures_per_hour: float = 0.0) -> dict:
+    """What `snapshot.every=auto` weighs besides its measurements: the overhead budget, the
+    failure rate (the config's `fault.regime` or `fault.mtbf_hours`, else the one the
+    launcher observed in this job so far) and, as its longest interval, the disk
+    checkpoint's (`train.checkpoint_every`)."""
+    from mecefo_jax.faults.schedule import configured_failures_per_hour
+    rate = (configured_failures_per_hour(cfg.fault, int(cfg.mesh.data))
+            or observed_failures_per_hour)
+    every = cfg.train.checkpoint_every
+    return {'budget_pct': cfg.snapshot.overhead_budget_pct, 'failures_per_sec': rate / 3600.0,
+            'max_interval': every if every > 0 else MAX_INTERVAL}
+
+
+def _parity_pusher(cfg, args):
+    """The pusher of this worker's parity group (groups of snapshot.parity_group workers)."""
+    from mecefo_jax.launch.placement import parity_group
+    group = parity_group(args.worker, len(args.keepers), cfg.snapshot.parity_group)
+    if not group or any(args.keepers[w] is None for w in group):
+        return None  # a single worker, or a member's keeper gone: no parity this generation
+    return ParityPusher(f'workers{group[0]}-{group[-1]}', args.worker - group[0],
+                        [args.keepers[w] for w in group], generation=args.generation)

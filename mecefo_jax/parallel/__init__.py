@@ -2,12 +2,9 @@
 
 | module | what it owns |
 |---|---|
-| `sharding` | the mesh, and the one table from logical axis names to mesh axes |
-| `state` | the train state pytree, created sharded |
-| `step` | the jitted train and eval steps; each replica's role under `shard_map` |
-| `refresh` | the jitted projection refresh, split over the mesh where kernels are large |
-| `topology` | one mesh and everything compiled for it, cached so no topology compiles twice |
-| `transfer` | moving the train state onto another mesh |
-| `aot` | abstract step inputs, so a program compiles without data |
+| `sharding` | meshes from replica rows, the one table from logical axis names to mesh axes, abstract inputs |
+| `state` | the train state pytree: its layout, its sharded creation, its move to another mesh |
+| `step` | the jitted train, eval and projection-refresh steps; each replica's role under `shard_map` |
+| `topology` | one mesh and everything compiled for it, cached so no topology is built twice |
 | `program_cache` | the persistent cache of compiled programs every process shares |
 """

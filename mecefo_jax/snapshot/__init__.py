@@ -7,11 +7,15 @@ held by *keeper* processes that outlive the workers (REFT, arXiv
 
 | module | owns |
 |---|---|
-| `keeper`, `keeper_requests`, `keeper_sessions`, `keeper_actor` | the keeper: slots, parity, requests, Ray actor |
-| `blob`, `checksum` | the byte format of one snapshot, and its xxh3_64 hash lists |
-| `client`, `writer`, `async_writer` | the worker's side: `KeeperClient`, `Snapshot` readers, background writes |
+| `keeper` | the keeper's state: slots, parity stripes, and what requests it accepts |
+| `keeper_actor` | the keeper as a process: sessions, the Ray actor and its handle; `LocalKeeper` in process |
+| `blob` | the byte format of one snapshot, its xxh3_64 hash lists, XOR over blocks |
+| `client` | the worker's side: `KeeperClient`, `SnapshotWriter`, `Snapshot` readers |
+| `async_writer` | the copy written in a background thread while training goes on |
 | `jax_io` | pytrees to shards and back: `pinned_host_shardings`, `restore`, `feasible_steps` |
-| `erasure`, `parity`, `shm` | RAID-5 parity across a group; shared-memory ownership |
+| `parity` | RAID-5 parity across a group of keepers: the pusher, the rebuild |
+| `shm` | shared-memory segments: who creates, attaches and unlinks |
+| `cadence` | how often to snapshot (`snapshot.every=auto`) |
 
 A worker, given its keeper (a `KeeperHandle`) and its peers':
 
@@ -34,14 +38,14 @@ import importlib
 
 _EXPORTS = {
     'start_keeper': 'keeper_actor', 'find_keeper': 'keeper_actor', 'stop_keeper': 'keeper_actor',
-    'KeeperHandle': 'keeper_actor', 'LocalKeeper': 'keeper_sessions',
+    'KeeperHandle': 'keeper_actor', 'LocalKeeper': 'keeper_actor',
     'KeeperClient': 'client', 'KeeperError': 'client', 'SnapshotWriter': 'client',
     'open_snapshots': 'client', 'open_sources': 'client', 'BlobSnapshot': 'client',
     'host_shards': 'jax_io', 'pinned_host_shardings': 'jax_io', 'restore': 'jax_io',
     'pinned_local_copies': 'jax_io',
     'feasible_steps': 'jax_io', 'SnapshotMissingError': 'jax_io',
     'AsyncSnapshotter': 'async_writer', 'SnapshotError': 'async_writer',
-    'XorCode': 'erasure', 'ErasureCode': 'erasure',
+    'XorCode': 'blob',
     'ParityPusher': 'parity', 'rebuild_member': 'parity', 'ParityLossError': 'parity',
 }
 

@@ -1,11 +1,13 @@
 """The worker's side of a keeper: requests, writing snapshots, reading them.
 
-`KeeperClient` speaks the keeper protocol (`keeper_requests.REQUESTS`) to one keeper,
+`KeeperClient` speaks the keeper protocol (`keeper.REQUESTS`) to one keeper,
 a Ray actor (`KeeperHandle`) or one in this process (`LocalKeeper`), as one session.
 `Snapshot`s read one published step back, verified shard by shard: `ShmSnapshot` in
 place from the own keeper's shared memory, `RemoteSnapshot` through any keeper's actor
 (only the shards asked for, and a few small ones after them in the same call),
-`BlobSnapshot` from bytes in this process (e.g. rebuilt by parity).
+`BlobSnapshot` from bytes in this process (e.g. rebuilt by parity). `SnapshotWriter`
+begins a slot, copies and checksums into its shared memory (`blob.fill`), publishes,
+then pushes parity to the group.
 
 `read` returns read-only views verified in place: no copy. A snapshot pins its step
 while open. On CPU `jax.device_put` of an aligned host array aliases it, so restored
@@ -19,14 +21,19 @@ import dataclasses
 import logging
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from mecefo_jax.snapshot import blob, shm
-from mecefo_jax.snapshot.keeper_actor import KeeperError, KeeperHandle, new_session
-from mecefo_jax.snapshot.keeper_sessions import LocalKeeper
-from mecefo_jax.snapshot.writer import SnapshotWriter, WriteInfo
+from mecefo_jax.snapshot.keeper_actor import (
+    KeeperError,
+    KeeperHandle,
+    KeeperUnreachable,
+    LocalKeeper,
+    new_session,
+)
 
 Keeper = KeeperHandle | LocalKeeper  # whatever a client can reach a keeper through
 
@@ -129,6 +136,70 @@ class KeeperClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -------------------------------------------------------------------- writing
+
+@dataclasses.dataclass(frozen=True)
+class WriteInfo:
+    step: int
+    nbytes: int
+    checksum: int
+    copy_sec: float  # begin (slot allocation, if it grows) + copy + checksum into shared memory
+    publish_sec: float
+    parity_sec: float
+    parity_bytes: int
+    parity_error: str | None = None  # a group member's keeper was gone: this step has no parity
+
+
+class SnapshotWriter:
+    """Writes snapshots into one keeper's slots and publishes them.
+
+    `parity` (a `parity.ParityPusher`) sends this member's parity chunks to
+    the group after each publish.
+    """
+
+    def __init__(self, client, *, parity=None):
+        self.client = client
+        self.parity = parity
+
+    def write(self, step: int, shards: Sequence[blob.HostShard], data_state: dict,
+              meta: dict | None = None) -> WriteInfo:
+        step = int(step)
+        data_state = blob.normalise_data_state(data_state, step)
+        entries, data_end = blob.layout(shards)
+        bound = data_end + blob.header_bound(step, data_state, entries, meta)
+        t0 = time.perf_counter()
+        slot = self.client.begin(bound)
+        buf = self.client.segment(slot['shm'], slot['slot']).buf
+        nbytes, checksum, h_off = blob.fill(buf, shards, entries, step, data_state, meta)
+        t1 = time.perf_counter()
+        self.client.publish(slot['slot'], slot['token'], step=step, nbytes=nbytes, checksum=checksum,
+                            header_offset=h_off, header_len=nbytes - h_off)
+        t2 = time.perf_counter()
+        parity_bytes, parity_error = 0, None
+        if self.parity is not None:
+            # The slot stays intact until this writer's next begin().
+            try:
+                parity_bytes = self.parity.push(step, buf[:nbytes], checksum)
+            except KeeperUnreachable as e:
+                # A peer's keeper died: its own worker meets that loss; this snapshot stands,
+                # without parity, and the launcher recovers the job.
+                parity_error = str(e)
+            except KeeperError as e:
+                raise KeeperError(f'Step {step} is published, but pushing its parity failed: {e}') from e
+        return WriteInfo(step=step, nbytes=nbytes, checksum=checksum, copy_sec=t1 - t0,
+                         publish_sec=t2 - t1, parity_sec=time.perf_counter() - t2,
+                         parity_bytes=parity_bytes, parity_error=parity_error)
+
+    def write_blob(self, raw):
+        """Publish a complete blob as is (e.g. one rebuilt from parity)."""
+        header = blob.parse(raw)
+        slot = self.client.begin(header.nbytes)
+        self.client.segment(slot['shm'], slot['slot']).buf[:header.nbytes] = memoryview(raw)[:header.nbytes]
+        _, h_off, h_len, _ = blob.read_preamble(raw)
+        return self.client.publish(slot['slot'], slot['token'], step=header.step, nbytes=header.nbytes,
+                                   checksum=header.checksum, header_offset=h_off, header_len=h_len)
 
 
 # -------------------------------------------------------------------- reading

@@ -2,8 +2,10 @@
 
 A keeper outlives its worker (`keeper_actor`), so the relaunched worker or a peer
 restores from it instead of from disk (REFT, DLRover flash checkpoint, Gemini).
-`Keeper` holds the state and answers requests (`keeper_requests`); sessions and
-transport are `keeper_sessions` and `keeper_actor`, so it does no I/O of its own.
+`Keeper` holds the state and answers requests; sessions and transport are
+`keeper_actor`'s, so it does no I/O of its own. Anyone who passes Ray's authentication
+can call a keeper, so `check_request` vets every request (its op, each field's type,
+the payload's size) before the keeper's state sees it.
 
 A writer `begin`s a slot holding neither the newest snapshot nor a pinned one, fills
 it and `publish`es it; publish checks the preamble and header checksum first, so a
@@ -25,14 +27,84 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mecefo_jax.snapshot import blob, erasure, shm
-from mecefo_jax.snapshot import checksum as checksums
-from mecefo_jax.snapshot.keeper_requests import (
-    MAX_PAYLOAD_BYTES,
-    PayloadTooLarge,
-    RequestError,
-    check_request,
-)
+from mecefo_jax.snapshot import blob, shm
+
+# The only request with a payload is a parity chunk: 1/(g-1) of one worker's
+# snapshot (snapshots themselves go through shared memory). A larger payload
+# is refused; a job whose per-worker snapshot exceeds it times (g-1) raises it
+# with `max_payload`.
+MAX_PAYLOAD_BYTES = 16 << 30
+# A `read` asks for one range per shard; more than this is not a request of ours.
+MAX_READ_RANGES = 1 << 16
+MAX_TEXT = 256  # group names, codes, session ids
+
+
+class RequestError(Exception):
+    """A request the keeper refuses; the message goes back to the client."""
+
+
+class PayloadTooLarge(RequestError):
+    """A payload over the keeper's `max_payload`."""
+
+
+# Every request: its op and the type of each field it must carry.
+_INT, _TEXT = 'int', 'text'
+REQUESTS = {
+    'hello': {},
+    'list': {},
+    'begin': {'nbytes': _INT},
+    'publish': {'slot': _INT, 'token': _INT, 'step': _INT, 'nbytes': _INT, 'checksum': _INT,
+                'header_offset': _INT, 'header_len': _INT},
+    'pin': {'step': _INT},
+    'unpin': {'slot': _INT},
+    'read': {'step': _INT, 'ranges': 'ranges'},
+    'parity_put': {'group': _TEXT, 'step': _INT, 'stripe': _INT, 'members': _INT,
+                   'member': _INT, 'chunk_index': _INT, 'offset': _INT, 'length': _INT,
+                   'chunk_crc': _INT, 'blob_nbytes': _INT, 'blob_checksum': _INT,
+                   'code': _TEXT, 'generation': _INT},
+    'parity_list': {'group': _TEXT},
+    'parity_get': {'group': _TEXT, 'step': _INT},
+}
+
+
+def _well_typed(kind: str, value) -> bool:
+    if kind == _INT:  # bool is an int subclass: refused too
+        return type(value) is int and value >= 0
+    if kind == _TEXT:
+        return type(value) is str and len(value) <= MAX_TEXT
+    return (isinstance(value, list) and len(value) <= MAX_READ_RANGES  # ranges
+            and all(isinstance(r, list | tuple) and len(r) == 2
+                    and all(_well_typed(_INT, x) for x in r) for r in value))
+
+
+def _payload_size(payload) -> int:
+    """Bytes in a payload (None, bytes-like or a list of them); -1 if it is none of those."""
+    if payload is None:
+        return 0
+    parts = payload if isinstance(payload, list | tuple) else [payload]
+    try:
+        return sum(memoryview(p).nbytes for p in parts)
+    except TypeError:
+        return -1
+
+
+def check_request(msg, payload, max_payload: int = MAX_PAYLOAD_BYTES) -> None:
+    """Raise a RequestError unless `msg` is a request of this protocol with fields of the
+    right types, and `payload` is bytes-like within `max_payload`."""
+    if not isinstance(msg, dict) or msg.get('op') not in REQUESTS:
+        op = msg.get('op') if isinstance(msg, dict) else None
+        raise RequestError(f'Not a keeper request (op {op!r}; expected one of {sorted(REQUESTS)}).')
+    for name, kind in REQUESTS[msg['op']].items():
+        if not _well_typed(kind, msg.get(name)):
+            raise RequestError(f"Keeper request {msg['op']!r}: field {name!r} is "
+                               f'{msg.get(name)!r:.80}, not a valid {kind}.')
+    size = _payload_size(payload)
+    if size < 0:
+        raise RequestError(f'A keeper payload must be bytes-like, not {type(payload).__name__}.')
+    if size > max_payload:
+        raise PayloadTooLarge(f"A payload of {size} bytes is over the keeper's limit of "
+                              f'{max_payload} bytes; raise max_payload if the job needs it.')
+
 
 # Complete parity steps kept per group: the newest one may be for a step
 # some survivor no longer holds (see the module docstring on slots).
@@ -217,7 +289,7 @@ class Keeper:
         buf = slot.seg.buf
         try:
             p_step, p_off, p_len, p_sum = blob.read_preamble(buf[:h_off + h_len])
-            header_sum = checksums.digest(buf[h_off:h_off + h_len])
+            header_sum = blob.digest(buf[h_off:h_off + h_len])
         except blob.SnapshotCorruptError as e:
             raise RequestError(f'Keeper {self.name}: refusing to publish step {step}: {e}') from None
         if (p_step, p_off, p_len, p_sum, header_sum) != (step, h_off, h_len, checksum, checksum):
@@ -306,7 +378,7 @@ class Keeper:
                                    '(or contributes to its own stripe); XOR-ing twice would cancel it.')
             if len(chunk) > len(acc.buf):
                 acc.buf = np.concatenate([acc.buf, np.zeros(len(chunk) - len(acc.buf), np.uint8)])
-            erasure.get_code(code).accumulate([acc.buf], chunk, member)
+            blob.get_code(code).accumulate([acc.buf], chunk, member)
             meta = {k: msg[k] for k in ('chunk_index', 'offset', 'length', 'chunk_crc',
                                         'blob_nbytes', 'blob_checksum')}
             acc.contributions[member] = meta

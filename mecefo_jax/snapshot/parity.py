@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mecefo_jax.snapshot import blob, erasure
+from mecefo_jax.snapshot import blob
 from mecefo_jax.snapshot.client import BlobSnapshot, Keeper, KeeperClient, KeeperError
 
 log = logging.getLogger(__name__)
@@ -66,12 +66,12 @@ class ParityPusher:
     """
 
     def __init__(self, group: str, member: int, keepers: Sequence[Keeper], *,
-                 code: erasure.ErasureCode | None = None, timeout: float = 120.0,
+                 code: blob.XorCode | None = None, timeout: float = 120.0,
                  generation: int = 0):
         self.group, self.member, self.members = str(group), int(member), len(keepers)
         # A relaunched job's stripes replace those its rolled-back predecessor left.
         self.generation = int(generation)
-        self.code = code or erasure.XorCode()
+        self.code = code or blob.XorCode()
         if self.code.parity_blocks != 1:
             raise ValueError(f'The RAID-5 placement holds one parity block per stripe; '
                              f'code {self.code.name!r} has {self.code.parity_blocks}.')
@@ -111,14 +111,14 @@ class Rebuilt:
 
 
 def rebuild_member(group: str, keepers: Sequence[Keeper | None], lost: int | Sequence[int] = (), *,
-                   code: erasure.ErasureCode | None = None, timeout: float = 120.0) -> Rebuilt:
+                   code: blob.XorCode | None = None, timeout: float = 120.0) -> Rebuilt:
     """Rebuild the one lost member's newest recoverable snapshot.
 
     `keepers[m]` is member m's keeper, None where it is known to be gone;
     `lost` names members lost even if their keeper answers (e.g. a keeper
     that restarted empty). A keeper that does not answer counts as lost.
     """
-    code = code or erasure.XorCode()
+    code = code or blob.XorCode()
     members = len(keepers)
     if members < 2:
         raise ValueError(f'A parity group needs at least 2 members, got {members}.')

@@ -103,7 +103,7 @@ def run(config_path: str, cfg, out_dir: str, *, kills: int, seed: int, nodes: in
         values: dict | None = None, max_gap: int = chaos_soak.GAP_STEPS[1], command: str = '',
         workers: int = chaos_soak.WORKERS, log=print) -> dict:
     """The whole soak; `cfg` is the job's resolved config (the base plus `values`)."""
-    from mecefo_jax.launch.ray_cluster import namespace_of
+    from mecefo_jax.launch.cluster import namespace_of
     workdir = os.path.join(out_dir, 'job')
     records, wall, soak, cluster_procs = _soak(config_path, workdir, out_dir, kills=kills,
                                                seed=seed, nodes=nodes, values=values, max_gap=max_gap,

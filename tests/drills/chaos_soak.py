@@ -166,7 +166,7 @@ class Soak:
         went well)."""
         import ray
 
-        from mecefo_jax.launch.ray_cluster import namespace_of
+        from mecefo_jax.launch.cluster import namespace_of
         self.exit_code = self.launcher.wait()
         namespace = namespace_of(self.workdir)
         self.keepers_after_job = sorted(
@@ -243,7 +243,7 @@ class Soak:
 
     def _kill_keeper(self, worker: int) -> int:
         """SIGKILL the keeper of a live worker (whose next snapshot then fails)."""
-        from mecefo_jax.launch.ray_cluster import namespace_of
+        from mecefo_jax.launch.cluster import namespace_of
         from mecefo_jax.snapshot.keeper_actor import find_keeper
         handle = find_keeper(f'keeper{worker}', namespace_of(self.workdir))
         os.kill(handle.pid, signal.SIGKILL)

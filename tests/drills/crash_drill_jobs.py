@@ -18,7 +18,7 @@ import statistics
 import time
 
 from mecefo_jax.config.resolve import updated
-from mecefo_jax.launch.supervisor import Launcher
+from mecefo_jax.launch.launcher import Launcher
 from tests.drills import crash_drill_nodes
 
 VICTIM = 1  # the worker the memory, disk and launcher-restart jobs lose

@@ -31,7 +31,7 @@ class SimulatedCluster:
 
     def __init__(self, nodes: int, *, object_store_mb: int = 96, connect: bool = True):
         if os.environ.setdefault('RAY_AUTH_MODE', 'token') == 'token':
-            from mecefo_jax.launch.ray_token import ensure_token
+            from mecefo_jax.launch.cluster import ensure_token
             ensure_token()  # a fresh machine has none, and Cluster's head would not start
         from ray.cluster_utils import Cluster
         start = time.perf_counter()
@@ -49,7 +49,7 @@ class SimulatedCluster:
         self.start_sec = time.perf_counter() - start
         self.address = self.cluster.address
         if connect:
-            from mecefo_jax.launch.ray_cluster import use_token_auth
+            from mecefo_jax.launch.cluster import use_token_auth
             use_token_auth()
             import ray
             ray.init(address=self.address, log_to_driver=False, logging_level='WARNING')

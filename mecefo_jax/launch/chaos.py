@@ -1,20 +1,30 @@
-"""Injected failures (`launch.kill`): what fails, when, and where it is caught.
+"""Injected failures (`launch.kill`), and the one seam through which they reach a worker.
 
-Crash drills and tests inject real failures at known points: a signal into
-a worker once it has completed a step, inside its snapshot publish of a
-step, or right after its first snapshot at or after a step once every
-keeper holds it; the loss of a worker's whole node (its worker, keeper and
-shared memory together); or the launcher's own death.
+Chaos tests, crash drills and users probing their setup inject real failures at known
+points: a signal into a worker once it has completed a step, inside its snapshot
+publish of a step, or right after its first snapshot at or after a step once every
+keeper holds it; the loss of a worker's whole node (its worker, keeper and shared
+memory together); or the launcher's own death. The launcher's `Injector` fires them;
+a worker learns where to hold from one `FaultPoints` object, handed to it with its
+arguments, that wraps its keeper client and adds one observer to its loop: no other
+production code knows of drills.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
+import threading
+import time
+import zlib
 
-from mecefo_jax.launch.exits import NODE_LOSS_INJECTED
+from mecefo_jax.training.observers import Observer
 
 LAUNCHER = -1  # Kill.worker of a launcher kill
+# What the launcher's own node kill is named: it knows the node is gone, whichever of Ray's
+# reports (the actor's or the node's) comes first.
+NODE_LOSS_INJECTED = 'the loss of its node'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,20 +137,15 @@ class Injector:
         self.injected: dict = {}  # worker -> what was injected into it (for the death's cause)
         self.lost_snapshots: dict = {}  # worker -> {step: bytes} of a keeper killed on purpose
 
-    def holds(self, worker: int) -> dict:
-        """The hold arguments of `worker`'s next generation (`WorkerArgs`)."""
-        out = {'hold_in_publish': 0, 'hold_after_snapshot': 0}
-        for k in self.kills:
-            if k not in self.fired and k.held_worker == worker:
-                if k.in_publish:
-                    out['hold_in_publish'] = k.step
-                if k.after_snapshot:
-                    out['hold_after_snapshot'] = k.step
-        return out
+    def fault_points(self, worker: int) -> FaultPoints | None:
+        """Where `worker` holds in its next generation for a kill still to land, or None."""
+        due = [k for k in self.kills if k not in self.fired and k.held_worker == worker]
+        publish = max((k.step for k in due if k.in_publish), default=0)
+        after = max((k.step for k in due if k.after_snapshot), default=0)
+        return FaultPoints(publish, after) if publish or after else None
 
     def inject(self, gen) -> None:
         """Fire the kills that are due; kills at one step fire together, once all are due."""
-        from mecefo_jax.launch import generation
         pending = [k for k in self.kills if k not in self.fired
                    and (k.launcher or k.worker in gen.actors)]
         due = {k: self._due(gen, k) for k in pending}
@@ -151,7 +156,7 @@ class Injector:
         for kill in pending:  # a killed worker is dead before the next look at exits
             if (kill in self.fired and kill.signal == signal.SIGKILL
                     and not (kill.node or kill.keeper_only)):
-                generation.wait_dead(gen, kill.worker)
+                gen.wait_dead(kill.worker)
         for kill in pending:  # then the keepers lost with them (`Kill.keeper`: SIGKILL only)
             if kill in self.fired and kill.keeper:
                 self._lose_keeper(kill.worker)
@@ -173,10 +178,6 @@ class Injector:
         return None if completed < kill.step else f'at step {completed}'
 
     def _fire(self, gen, kill: Kill, where: str) -> None:
-        import json
-        import time
-
-        from mecefo_jax.launch import generation
         self.fired.add(kill)
         self.kill_time, self.where = time.time(), where
         self.log(f'[launch] injecting {kill.describe()} {where}'
@@ -195,7 +196,7 @@ class Injector:
             self.keepers.kill(kill.worker)
             return
         self.injected[kill.worker] = signal.Signals(kill.signal).name
-        generation.signal(gen, kill.worker, kill.signal)
+        gen.signal(kill.worker, kill.signal)
 
     def _lose_keeper(self, worker: int) -> None:
         """Kill the keeper of a worker SIGKILLed with it, once `inject` has seen the worker
@@ -203,3 +204,84 @@ class Injector:
         the worker's death, so that nothing is published or evicted meanwhile."""
         self.lost_snapshots[worker] = self.keepers.held_bytes(worker)
         self.keepers.kill(worker)
+
+    def check_rebuild(self, worker: int, step: int, rebuilt: bytes) -> dict:
+        """A parity rebuild of a keeper this injector killed, against what it held: the recovery
+        row's fields ({} where it killed none)."""
+        original = self.lost_snapshots.get(worker, {}).get(step)
+        if original is None:
+            return {}
+        out = {'parity_rebuild_bitwise': rebuilt == original}
+        if rebuilt != original:
+            out['parity_rebuild_mismatch'] = first_difference(rebuilt, original)
+        return out
+
+
+def first_difference(rebuilt: bytes, original: bytes) -> dict:
+    """Where a parity rebuild and the killed keeper's copy part: sizes, crc32s, first offset."""
+    import numpy as np
+    n = min(len(rebuilt), len(original))
+    differs = np.flatnonzero(np.frombuffer(rebuilt, np.uint8, n) != np.frombuffer(original, np.uint8, n))
+    diff = int(differs[0]) if differs.size else n
+    return {'nbytes': [len(rebuilt), len(original)],
+            'crc32': [zlib.crc32(rebuilt), zlib.crc32(original)], 'first_diff_offset': diff}
+
+
+@dataclasses.dataclass
+class FaultPoints:
+    """Where one worker of one generation holds, so that a failure lands at a known point:
+    inside its snapshot publish of `publish_step` (bytes copied, not yet published), or in
+    its training loop after its first snapshot at or after `after_snapshot_step` is
+    published. While held it says so (`held`, in its progress report) and waits for the
+    launcher's signal."""
+    publish_step: int = 0
+    after_snapshot_step: int = 0
+    held: dict | None = None  # {'kind': 'publish'|'snapshot', 'step': s} once held
+
+    def hold(self, kind: str, step: int, tag: str = '') -> None:
+        """Report the hold and wait there for the launcher's signal (it never returns)."""
+        self.held = {'kind': kind, 'step': int(step)}
+        print(f'[{tag}] held ({kind}) at step {step}', flush=True)
+        threading.Event().wait()
+
+    def client(self, client, tag: str = ''):
+        """`client` (a snapshot.client.KeeperClient), holding before the chosen publish."""
+        return _HeldPublish(client, self, tag) if self.publish_step else client
+
+    def observers(self, hook, tag: str = '') -> list:
+        """The loop's hold after a snapshot of `hook` (a SnapshotHook), if one is asked for."""
+        return [_HoldAfterSnapshot(hook, self, tag)] if self.after_snapshot_step else []
+
+
+class _HeldPublish:
+    """A keeper client whose `publish` of one step holds first (`FaultPoints`)."""
+
+    def __init__(self, client, points: FaultPoints, tag: str):
+        self._client, self._points, self._tag = client, points, tag
+
+    def publish(self, slot: int, token: int, *, step: int, **record):
+        if step == self._points.publish_step:
+            self._points.hold('publish', step, self._tag)
+        return self._client.publish(slot, token, step=step, **record)
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+class _HoldAfterSnapshot(Observer):
+    """Holds the loop, at the next step's plan, once a snapshot at or after the step is
+    published (that step's metrics row is written by then)."""
+
+    def __init__(self, hook, points: FaultPoints, tag: str):
+        self._hook, self._points, self._tag = hook, points, tag
+        self._held_at: int | None = None
+
+    def on_step(self, done) -> None:
+        step = self._hook.last_submitted
+        if self._held_at is None and step is not None and step >= self._points.after_snapshot_step:
+            self._hook.flush()  # published, so its keeper holds it
+            self._held_at = step
+
+    def on_plan(self, planned) -> None:
+        if self._held_at is not None:
+            self._points.hold('snapshot', self._held_at, self._tag)

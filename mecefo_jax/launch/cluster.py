@@ -11,22 +11,31 @@
 
 Every actor of a job lives in the namespace `namespace_of(workdir)`, so a
 rerun finds its keepers by name, and two jobs on one cluster never meet.
-Token authentication is used unless `RAY_AUTH_MODE` says otherwise (the
-token is `~/.ray/auth_token`, or `RAY_AUTH_TOKEN`/`RAY_AUTH_TOKEN_PATH`).
+`--cleanup` removes what a job that will not be rerun left (`cleanup`).
+
+Token authentication is used unless `RAY_AUTH_MODE` says otherwise. Ray admits any
+client holding the token (`RAY_AUTH_TOKEN`, else the file `RAY_AUTH_TOKEN_PATH`, else
+`~/.ray/auth_token`), and writes that file with the default umask (0644 in a 0755
+directory on most machines), so any local user could drive the job's cluster and stop
+its keepers, the run's only fast copy. Here the token is created 0600 in a 0700
+directory, and a file others can read is refused, with the `chmod` that fixes it,
+before any cluster is started or joined (`ensure_token`).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
+import secrets
 import signal
+import stat
 import subprocess
 import sys
 import time
 
-from mecefo_jax.host import processes
-from mecefo_jax.launch.ray_token import ensure_token
+from mecefo_jax.host import files, processes
+from mecefo_jax.snapshot import shm
+from mecefo_jax.snapshot.keeper_actor import find_keeper, stop_keeper
 
 STATE_FILE = 'ray_local.json'
 
@@ -72,11 +81,7 @@ def _state_path(workdir: str) -> str:
 
 
 def _read_state(workdir: str) -> dict | None:
-    try:
-        with open(_state_path(workdir)) as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
-        return None
+    return files.read_json(_state_path(workdir))
 
 
 def _is_our_host(pid: int, workdir: str) -> bool:
@@ -210,3 +215,76 @@ def alive_nodes() -> list[Node]:
                   bool(n.get('Resources', {}).get('node:__internal_head__')))
              for n in ray.nodes() if n['Alive']]
     return sorted(nodes, key=lambda n: (n.is_head, n.node_id))
+
+
+def cleanup(workdir: str, address: str | None = None) -> dict:
+    """Remove `workdir`'s detached actors, their segments and its local cluster; what went."""
+    import ray
+    removed = {'keepers': [], 'segments': [], 'local_cluster': False}
+    joined = join(address, workdir, start=False, log=lambda _: None)
+    if joined is not None:
+        namespace = namespace_of(workdir)
+        names = sorted(a['name'] for a in ray.util.list_named_actors(all_namespaces=True)
+                       if a['namespace'] == namespace)
+        for name in names:
+            handle = find_keeper(name, namespace)
+            if handle is not None:
+                removed['segments'] += stop_keeper(handle)
+                removed['keepers'].append(name)
+        ray.shutdown()
+        if joined.local_pid is not None:
+            removed['local_cluster'] = stop_local(workdir)
+    removed['segments'] += shm.remove_stale(namespace_of(workdir))
+    return removed
+
+
+# ------------------------------------------------------------------ the token
+
+class TokenExposedError(PermissionError):
+    """The token file (or its directory) can be read by users other than its owner."""
+
+
+def token_path() -> str:
+    """Where Ray reads the token from when `RAY_AUTH_TOKEN` is not set."""
+    return os.environ.get('RAY_AUTH_TOKEN_PATH') or os.path.join(
+        os.path.expanduser('~'), '.ray', 'auth_token')
+
+
+def check_private(path: str) -> None:
+    """Raise TokenExposedError naming the fix if group or others can read `path`."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        raise TokenExposedError(
+            f'The Ray token {path} can be read by other users (mode {mode:o}): anyone on this '
+            f"machine could join the job's cluster and stop its keepers. Fix: chmod 600 {path}")
+
+
+def ensure_token() -> bool:
+    """A private token file, made (0600, in a 0700 directory) if there is none; whether made.
+
+    `ray.init()` makes one when it starts a local cluster, but world-readable,
+    and a cluster started otherwise (`ray.cluster_utils.Cluster`,
+    `ray start --head`) makes none: on a fresh machine its GCS server then
+    aborts. An existing token readable by others is refused (TokenExposedError).
+    """
+    if os.environ.get('RAY_AUTH_TOKEN'):
+        return False  # no file: the token comes from the environment
+    path = token_path()
+    if os.path.exists(path):
+        check_private(path)
+        return False
+    directory = os.path.dirname(path)
+    made = not os.path.isdir(directory)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if made:
+        os.chmod(directory, 0o700)  # makedirs' mode is filtered by the umask
+    created = files.create_bytes(path, secrets.token_hex(32).encode(), mode=0o600)
+    check_private(path)  # a concurrent creator's token must be private too
+    _forget_cached_token()
+    return created
+
+
+def _forget_cached_token() -> None:
+    """Ray caches the token it loaded (or found missing) in this process: read it again."""
+    from ray._raylet import AuthenticationTokenLoader
+    AuthenticationTokenLoader.instance().reset_cache()

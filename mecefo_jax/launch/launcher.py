@@ -1,4 +1,4 @@
-"""The launcher: workers and keepers on Ray, failures detected, relaunches, each recovery reported.
+"""The launcher: workers and keepers on Ray, failures detected and judged, relaunches, each recovery reported.
 
 A job runs in *generations*. Each generation is a set of `Worker` actors
 (one `jax.distributed` job) over the workers that are up, each on its
@@ -33,31 +33,31 @@ from their memory (a job that saved nothing yet starts over at step 0, its confi
 record fitting); a job that ends (finished, stopped, failed for good) ends its
 keepers. Each recovery is one row of `launch/recoveries.jsonl`.
 
-This module runs the loop; `outcome` judges how a generation ended, and
-`recovery_plan` plans the next one from the `JobState` the launcher owns.
+This module runs the loop and judges how each generation ended (`Outcome`, by the
+rules `hung`, `decided`, `failed` and `preempted`); `recovery` plans the next one from
+the `JobState` the launcher owns.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
 import time
 
+from mecefo_jax.config import record as config_record
 from mecefo_jax.config.defaults import Config
 from mecefo_jax.config.resolve import updated
 from mecefo_jax.host import files
-from mecefo_jax.launch import actors, config_record, generation, ray_cluster, recovery_plan, recovery_report
+from mecefo_jax.launch import cluster, generation, recovery
+from mecefo_jax.launch import placement as placement_lib
+from mecefo_jax.launch.chaos import Injector, parse_kills
 from mecefo_jax.launch.compile_ahead import CompileAhead
-from mecefo_jax.launch.exits import WorkerProgramError
-from mecefo_jax.launch.generation import Generation
-from mecefo_jax.launch.job_state import JobState
+from mecefo_jax.launch.generation import ABORTED_BY_JAX, CRASH, Generation, Standbys, WorkerProgramError
 from mecefo_jax.launch.keepers import JobKeepers
-from mecefo_jax.launch.kills import Injector, parse_kills
-from mecefo_jax.launch.outcome import Outcome, decided, failed, hung, preempted, start_timed_out
 from mecefo_jax.launch.placement import WHOLE_SNAPSHOTS, Placement, assign_nodes, node_loss_plan
-from mecefo_jax.launch.ray_cluster import alive_nodes, namespace_of
-from mecefo_jax.launch.standby import Standbys
-from mecefo_jax.training.metrics import METRICS_FILENAME, newest_loss_step
+from mecefo_jax.launch.recovery import JobState
+from mecefo_jax.training.resume import Tier
 
 _POLL_SEC = 0.05
 
@@ -89,7 +89,7 @@ class Launcher:
         if cfg.snapshot.every == 0 and any(k.after_snapshot for k in kills):
             raise ValueError(f'launch.kill={cfg.launch.kill!r}: a kill after a snapshot needs '
                              "snapshots; set --config.snapshot.every=auto or drop ':snapshot'.")
-        keepers = JobKeepers(namespace_of(self.workdir), placement.workers, slots=cfg.snapshot.slots)
+        keepers = JobKeepers(cluster.namespace_of(self.workdir), placement.workers, slots=cfg.snapshot.slots)
         nodes: dict[int, str] = {}
         injector = Injector(kills, keepers=keepers, nodes=nodes, out_dir=self.dir, log=log,
                             node_killer=node_killer)
@@ -115,9 +115,9 @@ class Launcher:
         import ray
         if not ray.is_initialized():
             raise RuntimeError('The launcher needs a Ray cluster: connect first '
-                               '(mecefo_jax.launch.ray_cluster.join).')
+                               '(mecefo_jax.launch.cluster.join).')
         os.makedirs(self.dir, exist_ok=True)
-        warning = ray_cluster.node_loss_warning(ray_cluster.health_check(), self.timeout)
+        warning = cluster.node_loss_warning(cluster.health_check(), self.timeout)
         if warning:
             self.job.log(warning)
         started = self.started_at = time.time()
@@ -125,14 +125,14 @@ class Launcher:
         error, outcome, gen, rejected = None, None, None, 0
         try:
             gen, pending = self._first_generation(started)
-            self.recoveries += recovery_report.record_left(self.dir)  # a killed launcher's open row
+            self.recoveries += recovery.record_left(self.dir)  # a killed launcher's open row
             first = gen.number
             while True:
                 unborn, late = self._spawn(gen)
                 if pending is not None:
                     pending.update(relaunched_at=gen.started, next_generation=gen.number)
                 self._pending = pending
-                recovery_report.hold(self.dir, pending)
+                recovery.hold(self.dir, pending)
                 outcome = (Outcome('failed', unborn, 'its actor died before it started',
                                    gen.started, time.time(), gen.resume_step) if unborn
                            else start_timed_out(self.job, gen, time.time()) if late
@@ -144,7 +144,7 @@ class Launcher:
                 if outcome.kind == 'error':
                     error = self._program_error(gen, outcome)
                     break
-                pending, gen = recovery_plan.plan_next(self.job, gen, outcome)
+                pending, gen = recovery.plan_next(self.job, gen, outcome)
                 self.failures_seen += pending['kind'] == 'failure'
                 if gen.number - first > self.job.cfg.launch.max_relaunches:
                     error = self._gave_up(gen, pending)
@@ -177,11 +177,6 @@ class Launcher:
         else:
             self.job.keepers.stop(set(self.job.keepers.handles) - set(self.adopted))
 
-    def _record_config(self) -> None:
-        """`launch/config.json`, once the job ran a step (before a kill injected there: `own_run`)."""
-        self.stepped = True
-        config_record.write(self.dir, self.job.cfg)
-
     def _summary(self, gen: Generation, outcome, error, rejected: int) -> dict:
         return {'generations': gen.number - self._first_number + 1,
                 'last_generation': gen.number, 'recoveries': self.recoveries,
@@ -196,12 +191,12 @@ class Launcher:
                 'lost_nodes': self.job.lost_nodes,
                 'keeper_requests_rejected': rejected,
                 'progress_reports_rejected': self._progress_rejected,
-                'ray': ray_cluster.describe(self.joined)}
+                'ray': cluster.describe(self.joined)}
 
     def _gave_up(self, gen: Generation, row: dict) -> GaveUp:
         """Too many relaunches: the row records the last failure, and the job stops."""
         row.update(kind='gave_up', next_generation=None)
-        self.recoveries.append(recovery_report.append(self.dir, row))
+        self.recoveries.append(recovery.append(self.dir, row))
         error = GaveUp(f'Gave up after {gen.number - 1 - self._first_number} relaunches '
                        '(launch.max_relaunches).')
         self.job.log(f'[launch] {error}')
@@ -212,12 +207,12 @@ class Launcher:
         generation.stop(gen)
         error = WorkerProgramError(outcome.deaths, self.dir, gen.number,
                                    note=None if self.stepped or not self.adopted
-                                   else config_record.refusal_note(self.dir, self.job.cfg))
+                                   else config_record.refusal_note(self.workdir, self.job.cfg))
         row = {'kind': 'program_error', 'ended_generation': gen.number,
                'failed_workers': outcome.failed, 'cause': outcome.cause,
                'failed_at': outcome.failed_at, 'completed_steps': outcome.completed_steps,
                'error': str(error)}
-        self.recoveries.append(recovery_report.append(self.dir, row))
+        self.recoveries.append(recovery.append(self.dir, row))
         self.job.log(f'[launch] {error}')
         return error
 
@@ -226,7 +221,7 @@ class Launcher:
     def _first_generation(self, started: float) -> tuple[Generation, dict | None]:
         """Generation 0 of this launcher: fresh, or from the keepers an earlier one left."""
         workers = list(range(self.job.placement.workers))
-        self._first_number = recovery_report.next_generation_number(self.dir)
+        self._first_number = recovery.next_generation_number(self.dir)
         adopted = self.adopted = self.job.keepers.find() if self.job.uses_keepers else {}
         strays = self.job.keepers.strays() if adopted else []
         if strays:
@@ -236,23 +231,21 @@ class Launcher:
                              'from the newest disk checkpoint). They were left as they were.')
         self._place(workers, keep={w: h.node_id for w, h in adopted.items()})
         self._check_node_loss()
-        resume_step = recovery_plan.rerun_step(self.job.keepers, adopted, self.dir) if adopted else 0
+        resume_step = recovery.rerun_step(self.job.keepers, adopted, self.dir) if adopted else 0
         for w in workers:
             if self.job.uses_keepers and w not in adopted:
                 self.job.keepers.start(w, self.job.nodes[w])
-        if self._first_number == 0 and newest_loss_step(os.path.join(self.workdir, METRICS_FILENAME)) is None:
-            config_record.write(self.dir, self.job.cfg)  # a new job's: a kill at its first step finds it
-        gen = Generation(self._first_number, workers, 'memory' if resume_step else 'fresh', 0,
+        gen = Generation(self._first_number, workers, Tier.MEMORY if resume_step else Tier.FRESH, 0,
                          resume_step)
         if resume_step:
             self.job.log(f'[launch] found the keepers of workers {sorted(adopted)} alive: '
                          f'resuming from their step {resume_step}')
-        return gen, recovery_plan.launcher_restart_row(self.dir, gen, started, sorted(adopted),
-                                                       ray_cluster.describe(self.joined))
+        return gen, recovery.launcher_restart_row(self.dir, gen, started, sorted(adopted),
+                                                  cluster.describe(self.joined))
 
     def _place(self, members, keep: dict) -> None:
         """Put `members` on live nodes (`keep`ing those whose keeper lives there)."""
-        live = [n.node_id for n in alive_nodes()]
+        live = [n.node_id for n in cluster.alive_nodes()]
         self.job.nodes.update(assign_nodes(members, live, keep))
 
     def _check_node_loss(self) -> None:
@@ -278,14 +271,14 @@ class Launcher:
 
     def worker_args(self, gen: Generation, keepers: tuple = ()) -> dict:
         """Each member's `WorkerArgs` fields but its place in the job: one resolved config
-        (overrides included) for every worker of every generation; `own_run` past the job's
-        first generation where its config record fits."""
-        base = dict(cfg=self.job.cfg, workdir=self.workdir,
-                    workers=self.job.placement.workers, generation=gen.number, resume=gen.resume,
-                    resume_step=gen.resume_step, stop_at=gen.stop_at, keepers=keepers,
-                    own_run=gen.number > 0 and config_record.differences(self.dir, self.job.cfg) == [],
+        (overrides included) and one checked placement for every worker of every generation;
+        `own_run` past the job's first generation where the workdir's config record fits."""
+        base = dict(cfg=self.job.cfg, workdir=self.workdir, placement=self.job.placement,
+                    generation=gen.number, resume=gen.resume, resume_step=gen.resume_step,
+                    stop_at=gen.stop_at, keepers=keepers,
+                    own_run=gen.number > 0 and config_record.fits_record(self.workdir, self.job.cfg),
                     observed_failures_per_hour=self.observed_failures_per_hour())
-        return {w: dict(base, **self.job.injector.holds(w)) for w in gen.members}
+        return {w: dict(base, fault_points=self.job.injector.fault_points(w)) for w in gen.members}
 
     def observed_failures_per_hour(self) -> float:
         """This launcher's failures (not planned rejoins) per hour of its run so far."""
@@ -307,15 +300,15 @@ class Launcher:
 
     def _actor_resources(self, workers) -> tuple[dict, dict]:
         """(GPUs per worker, the workers' environment): a node's GPUs where it has them."""
-        gpus = {w: self.job.cfg.launch.local_devices if actors.node_has_gpus(self.job.nodes[w]) else 0
+        gpus = {w: self.job.cfg.launch.local_devices if placement_lib.node_has_gpus(self.job.nodes[w]) else 0
                 for w in workers}
-        return gpus, actors.actor_env(self.job.cfg.launch.local_devices, gpus=any(gpus.values()))
+        return gpus, placement_lib.actor_env(self.job.cfg.launch.local_devices, gpus=any(gpus.values()))
 
     def _warm_standbys(self) -> None:
         """After a generation's first step: a warm process for every worker slot on a live node."""
         if not self.job.cfg.launch.standby_workers:
             return
-        live = {n.node_id for n in alive_nodes()}
+        live = {n.node_id for n in cluster.alive_nodes()}
         nodes = {w: n for w, n in self.job.nodes.items() if n in live}
         gpus, env = self._actor_resources(nodes)
         self.standbys.fill(nodes, env, gpus)
@@ -339,9 +332,8 @@ class Launcher:
             # answering. Steps completing is the other sign of life; the
             # stall clock starts at the generation's first completed step.
             completed = gen.completed()
-            if completed >= 1 and not self.stepped:
-                self._record_config()
-            if completed >= 1 and self._pending and recovery_report.started(self._pending, self.dir):
+            self.stepped = self.stepped or completed >= 1
+            if completed >= 1 and self._pending and recovery.started(self._pending, self.dir):
                 self._finish_pending()
             self.job.injector.inject(gen)  # after the records a launcher killed here must leave
             now_mono, now = time.monotonic(), time.time()
@@ -394,6 +386,145 @@ class Launcher:
         """The open recovery row, completed from its generation's start records and recorded."""
         row, self._pending = self._pending, None
         if row is not None:
-            self.recoveries.append(recovery_report.record(self.dir, row))
+            self.recoveries.append(recovery.record(self.dir, row))
             self.job.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
                          f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")
+
+
+# ------------------------------------------------------------------ how a generation ended
+
+# A worker's exception may only be its peer's death seen first (a collective
+# that fails when a node goes): wait this long for a crash before calling it
+# a program error. Node losses are reported within a few seconds (ray_host).
+_ERROR_GRACE_SEC = 5.0
+_SETTLE_SEC = 0.5  # after a first crash, for the others of the same event
+
+
+@dataclasses.dataclass
+class Outcome:
+    kind: str  # 'finished' | 'stopped' | 'preempted' | 'failed' (a crash) | 'error' (a program error)
+    failed: list = dataclasses.field(default_factory=list)
+    cause: str = ''
+    failed_at: float = 0.0  # time.time() the failure happened (kill sent / last report)
+    detected_at: float = 0.0
+    completed_steps: int = 0  # the most steps any worker had completed
+    unsaved: list = dataclasses.field(default_factory=list)  # a stop: workers that never saved
+    deaths: list = dataclasses.field(default_factory=list)  # exits.Death of every dead worker
+    # A crash's echoes: workers whose code raised because a peer died under them
+    # (a collective that failed); they survive, their errors are recorded.
+    echoes: dict = dataclasses.field(default_factory=dict)
+
+
+def hung(job: JobState, gen: Generation, progress: int, stalled: float, now: float) -> Outcome | None:
+    """A generation that completes no step: within the start timeout, or for the stall timeout.
+
+    After its last step a generation saves and ends, which no step marks:
+    `launch.stop_timeout_sec` bounds that phase instead of the stall timeout
+    (a slow final save is not a stuck collective).
+    """
+    running = len(gen.ends) < len(gen.members)
+    if progress >= (gen.stop_at or int(job.cfg.train.steps)):
+        limit = job.cfg.launch.stop_timeout_sec
+        if stalled > limit and running:
+            job.log(f'[launch] no end {stalled:.0f} s after the last step '
+                    '(launch.stop_timeout_sec): the generation hangs')
+            return Outcome('failed', [], f'no end within {limit:.1f} s of the last step',
+                           now - stalled, now, progress)
+        return None
+    if progress <= 0 and now - gen.started > job.cfg.launch.start_timeout_sec and running:
+        return start_timed_out(job, gen, now)
+    if progress > 0 and stalled > job.cfg.launch.stall_timeout_sec and running:
+        job.log(f'[launch] no step completed for {stalled:.0f} s: the job is stuck')
+        return Outcome('failed', [], f'no step completed for {stalled:.1f} s',
+                       now - stalled, now, progress)
+    return None
+
+
+def start_timed_out(job: JobState, gen: Generation, now: float) -> Outcome:
+    """A generation that completed no step within `launch.start_timeout_sec` of its start
+    (its actors too slow to answer count: the start takes them in)."""
+    job.log(f'[launch] no step completed {now - gen.started:.0f} s after the start '
+            '(launch.start_timeout_sec): the generation hangs')
+    return Outcome('failed', [], f'no step completed within '
+                   f'{job.cfg.launch.start_timeout_sec:.1f} s of the start', gen.started, now, 0)
+
+
+def decided(job: JobState, gen: Generation, deaths: list, now: float) -> bool:
+    """Whether the deaths so far settle how the generation ended.
+
+    A crash settles it (after a moment for others of the same event). A
+    program error alone waits `_ERROR_GRACE_SEC` for a crash it may only
+    be the echo of, unless every worker has already ended; so do crashes
+    that are all echoes (JAX ending a worker after a peer died): the death
+    they echo may be a node's, which Ray reports a second or two later
+    than the survivors' aborts (a chaos soak's node loss found it decided
+    on the echoes alone, and took the lost node's workers for survivors).
+    """
+    if not deaths:
+        return False
+    ended = {d.worker for d in deaths} | set(gen.ends)
+    waiting = len(ended) < len(gen.members) and (
+        now - min(d.failed_at for d in deaths) <= _ERROR_GRACE_SEC)
+    crashes = [d for d in deaths if d.kind == CRASH]
+    if crashes and not (waiting and all(d.cause == ABORTED_BY_JAX for d in crashes)):
+        if not gen.settled:
+            gen.settled = True
+            time.sleep(_SETTLE_SEC)
+            deaths += generation.exits(gen, now, job.injector.injected, job.injector.out_dir)
+        return True
+    return not crashes and not waiting
+
+
+def failed(job: JobState, gen: Generation, deaths: list, now: float) -> Outcome:
+    """Every death at once, detected at `now`. With a crash, the workers that raised are
+    its echo, not failed."""
+    crashed = [d for d in deaths if d.kind == CRASH]
+    # Workers JAX ended because a peer died are that death's echo: relaunched as
+    # survivors (unless every crash is such an abort: then the cause is unknown).
+    aborted = [d for d in crashed if d.cause == ABORTED_BY_JAX]
+    if len(aborted) < len(crashed):
+        crashed = [d for d in crashed if d.cause != ABORTED_BY_JAX]
+    else:
+        aborted = []
+    injected = job.injector.kill_time
+    job.injector.kill_time = None
+    failed_at = injected if injected is not None and crashed else min(
+        d.failed_at for d in (crashed or deaths))
+    lost = crashed or deaths
+    cause = (lost[0].cause if len(lost) == 1 else
+             '; '.join(f'worker {d.worker}: {d.cause}' for d in lost))
+    workers = sorted({d.worker for d in lost})
+    kind = 'failed' if crashed else 'error'
+    job.log(f'[launch] worker(s) {workers} '
+            f"{'failed' if crashed else 'stopped with a program error'} ({cause}); "
+            f'generation {gen.number} at step {gen.completed()}')
+    echoes = {str(d.worker): d.cause for d in deaths
+              if crashed and (d.kind != CRASH or d in aborted)}
+    return Outcome(kind, workers, cause, failed_at, now, gen.completed(), deaths=lost,
+                   echoes=echoes)
+
+
+def preempted(job: JobState, gen: Generation, waited: float) -> Outcome | None:
+    """Once every worker has ended after a forwarded stop: the step they saved.
+
+    A worker that cannot reach the save (stopped, or stuck starting up)
+    would keep the launcher waiting forever: after `launch.stop_timeout_sec`
+    the generation is killed, and the rerun resumes from the newest checkpoint.
+    """
+    deaths = generation.exits(gen, time.time(), {})
+    running = [w for w in gen.members
+               if w not in gen.ends and w not in {d.worker for d in deaths}]
+    if running and waited <= job.cfg.launch.stop_timeout_sec:
+        return None
+    if running:
+        job.log(f'[launch] workers {running} did not stop within launch.stop_timeout_sec='
+                f'{job.cfg.launch.stop_timeout_sec:g} s of the stop: killing them')
+        generation.stop(gen)
+    unsaved = sorted(w for w in gen.members if not gen.ends.get(w, {}).get('preempted'))
+    saved = min((e.get('final_step', 0) for e in gen.ends.values()), default=0)
+    job.log(f'[launch] preempted: workers {unsaved} saved nothing; the rerun resumes from '
+            'the newest checkpoint' if unsaved else
+            f'[launch] preempted: every worker stopped; resume step {saved}')
+    now = time.time()
+    return Outcome('preempted', failed_at=now, detected_at=now, completed_steps=saved,
+                   unsaved=unsaved)

@@ -1,59 +1,90 @@
-"""After a generation ends: tear it down and plan the next one (members, nodes, keepers, step).
+"""After a generation ends: the next one planned (members, nodes, keepers, the tier and step
+they restore), and the recovery's row in `<workdir>/launch/recoveries.jsonl`.
 
-The survivors of a crash are relaunched from the newest step their own
-keepers hold (`launch.recovery=memory`), after waiting for the snapshot of
-the newest completed step to land in each of them; every worker comes back
-when the job rejoins or the survivors no longer hold a whole replica; with
-`launch.recovery=disk` every worker restarts from the Orbax checkpoint.
-Workers whose node was lost go to another node (a replacement first: the
-one hosting fewest workers) with a new, empty keeper; a lost keeper's
-snapshot is rebuilt from its parity group where one is configured. Where no
-keeper left holds a step (every worker and keeper lost at once), the job
-falls back to the disk tier, saying so.
+The survivors of a crash are relaunched from the newest step their keepers hold
+(`launch.recovery=memory`), after waiting for the snapshot of the newest completed step
+to land in each of them; every worker comes back when the job rejoins or the survivors
+no longer hold a whole replica; with `launch.recovery=disk` every worker restarts from
+the Orbax checkpoint. Workers whose node was lost go to another node (a replacement
+first: the one hosting fewest workers) with a new, empty keeper; a lost keeper's
+snapshot is rebuilt from its parity group where one is configured. Where no keeper
+left holds a step (every worker and keeper lost at once), the job falls back to the
+disk tier, saying so. The step every member restores is chosen here, once.
+
+A row is opened when a generation ends (what failed, when, how long the teardown took)
+and completed from the next generation's start records (relaunching, joining,
+restoring, compiling, the first step), split into the badput kinds of
+ml-goodput-measurement. An open row is held in `pending_recovery.json`, where a
+killed launcher's rerun finds it.
 """
 from __future__ import annotations
 
+import dataclasses
+import glob
+import json
 import os
+import re
 import time
+from collections.abc import Callable
 
-from mecefo_jax.launch import generation, recovery_report
-from mecefo_jax.launch.exits import NODE_DIED
-from mecefo_jax.launch.generation import Generation
-from mecefo_jax.launch.job_state import JobState
-from mecefo_jax.launch.outcome import Outcome
-from mecefo_jax.launch.placement import assign_nodes
-from mecefo_jax.launch.ray_cluster import alive_nodes
+from mecefo_jax.host import files
+from mecefo_jax.launch import generation
+from mecefo_jax.launch.chaos import Injector
+from mecefo_jax.launch.cluster import alive_nodes
+from mecefo_jax.launch.generation import NODE_DIED, Generation
+from mecefo_jax.launch.keepers import JobKeepers
+from mecefo_jax.launch.placement import Placement, assign_nodes, parity_group
 from mecefo_jax.snapshot import shm
 from mecefo_jax.training.metrics import METRICS_FILENAME, newest_loss_step
+from mecefo_jax.training.resume import Tier
 
 _POLL_SEC = 0.05
+PENDING_FILENAME = 'pending_recovery.json'
 
 
-def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, Generation]:
+@dataclasses.dataclass
+class JobState:
+    """What the launcher and this planner share about one job; the launcher owns it, and
+    between generations the planner reads and changes it (where workers run, their
+    keepers, lost nodes) and nothing else of the launcher."""
+    cfg: object  # the resolved Config
+    placement: Placement
+    keepers: JobKeepers
+    nodes: dict[int, str]  # worker -> Ray node id; the injector holds this same dict
+    injector: Injector
+    ahead: object  # compile_ahead.CompileAhead
+    log: Callable[[str], None]
+    lost_nodes: list[str] = dataclasses.field(default_factory=list)
+    workdir: str = ''  # the job's real path: its Orbax checkpoints are under it
+
+    @property
+    def uses_keepers(self) -> bool:
+        return self.cfg.launch.recovery == 'memory' and self.cfg.snapshot.every != 0
+
+
+def plan_next(job: JobState, gen: Generation, outcome) -> tuple[dict, Generation]:
     """Tear `gen` down and plan the next generation; (pending recovery row, generation)."""
     start = time.time()
     job.ahead.stop()  # it competes with the way back; its sets are moot after a loss
     row = _opened_row(job, gen, outcome)
-    generation.stop(gen)
-    # Its processes gone, no step can end: the newest loss row (the resume cuts back from
-    # it) counts too, a step whose report the survivor had not sent when asked.
-    row['completed_steps'] = max(row['completed_steps'], newest_loss_step(
-        os.path.join(job.workdir, METRICS_FILENAME)) or 0)
+    row['completed_steps'] = _end(job, gen, outcome, row)
     job.keepers.end_sessions()
     row['teardown_sec'] = time.time() - start
     workers = list(range(job.placement.workers))
     survivors = [w for w in gen.members if w not in outcome.failed]
     returns = 0
-    if job.recovery == 'disk':
-        members, resume = workers, 'disk'
+    if job.cfg.launch.recovery == 'disk':
+        members, resume = workers, Tier.DISK
     elif outcome.kind == 'stopped' or not job.placement.survives(survivors):
-        members, resume = workers, 'memory'  # everyone back (rejoin or replacement)
+        members, resume = workers, Tier.MEMORY  # everyone back (rejoin or replacement)
     else:
-        members, resume = survivors, 'memory'
+        members, resume = survivors, Tier.MEMORY
         returns = job.cfg.launch.return_after_steps
+    if resume is Tier.MEMORY and not job.uses_keepers:
+        resume = Tier.DISK  # snapshots are off: the checkpoint is the newest copy
     _place_and_record(job, members, resume, row)
     resume_step = 0
-    if resume == 'memory' and job.uses_keepers:
+    if resume is Tier.MEMORY:
         # A sharded snapshot needs every writer's part: a lost keeper of a writer that is
         # no member now (its node died with it) is rebuilt too, on a live node.
         writers = [w for w in gen.members if w not in members] if job.cfg.snapshot.shard else []
@@ -70,8 +101,10 @@ def plan_next(job: JobState, gen: Generation, outcome: Outcome) -> tuple[dict, G
         resume_step = job.keepers.common_step(holders) if holders is not None else 0
         row['newest_checkpoint'] = newest_checkpoint(job.workdir)
         if resume_step == 0 and row['completed_steps'] > 0:
-            members, resume, returns = workers, 'disk', 0
+            members, resume, returns = workers, Tier.DISK, 0
             _fall_back_to_disk(job, members, holders or [], row)
+        elif resume_step == 0:
+            resume = Tier.FRESH  # the job saved nothing yet: it starts over
         elif (row['newest_checkpoint'] or 0) > resume_step:
             resume, resume_step = _restore_newer_checkpoint(job, resume_step, row)
     stop_at = resume_step + returns if returns > 0 else 0
@@ -83,7 +116,7 @@ def rerun_step(keepers, adopted, out_dir: str) -> int:
     when the launcher died left a keeper of older steps, and the survivors' are whole without
     it. A step whose writers are not on record needs every adopted keeper."""
     held = {w: keepers.steps(w) for w in adopted}
-    writers = recovery_report.snapshot_writers(out_dir)
+    writers = snapshot_writers(out_dir)
     for step in sorted(set().union(*held.values()), reverse=True):
         if all(step in held.get(w, ()) for w in writers.get(step, held)):
             return step
@@ -117,9 +150,9 @@ def _restore_newer_checkpoint(job: JobState, held: int, row: dict) -> tuple[str,
     step = row['newest_checkpoint']
     row['newer_on_disk'] = (f'the newest Orbax checkpoint, step {step}, is newer than the '
                             f'step every keeper holds, {held}')
-    row['resume'] = 'disk'
+    row['resume'] = Tier.DISK
     job.log(f"[launch] {row['newer_on_disk']}: the members restore it")
-    return 'disk', step
+    return Tier.DISK, step
 
 
 def newest_checkpoint(workdir: str) -> int | None:
@@ -135,7 +168,7 @@ def newest_checkpoint(workdir: str) -> int | None:
 def _fall_back_to_disk(job: JobState, workers, holders, row: dict) -> None:
     """No keeper left holds a step every member can restore: every worker restarts from
     the disk tier, each with a keeper for the snapshots to come; said, and recorded."""
-    _place_and_record(job, workers, 'disk', row)
+    _place_and_record(job, workers, Tier.DISK, row)
     _replace_lost_keepers(job, workers, row, rebuild=False)  # disk restores: nothing to rebuild
     every = job.cfg.train.checkpoint_every
     row['fallback'] = (
@@ -147,8 +180,8 @@ def _fall_back_to_disk(job: JobState, workers, holders, row: dict) -> None:
     job.log(f"[launch] {row['fallback']}")
 
 
-def _opened_row(job: JobState, gen: Generation, outcome: Outcome) -> dict:
-    """What is known when the generation ends: the failure, its detection, what keepers held."""
+def _opened_row(job: JobState, gen: Generation, outcome) -> dict:
+    """What is known when the generation ends: the failure and its detection."""
     row = {'kind': 'rejoin' if outcome.kind == 'stopped' else 'failure',
            'ended_generation': gen.number, 'failed_workers': outcome.failed,
            'cause': outcome.cause or 'planned rejoin', 'failed_at': outcome.failed_at,
@@ -165,24 +198,37 @@ def _opened_row(job: JobState, gen: Generation, outcome: Outcome) -> dict:
         row['injected_at'], job.injector.where = job.injector.where, None
     if outcome.kind == 'failed':
         row['detect_sec'] = outcome.detected_at - outcome.failed_at
-        # Echoes (workers a peer's death ended) publish nothing more, but an echo's
-        # actor still says which steps it completed before its collective failed.
-        unfailed = [w for w in gen.members if w not in outcome.failed]
-        if outcome.failed:  # a known death (a hang's workers may not answer)
-            row['completed_steps'] = max(outcome.completed_steps,
-                                         generation.final_progress(gen, unfailed))
-        if job.uses_keepers:
-            survivors = [w for w in unfailed if str(w) not in outcome.echoes]
-            if outcome.failed:
-                completed = _await_snapshots(job, survivors, row['completed_steps'])
-                # Asked again once the snapshots landed: a step that ended meanwhile counts.
-                row['completed_steps'] = max(completed, generation.final_progress(gen, unfailed))
-            row['newest_held_by_worker'] = {str(w): job.keepers.newest(w)
-                                            for w in range(job.placement.workers)}
     return row
 
 
-def _place_and_record(job: JobState, members, resume: str, row: dict) -> None:
+def _end(job: JobState, gen: Generation, outcome, row: dict) -> int:
+    """Tear `gen` down once the survivors' newest step is safe in their keepers; the newest
+    step the generation completed, every witness asked once it can no longer change.
+
+    A report can lag the keepers, or lead them by a write in flight, and a survivor
+    finishes a step whose collectives the dead worker joined before it died. So after a
+    known death: the launcher's last look, the survivors (echoes too: an echo's actor
+    still says which steps it completed before its collective failed) asked now, the
+    keepers' newest snapshot (waited for), the survivors asked again; and once the
+    processes are gone, the metrics' newest loss row (a step whose report the survivor
+    had not sent when asked).
+    """
+    completed = outcome.completed_steps
+    if outcome.kind == 'failed' and outcome.failed:  # a hang's workers may not answer
+        unfailed = [w for w in gen.members if w not in outcome.failed]
+        completed = max(completed, generation.final_progress(gen, unfailed))
+        if job.uses_keepers:
+            survivors = [w for w in unfailed if str(w) not in outcome.echoes]
+            completed = _await_snapshots(job, survivors, completed)
+            completed = max(completed, generation.final_progress(gen, unfailed))
+    if outcome.kind == 'failed' and job.uses_keepers:
+        row['newest_held_by_worker'] = {str(w): job.keepers.newest(w)
+                                        for w in range(job.placement.workers)}
+    generation.stop(gen)
+    return max(completed, newest_loss_step(os.path.join(job.workdir, METRICS_FILENAME)) or 0)
+
+
+def _place_and_record(job: JobState, members, resume: Tier, row: dict) -> None:
     """Place `members` (`_place`) and record them, their nodes and the resume tier in `row`."""
     _place(job, members)
     row.update(members=list(members), resume=resume,
@@ -258,7 +304,6 @@ def _replace_lost_keepers(job: JobState, members, row: dict, *,
 def _rebuild_from_parity(job: JobState, worker: int, old: list, row: dict) -> bool:
     """Rebuild `worker`'s newest snapshot its parity group can give into its new keeper;
     False (said, and recorded) where the group lost more members than parity covers."""
-    from mecefo_jax.launch.placement import parity_group
     from mecefo_jax.snapshot import KeeperClient, SnapshotWriter, rebuild_member
     from mecefo_jax.snapshot.parity import ParityLossError, RebuildError
     group = parity_group(worker, job.placement.workers, job.cfg.snapshot.parity_group)
@@ -275,27 +320,139 @@ def _rebuild_from_parity(job: JobState, worker: int, old: list, row: dict) -> bo
         SnapshotWriter(client).write_blob(rebuilt.raw)
     job.log(f"[launch] rebuilt worker {worker}'s snapshot of step {rebuilt.step} from parity")
     row.setdefault('parity_rebuilt_workers', []).append(worker)
-    original = job.injector.lost_snapshots.get(worker, {}).get(rebuilt.step)
-    if original is not None:
-        same = bytes(rebuilt.raw) == original
-        row.setdefault('parity_rebuild_bitwise', {})[str(worker)] = same
-        if not same:
-            row.setdefault('parity_rebuild_mismatch', {})[str(worker)] = (
-                recovery_report.first_difference(bytes(rebuilt.raw), original))
+    for name, value in job.injector.check_rebuild(worker, rebuilt.step, bytes(rebuilt.raw)).items():
+        row.setdefault(name, {})[str(worker)] = value
     return True
 
 
 def launcher_restart_row(out_dir: str, gen: Generation, started: float, adopted: list, ray: dict) -> dict | None:
     """A rerun's recovery row: from the keepers a killed launcher left, else from disk or step
     0; None where no launcher ran here or the last one ended (it wrote `summary.json`)."""
-    summarized = (recovery_report.read_json(os.path.join(out_dir, 'summary.json')) or {}).get('last_generation', -1)
+    summarized = (files.read_json(os.path.join(out_dir, 'summary.json')) or {}).get('last_generation', -1)
     if not gen.resume_step and summarized >= gen.number - 1:  # generation 0: -1 >= -1, none ran
         return None
-    killed = recovery_report.read_json(os.path.join(out_dir, 'launcher_killed.json')) or {}
+    killed = files.read_json(os.path.join(out_dir, 'launcher_killed.json')) or {}
     cause = 'its keepers were not' if gen.resume_step else 'no keeper held a step of the job'
     return {'kind': 'launcher_restart', 'ended_generation': gen.number - 1, 'failed_workers': [],
             'cause': f'the launcher was gone; {cause}', 'failed_at': started,
             'launcher_died_at': killed.get('time'), 'detect_sec': 0.0, 'teardown_sec': 0.0,
-            'deaths': {}, 'completed_steps': recovery_report.completed_steps_recorded(out_dir),
+            'deaths': {}, 'completed_steps': completed_steps_recorded(out_dir),
             'adopted_keepers': adopted, 'members': list(gen.members), 'resume': gen.resume,
             **{k: v for k, v in ray.items() if k.startswith('ray_')}}
+
+
+# ------------------------------------------------------------------ the recovery report
+
+def append(out_dir: str, row: dict) -> dict:
+    with open(os.path.join(out_dir, 'recoveries.jsonl'), 'a') as f:
+        f.write(json.dumps(row) + '\n')
+    return row
+
+
+def hold(out_dir: str, row: dict | None) -> None:
+    """Keep the open row on disk until it is recorded (a killed launcher's rerun records it)."""
+    if row is not None:
+        files.write_json(os.path.join(out_dir, PENDING_FILENAME), row)
+
+
+def record(out_dir: str, row: dict) -> dict:
+    """Complete the open row from its generation's start records, append it, drop the held copy."""
+    row = append(out_dir, complete(row, out_dir))
+    if os.path.exists(path := os.path.join(out_dir, PENDING_FILENAME)):
+        os.remove(path)
+    return row
+
+
+def record_left(out_dir: str) -> list[dict]:
+    """The row a killed launcher held open, recorded now; [] where it left none."""
+    row = files.read_json(os.path.join(out_dir, PENDING_FILENAME))
+    if row is not None and not started(row, out_dir):
+        row['unfinished'] = 'the launcher died before every member of the next generation started'
+    return [] if row is None else [record(out_dir, row)]
+
+
+def started(row: dict, out_dir: str) -> bool:
+    """Whether every member of the row's `next_generation` has written its start record."""
+    return all(os.path.exists(os.path.join(out_dir, f"g{row['next_generation']}_w{w}_start.json"))
+               for w in row['members'])
+
+
+def complete(row: dict, out_dir: str) -> dict:
+    """Fill `row` from the start records of its `next_generation`'s `members`."""
+    starts = [files.read_json(os.path.join(out_dir, f"g{row['next_generation']}_w{w}_start.json"))
+              for w in row['members']]
+    starts = [s for s in starts if s]
+    if not starts:
+        return row
+    first_step_done = max(s['first_step_done'] for s in starts)
+    row.update(
+        relaunch_sec=max(s['process_start'] for s in starts) - row['relaunched_at'],
+        distributed_init_sec=max(s['distributed_init_sec'] for s in starts),
+        restore_sec=max((s['restore_sec'] or 0.0) for s in starts),
+        restore_bytes=max((sum((s['restore_bytes'] or {}).values())) for s in starts),
+        healed_bytes=sum((s['healed_bytes'] or 0) for s in starts),
+        compile_sec=max(s['compile_sec'] for s in starts),
+        compile_sec_by_worker={str(s['worker']): s['compile_sec'] for s in starts},
+        programs_compiled_by_worker={str(s['worker']): s.get('programs_compiled') for s in starts},
+        refresh_sec=max(s['refresh_sec'] for s in starts),
+        start_to_first_step_sec=max(s['train_start_to_first_step_sec'] for s in starts),
+        resume_step=min(s['resume_step'] for s in starts),
+        recovery_sec=first_step_done - row['failed_at'])
+    row['redone_steps'] = max(0, row['completed_steps'] - row['resume_step'])
+    if row.get('launcher_died_at'):  # a launcher restart: the whole way back, rerun included
+        row['since_launcher_died_sec'] = first_step_done - row['launcher_died_at']
+    row['badput_sec'] = {
+        'infrastructure_recovery_from_disruption': row.get('detect_sec', 0.0) + row['teardown_sec'],
+        'program_startup': row['relaunch_sec'],
+        'accelerator_initialization': row['distributed_init_sec'],
+        'unproductive_checkpoint_restore': row['restore_sec'] + (row.get('parity_rebuild_sec') or 0.0),
+        'training_prep': row['compile_sec'] + row['refresh_sec'],
+        'first_step': row['start_to_first_step_sec'] - row['compile_sec'] - row['refresh_sec'],
+    }
+    return row
+
+
+def _provenance_rows(out_dir: str) -> list[dict]:
+    """The whole rows of `provenance.jsonl` (process 0 writes one per step), in order."""
+    try:
+        with open(os.path.join(out_dir, 'provenance.jsonl'), 'rb') as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+            rows.append({**row, 'step': int(row['step'])})
+        except (ValueError, KeyError):
+            continue  # a row cut short by the crash
+    return rows
+
+
+def completed_steps_recorded(out_dir: str) -> int:
+    """Steps the job recorded in `provenance.jsonl`."""
+    rows = _provenance_rows(out_dir)
+    return rows[-1]['step'] + 1 if rows else 0
+
+
+def next_generation_number(out_dir: str) -> int:
+    """The number after every generation an earlier launcher of this workdir ran (0 if none).
+
+    A rerun goes on counting: parity stripes and records carry the generation,
+    and a newer one must replace what an older timeline left.
+    """
+    numbers = [int(m.group(1)) for p in glob.glob(os.path.join(out_dir, 'g*_w*.log'))
+               if (m := re.match(r'g(\d+)_w\d+\.log$', os.path.basename(p)))]
+    return max(numbers, default=-1) + 1
+
+
+def snapshot_writers(out_dir: str) -> dict[int, list[int]]:
+    """Per snapshot step (the state after that many steps), the members of the generation
+    that computed it last (`provenance.jsonl`'s newest row, the start records)."""
+    generation_of = {row['step'] + 1: int(row['generation'])
+                     for row in _provenance_rows(out_dir) if 'generation' in row}
+    members: dict[int, list[int]] = {}
+    for path in glob.glob(os.path.join(out_dir, 'g*_w*_start.json')):
+        if m := re.match(r'g(\d+)_w(\d+)_start\.json$', os.path.basename(path)):
+            members.setdefault(int(m.group(1)), []).append(int(m.group(2)))
+    return {step: sorted(members[g]) for step, g in generation_of.items() if g in members}
