@@ -12,8 +12,9 @@ DIR/<point>/; every finished (seed, run) is kept there, so rerunning the
 same command after an interruption goes on where it stopped, and adding a
 run or a seed later trains only what is new (a stored record of another data
 seed or failure clock is trained again: new runs meet their failures on the
-wall clock, `verdict_points.wall_clock`). The report (verdict.{json,md,png})
-goes to --report_dir and covers what has finished.
+wall clock, `verdict_points.wall_clock`; a derived run's is replayed again,
+its pauses on that clock, which trains nothing). The report
+(verdict.{json,md,png}) goes to --report_dir and covers what has finished.
 """
 import os
 import subprocess
@@ -44,8 +45,7 @@ _DEVICE_PER_REPLICA = flags.DEFINE_bool(
 def _run_point(name: str) -> None:
     """One point's time-to-target experiment, in this process."""
     from configs.small import get_config
-    from mecefo_jax.config.resolve import start
-    from mecefo_jax.config.resolve import updated
+    from mecefo_jax.config.resolve import start, updated
     from studies import verdict_points as vp
     from studies.replicas import num_replicas
     point = vp.POINTS[name]

@@ -141,12 +141,21 @@ class TimeModel:
                                       self.exposed)
         return ratio, table.note
 
+    def programs_ratio(self, programs) -> float:
+        """A step of `programs` (`layout.Program`s) in fault-free steps: its slowest program, diluted."""
+        return self._ratio(programs)
+
     def step_ratio(self, layout: dict) -> float:
-        """A `LayoutBook` entry's step in fault-free steps: its slowest program, diluted."""
-        return self._ratio([Program(*p) for p in layout['programs']])
+        """A `LayoutBook` entry's step in fault-free steps."""
+        return self.programs_ratio([Program(*p) for p in layout['programs']])
 
     def refresh_sec(self, live: int) -> float:
         return self.refresh['refresh_sec'] + self.refresh['refresh_split_sec'] / live
+
+    def precompiled(self, replicas: int) -> dict:
+        """The layout (a `LayoutBook` entry) every run compiles before training starts: the full
+        mesh's normal step."""
+        return {'live': [True] * replicas, 'programs': [[ROLE_NORMAL, self.shard, 0]]}
 
     def change_sec(self, relaunch: bool, new_layout: bool) -> float:
         """One live-set change: a relaunch (checkpoint/restart) or in place."""
@@ -163,9 +172,7 @@ class TimeModel:
         saves = collections.Counter(record['saves'])
         ratios = [self.step_ratio(x) for x in record['layouts']]
         parts = dict.fromkeys(('compute_sec', 'change_sec', 'refresh_sec', 'checkpoint_sec'), 0.0)
-        # The full mesh's step is compiled before training starts, in every run alike.
-        seen = {_key({'live': [True] * len(record['layouts'][0]['live']),
-                      'programs': [[ROLE_NORMAL, self.shard, 0]]})}
+        seen = {_key(self.precompiled(len(record['layouts'][0]['live'])))}
         done, t = {}, 0.0
 
         def charge(part: str, seconds: float) -> None:

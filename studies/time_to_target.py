@@ -20,7 +20,7 @@ import shutil
 import time
 
 from mecefo_jax.config.resolve import updated
-from studies.goodput import LayoutBook
+from studies.goodput import LayoutBook, TimeModel
 from studies.replay import DERIVED, replay
 from studies.report import write_json
 from studies.runs import Run, run_config, run_name
@@ -47,18 +47,25 @@ def failure_trace(run_cfg, replicas: int) -> list:
     return events_from_config(run_cfg.fault, num_replicas=replicas, total_steps=run_cfg.train.steps)
 
 
-def wall_clock_events(strategy: str, events, run_cfg, replicas: int) -> list:
+def wall_clock_events(strategy: str, events, run_cfg, replicas: int, model=None) -> list:
     """`events` (in fault-free steps of `fault.step_time_sec`) as a derived strategy's own
     executed steps meet them on the wall clock: each step advances the clock by its layout's
-    ratio (`step_clock`, as the fault controller does), and a replica is down over the
-    steps whose clock falls in its outage. `replay` then runs on these as on any trace."""
+    ratio, and a replica is down over the steps whose clock falls in its outage. `replay`
+    then runs on these as on any trace.
+
+    Without `model`, the fault controller's clock (`step_clock.layout_step_ratio`): steps
+    alone advance it, as in a trained run. With `model` (a `goodput.TimeModel`), its step
+    ratios, and each live-set change also stands the run still for the change's seconds
+    (detect, rebuild or relaunch, compile: `TimeModel.change_sec`) while the trace goes on."""
     from mecefo_jax.faults import step_clock
     from mecefo_jax.faults.schedule import FailureEvent, FailureSchedule
     from mecefo_jax.faults.strategies import layout_for
     schedule = FailureSchedule(events, replicas)
-    clock = step_clock.WallClock(run_cfg.fault.step_time_sec,
-                                 step_clock.layout_step_ratio(run_cfg, replicas))
+    ratio = step_clock.layout_step_ratio(run_cfg, replicas) if model is None else model.programs_ratio
+    clock = step_clock.WallClock(run_cfg.fault.step_time_sec, ratio)
     shard, horizon = run_cfg.data.global_batch_size // replicas, run_cfg.train.steps
+    book, previous, layouts = LayoutBook(), (True,) * replicas, {}
+    seen = set() if model is None else {book.add(model.precompiled(replicas))}
     down, out = {}, []
     for step in range(horizon):  # no step is faster than a fault-free one: the trace ends here
         live = schedule.live_mask(clock.schedule_step(step))
@@ -68,9 +75,31 @@ def wall_clock_events(strategy: str, events, run_cfg, replicas: int) -> list:
             elif up and replica in down:
                 start = down.pop(replica)
                 out.append(FailureEvent(start, replica, step - start))
-        clock.advance(layout_for(strategy, live, shard).programs)
+        if live not in layouts:
+            layouts[live] = layout_for(strategy, live, shard)
+        layout = layouts[live]
+        if model is not None:  # as `replay` meets a change before this step, and `timeline` charges it
+            index = book.index(live, layout)
+            if live != previous:
+                clock.seconds += model.change_sec(strategy == 'checkpoint_restart', index not in seen)
+            seen.add(index)
+        previous = live
+        clock.advance(layout.programs)
     out += [FailureEvent(start, replica, horizon - start) for replica, start in down.items()]
     return sorted(out, key=lambda e: (e.step, e.replica))
+
+
+def derived_record(strategy: str, events, run_cfg, replicas: int, steps: int, model=None) -> dict:
+    """The record of `strategy` (one of replay.DERIVED) on `events` until it has done `steps`
+    steps; on the wall clock, as its own steps (and, with `model`, its pauses) meet them
+    (`wall_clock_events`), which `pauses_on_clock` says."""
+    wall = run_cfg.fault.time_model == 'wall_clock'
+    if wall:
+        events = wall_clock_events(strategy, events, run_cfg, replicas, model)
+    return dict(replay(strategy, events, num_replicas=replicas,
+                       shard_batch=run_cfg.data.global_batch_size // replicas, steps=steps,
+                       checkpoint_every=run_cfg.fault.checkpoint_every),
+                pauses_on_clock=wall and model is not None)
 
 
 def _restore_from(directory: str):
@@ -131,14 +160,17 @@ def _latest_fork(seed_dir: str, first_failure: int) -> int:
 
 def _stale(record: dict, run_cfg) -> str:
     """Why a stored record is not this run ('' where it is): another data seed, or, for a
-    run with failures, another clock. Records from before a field existed hold its first
-    value (data seed 0, 'steps', no all-reduce)."""
+    run with failures, another clock (for a derived run on the wall clock, one its pauses
+    did not advance: replaying it again trains nothing). Records from before a field
+    existed hold its first value (data seed 0, 'steps', no all-reduce, no pauses)."""
     if record.get('data_seed', 0) != run_cfg.data.seed:
         return f"ran on data.seed={record.get('data_seed', 0)}, not {run_cfg.data.seed}"
     clock = (record.get('time_model', 'steps'), record.get('allreduce_exposed', 0.0))
     wanted = (run_cfg.fault.time_model, run_cfg.fault.allreduce_exposed)
     if record['strategy'] != 'fault_free' and clock != wanted:
         return f'met its failures on the clock {clock}, not {wanted}'
+    if record['strategy'] in DERIVED and wanted[0] == 'wall_clock' and not record.get('pauses_on_clock'):
+        return 'was replayed with its live-set changes off the clock'
     return ''
 
 
@@ -217,11 +249,9 @@ class _Seed:
 
     def _obtain(self, run: Run, run_cfg, events, free: dict) -> tuple[str, dict]:
         if run.strategy in DERIVED:
-            if run_cfg.fault.time_model == 'wall_clock':
-                events = wall_clock_events(run.strategy, events, run_cfg, self.replicas)
-            record = replay(run.strategy, events, num_replicas=self.replicas,
-                            shard_batch=run_cfg.data.global_batch_size // self.replicas,
-                            steps=self.steps, checkpoint_every=run_cfg.fault.checkpoint_every)
+            # The controller's step ratios, and the pauses its clock leaves out.
+            model = TimeModel(run_cfg, self.replicas, self.settings.costs)
+            record = derived_record(run.strategy, events, run_cfg, self.replicas, self.steps, model)
             return ('derived from fault_free (the same gradients), replayed on its trace',
                     dict(record, val_curve=free['val_curve'], row_losses=None))
         first = events[0].step if events else self.steps

@@ -55,12 +55,12 @@ def _seed_figures(record: dict, model: TimeModel, steps: int, free: dict) -> dic
 def time_models(cfg, replicas: int, costs, bench: dict | None = None, model_cls=TimeModel,
                 exposed: float | None = None):
     """record -> a `model_cls` of the record's own RECORD_FIELDS (one per key; a record older than a field has its
-    first value). With `bench` every step costs the bench's measured ratios, diluted by `exposed` (None: the
-    record's own phi)."""
+    first value). With `bench` every step costs the bench's measured ratios, else the FLOP model's; each diluted by
+    `exposed` (None: the record's own phi, the one its clock ran at)."""
     @functools.cache
     def model(key: tuple) -> TimeModel:
         run_cfg = updated(cfg, dict(zip(['mecefo.rank', *RECORD_FIELDS], key)))
-        return model_cls(run_cfg, replicas, costs, bench, exposed if bench is not None else None)
+        return model_cls(run_cfg, replicas, costs, bench, exposed)
     return lambda record: model((float(record.get('rank', cfg.mecefo.rank)),
                                  *(record.get(k, d) for k, d in RECORD_FIELDS.values())))
 

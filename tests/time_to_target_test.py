@@ -18,8 +18,8 @@ import os
 import pytest
 
 from configs.tiny import get_config
-from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.config.defaults import ConfigError
+from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.faults.schedule import events_from_config, parse_events
 from mecefo_jax.model import optim
 from studies import goodput
@@ -356,6 +356,29 @@ def test_a_derived_run_meets_an_outage_in_seconds_at_its_own_pace():
     assert ttt.wall_clock_events('drop', events, cfg, 8) == events  # drop's step is a normal one
 
 
+def test_a_derived_runs_pauses_advance_the_clock_the_trace_is_read_by():
+    """With a time model, each live-set change stands the run still for its seconds while the
+    trace goes on: the change into an outage of 6 fault-free steps (detect, rebuild, compile)
+    leaves ceil((6 s - P) / (c s)) of elastic's steps in it, s a step's seconds, P the pause."""
+    from mecefo_jax.faults.strategies import layout_for
+    cfg = updated(resolve(get_config()), {'fault.time_model': 'wall_clock', 'train.steps': 20})
+    model = goodput.TimeModel(cfg, 8)
+    live = [r != 4 for r in range(8)]
+    c = model.programs_ratio(layout_for('elastic', live, 2).programs)
+    pause, step = model.change_sec(False, True), cfg.fault.step_time_sec
+    assert 0 < pause < 6 * step
+    (event,) = ttt.wall_clock_events('elastic', parse_events('3:4:6'), cfg, 8, model)
+    assert (event.step, event.duration_steps) == (3, math.ceil((6 * step - pause) / (c * step)))
+    record = ttt.derived_record('elastic', parse_events('3:4:6'), cfg, 8, 12, model)
+    assert record['pauses_on_clock'] and [e['clock'] for e in record['events']] == [3, 3 + event.duration_steps]
+    assert not ttt.derived_record('elastic', parse_events('3:4:6'), cfg, 8, 12)['pauses_on_clock']
+    # A stored derived record whose pauses did not advance its clock is replayed again.
+    run_cfg = updated(ttt.experiment_config(resolve(get_config()), Run('elastic', 'high'), 1, setup.Settings()),
+                      {'fault.time_model': 'wall_clock'})
+    now = {'strategy': 'elastic', 'data_seed': 1, 'time_model': 'wall_clock', 'allreduce_exposed': 0.0}
+    assert 'off the clock' in ttt._stale(now, run_cfg) and ttt._stale(dict(now, pauses_on_clock=True), run_cfg) == ''
+
+
 def test_every_strategy_sees_the_same_trace_and_it_covers_the_continuation():
     cfg = updated(resolve(get_config()), {'fault.regime': 'high', 'fault.step_time_sec': 600.0,
                                          'fault.regime_replicas': 32, 'fault.seed': 3})
@@ -426,9 +449,10 @@ def test_the_script_refuses_bad_flags_before_training(tmp_path, flags, message):
 
 def test_the_default_strategy_is_the_best_at_the_largest_point_with_four_seeds():
     """The config's default fault.strategy (and cap) is the run with the best mean goodput
-    under GPU costs at one point of the verdict study: of the points with at least 4 seeds,
-    the one at the largest shape (model parameters), the last in the study's order among
-    equal shapes (verdict_points.POINTS runs towards the paper's regime)."""
+    under the H200's measured costs (verdict_report.GPU) at one point of the verdict study:
+    of the points with at least 4 seeds, the one at the largest shape (model parameters),
+    the last in the study's order among equal shapes (verdict_points.POINTS runs towards
+    the paper's regime)."""
     from studies import verdict_points as vp
     from studies import verdict_report as vr
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -439,7 +463,7 @@ def test_the_default_strategy_is_the_best_at_the_largest_point_with_four_seeds()
     name = max(eligible)[2]
     assert vr.MIN_DEFAULT_SEEDS == 4 and report['default_point'] == vr.default_point(report) == name
     point = report['points'][name]
-    best = point['costs']['gpu']['map']['best']
+    best = point['costs'][vr.GPU]['map']['best']
     run = {run_name(*r): r for r in vp.runs_of(vp.POINTS[name])}[best]
     cfg = resolve(get_config())
     assert (run.strategy, run.cap) == (cfg.fault.strategy, cfg.fault.max_neighbour_rows)

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from configs.small import get_config
-from mecefo_jax.config.resolve import resolve
+from mecefo_jax.config.resolve import resolve, updated
 from studies import verdict_model as vm
 from studies import verdict_points as vp
 from studies import verdict_report as vr
@@ -153,12 +153,24 @@ def test_the_committed_report_is_what_the_committed_records_give():
         cfg = _point_cfg(name)
         assert point['interval'] == 't' and point['time_model'] in ('steps', 'wall_clock'), name
         assert point['tokens_per_step'] == cfg.data.global_batch_size * cfg.data.seq_len
-        assert point['model_params'] == point['allreduce']['gpu']['model_params']
+        assert point['model_params'] == point['allreduce']['clock']['model_params']
         assert set(point['runs']) >= {'fault_free', vp.DEFAULT}, name
         costs = point['costs']
-        assert set(costs) == set(vr.COSTS) and costs['gpu']['exposed'] == 0.0
-        assert costs['gpu_allreduce']['exposed'] == point['allreduce']['gpu']['phi'] > 0
+        assert set(costs) == set(vr.COSTS) and costs['h200']['phi'] == 0.0
+        # Each cost names the phi that priced it and the one its records' clock ran at: the point's own 1M step's
+        # (as the runs took it, `verdict_points.wall_clock`) for the FLOP column, the bench's 350M step's beside the
+        # H200's ratios.
+        clock = point['allreduce']['clock']
+        assert clock['ran_at'] == round(clock['phi'], 4) == costs['flops_allreduce']['phi']
+        assert costs['h200_allreduce']['phi'] == point['allreduce']['bench']['phi'] > 0
+        assert point['allreduce']['bench']['model_params'] > 300e6 > point['model_params']
+        # The rate model prices one failure at the column's own diluted step.
+        one = {label: entry['model']['one_failure_steps']['mecefo'] for label, entry in costs.items()}
+        assert one['h200_allreduce'] - 1 == pytest.approx((one['h200'] - 1) * (1 - costs['h200_allreduce']['phi']))
         for label, entry in costs.items():
+            assert entry['clock_phi'] == clock['ran_at']
+            assert (f"φ {entry['phi']:.3f}" in entry['name']) == bool(entry['phi']), entry['name']
+            assert vm.break_even_v(point['replicas'], one[label]) == entry['model']['break_even_v']
             goodput = {n: r['goodput'][label] for n, r in point['runs'].items()}
             best = entry['map']['best']
             assert goodput[best]['mean'] == max(g['mean'] for n, g in goodput.items()
@@ -280,3 +292,55 @@ def test_one_failure_steps_price_drop_elastic_and_the_neighbour():
         steps = vm.model_row(cfg, n, 'analytic')['one_failure_steps']
         assert steps['drop'] == 1.0 and steps['elastic'] >= 1 + 1 / (n - 1)
         assert 1.0 < steps['mecefo'] < 2.0  # two shards, cheaper than two exact ones
+
+
+def _paper_like_records():
+    point = vp.POINTS['paper_like']
+    return point, vr.load_records(os.path.join(RESULTS, 'verdict_runs', 'paper_like'),
+                                  order=[run_name(*r) for r in vp.runs_of(point)], require=(vp.DEFAULT,))
+
+
+def test_the_stored_derived_records_are_their_replay_on_the_controllers_clock():
+    """elastic's and checkpoint_restart's stored records are `derived_record` on their trace with steps alone
+    advancing the clock, as they were made; the report replays them again with the pauses on it
+    (`verdict_clock.replayed`, its cost entries' `replay_moves`)."""
+    from mecefo_jax.faults.schedule import parse_events
+    from studies import time_to_target as ttt
+    from studies.runs import Run
+    from studies.time_to_target_settings import Settings
+    point, records = _paper_like_records()
+    cfg, settings = _point_cfg('paper_like'), Settings(**point.settings)
+    for seed, runs in records.items():
+        for name in ('elastic_high', 'checkpoint_restart_high'):
+            stored = runs[name]
+            run_cfg = ttt.experiment_config(cfg, Run(stored['strategy'], 'high'), seed, settings)
+            run_cfg = updated(run_cfg, {'fault.time_model': stored['time_model'],
+                                           'fault.allreduce_exposed': stored['allreduce_exposed']})
+            replayed = ttt.derived_record(stored['strategy'], parse_events(stored['schedule']), run_cfg,
+                                          cfg.mesh.replicas, cfg.train.steps)
+            assert {k: stored[k] for k in ('executed', 'layouts', 'events', 'saves')} == \
+                {k: replayed[k] for k in ('executed', 'layouts', 'events', 'saves')}, (seed, name)
+            assert not stored.get('pauses_on_clock')
+
+
+def test_the_clock_bound_is_nothing_where_the_column_is_the_clock_and_nothing_pauses():
+    """A trained run priced on its own clock with changes that cost no time has nothing to re-clock; with the
+    changes' stated seconds, or at the H200's ratios, its bound is positive and small."""
+    import dataclasses
+
+    from studies import time_to_target_report as ttt_report
+    from studies import verdict_clock
+    from studies.goodput import TimeCosts
+    _, records = _paper_like_records()
+    cfg = _point_cfg('paper_like')
+    free = {f.name: 0.0 for f in dataclasses.fields(TimeCosts) if f.name.endswith('_sec')}
+    still = ttt_report.time_models(updated(cfg, {'fault.relaunch_delay_sec': 0.0}), 32, TimeCosts(**free))
+    clock = ttt_report.time_models(cfg, 32, None)
+    with open(vr.BENCH) as f:
+        h200 = ttt_report.time_models(cfg, 32, None, json.load(f), exposed=0.0)
+    seed = {s: {n: r[n] for n in ('fault_free', vp.MECEFO_RUN)} for s, r in records.items()}
+    for model_for, zero in ((still, True), (clock, False), (h200, False)):
+        rows = ttt_report.figures_per_seed(seed, model_for, cfg.train.steps)
+        bounds = verdict_clock.mean_bounds(seed, rows, model_for, clock, 32)
+        assert bounds['fault_free'] == 0.0
+        assert (bounds[vp.MECEFO_RUN] == 0.0) == zero and bounds[vp.MECEFO_RUN] < 0.05

@@ -72,6 +72,9 @@ PROJECTION_RULES = {
 STRATEGIES = ('mecefo', 'mecefo_planned', 'ndb_naive', 'elastic', 'drop', 'checkpoint_restart')
 CONTROLS = ('drop_adopters',)
 TIME_MODELS = ('steps', 'wall_clock')
+# mecefo.refresh_split_min_elements, named: the refresh's cost model (studies/refresh_costs.py)
+# prices the same default.
+DEFAULT_SPLIT_MIN_ELEMENTS = 1 << 18
 PARITY_CODES = ('', 'xor')
 RECOVERIES = ('memory', 'disk')
 
@@ -194,7 +197,7 @@ class MecefoSection:
     refresh_iters: int = field(3, 'subspace iterations per refresh (three keep >= 0.99 of the '
                                'top-r energy at 7B shapes; scripts/bench_refresh.py)', at_least(1))
     refresh_split_min_elements: int = field(
-        1 << 18, "kernels with at least this many elements per layer split the refresh's products "
+        DEFAULT_SPLIT_MIN_ELEMENTS, "kernels with at least this many elements per layer split the refresh's products "
         "over 'data'; smaller ones refresh whole on every replica; 0 splits every kernel",
         at_least(0, says='must be >= 0 (0 splits every kernel)'))
     remat_ffn: bool = field(False, "recompute the neighbour's FFN activations in backward (the "
