@@ -12,7 +12,7 @@
 | `runs`, `replay`, `replicas` | one run of a seed (strategy, regime, seeds); the runs derived from another's record |
 | `goodput` | modelled cluster time of a run's record, and time to target |
 | `verdict_points`, `verdict_report`, `verdict_model`, `verdict_breakeven` | the verdict's points, report and models |
-| `verdict_clock`, `verdict_claims` | each cost column's all-reduce share, replays on its clock; prose built from records |
+| `verdict_clock`, `verdict_claims` | each cost column's all-reduce share and replays; the prose built from records |
 | `intervals` | Student-t intervals on paired per-seed differences, and seeds needed to separate |
 | `allreduce` | the exposed gradient all-reduce of a data-parallel step, and its dilution of a slower step |
 | `compile_count` | compiled steps per run, one replica per device row against replicas as rows |
