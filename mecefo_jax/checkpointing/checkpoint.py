@@ -1,15 +1,14 @@
-"""Checkpointing of the train state together with the data-iterator state.
+"""Checkpoints of the train state together with the data-iterator state, with Orbax.
 
-Each step is one Orbax step directory holding two items written together:
+A step is one Orbax step directory with two items written together, so a restart never
+pairs weights with another step's data position:
 
   <directory>/<step>/state   the sharded train-state pytree (StandardSave)
   <directory>/<step>/data    the JSON data-iterator state (JsonSave)
 
-so a restart never pairs weights with another step's data position. Damage raises
-`CheckpointDamagedError` (fallback: `damage.py`); a failed save an explained
+Damage raises `CheckpointDamagedError` (fallback: `damage`); a failed save an explained
 `disk_space.CheckpointSaveError`.
 """
-
 from __future__ import annotations
 
 import json
@@ -46,20 +45,15 @@ class CheckpointMismatchError(ValueError):
     """The requested abstract state does not match what was saved."""
 
 
-def abstract_like(
-    state: Any,
-    shardings: Any,
-) -> Any:
+def abstract_like(state: Any, shardings: Any) -> Any:
     """`state` as ShapeDtypeStructs carrying target shardings, with no second copy made.
 
     `shardings` is one `Sharding` for every leaf, a callable `leaf -> Sharding`, or a
     pytree of shardings matching `state`.
     """
     if isinstance(shardings, jax.sharding.Mesh):
-        raise TypeError(
-            'abstract_like needs shardings, not a Mesh; pass e.g. '
-            'NamedSharding(mesh, PartitionSpec()) or a function leaf -> sharding.'
-        )
+        raise TypeError('abstract_like needs shardings, not a Mesh; pass e.g. '
+                        'NamedSharding(mesh, PartitionSpec()) or a function leaf -> sharding.')
     if isinstance(shardings, jax.sharding.Sharding):
         fixed = shardings
         return jax.tree.map(lambda x: _sds(x, fixed), state)
@@ -75,12 +69,8 @@ def _sds(x: Any, sharding: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
 
 
 def _join_orbax_writers(timeout: float) -> None:
-    """Wait for the writes a failed save leaves running, up to `timeout` seconds.
-
-    Orbax raises on the first failed write while the other writes of the same
-    save go on in their own threads; removing the save's temporary directory
-    under them would race with the files they still create.
-    """
+    """Wait up to `timeout` s for the writes a failed save leaves running: Orbax raises on the
+    first failed write while the others go on, still creating files in its temporary directory."""
     try:
         from orbax.checkpoint._src.futures.future import _SignalingThread
     except ImportError:  # another Orbax layout: nothing known to wait for
@@ -92,21 +82,10 @@ def _join_orbax_writers(timeout: float) -> None:
 
 
 class Checkpointer:
-    """Saves/restores (train state, data-iterator state) pairs with Orbax.
+    """Saves/restores (train state, data-iterator state) pairs; asynchronously by default, so
+    `maybe_save` blocks only for the device-to-host copy and any previous save in flight."""
 
-    Saves are asynchronous by default: `maybe_save` blocks only for the
-    device-to-host copy (and for any previous save still in flight), after
-    which the caller may donate or mutate the state buffers freely.
-    """
-
-    def __init__(
-        self,
-        directory: str,
-        *,
-        save_every: int,
-        keep: int = 3,
-        async_save: bool = True,
-    ):
+    def __init__(self, directory: str, *, save_every: int, keep: int = 3, async_save: bool = True):
         if save_every < 1:
             raise ValueError(f'save_every must be >= 1, got {save_every}.')
         if keep < 1:
@@ -121,43 +100,23 @@ class Checkpointer:
         self._needed_bytes = None  # one save's room; measured at the first save
         options = ocp.CheckpointManagerOptions(
             max_to_keep=self.keep,
-            # The cadence is decided in maybe_save and every save is forced:
-            # Orbax's own policy would also silently skip a step whenever the
-            # previous async save is still in flight.
+            # maybe_save decides the cadence and forces every save: Orbax's own policy would
+            # also skip a step silently while the previous async save is in flight.
             save_interval_steps=1,
             enable_async_checkpointing=self.async_save,
-            # Removes only uncommitted temp dirs left by a save that was killed
-            # mid-write; committed steps are never touched.
-            cleanup_tmp_directories=True,
+            cleanup_tmp_directories=True,  # a killed save's uncommitted dirs, never a committed step
             create=True,
         )
-        # Handlers are given up front so that a fresh manager (after a
-        # restart) can read item metadata before anything was saved by it.
+        # Handlers up front, so a fresh manager (after a restart) reads item metadata at once.
         self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=options,
-            item_handlers={
-                _STATE: ocp.StandardCheckpointHandler(),
-                _DATA: ocp.JsonCheckpointHandler(),
-            },
-        )
+            self.directory, options=options,
+            item_handlers={_STATE: ocp.StandardCheckpointHandler(), _DATA: ocp.JsonCheckpointHandler()})
 
     # ------------------------------------------------------------------ save
 
-    def maybe_save(
-        self,
-        step: int,
-        state: Any,
-        data_state: dict,
-        *,
-        force: bool = False,
-    ) -> float:
-        """Save if `step` is on the cadence (or `force`); return seconds blocked.
-
-        The returned time covers waiting for a previous save plus the
-        device-to-host copy, i.e. what the training loop actually lost.
-        A step that already has a checkpoint is skipped, never overwritten.
-        """
+    def maybe_save(self, step: int, state: Any, data_state: dict, *, force: bool = False) -> float:
+        """Save if `step` is on the cadence (or `force`); the seconds the loop lost (waiting for a
+        previous save, the device-to-host copy). A step already saved is never overwritten."""
         self._check_open()
         step = int(step)
         if not force and step % self.save_every != 0:
@@ -167,41 +126,22 @@ class Checkpointer:
             self._needed_bytes = disk_space.bytes_needed(state)
             disk_space.warn_if_short(self.directory, state)
         if step in self._manager.all_steps():
-            # Orbax would raise only after flagging a save as in progress;
-            # skipping here keeps both the good checkpoint and the manager sane.
-            log.warning(
-                'Checkpoint for step %d already exists in %s; not overwriting.',
-                step,
-                self.directory,
-            )
+            # Orbax would raise only after flagging a save as in progress, leaving the manager stale.
+            log.warning('Checkpoint for step %d already exists in %s; not overwriting.', step, self.directory)
             return 0.0
-        # Snapshot through JSON now: the caller may mutate its dict while the
-        # async write runs, and a non-JSON value should fail here, not later
-        # in a background thread.
+        # A copy through JSON now: the caller may mutate its dict during the async write, and a
+        # non-JSON value fails here, not in a background thread.
         try:
             data_snapshot = json.loads(json.dumps(data_state))
         except (TypeError, ValueError) as e:
-            raise TypeError(
-                f'data_state for step {step} is not JSON-serialisable ({e}); '
-                'convert numpy/jax values to Python numbers and keys to str.'
-            ) from e
+            raise TypeError(f'data_state for step {step} is not JSON-serialisable ({e}); '
+                            'convert numpy/jax values to Python numbers and keys to str.') from e
         if not isinstance(data_snapshot, dict):
             raise TypeError(f'data_state must be a dict, got {type(data_state).__name__}.')
         try:
-            self._manager.save(
-                step,
-                args=ocp.args.Composite(
-                    **{
-                        _STATE: ocp.args.StandardSave(state),
-                        _DATA: ocp.args.JsonSave(data_snapshot),
-                    }
-                ),
-                force=True,
-            )
-        except BaseException as e:
-            # A failed save (this one or the previous async one surfacing
-            # here) leaves the manager's step list stale; re-read the disk
-            # so latest_step/restore still see the surviving good steps.
+            self._manager.save(step, force=True, args=ocp.args.Composite(
+                **{_STATE: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(data_snapshot)}))
+        except BaseException as e:  # this save's or the previous async one's
             self._save_failed(e)
         return time.perf_counter() - start
 
@@ -241,44 +181,28 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict]:
-        """Restore (state, data_state) at `step` (default: latest).
-
-        `abstract_state` is a pytree of `jax.ShapeDtypeStruct` whose
-        shardings say where the restored arrays go; they may belong to a
-        different mesh than the one saved from (Orbax reshards on read).
-        """
+        """(state, data_state) at `step` (default: latest), placed by `abstract_state`'s shardings,
+        which may be another mesh's than the one saved from (Orbax reshards on read)."""
         self._check_open()
         # The newest step may still be in flight from this process.
         self.wait()
         steps = sorted(self._manager.all_steps())
         if not steps:
             raise CheckpointNotFoundError(
-                f'No checkpoint found in {self.directory!r}. Fix: pass the '
-                'directory that contains the numbered step subdirectories of a '
-                'previous run, or start from scratch without restoring (check '
-                '`latest_step() is not None` first).'
-            )
+                f'No checkpoint found in {self.directory!r}. Fix: pass the directory that contains '
+                'the numbered step subdirectories of a previous run, or start from scratch without '
+                'restoring (check `latest_step() is not None` first).')
         if step is None:
             step = steps[-1]
         elif int(step) not in steps:
-            raise CheckpointNotFoundError(
-                f'No checkpoint for step {step} in {self.directory!r}; '
-                f'available steps: {steps}. Fix: pick one of those or pass '
-                'step=None for the latest.'
-            )
+            raise CheckpointNotFoundError(f'No checkpoint for step {step} in {self.directory!r}; available '
+                                          f'steps: {steps}. Fix: pick one of those or pass step=None for the latest.')
         step = int(step)
         abstract_state = self._validated_abstract(abstract_state)
         self._check_matches_saved(step, abstract_state)
         try:
-            restored = self._manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    **{
-                        _STATE: ocp.args.StandardRestore(abstract_state),
-                        _DATA: ocp.args.JsonRestore(),
-                    }
-                ),
-            )
+            restored = self._manager.restore(step, args=ocp.args.Composite(
+                **{_STATE: ocp.args.StandardRestore(abstract_state), _DATA: ocp.args.JsonRestore()}))
         except Exception as e:
             if looks_damaged(e):
                 raise CheckpointDamagedError(self.directory, step, e) from e
@@ -288,10 +212,8 @@ class Checkpointer:
             msg = str(e)
             if len(msg) > _MAX_ORBAX_MESSAGE:
                 msg = msg[:_MAX_ORBAX_MESSAGE] + ' ...[truncated]'
-            raise CheckpointMismatchError(
-                f'Could not restore step {step} from {self.directory!r} into the '
-                f'requested state tree. Orbax said: {msg}'
-            ) from e
+            raise CheckpointMismatchError(f'Could not restore step {step} from {self.directory!r} into the '
+                                          f'requested state tree. Orbax said: {msg}') from e
         return restored[_STATE], dict(restored[_DATA])
 
     # -------------------------------------------------------------- helpers
@@ -320,11 +242,8 @@ class Checkpointer:
             log.exception('Reloading checkpoint steps from %s failed.', self.directory)
 
     def _validated_abstract(self, abstract_state: Any) -> Any:
-        """Turn live arrays into SDSs and insist every leaf names a sharding.
-
-        Without a target sharding Orbax falls back to the saved one, which
-        may reference devices that no longer exist after a topology change.
-        """
+        """Live arrays as SDSs, each naming a sharding: without one Orbax falls back to the saved
+        sharding, whose devices may be gone after a topology change."""
 
         def convert(path, x):
             if isinstance(x, jax.ShapeDtypeStruct):
@@ -332,35 +251,27 @@ class Checkpointer:
             elif isinstance(x, jax.Array):
                 sds = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
             else:
-                raise TypeError(
-                    f'abstract_state leaf {fmt_path(key_names(path))} is '
-                    f'{type(x).__name__}; expected jax.ShapeDtypeStruct '
-                    '(see checkpoint.abstract_like).'
-                )
+                raise TypeError(f'abstract_state leaf {fmt_path(key_names(path))} is {type(x).__name__}; '
+                                'expected jax.ShapeDtypeStruct (see checkpoint.abstract_like).')
             if sds.sharding is None:
-                raise ValueError(
-                    f'abstract_state leaf {fmt_path(key_names(path))} has no sharding; '
-                    'give every leaf its target sharding (see checkpoint.abstract_like).'
-                )
+                raise ValueError(f'abstract_state leaf {fmt_path(key_names(path))} has no sharding; '
+                                 'give every leaf its target sharding (see checkpoint.abstract_like).')
             return sds
 
         return jax.tree_util.tree_map_with_path(convert, abstract_state)
 
     def _check_matches_saved(self, step: int, abstract_state: Any) -> None:
-        """Compare paths, shapes and dtypes against the saved metadata (see checkpoint_match)."""
+        """Paths, shapes and dtypes against the saved metadata (`match`)."""
         try:
             metadata = self._manager.item_metadata(step)[_STATE]
         except Exception as e:  # unreadable: leave it to Orbax (damage shows there)
-            log.warning('Could not read checkpoint metadata for step %d (%s).', step,
-                        type(e).__name__)
+            log.warning('Could not read checkpoint metadata for step %d (%s).', step, type(e).__name__)
             return
         if metadata is None:
             return
         problems = tree_problems(getattr(metadata, 'tree', metadata), abstract_state)
         if problems:
             raise CheckpointMismatchError(
-                f'Checkpoint step {step} in {self.directory!r} does not match the '
-                f'requested state tree; ' + '; '.join(problems) + '. Fix: build '
-                'abstract_state from the same model/optimizer config as the run '
-                'that wrote the checkpoint, or point at a different directory.'
-            )
+                f'Checkpoint step {step} in {self.directory!r} does not match the requested state tree; '
+                + '; '.join(problems) + '. Fix: build abstract_state from the same model/optimizer config '
+                'as the run that wrote the checkpoint, or point at a different directory.')

@@ -1,16 +1,12 @@
 """Damaged checkpoint steps: recognise them, move them aside, resume from an older one.
 
-A crash mid-copy, a bad disk or a careless `rm` can leave the newest step unreadable
-while older ones are intact: restoring must fall back to the newest intact step, not
-fail or start over, and say which step it gave up on. Damage is what Orbax and
-TensorStore raise on unreadable files (`looks_damaged`: missing files, truncated or
-flipped JSON, NOT_FOUND / DATA_LOSS / OUT_OF_RANGE / FAILED_PRECONDITION from OCDBT),
-while a config mismatch is caught earlier from the metadata and moves nothing. Array
-chunks carry no checksum, so only damage Orbax reports is recognised.
-
-A damaged step is renamed `<step>.damaged-<n>`: neither listed nor pruned, kept for
-inspection. Every process calls `restore_newest_intact`; they agree on each step and
-only process 0 renames.
+A crash mid-copy, a bad disk or a careless `rm` can leave the newest step unreadable while
+older ones are intact: a restore falls back to the newest intact step and names the one it
+gave up on. Damage is what Orbax and TensorStore raise on unreadable files
+(`looks_damaged`); a config mismatch is caught earlier, from the metadata, and moves
+nothing. Array chunks carry no checksum, so only damage Orbax reports is recognised. A
+damaged step is renamed `<step>.damaged-<n>`, neither listed nor pruned; every process
+calls `restore_newest_intact`, they agree on each step, and only process 0 renames.
 """
 from __future__ import annotations
 
@@ -24,11 +20,12 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from mecefo_jax.host.disk_space import exception_chain
+
 log = logging.getLogger(__name__)
 
-# TensorStore status codes that mean "the bytes on disk are missing or bad".
-# INVALID_ARGUMENT and PERMISSION_DENIED are left out on purpose: they come
-# from a bad request or the environment, and moving the step would not help.
+# TensorStore's codes for bytes on disk that are missing or bad. Not INVALID_ARGUMENT or
+# PERMISSION_DENIED: a bad request or the environment, which moving the step would not help.
 _STORAGE_CODES = re.compile(r'\b(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE|FAILED_PRECONDITION):')
 _DAMAGED_SUFFIX = '.damaged-'
 
@@ -38,7 +35,7 @@ class CheckpointDamagedError(RuntimeError):
 
     def __init__(self, directory: str, step: int, cause: BaseException):
         self.directory, self.step = directory, int(step)
-        culprit = next((e for e in _chain(cause) if _is_damage(e)), cause)
+        culprit = next((e for e in exception_chain(cause) if _is_damage(e)), cause)
         self.reason = f'{type(culprit).__name__}: {_first_line(culprit)}'
         super().__init__(f'Checkpoint step {step} in {directory!r} is damaged ({self.reason}).')
 
@@ -54,17 +51,9 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
     return line[:limit] + (' ...' if len(line) > limit else '')
 
 
-def _chain(exc: BaseException):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 def looks_damaged(exc: BaseException) -> bool:
     """Whether `exc` (or an exception it wraps) reports unreadable checkpoint files."""
-    return any(_is_damage(e) for e in _chain(exc))
+    return any(_is_damage(e) for e in exception_chain(exc))
 
 
 def _is_damage(e: BaseException) -> bool:
@@ -93,14 +82,9 @@ def _any_process(flag: bool) -> bool:
 
 
 def restore_newest_intact(checkpointer, abstract_state: Any) -> tuple[Any, dict, int]:
-    """(state, data_state, step) of the newest step that restores.
-
-    Each damaged step tried on the way is moved aside with a warning naming
-    it. A `CheckpointMismatchError` (the requested state does not fit the
-    saved one) propagates at once and moves nothing. Raises
-    `NoIntactCheckpointError` listing every step tried when none is left, and
-    `CheckpointNotFoundError` (from the checkpointer) when there was none.
-    """
+    """(state, data_state, step) of the newest step that restores; each damaged one on the way is
+    moved aside with a warning. A `CheckpointMismatchError` propagates at once, moving nothing;
+    `NoIntactCheckpointError` lists every step tried when none is left (none at all: not found)."""
     tried = []
     while True:
         steps = checkpointer.all_steps()

@@ -1,8 +1,7 @@
 """Whether a requested state tree fits a saved one: paths, shapes and dtypes.
 
-Checked from the saved metadata before restoring, so a mismatch is reported
-as the leaves that differ, which Orbax's own messages bury under full tree
-dumps, and is never mistaken for a damaged checkpoint.
+Checked from the saved metadata before restoring, so a mismatch names the leaves that
+differ (Orbax's own messages bury them under tree dumps) and is never taken for damage.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Disk space for checkpoints: warn before the first save, explain a failed one.
 
-An asynchronous Orbax save that runs out of space fails in a background
-thread and surfaces only at the next save or wait, as a bare "No space left
-on device", leaving its `<step>.orbax-checkpoint-tmp-*` directory behind. A
-look at the free space before the first save warns while there is still time
-to act, and a failed save is reported with what it needed and what was free.
+An async Orbax save that runs out of space fails in a background thread and surfaces only
+at the next save or wait, as a bare "No space left on device", leaving its
+`<step>.orbax-checkpoint-tmp-*` directory behind: hence the look before the first save.
 """
 from __future__ import annotations
 
@@ -88,26 +86,21 @@ def remove_tmp_dirs(directory: str) -> list[str]:
     return removed
 
 
-def _os_error(exc: BaseException) -> OSError | None:
+def exception_chain(exc: BaseException):
+    """`exc`, then the exceptions it was raised from or during, each once."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError):
-            return exc
+        yield exc
         exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def explain_failed_save(directory: str, exc: BaseException, needed: int | None,
                         resume_step: int | None, *, clean: bool = True) -> BaseException:
-    """The error to raise for a failed save: `exc` itself unless the filesystem failed.
-
-    For a filesystem failure (an OSError anywhere in the chain, or TensorStore's
-    "No space left on device") the uncommitted temporary directory is removed
-    first when `clean`, and the message gives the directory, the bytes needed and
-    free, and the step a restart resumes from.
-    """
-    os_error = _os_error(exc)
+    """The error to raise for a failed save: `exc` itself unless the filesystem failed (an
+    OSError in its chain, or TensorStore's "No space left on device"); then, with the unfinished
+    temporary directory removed (`clean`), bytes needed and free, and the resume step."""
+    os_error = next((e for e in exception_chain(exc) if isinstance(e, OSError)), None)
     no_space = (os_error is not None and os_error.errno == errno.ENOSPC) \
         or 'No space left on device' in str(exc)
     if os_error is None and not no_space:

@@ -1,33 +1,35 @@
 """Files: written so that a reader, or a crash, sees the old bytes or the new ones, whole;
 and read back as JSON, or None where there is nothing whole to read.
 
-The one way the project writes a file that something else reads back
-(records, caches, reports a later run resumes from): the bytes go to a temp
-file with a name no other writer uses, are flushed to the disk, and then
-take the final name in one step (`os.replace`, or `os.link` where the first
-writer must win); the directory is then synced, so the new name survives a
-power loss too. A failed write leaves no temp file behind.
+Bytes go to a temp file no other writer names, are flushed to disk, and take the final
+name in one step (`os.replace`, or `os.link` where the first writer must win); the
+directory is then synced, so the name survives a power loss. A failed write leaves no temp file.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 from typing import Any
 
 
-def _temp_path(path: str) -> str:
-    """A sibling name no other process or thread writes: pid plus a random token."""
-    return f'{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp'
-
-
-def _write_synced(tmp: str, data: bytes, mode: int) -> None:
-    # O_EXCL: never write into another writer's file; `mode` & ~umask, as open() does.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, 'wb') as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+@contextlib.contextmanager
+def _synced_temp(path: str, data: bytes, mode: int):
+    """A sibling file holding `data` on disk, named by pid and a random token so that no other
+    writer uses it; removed afterwards unless it was renamed."""
+    tmp = f'{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp'
+    try:
+        # O_EXCL: never write into another writer's file; `mode` & ~umask, as open() does.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        yield tmp
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _sync_directory(path: str) -> None:
@@ -46,13 +48,8 @@ def _sync_directory(path: str) -> None:
 
 def write_bytes(path: str, data: bytes, *, mode: int = 0o666) -> None:
     """Replace `path` with `data` atomically and durably (`mode` as `os.open`'s, less the umask)."""
-    tmp = _temp_path(path)
-    try:
-        _write_synced(tmp, data, mode)
+    with _synced_temp(path, data, mode) as tmp:
         os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     _sync_directory(path)
 
 
@@ -67,16 +64,10 @@ def write_json(path: str, value: Any, *, indent: int | None = 2, default=None,
 
 def create_bytes(path: str, data: bytes, *, replace_without_links: bool = False,
                  mode: int = 0o666) -> bool:
-    """Create `path` holding `data` only if it does not exist yet; whether this call did.
-
-    The first of several concurrent writers wins and every later one sees its
-    file, whole. On a filesystem without hard links, `replace_without_links`
-    lets the last writer win instead (still never partial); otherwise the
-    error is raised (a lock must not be taken twice).
-    """
-    tmp = _temp_path(path)
-    try:
-        _write_synced(tmp, data, mode)
+    """Create `path` holding `data` unless it exists; whether this call did. The first of
+    concurrent writers wins; without hard links, `replace_without_links` lets the last win
+    (still never partial), else the error is raised (a lock must not be taken twice)."""
+    with _synced_temp(path, data, mode) as tmp:
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -85,11 +76,8 @@ def create_bytes(path: str, data: bytes, *, replace_without_links: bool = False,
             if not replace_without_links:
                 raise
             os.replace(tmp, path)
-        _sync_directory(path)
-        return True
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    _sync_directory(path)
+    return True
 
 
 def read_json(path: str) -> Any:

@@ -1,11 +1,9 @@
 """Cross-process agreement: every process of a multi-process job takes the same decision.
 
-A multi-host JAX job runs one program per process. Whenever a process decides
-something from local information (which replicas are live, which snapshot
-interval it measured, which tokenizer bytes it holds), the processes must first
-agree, or they would compile different programs or train on different data
-and wait forever in a collective. Every helper here returns the same value on
-every process and is free of collectives in a single-process job.
+A process that decides from local information (live replicas, a measured snapshot
+interval, tokenizer bytes) must agree with the others first, or they compile different
+programs or read different data and wait forever in a collective. Each helper returns
+the same value on every process, with no collective in a single-process job.
 """
 from __future__ import annotations
 
@@ -39,13 +37,9 @@ def process_zero_int(value: int) -> int:
 
 def agreed_bytes(read: Callable[[], bytes], *, every_process_reads: bool,
                  mismatch_hint: str = '') -> bytes:
-    """The same bytes on every process (a tokenizer model, say).
-
-    Only process 0 reads and broadcasts (``every_process_reads=False``), or each reads its
-    own copy and the sha256 digests are compared (a mismatch raises on every process,
-    ending with `mismatch_hint`). A `read` error is re-raised where it happened after the
-    others are told, so no process waits forever in a collective.
-    """
+    """The same bytes on every process (a tokenizer model, say): process 0 reads and broadcasts,
+    or each reads and the sha256 digests must match (else a ValueError ending in
+    `mismatch_hint`). A `read` error is raised once the others know, so none waits forever."""
     import jax
     from jax.experimental import multihost_utils
 

@@ -73,11 +73,8 @@ def this_host() -> str:
 
 
 class DaemonQueue:
-    """A queue served by `threads` daemon threads, each running `serve(queue)`.
-
-    Started on first use in each process: threads do not survive a fork, so a
-    forked child that uses it starts its own.
-    """
+    """A queue served by `threads` daemon threads running `serve(queue)`, started on first use
+    in each process: threads do not survive a fork."""
 
     def __init__(self, serve: Callable[[queue.SimpleQueue], None], *, threads: int = 1,
                  name: str = 'daemon'):

@@ -1,11 +1,10 @@
 """One run per workdir: an exclusive lock file naming the run that holds it.
 
-Two runs in one workdir would interleave metrics and race on checkpoints.
-`<workdir>/run.lock` is created atomically (a hard link of a complete file) and names
-the holder's pid, host, start time and command line, so a refused run says who is
-running. On the same host a lock whose pid is gone (or a zombie, or reused) is stale
-and taken over with a warning; on another host the error says how to remove it. Only
-process 0 of a job takes it (`active=False` elsewhere).
+Two runs in one workdir would interleave metrics and race on checkpoints. `run.lock` is
+created atomically and names the holder (pid, host, start time, command line), so a
+refused run says who is running. A lock whose pid is gone on this host (or a zombie, or
+reused) is stale and taken over with a warning; on another host the error says how to
+remove it. Only process 0 of a job takes it (`active=False` elsewhere).
 """
 from __future__ import annotations
 
@@ -37,16 +36,9 @@ class WorkdirUnusableError(WorkdirError):
     """The workdir is a file, or cannot be created or written."""
 
 
-def _alive(holder: dict) -> bool:
-    return same_process_alive(int(holder['pid']), holder.get('start_ticks'))
-
-
 class WorkdirLock:
-    """Context manager holding `<workdir>/run.lock` for the life of a run.
-
-    Released on exit, on exceptions too. A lock left by a dead process on this
-    host is taken over with a warning; a live holder raises WorkdirLockedError.
-    """
+    """Holds `<workdir>/run.lock` for the life of a run (a context manager); a live holder
+    raises WorkdirLockedError."""
 
     def __init__(self, workdir: str, *, active: bool = True):
         self.workdir = os.path.realpath(os.fspath(workdir))
@@ -59,12 +51,11 @@ class WorkdirLock:
             return self
         self._make_usable()
         record = {'pid': os.getpid(), 'host': socket.gethostname(),
-                  'started': datetime.datetime.now(datetime.UTC).isoformat(
-                      timespec='seconds'),
+                  'started': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
                   'start_ticks': start_ticks(os.getpid()), 'command': ' '.join(sys.argv),
                   'token': secrets.token_hex(8)}
         for _ in range(3):  # a stale lock removed by us or by a racing run: try again
-            if self._create(record):
+            if files.create_bytes(self.path, json.dumps(record).encode('utf-8')):
                 self._record = record
                 return self
             holder = self._read()
@@ -106,19 +97,13 @@ class WorkdirLock:
             raise WorkdirUnusableError(f'{where} is not writable: make it writable '
                                        f'(chmod u+w {self.workdir}) or pass another --workdir.')
 
-    def _create(self, record: dict) -> bool:
-        return files.create_bytes(self.path, json.dumps(record).encode('utf-8'))
-
     def _read(self) -> dict | None:
-        try:
-            with open(self.path, encoding='utf-8') as f:
-                holder = json.load(f)
-        except (OSError, ValueError):
-            return None
+        holder = files.read_json(self.path)
         return holder if isinstance(holder, dict) and 'pid' in holder else None
 
     def _is_stale(self, holder: dict) -> bool:
-        return holder.get('host') == socket.gethostname() and not _alive(holder)
+        return (holder.get('host') == socket.gethostname()
+                and not same_process_alive(int(holder['pid']), holder.get('start_ticks')))
 
     def _remove_stale(self, holder: dict) -> None:
         """Delete the stale lock, unless a racing run already replaced it."""

@@ -1,9 +1,8 @@
 """In-memory snapshots of the train state that survive a worker's crash.
 
-A real device failure kills a worker process; the job is torn down and
-relaunched on the survivors. The state then comes back from host memory
-held by *keeper* processes that outlive the workers (REFT, arXiv
-2310.12670; DLRover flash checkpoint; Gemini, SOSP 2023), not from disk.
+Keeper processes outlive the workers and hold the state in host memory, so a relaunch
+restores from them, not from disk (REFT, arXiv 2310.12670; DLRover flash checkpoint;
+Gemini, SOSP 2023). docs/launch.md, "Snapshots", has the data path and its measurements.
 
 | module | owns |
 |---|---|
@@ -31,23 +30,21 @@ and after a relaunch:
     snaps = open_sources(own, peers)   # own keeper's shared memory, then peers through Ray
     state, data_state, report = restore(abstract_state, snaps)
 
-Only the modules that need jax import it (`jax_io`, `async_writer`); the
-keeper process stays light. Names below load their module on first use.
+Only `jax_io` and `async_writer` import jax, so the keeper process stays light. The
+names below load their module on first use.
 """
 import importlib
 
-_EXPORTS = {
-    'start_keeper': 'keeper_actor', 'find_keeper': 'keeper_actor', 'stop_keeper': 'keeper_actor',
-    'KeeperHandle': 'keeper_actor', 'LocalKeeper': 'keeper_actor',
-    'KeeperClient': 'client', 'KeeperError': 'client', 'SnapshotWriter': 'client',
-    'open_snapshots': 'client', 'open_sources': 'client', 'BlobSnapshot': 'client',
-    'host_shards': 'jax_io', 'pinned_host_shardings': 'jax_io', 'restore': 'jax_io',
-    'pinned_local_copies': 'jax_io',
-    'feasible_steps': 'jax_io', 'SnapshotMissingError': 'jax_io',
-    'AsyncSnapshotter': 'async_writer', 'SnapshotError': 'async_writer',
-    'XorCode': 'blob',
-    'ParityPusher': 'parity', 'rebuild_member': 'parity', 'ParityLossError': 'parity',
+_MODULES = {
+    'keeper_actor': ('start_keeper', 'find_keeper', 'stop_keeper', 'KeeperHandle', 'LocalKeeper'),
+    'client': ('KeeperClient', 'KeeperError', 'SnapshotWriter', 'open_snapshots', 'open_sources', 'BlobSnapshot'),
+    'jax_io': ('host_shards', 'pinned_host_shardings', 'restore', 'pinned_local_copies', 'feasible_steps',
+               'SnapshotMissingError'),
+    'async_writer': ('AsyncSnapshotter', 'SnapshotError'),
+    'blob': ('XorCode',),
+    'parity': ('ParityPusher', 'rebuild_member', 'ParityLossError'),
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 

@@ -1,29 +1,11 @@
-"""Snapshotting in a background thread while training continues.
+"""Snapshots written in a background thread while training goes on.
 
-Right after dispatching step k the worker calls
-
-    host = jax.device_put(state, host_shardings)   # pinned_host: returns at once
-    snapshotter.submit(k, host, data_state)
-
-`device_put` to 'pinned_host' only enqueues the device-to-host copy, and
-the host copy keeps step k's values even when the next step donates the
-device buffers. The background thread then materialises the host arrays
-(waiting for step k to finish), copies and checksums them into the
-keeper's shared memory and publishes, then pushes parity if configured.
-
-At most one snapshot is in flight: `submit` blocks until the previous one
-is published. That back-pressure is real overhead, so it is measured
-(`stats.blocked_sec`) next to the background work (`stats.write_sec`). A
-caller that must never wait submits with `wait=False`: a snapshot submitted
-while one is in flight is held as the next one, and a newer one replaces
-it (the replaced one is counted in `stats.dropped`), so the newest state is
-always the next written and the caller waits only for the hand-over.
-An error in the background surfaces, once, on the next `submit`/`wait`
-(a `submit` that raises it does not queue its own step; call it again to
-go on).
-Note the worker briefly holds two host copies: the one being written and
-the one `device_put` just started; call `wait()` before `device_put` to
-cap that at one, at the cost of blocking earlier.
+The worker `submit`s the 'pinned_host' copy it just started (`jax.device_put` returns at
+once, and the copy keeps step k's values though the next step donates the device buffers).
+One snapshot is in flight: `submit` blocks for the previous one (`stats.blocked_sec`), or
+with `wait=False` replaces the next in line (`stats.dropped`; docs/launch.md, "Snapshots").
+A background error surfaces once, on the next `submit` (which then queues nothing) or
+`wait`. The worker briefly holds two host copies; `wait()` before `device_put` caps it at one.
 """
 from __future__ import annotations
 
@@ -60,12 +42,8 @@ class SnapshotStats:
 
 
 def _materialize(job) -> list[blob.HostShard]:
-    """Host shards with numpy data, from a tree of arrays or a list of HostShards.
-
-    A list comes from `jax_io.pinned_local_copies`: its data are pinned-host
-    jax Arrays still being copied, and reading them waits for the copy; a
-    `ShareCopy` gives only the part this process writes.
-    """
+    """Host shards with numpy data, from a tree of arrays or `jax_io.pinned_local_copies`'
+    list, whose copies this waits for (a `ShareCopy` gives only this process's part)."""
     if isinstance(job, list) and all(isinstance(s, ShareCopy) for s in job):
         return [s.materialize() for s in job]
     if isinstance(job, list) and all(isinstance(s, blob.HostShard) for s in job):

@@ -1,27 +1,17 @@
-"""The byte format of one snapshot, independent of where the bytes live.
+"""The byte format of one snapshot, its checksums, and XOR parity over byte blocks; no jax.
 
-The same bytes sit in a keeper's shared memory, travel to a peer and are rebuilt by
-parity, so every reader goes through `parse` and `check_entry` here.
+Every copy of a snapshot (in a keeper's shared memory, read by a peer, rebuilt from
+parity) is read through `parse` and `check_entries`.
 
     [0, 64)                      preamble: magic, step, header offset/length, header checksum, format
     [64, header_offset)          each shard's raw bytes, 64-byte aligned
     [header_offset, nbytes)      JSON header: step, data_state, meta, checksum chunk, manifest
 
-The header comes after the data because it records each shard's checksum, known only
-once the bytes are copied; the preamble is written last. The header's checksum pins
-every byte a reader uses, while each shard's hash list (`sums`) lets a peer
-verify the few shards it fetches. Format 1 (crc32s) is refused by name. No jax here.
-
-Checksums are xxh3_64 over cache-sized chunks, fused with the copy, on a few threads:
-zlib's crc32 ran slower than the copy it checked, xxh3 runs faster than a copy and
-releases the GIL on buffers over 64 KiB (measurements: docs/launch.md, "Snapshots").
-Each chunk is checksummed right after it is copied, while still in the core's cache,
-so every byte crosses memory once; an entry's checksum is xxh3_64 over its chunks'
-digests (a hash list), so a large leaf is split over threads and a reader still
-verifies any entry on its own. `CHUNK` is part of the format.
-
-Parity is XOR over byte blocks (`XorCode`, RAID-5's single parity); `parity` spreads
-it over a group of keepers.
+The header follows the data because it records the shards' checksums; the preamble is
+written last, and its header checksum pins every byte a reader uses. A shard's checksum
+is xxh3_64 over its `CHUNK`-byte chunks' xxh3_64 digests (a hash list), each taken right
+after the chunk's copy, in cache, on a few threads: a large leaf spreads over them and a
+peer verifies any shard alone. Why xxh3, not format 1's crc32: docs/launch.md, "Snapshots".
 """
 from __future__ import annotations
 
@@ -51,11 +41,9 @@ MAGIC = b'MCFSNAP1'
 FORMAT = 2
 PREAMBLE_BYTES = 64
 ALIGN = 64
-# magic, step, header_offset, header_len, header checksum, format (format 1
-# wrote a crc32 and nothing after it: zeros there)
+# magic, step, header_offset, header_len, header checksum, format (0 in format 1)
 _PREAMBLE = struct.Struct('<8sqQQQI')
-# The widest value a checksum can print as; used to bound the header size
-# before the checksums are known.
+# The widest checksum as printed: bounds the header's length before the checksums are known.
 _MAX_CHECKSUM = (1 << 64) - 1
 
 Index = tuple[tuple[int, int], ...]
@@ -68,11 +56,7 @@ class SnapshotCorruptError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class HostShard:
-    """One unique shard of one leaf, in host memory.
-
-    `index` is the shard's (start, stop) per dimension inside the global
-    array of shape `shape`; `data` has shape `stop - start` per dimension.
-    """
+    """One unique shard of one leaf in host memory; `index` is its (start, stop) per dimension of `shape`."""
     path: str
     shape: tuple[int, ...]
     index: Index
@@ -172,10 +156,6 @@ def header_bound(step: int, data_state: dict, entries: Sequence[Entry], meta: di
     return len(header_bytes(step, data_state, widest, meta))
 
 
-def write_preamble(buf, step: int, header_offset: int, header_len: int, header_checksum: int) -> None:
-    _PREAMBLE.pack_into(buf, 0, MAGIC, int(step), header_offset, header_len, header_checksum, FORMAT)
-
-
 def _refuse_format(written) -> None:
     if written != FORMAT:
         raise SnapshotCorruptError(f'Snapshot format {written} is not {FORMAT}; it was written by '
@@ -240,26 +220,22 @@ def check_entries(raws: Sequence, entries: Sequence[Entry], chunk: int, source: 
 
 def fill(buf, shards: Sequence[HostShard], entries: Sequence[Entry], step: int,
          data_state: dict, meta: dict | None = None) -> tuple[int, int, int]:
-    """Write `shards` at `entries`' offsets, then header and preamble.
+    """Write `shards` at `entries`' offsets, then header and preamble; (nbytes, checksum, header_offset).
 
-    Returns (nbytes, checksum, header_offset). `buf` must hold at least the
-    data end plus `header_bound(...)` bytes. The bytes are copied and
-    checksummed chunk by chunk on a few threads (`copy_and_sum`),
-    each chunk's checksum taken over what was just written into `buf`
-    (still in cache): it covers what a reader will see, not the source.
+    `buf` holds at least the data end plus `header_bound(...)` bytes.
     """
     out = flat_bytes(buf)
-    sums = copy_and_sum([flat_bytes(s.data) for s in shards],
-                                  [out[e.offset:e.offset + e.nbytes] for e in entries])
+    checksums = copy_and_sum([flat_bytes(s.data) for s in shards],
+                             [out[e.offset:e.offset + e.nbytes] for e in entries])
     del out  # release the export on buf before anyone closes it
-    final = [dataclasses.replace(e, checksum=c) for e, c in zip(entries, sums, strict=True)]
+    final = [dataclasses.replace(e, checksum=c) for e, c in zip(entries, checksums, strict=True)]
     h_off = _aligned(final[-1].offset + final[-1].nbytes) if final else PREAMBLE_BYTES
     raw = header_bytes(step, data_state, final, meta)
     if h_off + len(raw) > len(buf):
         raise ValueError(f'Snapshot needs {h_off + len(raw)} bytes, buffer has {len(buf)}.')
     memoryview(buf)[h_off:h_off + len(raw)] = raw
     checksum = digest(raw)
-    write_preamble(buf, step, h_off, len(raw), checksum)
+    _PREAMBLE.pack_into(buf, 0, MAGIC, int(step), h_off, len(raw), checksum, FORMAT)
     return h_off + len(raw), checksum, h_off
 
 
@@ -287,9 +263,6 @@ def normalise_data_state(data_state: Any, step: int) -> dict:
 
 # ------------------------------------------------------------------ checksums
 
-
-
-
 def digest(raw) -> int:
     """xxh3_64 of one buffer in one call (the header's checksum)."""
     return xxhash.xxh3_64_intdigest(raw)
@@ -303,11 +276,8 @@ def flat_bytes(raw) -> np.ndarray:
 
 
 def copy_and_sum(srcs: Sequence[np.ndarray], dsts: Sequence[np.ndarray], chunk: int = CHUNK) -> list[int]:
-    """Copy each flat uint8 `srcs[i]` into `dsts[i]`; the checksum of each destination.
-
-    Each checksum is taken over the destination's bytes right after they
-    are written (still in cache): it covers what a reader will see.
-    """
+    """Copy each flat uint8 `srcs[i]` into `dsts[i]`; the checksum of each destination,
+    taken chunk by chunk right after the copy (in cache): it covers what a reader sees."""
     for s, d in zip(srcs, dsts, strict=True):
         if s.nbytes != d.nbytes:
             raise ValueError(f'Copy of {s.nbytes} bytes into {d.nbytes}.')
@@ -366,14 +336,12 @@ def _pooled(tasks, srcs, dsts) -> list:
     for i, task in enumerate(tasks):
         work.put((i, task, srcs, dsts, done))
     results: list = [None] * len(tasks)
-    errors = []
     for _ in tasks:
-        i, ok, value = done.get()
+        i, value = done.get()
         results[i] = value
-        if not ok:
-            errors.append(value)
-    if errors:
-        raise errors[0]
+    for value in results:
+        if isinstance(value, BaseException):
+            raise value
     return results
 
 
@@ -385,11 +353,11 @@ def _serve(work: queue.SimpleQueue) -> None:
     while True:
         i, task, srcs, dsts, done = work.get()
         try:
-            value, ok = _run(task, srcs, dsts), True
+            value = _run(task, srcs, dsts)
         except BaseException as e:  # noqa: BLE001 (raised in the caller)
-            value, ok = e, False
+            value = e
         del task, srcs, dsts
-        done.put((i, ok, value))
+        done.put((i, value))
         del done, value
 
 
@@ -400,13 +368,6 @@ _THREADS_QUEUE = DaemonQueue(_serve, threads=_THREADS, name='snapshot-checksum')
 
 class TooManyLostError(ValueError):
     """More blocks of a stripe are missing than the code can rebuild."""
-
-
-def as_bytes(block) -> np.ndarray:
-    """A flat uint8 view of any buffer."""
-    if isinstance(block, np.ndarray):
-        return block.reshape(-1).view(np.uint8)
-    return np.frombuffer(block, dtype=np.uint8)
 
 
 def xor_into(dst: np.ndarray, src: np.ndarray) -> None:
@@ -429,30 +390,30 @@ class XorCode:
     parity_blocks = 1
 
     def encode(self, blocks):
-        blocks = [as_bytes(b) for b in blocks]
+        blocks = [flat_bytes(b) for b in blocks]
         parity = [np.zeros(max((len(b) for b in blocks), default=0), np.uint8)]
         for i, b in enumerate(blocks):
             self.accumulate(parity, b, i)
         return parity
 
     def accumulate(self, parity, block, position):
-        xor_into(parity[0], as_bytes(block))
+        xor_into(parity[0], flat_bytes(block))
 
     def decode(self, blocks, parity, lengths):
         missing = [i for i, b in enumerate(blocks) if b is None]
         if not missing:
-            return [as_bytes(b) for b in blocks]
+            return [flat_bytes(b) for b in blocks]
         if len(missing) > self.parity_blocks or parity[0] is None:
             raise TooManyLostError(f"XOR parity rebuilds one block per stripe; blocks {missing} "
                                    f"are missing{' and so is the parity' if parity[0] is None else ''}.")
         (lost,) = missing
-        out = as_bytes(parity[0]).copy()
+        out = flat_bytes(parity[0]).copy()
         for i, b in enumerate(blocks):
             if i != lost:
-                xor_into(out, as_bytes(b))
+                xor_into(out, flat_bytes(b))
         if lengths[lost] > len(out):
             raise TooManyLostError(f'Block {lost} has {lengths[lost]} bytes but the parity only {len(out)}.')
-        rebuilt = [as_bytes(b) if b is not None else None for b in blocks]
+        rebuilt = [flat_bytes(b) if b is not None else None for b in blocks]
         rebuilt[lost] = out[:lengths[lost]]
         return rebuilt
 

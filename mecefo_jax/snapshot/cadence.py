@@ -1,31 +1,26 @@
 """How often to snapshot: what costs least in expectation, within a budget on the slowdown.
 
-REFT (Wang et al., arXiv 2310.12670) snapshots as often as its saving cost allows,
-because the work lost to a crash is about half an interval. A fixed `snapshot.every`
-is either wasteful (a step shorter than its snapshot) or loses more than it must (a
-snapshot that hides behind its step), so `AutoCadence` measures both. With `k` steps
-between snapshots, one costs
+REFT (Wang et al., arXiv 2310.12670) snapshots as often as saving allows, since a crash
+loses about half an interval. A fixed `snapshot.every` wastes time (a step shorter than
+its snapshot) or loses more than it must (a snapshot that hides behind its step), so
+`AutoCadence` measures both. A snapshot every `k` steps costs
 
     cost(k) = snapshot_sec + max(0, write_sec - k * step_sec)
 
-and the interval (`choose_interval`) is the smallest `k` within `budget_pct` of `k`
-steps, shortened where failures make a shorter one cheaper in expectation (Young
-1974, Daly 2006: snapshots cost `cost(k) / (k * step_sec)` a second, failures
-`failures_per_sec * k * step_sec / 2`), and never longer than the disk checkpoint's
-(`max_interval`). The failure rate is the config's, else the one the launcher
-observed, else none.
+and `choose_interval` takes the smallest `k` within `budget_pct` of `k` steps, shortened
+where failures make a shorter one cheaper (Young 1974, Daly 2006: snapshots cost
+`cost(k) / (k * step_sec)` a second, failures `failures_per_sec * k * step_sec / 2`), and
+never longer than the disk checkpoint's (`max_interval`).
 
-`step_sec` is the plain step as training runs it (dispatched ahead, synchronised at
-the end of a `WINDOW`-step window); `snapshot_sec` the median, over `PAIRS` pairs of
-windows (plain, then snapshotting its first step), of their difference. A window ends
-at its last step's output, before the write's tail: waiting for the tail inside it
-hid the snapshot's real cost on a GPU, where the next step waits for the copy of the
-state it donates (docs/gpu.md). Where the write shares the step's CPU cores
-(`shares_cores`), its CPU time plus the loop's blocked time is a floor under that
-figure: window pairs alone are too noisy on a tiny model (docs/crash_drill.md).
-
-Every process must snapshot the same steps, or the keepers would share no step to
-resume from: the caller agrees on process 0's interval before using it.
+`step_sec` is a plain step as training runs it, synchronised at the end of a
+`WINDOW`-step window; `snapshot_sec` the median difference over `PAIRS` pairs of windows
+(plain, then snapshotting its first step). A window ends at its last step's output,
+before the write's tail: waiting for the tail hid the snapshot's cost on a GPU, where the
+next step waits for the copy of the state it donates (docs/gpu.md). Where the write
+shares the step's CPU cores (`shares_cores`), its CPU time plus the loop's blocked time
+is a floor under that figure: window pairs alone are too noisy on a tiny model
+(docs/crash_drill.md). Every process must snapshot the same steps, or the keepers would
+share no step to resume from: the caller agrees on process 0's interval.
 """
 from __future__ import annotations
 
@@ -76,14 +71,11 @@ def choose_interval(step_sec: float, snapshot_sec: float, write_sec: float,
 
 
 class AutoCadence:
-    """Decides, step by step, whether to snapshot (see the module docstring).
-
-    After a topology change: `SETTLE_STEPS` (each snapshotted), then `PAIRS` pairs of
-    `WINDOW`-step windows. The caller asks `due` before each step; when `window_ends`,
-    it synchronises and reports the window's seconds (`record_window`). At a fixed step
-    after the change (the same on every process) it reads the writes' time from `flush`,
-    chooses, and passes the choice through `agree` (process 0's).
-    """
+    """Decides, step by step, whether to snapshot. After a topology change: `SETTLE_STEPS`
+    (each snapshotted), then `PAIRS` pairs of `WINDOW`-step windows. The caller asks `due`
+    before each step and, when `window_ends`, synchronises and reports the window's seconds
+    (`record_window`). At the same step on every process it reads the writes' time from
+    `flush`, chooses, and passes the choice through `agree` (process 0's)."""
 
     def __init__(self, budget_pct: float, *, flush: Callable[[], tuple[float, int, float]],
                  agree: Callable[[int], int] = lambda k: k,

@@ -1,18 +1,12 @@
-"""The worker's side of a keeper: requests, writing snapshots, reading them.
+"""The worker's side of a keeper: requests, writing snapshots, reading them; no jax.
 
-`KeeperClient` speaks the keeper protocol (`keeper.REQUESTS`) to one keeper,
-a Ray actor (`KeeperHandle`) or one in this process (`LocalKeeper`), as one session.
-`Snapshot`s read one published step back, verified shard by shard: `ShmSnapshot` in
-place from the own keeper's shared memory, `RemoteSnapshot` through any keeper's actor
-(only the shards asked for, and a few small ones after them in the same call),
-`BlobSnapshot` from bytes in this process (e.g. rebuilt by parity). `SnapshotWriter`
-begins a slot, copies and checksums into its shared memory (`blob.fill`), publishes,
-then pushes parity to the group.
-
-`read` returns read-only views verified in place: no copy. A snapshot pins its step
-while open. On CPU `jax.device_put` of an aligned host array aliases it, so restored
-arrays may live in the keeper's slot: `close` keeps the pin until the last of them is
-gone. No jax here (see `jax_io`).
+`KeeperClient` is one session with one keeper (a `KeeperHandle` or a `LocalKeeper`).
+`SnapshotWriter` copies and checksums into a slot's shared memory (`blob.fill`),
+publishes, then pushes parity. A `Snapshot` pins one published step while open and reads
+it as read-only views verified in place, never copied: `ShmSnapshot` from the own
+keeper's shared memory, `RemoteSnapshot` through any keeper's actor, `BlobSnapshot` from
+bytes here (e.g. rebuilt by parity). On CPU `jax.device_put` of an aligned host array
+aliases it, so a closed `ShmSnapshot` keeps its pin until the last array read is gone.
 """
 from __future__ import annotations
 
@@ -27,21 +21,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from mecefo_jax.snapshot import blob, shm
-from mecefo_jax.snapshot.keeper_actor import (
-    KeeperError,
-    KeeperHandle,
-    KeeperUnreachable,
-    LocalKeeper,
-    new_session,
-)
+from mecefo_jax.snapshot.keeper_actor import KeeperError, KeeperHandle, KeeperUnreachable, LocalKeeper, new_session
 
 Keeper = KeeperHandle | LocalKeeper  # whatever a client can reach a keeper through
 
 log = logging.getLogger(__name__)
-
-__all__ = ['BlobSnapshot', 'Keeper', 'KeeperClient', 'KeeperError', 'RemoteSnapshot',
-           'ShmSnapshot', 'Snapshot', 'SnapshotRecord', 'SnapshotWriter', 'WriteInfo',
-           'open_snapshots', 'open_sources']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +61,6 @@ class KeeperClient:
         if not reply.get('ok'):
             raise KeeperError(reply.get('error', f'keeper refused {op!r}'))
         return reply, data or []
-
-    # --------------------------------------------------------------- requests
 
     def hello(self) -> dict:
         return self.request('hello')[0]
@@ -121,8 +103,6 @@ class KeeperClient:
         reply, data = self.request('parity_get', group=group, step=int(step))
         return reply['info'], data[0] if data else np.zeros(0, np.uint8)
 
-    # ------------------------------------------------------------ shared memory
-
     def segment(self, name: str, slot: int = -1):
         """The keeper's segment `name` (of `slot`), mapped into this process once (`shm.mapped`)."""
         return shm.mapped(str(self.keeper), slot, name)
@@ -153,11 +133,8 @@ class WriteInfo:
 
 
 class SnapshotWriter:
-    """Writes snapshots into one keeper's slots and publishes them.
-
-    `parity` (a `parity.ParityPusher`) sends this member's parity chunks to
-    the group after each publish.
-    """
+    """Writes snapshots into one keeper's slots and publishes them; `parity` (a
+    `parity.ParityPusher`) then sends this member's parity chunks to the group."""
 
     def __init__(self, client, *, parity=None):
         self.client = client
@@ -183,8 +160,7 @@ class SnapshotWriter:
             try:
                 parity_bytes = self.parity.push(step, buf[:nbytes], checksum)
             except KeeperUnreachable as e:
-                # A peer's keeper died: its own worker meets that loss; this snapshot stands,
-                # without parity, and the launcher recovers the job.
+                # A peer's keeper died, which its own worker meets: this step stands without parity.
                 parity_error = str(e)
             except KeeperError as e:
                 raise KeeperError(f'Step {step} is published, but pushing its parity failed: {e}') from e
@@ -273,7 +249,7 @@ class _KeeperSnapshot(Snapshot):
     def _open(self) -> None:
         raise NotImplementedError
 
-    def close(self) -> None:  # noqa: B027  (optional: most sources hold nothing)
+    def close(self) -> None:
         client = self.__dict__.get('_client')
         if client is None:
             return
@@ -359,11 +335,8 @@ class RemoteSnapshot(_KeeperSnapshot):
 
 
 def open_snapshots(keeper: Keeper, *, via: str = 'remote', timeout: float = 120.0) -> list[Snapshot]:
-    """Every snapshot a keeper holds, newest first; `via` is 'shm' or 'remote'.
-
-    'shm' works only on the keeper's node. A step overwritten between
-    listing and pinning is skipped.
-    """
+    """Every snapshot a keeper holds, newest first; `via` 'shm' works only on the keeper's node.
+    A step overwritten between listing and pinning is skipped."""
     kinds = {'shm': ShmSnapshot, 'remote': RemoteSnapshot}
     if via not in kinds:
         raise ValueError(f"via must be 'shm' or 'remote', got {via!r}.")
@@ -381,12 +354,9 @@ def open_snapshots(keeper: Keeper, *, via: str = 'remote', timeout: float = 120.
 
 def open_sources(own: Keeper | None, peers: Sequence[Keeper] = (), *, own_via: str = 'shm',
                  timeout: float = 120.0) -> list[Snapshot]:
-    """The own keeper's snapshots (shared memory) then every reachable peer's (remote).
-
-    The order is the preference `jax_io.restore` follows. Unreachable
-    keepers are skipped with a warning: after a failure some are expected
-    to be gone, and `restore` names whatever that leaves missing.
-    """
+    """The own keeper's snapshots, then every reachable peer's: the preference `jax_io.restore`
+    follows. Unreachable keepers are skipped with a warning (after a failure some are
+    expected to be gone); `restore` names whatever that leaves missing."""
     out = []
     for keeper, via in ([(own, own_via)] if own is not None else []) + [(p, 'remote') for p in peers]:
         try:

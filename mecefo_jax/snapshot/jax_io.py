@@ -1,13 +1,10 @@
 """Pytrees of `jax.Array`s to snapshot shards and back.
 
-`host_shards` lists the unique shards this process holds of each leaf, keyed by (leaf
-path, index bounds): what a snapshot stores. With `shard_over_replicas`, where k
-processes hold the same box each writes only its 1/k part (`share_of`), as REFT (arXiv
-2310.12670) shards a snapshot over the data-parallel ranks. `restore` rebuilds a pytree
-on any mesh whose shards can be found: each from the first snapshot holding it (the
-own keeper's, then peers': "heal from peer"), or assembled from saved shards that tile
-it; anything missing is listed in one error. One restore reads one step;
-`feasible_steps` says which qualify, so processes can agree on one first.
+A snapshot stores each leaf's unique shards, keyed by (leaf path, index bounds); with
+`shard_over_replicas`, k processes holding one box each write a 1/k part (`share_of`), as
+REFT (arXiv 2310.12670) shards over the data-parallel ranks. `restore` rebuilds a pytree
+on any mesh, each shard from the first snapshot holding it (the own keeper's, then
+peers') or from saved shards that tile it, all at one step (`feasible_steps`).
 """
 from __future__ import annotations
 
@@ -48,12 +45,8 @@ def index_bounds(index: tuple, shape: tuple) -> blob.Index:
 
 
 def host_shards(tree: Any) -> list[blob.HostShard]:
-    """Each leaf's unique addressable shards as numpy, in tree order.
-
-    Blocks until the arrays are computed (in a background thread, that is
-    the point). Works for device and host (e.g. 'pinned_host') arrays and
-    plain numpy leaves (one whole shard).
-    """
+    """Each leaf's unique addressable shards as numpy, in tree order, once computed (it blocks);
+    device, 'pinned_host' and plain numpy leaves (one whole shard)."""
     out = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         name = path_str(path)
@@ -74,12 +67,9 @@ def host_shards(tree: Any) -> list[blob.HostShard]:
 
 
 def share_of(box: blob.Index, rank: int, count: int, path: str) -> blob.Index | None:
-    """Holder `rank` of `count`'s part of `box`: a contiguous slab along its longest axis
-    (None where the slab is empty); a scalar goes whole to one holder, chosen by its path.
-
-    Every holder computes the same partition from the same sharding, so the parts tile
-    the box exactly once.
-    """
+    """Holder `rank` of `count`'s part of `box`: a slab along its longest axis (None if empty);
+    a scalar goes whole to one holder, chosen by its path. Every holder computes the same
+    partition, so the parts tile the box exactly once."""
     if count == 1:
         return box
     if not box:
@@ -115,20 +105,14 @@ class ShareCopy:
 
 
 def pinned_local_copies(tree: Any, *, shard_over_replicas: bool = False) -> list:
-    """This process's unique shards of `tree`, each being copied to pinned host memory.
+    """This process's unique shards of `tree`, each being copied to pinned host memory:
+    `blob.HostShard`s, or with `shard_over_replicas` `ShareCopy`s of the boxes it writes a
+    non-empty part of (`share_of`). `data` is a jax.Array still being copied (`np.asarray` waits).
 
-    With `shard_over_replicas`, `ShareCopy`s of the boxes this process writes a part of
-    (`share_of`; boxes whose part is empty are not copied); else `blob.HostShard`s.
-
-    The copies are dispatched, not finished: each is a device-local transfer
-    into the shard's own device's pinned host memory, ordered before any later
-    computation that donates the source. No program spanning processes is
-    launched (a `device_put` of the global arrays would be one, and launched
-    from the training loop beside the train steps it deadlocked a 4-process
-    CPU job). `data` is a jax.Array; `np.asarray` it to read it.
-
-    All copies go out in one batched `device_put`: the training loop blocks for
-    their dispatch, and one call per shard cost several times more.
+    Each copy is device-local, ordered before any later step that donates its source: a
+    `device_put` of the global arrays would be a program spanning processes, which beside
+    the train steps deadlocked a 4-process CPU job. All go in one batched `device_put`: the
+    loop blocks for the dispatch, and one call per shard cost several times more.
     """
     found, sources, targets = [], [], []
     me = jax.process_index()
@@ -160,13 +144,9 @@ def pinned_local_copies(tree: Any, *, shard_over_replicas: bool = False) -> list
 
 
 def newest_writer_only(snapshots: Sequence[Snapshot]) -> list[Snapshot]:
-    """Per step, the snapshots of the newest generation that wrote it.
-
-    A step redone after a recovery is written again, by other processes and with
-    other parts; its older copies (in the keepers of workers no longer members)
-    must not be tiled together with the newer ones. Snapshots written without a
-    generation (`meta`) count as the oldest.
-    """
+    """Per step, the snapshots of the newest generation that wrote it: a step redone after a
+    recovery is written again with other parts, which must not be tiled with the older ones.
+    Snapshots without a generation in `meta` count as the oldest."""
     def generation(s):
         return int((s.header.meta or {}).get('generation', -1))
     newest: dict[int, int] = {}
@@ -251,8 +231,7 @@ def _plan(leaves: list[_Leaf], snapshots: Sequence[Snapshot]):
             elif _volume(box) == 0:
                 boxes[box] = []
             else:
-                # Saved boxes of one leaf come from one sharding: equal or
-                # disjoint. So they tile `box` iff their overlaps add up to it.
+                # One leaf's saved boxes are equal or disjoint: they tile `box` iff their overlaps add up.
                 parts = [(s, e) for idx, (s, e) in saved.items() if _intersect(idx, box)]
                 if sum(_volume(_intersect(e.index, box)) for _, e in parts) == _volume(box):
                     boxes[box] = parts
@@ -273,9 +252,8 @@ def restore(abstract: Any, snapshots: Sequence[Snapshot], *, step: int | None = 
             ) -> tuple[Any, dict, RestoreReport]:
     """(tree, data_state, report) rebuilt from `snapshots` at `step` (default: newest feasible).
 
-    `snapshots` may mix steps and sources; earlier ones are preferred for a
-    shard several hold, so pass the own keeper's first. Shards are verified
-    against their crc32 as they are read.
+    `snapshots` may mix steps and sources; for a shard several hold, the earliest is read
+    (pass the own keeper's first). Shards are verified as they are read.
     """
     start = time.perf_counter()
     leaves, treedef = _leaves(abstract)

@@ -1,18 +1,13 @@
 """The keeper's state: one worker's snapshot slots in shared memory, and its peers' parity.
 
-A keeper outlives its worker (`keeper_actor`), so the relaunched worker or a peer
-restores from it instead of from disk (REFT, DLRover flash checkpoint, Gemini).
-`Keeper` holds the state and answers requests; sessions and transport are
-`keeper_actor`'s, so it does no I/O of its own. Anyone who passes Ray's authentication
-can call a keeper, so `check_request` vets every request (its op, each field's type,
-the payload's size) before the keeper's state sees it.
-
-A writer `begin`s a slot holding neither the newest snapshot nor a pinned one, fills
-it and `publish`es it; publish checks the preamble and header checksum first, so a
-step is never listed before its bytes are complete (the Orbax emergency-checkpoint
-pitfall, maxtext issue 5260). Two slots restore one process; a multi-process job that
-must agree on one step (or uses parity) needs three, so that s-1 survives the write of
-s+1 everywhere. A killed keeper leaves its segments behind: `shm.remove_stale`.
+`Keeper` answers requests and does no I/O (`keeper_actor` is the process). Anyone Ray
+admits can call a keeper, so `check_request` vets every request (op, field types,
+payload size) first. A writer `begin`s a slot holding neither the newest nor a pinned
+snapshot, fills it and `publish`es it; publish checks the preamble and header checksum,
+so no step is listed before its bytes are whole (the Orbax emergency-checkpoint pitfall,
+maxtext issue 5260). Two slots restore one process; a multi-process job that must agree
+on one step, or uses parity, needs three, so that s-1 survives everywhere while s+1 is
+written. A killed keeper's segments are left to `shm.remove_stale`.
 """
 from __future__ import annotations
 
@@ -29,10 +24,8 @@ import numpy as np
 
 from mecefo_jax.snapshot import blob, shm
 
-# The only request with a payload is a parity chunk: 1/(g-1) of one worker's
-# snapshot (snapshots themselves go through shared memory). A larger payload
-# is refused; a job whose per-worker snapshot exceeds it times (g-1) raises it
-# with `max_payload`.
+# The only payload is a parity chunk, 1/(g-1) of a worker's snapshot (snapshots go
+# through shared memory); a job with larger snapshots raises it with `max_payload`.
 MAX_PAYLOAD_BYTES = 16 << 30
 # A `read` asks for one range per shard; more than this is not a request of ours.
 MAX_READ_RANGES = 1 << 16
@@ -106,8 +99,7 @@ def check_request(msg, payload, max_payload: int = MAX_PAYLOAD_BYTES) -> None:
                               f'{max_payload} bytes; raise max_payload if the job needs it.')
 
 
-# Complete parity steps kept per group: the newest one may be for a step
-# some survivor no longer holds (see the module docstring on slots).
+# Complete parity steps kept per group: a survivor may no longer hold the newest one's step.
 _KEEP_PARITY = 2
 # Process-wide: no two keepers of a process name a segment alike (clients cache maps by name).
 _SEGMENT_NUMBERS = itertools.count()
@@ -143,8 +135,7 @@ class _Stripe:
     code: str
     buf: np.ndarray
     contributions: dict = dataclasses.field(default_factory=dict)  # member -> metadata
-    # The job generation the contributions come from: a relaunch that resumed
-    # from an older step snapshots this step again, on a new timeline.
+    # The contributions' job generation: a relaunch from an older step redoes this one, anew.
     generation: int = 0
 
     @property
@@ -179,12 +170,8 @@ class Keeper:
     # ------------------------------------------------------------ dispatch
 
     def dispatch(self, msg, payload, pins: Counter) -> tuple[dict, list, Callable | None]:
-        """(reply, reply payload buffers, release callback once they are copied out).
-
-        Anything that is not a well-formed request of this protocol is
-        refused with a RequestError and counted (`rejected`, or `refused`
-        for an oversized payload): input from other processes is never fatal.
-        """
+        """(reply, reply buffers, a callback releasing them once copied out). A malformed request
+        raises RequestError, counted in `rejected` (`refused` if oversized): never fatal."""
         try:
             check_request(msg, payload, self.max_payload)
         except PayloadTooLarge:
@@ -227,10 +214,8 @@ class Keeper:
         return sorted((s for s in self._slots if s.state == 'published'), key=lambda s: -s.seq)
 
     def _choose(self) -> _Slot:
-        """The slot to overwrite: an unpublished one, else the oldest snapshot; never the newest.
-
-        Unpinned slots first; if all candidates are pinned, begin() waits.
-        """
+        """The slot to overwrite: an unpublished one, else the oldest snapshot, never the newest;
+        an unpinned one first (if every candidate is pinned, begin() waits)."""
         candidates = ([s for s in self._slots if s.state != 'published']
                       + self._published()[1:][::-1])
         return next((s for s in candidates if s.pins == 0), candidates[0])
@@ -250,8 +235,7 @@ class Keeper:
                         "close the reader's Snapshot (or its client), or start the keeper with more --slots.")
             if slot.capacity < nbytes:
                 if slot.seg is not None:
-                    # Forget the old snapshot first: if the new allocation fails,
-                    # nothing may point at the unlinked segment.
+                    # Forget the old snapshot first: if allocating fails, no slot names the unlinked segment.
                     shm.unlink(slot.seg)
                     slot.seg, slot.capacity, slot.state, slot.step = None, 0, 'free', None
                 # Headroom so that slowly growing headers do not reallocate every step.
@@ -275,8 +259,7 @@ class Keeper:
                                    f'(header at {h_off}+{h_len}) in a slot of {slot.capacity}.')
             self._check_written(slot, step, checksum, h_off, h_len)
             for other in self._published():
-                # A snapshot of a step at or after this one belongs to a timeline
-                # that was rolled back (the job restored an older step).
+                # A step at or after this one is of a rolled-back timeline (an older step restored).
                 if other.step >= step:
                     other.state, other.step = 'free', None
             slot.state, slot.step, slot.nbytes, slot.checksum = 'published', step, nbytes, checksum
@@ -412,6 +395,5 @@ class Keeper:
             if acc is None or not acc.complete:
                 raise RequestError(f'Keeper {self.name} holds no complete parity for group {group!r} '
                                    f'step {step}.')
-            # A complete stripe takes no more contributions, so its buffer is
-            # not written while it is sent.
+            # A complete stripe takes no more contributions: its buffer is not written while sent.
             return {'info': acc.info(step)}, [acc.buf], None

@@ -1,13 +1,10 @@
 """The keeper as a process: its sessions, the Ray actor, and how workers and the launcher reach one.
 
-The launcher starts each keeper as a detached, named Ray actor on its worker's node
-(`start_keeper`), so it outlives the worker's crash and the launcher's own, which finds
-it again by name (`find_keeper`). Requests are actor calls (Ray's token authentication
-admits the caller; the keeper opens no listener). Its own worker maps the shared memory
-directly; a peer on another node reads byte ranges through Ray. Pins belong to a
-session; the launcher ends every session of a generation it tore down (`end_sessions`),
-since a killed worker never closes its own. `LocalKeeper` is the same protocol in this
-process, for benchmarks of the write path and tests of the protocol.
+A detached, named Ray actor on its worker's node (`start_keeper`) outlives the worker and
+the launcher, which finds it again by name (`find_keeper`). Requests are actor calls that
+Ray's token authentication admits: the keeper opens no listener. Pins belong to a session;
+the launcher ends a torn-down generation's sessions (`end_sessions`), since a killed
+worker never closes its own.
 """
 from __future__ import annotations
 
@@ -33,12 +30,8 @@ def copied(views: list) -> list[np.ndarray]:
 
 
 class Sessions:
-    """Pins per session: a session's pins are released when it closes or is ended.
-
-    `pack(views)` turns a reply's views of shared memory into what the
-    transport sends, while the slot is still pinned (`copied` in process;
-    the actor puts them into Ray's object store).
-    """
+    """Pins per session, released when it closes or is ended. `pack` turns a reply's views of
+    shared memory into what the transport sends while their slot is still pinned."""
 
     def __init__(self, keeper: Keeper, pack: Callable[[list], object] = copied):
         self.keeper = keeper
@@ -84,11 +77,8 @@ class Sessions:
 
 
 class LocalKeeper:
-    """A keeper in this process: the protocol without a process boundary.
-
-    For benchmarks of the write path and for tests of the protocol; a
-    worker's snapshots must live in a keeper that outlives it (`start_keeper`).
-    """
+    """The keeper protocol in this process, for benchmarks and tests; a worker's snapshots must
+    live in a keeper that outlives it (`start_keeper`)."""
 
     def __init__(self, name: str, *, slots: int = 2, pin_timeout: float = 60.0,
                  max_payload: int = MAX_PAYLOAD_BYTES):
@@ -118,12 +108,9 @@ _INLINE_BYTES = 1 << 20
 
 
 def _put(views: list):
-    """A reply's views, copied once into Ray's object store while their slot is pinned.
-
-    Returned as a reference, so the bytes cross to the caller's node as one
-    object in Ray's own chunked transfer, not pickled into the reply; the
-    caller gets them back as read-only arrays over its node's object store.
-    """
+    """A reply's views, copied once into Ray's object store while their slot is pinned; as a
+    reference, they cross nodes in Ray's chunked transfer, not pickled into the reply, and
+    the caller reads them in place, read-only, in its node's object store."""
     if sum(memoryview(v).nbytes for v in views) <= _INLINE_BYTES:
         return copied(views)
     import ray
@@ -174,13 +161,8 @@ class KeeperUnreachable(KeeperError):
 
 
 class KeeperLost(RuntimeError):
-    """A worker's keeper died under it: a crash of the memory tier, not of the program.
-
-    The worker ends with it and the launcher treats it as lost, as it would a
-    crashed worker: the job goes on from the peers' keepers, and a new keeper
-    takes the slot when the worker comes back. (A program error, by contrast,
-    would stop the job: the same code would fail again.)
-    """
+    """A worker's keeper died under it: a crash of the memory tier, not of the program, so the
+    launcher treats the worker as lost and goes on from peers' keepers (a program error stops the job)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,12 +203,8 @@ def new_session() -> str:
 def start_keeper(name: str, *, namespace: str | None = None, node_id: str | None = None,
                  slots: int = 2, pin_timeout: float = 60.0, max_payload: int = MAX_PAYLOAD_BYTES,
                  detached: bool = True, ready_timeout: float = 120.0) -> KeeperHandle:
-    """Start a keeper actor named `name` (in `namespace`) on node `node_id`, and wait for it.
-
-    Detached, it outlives its worker and the launcher (which finds it again
-    by name, `find_keeper`); `stop_keeper` ends it. With a node, it is placed
-    there and nowhere else: its worker maps its shared memory.
-    """
+    """Start keeper actor `name` in `namespace` and wait for it; pinned to `node_id` where
+    given, since its worker maps its shared memory."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     options = {'name': name, 'num_cpus': 0, 'max_concurrency': 16, 'max_restarts': 0}

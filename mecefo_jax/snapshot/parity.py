@@ -1,13 +1,11 @@
 """Parity of snapshots across a group of workers, so a lost one can be rebuilt.
 
-For state no live replica holds twice, losing a worker *and* its keeper would lose part
-of it. A group of g >= 2 members survives losing any one, keeper included, for 1/(g-1)
-of a snapshot per keeper (RAID-5): member m's blob is cut into g-1 chunks
-(`chunk_plan`) and keeper p stores the parity of chunk c(m, p) of every member m != p,
-never its own member's. Writers push chunks after publishing (`ParityPusher`), tagged
-with step, member, offset, length and crc32; only complete stripes are used.
-`rebuild_member` takes the newest step every survivor holds and checks the rebuilt
-blob. Run keepers with `--slots 3` under parity. XOR parity (`erasure`); no jax here.
+Where no live replica holds state twice, losing a worker with its keeper would lose its
+part. A group of g >= 2 members survives losing any one, for 1/(g-1) of a snapshot per
+keeper (RAID-5): member m's blob is cut into g-1 chunks (`chunk_plan`) and keeper p holds
+the XOR (`blob.XorCode`) of chunk c(m, p) of every member m != p. Writers push chunks
+after publishing (`ParityPusher`); `rebuild_member` uses the newest step whose stripes
+are complete on every survivor, and verifies the blob. Keepers need `--slots 3` here.
 """
 from __future__ import annotations
 
@@ -60,10 +58,8 @@ def chunk_plan(member: int, nbytes: int, members: int) -> list[Chunk]:
 
 
 class ParityPusher:
-    """Sends one member's chunks to the keepers of its group after each publish.
-
-    `keepers[p]` is member p's keeper; the own entry is never contacted.
-    """
+    """Sends one member's chunks to its group's keepers after each publish; `keepers[p]` is
+    member p's keeper (the own one is never contacted)."""
 
     def __init__(self, group: str, member: int, keepers: Sequence[Keeper], *,
                  code: blob.XorCode | None = None, timeout: float = 120.0,
@@ -181,7 +177,7 @@ def _rebuild_step(group, gone, members, step, clients, published, stripes, code)
                 raise RebuildError(f"survivor {m}'s snapshot is not the one it contributed to stripe {p}")
     raw = bytearray(nbytes)
     for p in sorted(clients):
-        info, parity = clients[p].parity_get(group, step)
+        _, parity = clients[p].parity_get(group, step)
         blocks, lengths = [], []
         for m in range(members):
             c = contributions[p].get(m)
@@ -203,5 +199,5 @@ def _rebuild_step(group, gone, members, step, clients, published, stripes, code)
             raise RebuildError(f"rebuilt chunk {mine['chunk_index']} (stripe {p}) fails its recorded crc")
         memoryview(raw)[mine['offset']:mine['offset'] + mine['length']] = chunk
     rebuilt = Rebuilt(member=gone, step=step, raw=raw, checksum=checksum)
-    rebuilt.snapshot().verify()  # preamble and header against `checksum`, then every shard's crc
+    rebuilt.snapshot().verify()  # preamble and header against `checksum`, then every shard's checksum
     return rebuilt

@@ -1,13 +1,11 @@
 """POSIX shared-memory segments: who creates, who attaches, who unlinks.
 
-Python's `multiprocessing.resource_tracker` (3.8-3.12) unlinks every `SharedMemory`
-its process created *or attached* when that process exits: a worker that merely
-attached to its keeper's segment would delete it on exit, exactly when the keeper's
-copy is needed. So the keeper creates segments and keeps them registered (if it is
-SIGKILLed, its tracker unlinks them), and everyone else maps /dev/shm/<name> with
-`attach`, so no tracker ever hears of it. Names start with `prefix(keeper_pid, job)`,
-so a launcher removes its own job's leaked segments (`remove_stale(job)`), never
-another job's.
+Python's `multiprocessing.resource_tracker` (3.8-3.12) unlinks every `SharedMemory` its
+process created or attached when that process exits: a worker would delete its keeper's
+segment just when it is needed. So the keeper creates segments and keeps them registered
+(its tracker unlinks them if it is SIGKILLed), and everyone else maps /dev/shm/<name>
+(`attach`). Names start with `prefix(keeper_pid, job)`, so a launcher removes its own
+job's leaked segments (`remove_stale(job)`), never another job's.
 """
 from __future__ import annotations
 
@@ -35,13 +33,8 @@ def prefix(pid: int, job: str = '') -> str:
 
 
 def create(name: str, size: int) -> shared_memory.SharedMemory:
-    """A new segment with all its pages allocated now.
-
-    A tmpfs file is sparse: without the fallocate, a full /dev/shm shows up
-    later as SIGBUS in whichever process first touches a missing page (the
-    worker, mid-copy), and the first write of every page pays an
-    allocation fault on the training host's critical path.
-    """
+    """A new segment with all its pages allocated now: in a sparse tmpfs file a full /dev/shm
+    shows up later as SIGBUS in the worker, mid-copy, and every page's first write pays a fault."""
     seg = shared_memory.SharedMemory(name=name, create=True, size=size)
     fd = getattr(seg, '_fd', -1)
     if fd >= 0 and hasattr(os, 'posix_fallocate'):
@@ -99,12 +92,9 @@ _MAPPED_LOCK = threading.Lock()
 
 
 def mapped(keeper: str, slot: int, name: str):
-    """Segment `name` (slot `slot` of `keeper`), mapped once in this process and kept.
-
-    A fresh mapping page-faults on every first touch, for a large snapshot more than the
-    copy, so writers and readers of one process share it. A regrown slot replaces its
-    mapping; mappings of segments unlinked since are dropped.
-    """
+    """Segment `name` (slot `slot` of `keeper`), mapped once in this process and kept: a fresh
+    mapping's first touches cost more than the copy. A regrown slot replaces its mapping;
+    mappings of segments unlinked since are dropped."""
     with _MAPPED_LOCK:
         seg = _MAPPED.get((keeper, slot))
         if seg is not None and seg.name == name:
@@ -127,11 +117,8 @@ def unmap_all() -> None:
 
 
 def when_unused(anchor, then: Callable[[], None]) -> None:
-    """Run `then` once `anchor` is garbage, on a thread of its own.
-
-    The anchor dies inside the garbage collector, in whichever thread let go
-    of it last, which must not wait there (on a keeper, say).
-    """
+    """Run `then` once `anchor` is garbage, on a thread of its own: the thread that lets go of
+    the anchor last must not wait there (on a keeper, say)."""
     weakref.finalize(anchor, _LATER.get().put, then)
 
 
