@@ -160,3 +160,33 @@ def test_sigterm_to_main_exits_preempted_and_the_rerun_resumes_exactly(cache_dir
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert f'resumed from step {saved} (disk)' in rerun.stdout
     assert loss_steps(workdir) == list(range(1, saved + 3))
+
+
+class _SlotPins(Observer):
+    """The pins on a keeper's slots when each step is planned (the restore is done by then)."""
+
+    def __init__(self, keeper):
+        self.keeper, self.pins = keeper, []
+
+    def on_plan(self, planned) -> None:
+        self.pins.append(sum(slot.pins for slot in self.keeper.keeper._slots))  # noqa: SLF001
+
+
+def test_a_run_restored_from_a_keeper_leaves_no_slot_pinned(cache_dir, tmp_path):
+    """A worker restored from its keeper's shared memory trains on: the slot it read from is
+    free again as soon as the restore is done, so the keeper can overwrite it at its next
+    snapshot, whatever becomes of the restored arrays (on CPU a placed host array would
+    alias the slot; the restore copies it)."""
+    from mecefo_jax.launch.worker_state import SnapshotHook, keeper_restore
+    from mecefo_jax.snapshot.client import KeeperClient
+    from mecefo_jax.snapshot.keeper_actor import LocalKeeper
+    with LocalKeeper('pins', slots=2) as keeper:
+        hook = SnapshotHook(KeeperClient(keeper), 1)
+        train_lib.train(tiny(cache_dir, steps=2), str(tmp_path / 'first'), observers=[hook])
+        hook.close()
+        pins = _SlotPins(keeper)
+        info = {}
+        train_lib.train(tiny(cache_dir, steps=4), str(tmp_path / 'restored'), observers=[pins],
+                        restore=keeper_restore([keeper], 0, info, step=2))
+        assert info['restore'].step == 2 and info['restore'].bytes_by_source
+        assert pins.pins == [0, 0]  # steps 3 and 4: nothing pinned from the restore on

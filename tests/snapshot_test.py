@@ -4,7 +4,6 @@ Round trips are bitwise, on the 8 fake CPU devices from conftest.py; keepers
 are real Ray actors (two per module: the worker's own and a peer's) on one
 local Ray cluster.
 """
-import gc
 import os
 import signal
 import subprocess
@@ -76,18 +75,6 @@ def _assert_bitwise(tree, values, mesh):
         np.testing.assert_array_equal(_bytes(got), _bytes(v), err_msg=k)
         for shard in got.addressable_shards:  # every device's copy, not just the assembled view
             np.testing.assert_array_equal(_bytes(shard.data), _bytes(np.asarray(v)[shard.index]), err_msg=k)
-
-
-@pytest.fixture(autouse=True)
-def _release_what_each_test_read():
-    """Arrays restored from shared memory alias the keeper's slot (CPU `device_put`), and
-    `ShmSnapshot.close` keeps the slot pinned until the last of them is gone. Arrays caught
-    in a reference cycle (a `pytest.raises` traceback keeps its test's frame) would hold the
-    pin until some later garbage collection: under load, past the 60 s a later test's writer
-    waits for a free slot. Collecting after every test releases what it read before the
-    next one writes, whatever the load."""
-    yield
-    gc.collect()
 
 
 @pytest.fixture(scope='module')
@@ -168,7 +155,6 @@ def test_missing_shards_heal_from_a_peer_or_are_listed(own, peer):
     _assert_bitwise(restored, values, mesh)
     assert report.healed_shards == 1
     assert report.bytes_by_source['peer:peer'] == 8 * 3 * 4
-    del restored  # its arrays alias own's slot: the traceback below must not keep them
     with pytest.raises(jax_io.SnapshotMissingError, match=r'step 3 lacks 1 shard\(s\): w\[\[0, 8\], \[3, 6\]\]'):
         _restore(abstract, [(own, 'shm')], step=3)
     # A dead peer is skipped; the live one still heals.

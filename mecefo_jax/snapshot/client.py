@@ -5,15 +5,15 @@
 publishes, then pushes parity. A `Snapshot` pins one published step while open and reads
 it as read-only views verified in place, never copied: `ShmSnapshot` from the own
 keeper's shared memory, `RemoteSnapshot` through any keeper's actor, `BlobSnapshot` from
-bytes here (e.g. rebuilt by parity). On CPU `jax.device_put` of an aligned host array
-aliases it, so a closed `ShmSnapshot` keeps its pin until the last array read is gone.
+bytes here (e.g. rebuilt by parity). Arrays read from a `ShmSnapshot` are views of the
+keeper's slot, valid until it is closed: a restore places copies (`jax_io`), so closing
+unpins at once and the keeper can reuse the slot.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
 import logging
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -268,7 +268,6 @@ class ShmSnapshot(_KeeperSnapshot):
     def _open(self):
         self.source = f'shm:{self.source}'
         seg = self._client.segment(self.record.shm, self.record.slot)
-        # Every array read is a view of this one: while any lives, so does it, and the pin.
         self._base = np.frombuffer(seg.buf, np.uint8, count=self.record.nbytes)
         self._base.flags.writeable = False
         self.header = blob.parse(self._base, self.record.checksum)
@@ -277,15 +276,8 @@ class ShmSnapshot(_KeeperSnapshot):
         return [self._base[e.offset:e.offset + e.nbytes] for e in entries]
 
     def close(self):
-        """Unpin now; or, where arrays read from it still live, once the last one is gone."""
-        base = self.__dict__.pop('_base', None)
-        client = self.__dict__.get('_client')
-        # Beyond `base` and getrefcount's own argument: views (restored arrays) alias the slot.
-        if base is not None and client is not None and sys.getrefcount(base) > 2:
-            shm.when_unused(base, client.close)  # the session's pins go with it
-            del self.__dict__['_client']
-            self.__dict__.pop('record', None)
-        del base
+        """Unpin: the slot may be overwritten from here on, views read from it with it."""
+        self.__dict__.pop('_base', None)
         super().close()
 
 

@@ -302,10 +302,16 @@ def _build(leaf: _Leaf, boxes: dict, own: Snapshot, report: RestoreReport) -> ja
         report.bytes_by_source[snap.source] = report.bytes_by_source.get(snap.source, 0) + nbytes
         if snap is not own:
             report.healed_shards += len(es)
+    # On CPU `device_put` of an aligned host array aliases it: a shard read in place from a
+    # keeper's shared memory would keep living in its slot, pinned while the array lives (a
+    # restored worker's slot stayed pinned through its training steps). So it is copied
+    # once here; on a GPU the copy to the device is that copy.
+    copy = next(iter(leaf.sharding.device_set)).platform == 'cpu'
     local = {}
     for box, parts in boxes.items():
         if len(parts) == 1 and parts[0][1].index == box:
-            local[box] = arrays[(id(parts[0][0]), box)]
+            view = arrays[(id(parts[0][0]), box)]
+            local[box] = np.array(view) if copy else view
             continue
         out = np.empty(tuple(hi - lo for lo, hi in box), leaf.dtype)
         for snap, e in parts:

@@ -12,15 +12,11 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import queue
 import sys
 import threading
-import weakref
-from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 
 from mecefo_jax.host import processes
-from mecefo_jax.host.processes import DaemonQueue
 
 log = logging.getLogger(__name__)
 
@@ -114,25 +110,6 @@ def unmap_all() -> None:
         for seg in _MAPPED.values():
             close(seg)
         _MAPPED.clear()
-
-
-def when_unused(anchor, then: Callable[[], None]) -> None:
-    """Run `then` once `anchor` is garbage, on a thread of its own: the thread that lets go of
-    the anchor last must not wait there (on a keeper, say)."""
-    weakref.finalize(anchor, _LATER.get().put, then)
-
-
-def _run_later(work: queue.SimpleQueue) -> None:
-    while True:
-        then = work.get()
-        try:
-            then()
-        except Exception:  # noqa: BLE001 (e.g. the keeper is gone, and its pins with it)
-            log.debug('A deferred callback failed', exc_info=True)
-        del then
-
-
-_LATER = DaemonQueue(_run_later, name='shm-when-unused')  # one thread per process
 
 
 def close(seg) -> None:
