@@ -1,6 +1,6 @@
 """Entry point: `python -m mecefo_jax.main --config configs/tiny.py --workdir DIR`.
 
-Parses flags, resolves the config once (`mecefo_jax.config_resolve`: every field
+Parses flags, resolves the config once (`mecefo_jax.config.resolve`: every field
 typed and checked before anything starts) and calls `mecefo_jax.run.run`, the
 one way to train. Its flags are defined only when this module runs as a
 program.

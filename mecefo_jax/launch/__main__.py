@@ -1,17 +1,10 @@
 """`python -m mecefo_jax.launch --nprocs N --config CFG --workdir DIR [--address ADDR] [--config.x=y ...]`.
 
-Runs N training workers (one `jax.distributed` process each, a Ray actor
-per host) and one snapshot keeper per worker, and carries the job through
-worker and node failures: see `mecefo_jax/launch/supervisor.py`. It joins
-the Ray cluster at `--address` (or `RAY_ADDRESS`), or starts a local one
-that outlives it (`cluster`). The config and its
-`--config.section.field=value` overrides are resolved here, once; every
-worker of every generation runs that resolved config.
-
-Rerunning the same command after the launcher itself died finds the job's
-keepers and resumes from their memory. `--cleanup` instead removes what a
-job that will not be rerun left: its keepers (and their shared memory) and
-its local cluster.
+Runs N training workers and a keeper per worker on Ray, through worker and node failures
+(`launcher`), joining the cluster at `--address` (or `RAY_ADDRESS`) or starting a local
+one that outlives it (`cluster`). The config is resolved here, once. Rerunning the same
+command after the launcher died resumes from its keepers; `--cleanup` instead removes what
+a job that will not be rerun left: its keepers, their shared memory, its local cluster.
 """
 import json
 import sys

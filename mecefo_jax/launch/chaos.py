@@ -1,13 +1,10 @@
 """Injected failures (`launch.kill`), and the one seam through which they reach a worker.
 
-Chaos tests, crash drills and users probing their setup inject real failures at known
-points: a signal into a worker once it has completed a step, inside its snapshot
-publish of a step, or right after its first snapshot at or after a step once every
-keeper holds it; the loss of a worker's whole node (its worker, keeper and shared
-memory together); or the launcher's own death. The launcher's `Injector` fires them;
-a worker learns where to hold from one `FaultPoints` object, handed to it with its
-arguments, that wraps its keeper client and adds one observer to its loop: no other
-production code knows of drills.
+Chaos tests, crash drills and users probing a setup inject real failures at known
+points: a signal into a worker, its keeper or its whole node, or the launcher's own
+death. The launcher's `Injector` fires them; a worker learns where to hold from one
+`FaultPoints` object in its arguments, which wraps its keeper client and adds one
+observer to its loop: no other production code knows of drills.
 """
 from __future__ import annotations
 
@@ -29,24 +26,14 @@ NODE_LOSS_INJECTED = 'the loss of its node'
 
 @dataclasses.dataclass(frozen=True)
 class Kill:
-    """One injected failure at `step`.
+    """One injected failure at `step`, into `worker` (LAUNCHER: the launcher signals itself).
 
-    `worker`: the worker it hits, or LAUNCHER (the launcher signals itself).
-    `keeper`: the worker's keeper is killed with it (its memory is lost): a host's
-    crash, so the worker's signal is SIGKILL.
-    `keeper_only`: the worker's keeper is killed and the worker is not: the
-    worker finds its keeper gone at its next snapshot.
-    `node`: the worker's node is lost (a node-loss hook the caller owns, as a
-    simulated cluster's owner does, removes it; no signal).
-    `in_publish`: the worker is held inside its snapshot publish of step
-    `step` (bytes copied, not yet published) and the failure lands there, at
-    a known point rather than wherever a progress report happens to find it.
-    `after_snapshot`: the worker holds its training loop once its first
-    snapshot at or after `step` is published; the failure lands when every
-    keeper of the job holds that step. Whatever interval `snapshot.every=auto`
-    chose, it then costs no redone step by construction: a drill measures
-    the way back, and the expected loss (interval / 2) separately. A launcher
-    kill holds worker 0 so (the others wait for it in their next collective).
+    `keeper`: its keeper dies with it (a host's crash: SIGKILL); `keeper_only`: its keeper
+    alone, met at the next snapshot; `node`: its whole node, removed by the caller's hook.
+    `in_publish` lands it inside the snapshot publish of `step`, `after_snapshot` once the
+    first snapshot at or after `step` is in every keeper (so it redoes no step whatever
+    `snapshot.every=auto` chose; a launcher kill holds worker 0 so): known points, not
+    wherever a progress report happens to find the worker.
     """
     step: int
     worker: int

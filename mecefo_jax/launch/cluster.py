@@ -1,25 +1,12 @@
-"""The launcher's Ray cluster: one it joins (`--address`), or a local one that outlives it.
+"""The launcher's Ray cluster: one it joins (`--address`), or a local one that outlives it; its token.
 
-* `--address` (or `RAY_ADDRESS`): an existing cluster (on SLURM, `ray start`
-  on every node of the allocation; on Kubernetes, a KubeRay `RayCluster`).
-  The launcher joins it and leaves it running.
-* Otherwise a local one-node cluster, started in a process of its own
-  (`ray_host`) so that it outlives the launcher: its address is recorded in
-  `<workdir>/launch/ray_local.json`. A rerun of the same command joins it
-  again and finds the job's keepers there; the launcher stops it when the
-  job ends, and `--cleanup` stops it for a job that will not be rerun.
-
-Every actor of a job lives in the namespace `namespace_of(workdir)`, so a
-rerun finds its keepers by name, and two jobs on one cluster never meet.
-`--cleanup` removes what a job that will not be rerun left (`cleanup`).
-
-Token authentication is used unless `RAY_AUTH_MODE` says otherwise. Ray admits any
-client holding the token (`RAY_AUTH_TOKEN`, else the file `RAY_AUTH_TOKEN_PATH`, else
-`~/.ray/auth_token`), and writes that file with the default umask (0644 in a 0755
-directory on most machines), so any local user could drive the job's cluster and stop
-its keepers, the run's only fast copy. Here the token is created 0600 in a 0700
-directory, and a file others can read is refused, with the `chmod` that fixes it,
-before any cluster is started or joined (`ensure_token`).
+Without an address a one-node cluster runs in a process of its own (`ray_host`), so a
+killed launcher leaves it and its keepers up; `<workdir>/launch/ray_local.json` records
+it and a rerun joins it again. A job's actors live in the namespace `namespace_of(workdir)`,
+so a rerun finds its keepers by name. `--cleanup` removes what a job that will not be
+rerun left. Ray admits any client holding its token and writes the token file readable
+by all; here it is made 0600 in a 0700 directory, and a file others can read is refused
+with the `chmod` that fixes it (`ensure_token`).
 """
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
-"""Compile ahead: the survivors' programs, compiled before any failure (`launch.compile_ahead`).
+"""Compile ahead: the survivors' programs of every single-worker loss, before any failure.
 
-After a worker dies, the survivors are relaunched as a new `jax.distributed`
-job over one worker fewer (process ids renumbered 0..N-2 in member order),
-with the dead worker's replicas marked down: a new topology whose train
-step, eval step and projection refresh would be compiled on the way back.
-This module compiles them beforehand, into the program cache
-(`mecefo_jax.parallel.program_cache`) that every process of the relaunch reads.
-
-After the first generation's first step the launcher starts a background
-thread that runs, for every single-worker loss that leaves a whole replica,
-one `jax.distributed` job of `CompileMember` actors: the survivors' worker
-ids, numbered exactly as the launcher numbers a relaunch, each at the lowest
-OS priority, building the relaunch's run and fault controller and
-compiling, from abstract inputs, what its first prepare and first eval
-will ask for. Each job's wall and CPU seconds (every member's own) go to
-`<workdir>/launch/compile_ahead.json`, so the cost is not hidden. At the
-first failure the launcher stops it (the running job's members are asked
-for their CPU seconds, then killed).
+After a worker dies the survivors are relaunched as a new `jax.distributed` job of one
+process fewer, with new programs to compile on the way back. After generation 0's first
+step, a background thread runs one job per survivable single-worker loss: `CompileMember`
+actors numbered as a relaunch numbers them, niced, that build the relaunch's run and
+fault controller and compile, from abstract inputs, what its first prepare and eval ask
+for, into the program cache the relaunch reads. Their seconds go to
+`launch/compile_ahead.json`; the first failure stops them.
 """
 from __future__ import annotations
 

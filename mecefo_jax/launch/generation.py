@@ -1,18 +1,12 @@
 """One generation of a job: its worker actors, how far they got, how each ended, its teardown.
 
-A generation is one `jax.distributed` job over the workers that are up, each a
-`Worker` actor on its keeper's node. The launcher learns of a worker's end from its
-`run` call: a result (it finished or stopped as planned), a Python exception (a
-program error: the relaunched program would fail the same way, so the job stops and
-shows the end of the worker's log), or Ray's report that the actor or its node died
-(a crash: a signal, a segfault, the node gone). A stopped or hung worker is caught by
-its progress reports: the launcher asks every `PROGRESS_SEC` and a worker that has not
-answered for `launch.heartbeat_timeout_sec` is silent (Ray does not notice a stopped
-process). A worker that JAX's runtime ended because a peer died is that death's echo.
-
-Standby workers: once a generation has completed its first step, one `Worker` per
-slot is started on its node and imports jax and the training stack, so the next
-relaunch takes a process that is already up (`Standbys`).
+A worker's `run` ends in a result (finished, or stopped as planned), a Python exception
+(a program error: a relaunch would fail the same way) or Ray's report that its actor or
+node died (a crash). A stopped or hung worker is caught by its silence: the launcher
+asks every `PROGRESS_SEC` how far it got (Ray does not notice a stopped process). A
+worker that JAX's runtime ended because a peer died is that death's echo, not a failure.
+`Standbys`: warm worker processes, started after a generation's first step, that the
+next relaunch takes instead of starting and importing anew.
 """
 from __future__ import annotations
 

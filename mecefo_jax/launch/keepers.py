@@ -1,10 +1,8 @@
 """The keepers of one job: one detached, named Ray actor per worker slot, on that worker's node.
 
-A keeper is named `keeper<w>` in the job's namespace (`ray_cluster.namespace_of`),
-so a launcher started again after its own death finds the ones that are
-still alive (`find`) and resumes from their memory. A keeper lost with its
-node, or killed, is replaced by an empty one on the node its worker goes to
-next (`start`); that worker heals from its peers or from parity.
+A keeper is `keeper<w>` in the job's namespace, so a rerun finds the live ones
+(`find`); a lost one is replaced by an empty one on its worker's next node (`start`),
+and that worker heals from its peers or from parity.
 """
 from __future__ import annotations
 

@@ -1,41 +1,20 @@
-"""The launcher: workers and keepers on Ray, failures detected and judged, relaunches, each recovery reported.
+"""The launcher: a job's generations on Ray, each one's end judged, relaunches, each recovery reported.
 
-A job runs in *generations*. Each generation is a set of `Worker` actors
-(one `jax.distributed` job) over the workers that are up, each on its
-keeper's node. The launcher learns of a worker's end from Ray (a crash: the
-actor or its node died; a program error: its code raised) and of a stopped
-or hung one from its silence (`launch.heartbeat_timeout_sec`, see
-`generation`). On a failure it tears the generation down (a JAX collective
-cannot finish without the dead process) and starts the next one:
+A job runs in *generations*: `Worker` actors over the workers that are up, one
+`jax.distributed` job. A worker's end comes from Ray (a crash: its actor or node
+died; a program error: its code raised) or from its silence (a stopped or hung one:
+`launch.heartbeat_timeout_sec`). A failure tears the generation down (a JAX collective
+cannot finish without the dead process) and `recovery` plans the next one: under
+`launch.recovery=memory` the survivors relaunched from the keepers' snapshots with the
+failed workers' replicas down, so `fault.strategy` absorbs their shards (REFT, arXiv
+2310.12670); under `disk` every worker from the Orbax checkpoint. A program error stops
+the job at once with the end of the worker's log. A generation that completes no step
+within `launch.start_timeout_sec`, or none for `launch.stall_timeout_sec` after its
+first (a collective that never finishes), is relaunched on the same workers.
 
-* `launch.recovery=memory` (default): the survivors are relaunched with the failed
-  workers' replicas marked down, so the fault controller absorbs their shards under
-  `fault.strategy` (`drop` by default; MeCeFO pins them on live ring neighbours), and
-  the state comes from the keepers' in-memory snapshots (REFT, arXiv 2310.12670; each
-  keeper holds its worker's part, `snapshot.shard`), not from disk. With
-  `launch.return_after_steps` the failed workers rejoin that many steps later, on their
-  node or on another: the survivors stop at that step and all workers are relaunched.
-  When the survivors no longer hold a whole replica (`mesh.data=1` with `mesh.model`
-  spanning workers) the failed worker is replaced at once; if its keeper died with it,
-  its snapshot is rebuilt from the parity group (`snapshot.parity=xor`).
-* `launch.recovery=disk`: the old way, every worker restarts from the latest
-  Orbax checkpoint (`train.checkpoint_every`).
-
-A program error stops the job at once with the worker's log's end. A
-generation that completes no step within `launch.start_timeout_sec` of its
-start has failed; one whose workers all answer but complete no step for
-`launch.stall_timeout_sec` (a collective that never finishes) is torn down
-and relaunched on the same workers.
-
-Keepers are detached, named actors (`keepers`): they outlive a worker's crash and the
-launcher's own. A launcher started again on the same workdir finds them and resumes
-from their memory (a job that saved nothing yet starts over at step 0, its config
-record fitting); a job that ends (finished, stopped, failed for good) ends its
-keepers. Each recovery is one row of `launch/recoveries.jsonl`.
-
-This module runs the loop and judges how each generation ended (`Outcome`, by the
-rules `hung`, `decided`, `failed` and `preempted`); `recovery` plans the next one from
-the `JobState` the launcher owns.
+Keepers are detached, named actors: they outlive a worker and the launcher, whose
+rerun finds them and resumes from their memory; a job that ends ends its keepers. Each
+recovery is a row of `launch/recoveries.jsonl`; docs/launch.md describes all of it.
 """
 from __future__ import annotations
 

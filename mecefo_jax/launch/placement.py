@@ -1,23 +1,12 @@
 """Where a job's processes run: which worker holds which replica, on which node, with what.
 
-A job of N workers with `launch.local_devices` devices each has N x local
-devices in a fixed global order: worker w's devices come w-th. Replica r is
-the r-th group of `mesh.model` consecutive devices, so it lives on one worker
-or (tensor parallelism wider than a worker) spans several. When the launcher
-relaunches on the survivors, the workers that are members of this generation
-hold their replicas; a replica with any device on an absent worker is absent
-as a whole. The number of replicas never changes: it fixes how the global
-batch is sharded. Consecutive workers go to different nodes, and a placement that
-one node's loss would end is refused (`node_loss_problems`).
-
-Workers and compile-ahead members are Ray actors in processes of their own,
-started with one environment (`actor_env`: their XLA flags and device count enter
-the program cache's keys). The actor applies it itself (`enter`), before JAX starts
-a backend, rather than through a Ray `runtime_env`, whose set-up process imports Ray
-once more per actor (about 1.1 against 0.55 CPU-s on a 2-core machine). OpenBLAS runs
-single-threaded unless the user says otherwise: XLA already runs one LAPACK call per
-device at once (a 4-layer refresh on 6 CPU devices: 1.4 to 5 s with OpenBLAS's own
-threads, 0.02 s without).
+Worker w of N holds devices [w * local, (w + 1) * local) of the job's order, replica r
+the r-th run of `mesh.model` of them; a replica with a device on an absent worker is
+absent whole, and the replica count never changes (it fixes the batch's shards).
+Consecutive workers go to different nodes, and a placement one node's loss would end is
+refused. An actor applies its environment itself (`enter`: XLA flags, device count,
+single-threaded OpenBLAS), before JAX starts, rather than through a Ray `runtime_env`,
+whose set-up process imports Ray once more per actor.
 """
 from __future__ import annotations
 

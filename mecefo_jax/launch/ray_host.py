@@ -1,15 +1,8 @@
 """The local Ray cluster of a launcher run without `--address` (`python -m mecefo_jax.launch.ray_host`).
 
-`ray.init()` called by the launcher itself would tie the cluster, and with it
-the keepers' memory, to the launcher's life: Ray reaps a cluster its driver
-started when that driver dies. This process starts the one-node cluster
-instead and holds it until it is told to stop (SIGTERM or SIGINT), so a
-launcher that is killed leaves its keepers alive and the rerun of the same
-command joins them again (`ray_cluster.join`). It writes its address and pid
-to `--state_file` once the cluster is up, and removes the file on the way out.
-
-Token authentication is on (`RAY_AUTH_MODE=token`, Ray's default for local
-clusters since 2.59): the token is `~/.ray/auth_token`, created on first use.
+A cluster the launcher started itself would die with it (Ray reaps a dead driver's
+cluster), and the keepers' memory with it. This process holds the one-node cluster until
+told to stop (SIGTERM, SIGINT), writing its address and pid to `--state_file` once up.
 """
 import os
 

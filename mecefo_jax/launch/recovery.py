@@ -1,21 +1,13 @@
-"""After a generation ends: the next one planned (members, nodes, keepers, the tier and step
-they restore), and the recovery's row in `<workdir>/launch/recoveries.jsonl`.
+"""After a generation ends: the next one planned, once, and the recovery's row.
 
-The survivors of a crash are relaunched from the newest step their keepers hold
-(`launch.recovery=memory`), after waiting for the snapshot of the newest completed step
-to land in each of them; every worker comes back when the job rejoins or the survivors
-no longer hold a whole replica; with `launch.recovery=disk` every worker restarts from
-the Orbax checkpoint. Workers whose node was lost go to another node (a replacement
-first: the one hosting fewest workers) with a new, empty keeper; a lost keeper's
-snapshot is rebuilt from its parity group where one is configured. Where no keeper
-left holds a step (every worker and keeper lost at once), the job falls back to the
-disk tier, saying so. The step every member restores is chosen here, once.
-
-A row is opened when a generation ends (what failed, when, how long the teardown took)
-and completed from the next generation's start records (relaunching, joining,
-restoring, compiling, the first step), split into the badput kinds of
-ml-goodput-measurement. An open row is held in `pending_recovery.json`, where a
-killed launcher's rerun finds it.
+The plan: members (the survivors, or everyone on a rejoin or where the survivors hold
+no whole replica), their nodes (a lost node's workers go to the least loaded live one),
+their keepers (a lost one replaced, rebuilt from parity where configured), and the tier
+and step every member restores (the newest step the keepers hold, after the snapshot
+of the newest completed step has landed; the disk where none is left, or where the
+checkpoint is newer). The row is opened when a generation ends and completed from the
+next one's start records, split into ml-goodput-measurement's badput kinds; held open
+in `pending_recovery.json`, a killed launcher's rerun finds it.
 """
 from __future__ import annotations
 

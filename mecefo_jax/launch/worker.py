@@ -1,25 +1,14 @@
 """One training worker of a launcher job: a Ray actor on one host, one `jax.distributed` process.
 
-The launcher creates a `Worker` actor per worker and generation, on the node of that
-worker's keeper, and calls `run(WorkerArgs)`: the worker joins the generation's
-`jax.distributed` job (its coordinator bound to the one address the launcher chose),
-restores the state where the launcher said (`worker_state`), and trains through
-`run.run` under the fault controller, the replicas of absent workers marked down, so
-`fault.strategy` absorbs their shards. It snapshots the state into its keeper and
-stops at `stop_at` when the launcher plans a rejoin. `run` returns the end record; an
-exception in it is a program error, which the launcher shows and does not relaunch.
-
-While `run` trains, other threads of the actor answer `progress()` (the launcher's
-watchdog: steps dispatched and completed, read without blocking from the step outputs),
-`request_stop()` (the workers save the step JAX's preemption sync picks) and `signal()`
-(injected failures). So a worker blocked in a collective that a dead peer will never
-finish keeps answering, and a stopped or hung one falls silent.
-
-Under `<workdir>/launch/` it writes its log `g<G>_w<W>.log`, `g<G>_w<W>_start.json` once
-its first step has run (how long joining, restoring, compiling and the first step
-took), `g<G>_w<W>_end.json` when it ends, and (process 0) `provenance.jsonl` (per step:
-the global batch's hash and which examples of which shard were computed) and, for a
-complete run, `final_params.npz`.
+`run(WorkerArgs)` joins the generation's `jax.distributed` job (its coordinator bound to
+the one address the launcher chose), restores the state where the launcher said
+(`worker_state`), trains through `run.run` with the absent workers' replicas down, and
+returns the end record; an exception in it is a program error. Other threads of the
+actor answer `progress()` (steps dispatched and completed, read without blocking, so a
+worker blocked in a dead peer's collective keeps answering), `request_stop()` and
+`signal()` (injected failures). Under `<workdir>/launch/` it writes its log
+`g<G>_w<W>.log`, its start record once its first step ran (what the way back cost), its
+end record, and (process 0) `provenance.jsonl` and, for a complete run, `final_params.npz`.
 """
 from __future__ import annotations
 

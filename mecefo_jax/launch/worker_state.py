@@ -1,19 +1,13 @@
 """A worker's train state between crashes: snapshots into its keeper after steps, restores after a relaunch.
 
-`SnapshotHook` is an observer of the training loop (mecefo_jax/training/observers.py).
-Right after step k is dispatched it asks for a copy of this process's shards of the
-step's output state in pinned host memory (device-local `jax.device_put`s that return
-at once; each copy is ordered before the next step, which donates the state, reuses
-its buffers), then hands them to an `AsyncSnapshotter` that writes it into this
-worker's keeper in a background thread and publishes it as step k + 1 together with
-the data position after batch k. At most one snapshot is in flight; a second waits for
-the first (that wait is the overhead the trainer sees, and is measured).
-
-After a relaunch, the restore the launcher chose (`restore_fn`, by `resume.Tier`):
-`keeper_restore` opens this worker's keeper (shared memory) and rebuilds the state on
-the current mesh at the launcher's step, reading peer keepers (through Ray, whichever
-node they are on) only to heal what the own keeper lacks (REFT, arXiv 2310.12670);
-`disk_restore` reads the newest Orbax checkpoint, timed the same way.
+`SnapshotHook` (a loop observer) copies this process's shards of a step's output to
+pinned host memory right after the step is dispatched (device-local, ordered before the
+next step donates them) and hands them to an `AsyncSnapshotter`, which writes them into
+the keeper in a background thread and publishes them with the data position; at most
+one is in flight, and the wait for it is the overhead measured. After a relaunch the
+launcher's tier is restored (`restore_fn`): the keepers' snapshot of its step, read from
+the own keeper's shared memory and healed from peers (REFT, arXiv 2310.12670), or the
+newest Orbax checkpoint, timed alike.
 """
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def compile_ahead(cfg, values, workdir, workers, log) -> dict:
     log(f'[drill] compile ahead for every single loss of {workers} workers')
     placement = Placement(workers, job_cfg.launch.local_devices, job_cfg.mesh.model)
     # Alone on the machine (nice 0): its compiles are the cold figure.
-    report = drive(job_cfg, job_cfg.to_json(), workdir, placement, nice=0, log=log)
+    report = drive(job_cfg, workdir, placement, nice=0, log=log)
     report['cold_compile_sec_by_process'] = cold_compiles(workdir, report['sets'])
     return report
 

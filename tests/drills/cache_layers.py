@@ -1,0 +1,100 @@
+"""What each relaunch cache saves a recovery: the crash drill's memory job, once per layer left out.
+
+A worker SIGKILLed right after a snapshot every keeper holds (the drill's memory job:
+`crash_drill_jobs`), recovered from the keepers' memory, with every cache layer, with
+each left out alone, with JAX's persistent cache alone, and with none:
+
+* `standby`: warm worker processes a relaunch takes (`launch.standby_workers`);
+* `compile_ahead`: the survivors' programs compiled before the failure;
+* `untraced`: the program cache found before tracing (`MECEFO_CACHE_LAYERS`);
+* `programs`: the program cache by lowered text, compile-ahead's store;
+* `jax`: JAX's own persistent compilation cache.
+
+Each variant runs on a simulated cluster of its own (the layers variable reaches the
+workers through its nodes' environment), the variants interleaved per repeat so that
+the machine's drift falls on all alike. A layer's saving is the recovery without it
+less the recovery with every layer, and its share that saving over the recovery
+without it.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+
+from tests.drills import crash_drill_jobs as jobs_lib
+
+LAYERS = ('jax', 'programs', 'untraced')
+# name -> (config values, the cache layers, compile ahead)
+VARIANTS = {
+    'all': ({}, LAYERS, True),
+    'no_standby': ({'launch.standby_workers': False}, LAYERS, True),
+    'no_compile_ahead': ({}, LAYERS, False),
+    'no_untraced': ({}, ('jax', 'programs'), True),
+    'no_jax_cache': ({}, ('programs', 'untraced'), True),
+    'jax_cache_alone': ({'launch.standby_workers': False}, ('jax',), False),
+    'none': ({'launch.standby_workers': False, 'launch.compilation_cache': ''}, (), False),
+}
+# The layer each variant leaves out alone, to price it.
+PRICED = {'no_standby': 'standby', 'no_compile_ahead': 'compile_ahead', 'no_untraced': 'untraced',
+          'no_jax_cache': 'jax'}
+
+
+def run_variant(cfg, name: str, out_dir: str, *, workers: int, nodes: int, kill_step: int,
+                return_after: int, log) -> dict:
+    """One memory job under variant `name`, on a cluster of its own: its recovery rows."""
+    from mecefo_jax.launch.placement import Placement
+    from mecefo_jax.parallel.program_cache import LAYERS_VARIABLE
+    from tests.drills.sim_cluster import SimulatedCluster
+    values, layers, ahead = VARIANTS[name]
+    placement = Placement(workers, cfg.launch.local_devices, cfg.mesh.model)
+    job = dict(jobs_lib.base_values(cfg, out_dir, placement.replicas), **{
+        'launch.kill': f'{kill_step}:{jobs_lib.VICTIM}:KILL:snapshot',
+        'launch.return_after_steps': return_after, 'launch.compile_ahead': False}, **values)
+    saved = os.environ.get(LAYERS_VARIABLE)
+    os.environ[LAYERS_VARIABLE] = ','.join(layers)
+    try:
+        with SimulatedCluster(nodes):
+            workdir = os.path.join(out_dir, 'memory')
+            if ahead:
+                jobs_lib.compile_ahead(cfg, job, workdir, workers, log)
+            summary = jobs_lib.run_job(cfg, job, workdir, workers, log)
+    finally:
+        if saved is None:
+            os.environ.pop(LAYERS_VARIABLE, None)
+        else:
+            os.environ[LAYERS_VARIABLE] = saved
+    return {'failure': jobs_lib.job_recovery(summary), 'rejoin': jobs_lib.job_recovery(summary, 'rejoin')}
+
+
+def run(cfg, out_dir: str, *, repeats: int, workers: int, nodes: int, kill_step: int,
+        return_after: int, log=print) -> dict:
+    """Every variant `repeats` times, interleaved; the rows and the table's figures."""
+    rows = {name: [] for name in VARIANTS}
+    for r in range(repeats):
+        order = list(VARIANTS)[r % len(VARIANTS):] + list(VARIANTS)[:r % len(VARIANTS)]
+        for name in order:
+            log(f'[cache layers] repeat {r}, {name}')
+            rows[name].append(run_variant(cfg, name, os.path.join(out_dir, f'r{r}_{name}'),
+                                          workers=workers, nodes=nodes, kill_step=kill_step,
+                                          return_after=return_after, log=log))
+    return {'variants': {name: {'values': VARIANTS[name][0], 'layers': list(VARIANTS[name][1]),
+                                'compile_ahead': VARIANTS[name][2], 'runs': runs}
+                         for name, runs in rows.items()},
+            'table': table(rows)}
+
+
+def table(rows: dict) -> dict:
+    """Per variant, the failure's and the rejoin's median recovery; per priced layer, what
+    leaving it out adds to the failure's recovery and its share of the longer one."""
+    med = {name: {kind: statistics.median(run[kind]['recovery_sec'] for run in runs)
+                  for kind in ('failure', 'rejoin')} for name, runs in rows.items()}
+    base = med['all']['failure']
+    layers = {}
+    for name, layer in PRICED.items():
+        without = med[name]['failure']
+        layers[layer] = {'recovery_without_sec': without, 'saves_sec': without - base,
+                         'share': (without - base) / without}
+    layers['every_cache'] = {'recovery_without_sec': med['none']['failure'],
+                             'saves_sec': med['none']['failure'] - base,
+                             'share': (med['none']['failure'] - base) / med['none']['failure']}
+    return {'median_recovery_sec': med, 'layers': layers}
