@@ -28,11 +28,9 @@ from mecefo_jax.config.defaults import DataSection
 from mecefo_jax.data import sources as data_sources
 from mecefo_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
-# Validation batches use a fixed shuffle seed so that eval numbers are computed
-# on the same batches whatever data.seed a training run uses.
+# Validation's fixed shuffle seed: evals see the same batches whatever data.seed a run uses.
 _VALIDATION_SHUFFLE_SEED = 0x5EED
-# Upper bound on documents sampled (evenly spaced) to train a tokenizer: keeps
-# first-use cost bounded on C4-scale splits without biasing towards one shard.
+# Documents sampled, evenly spaced, to train a tokenizer: first use stays cheap on C4-scale splits.
 _TOKENIZER_SAMPLE_DOCUMENTS = 100_000
 _STATE_FORMAT = 1
 
@@ -69,14 +67,9 @@ class DataPipeline:
         return tokens_sbt
 
     def next_with_provenance(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Next batch plus, per token, where it came from (for tests and debugging).
-
-        Provenance arrays share the tokens' shape [num_shards, shard_batch, seq_len+1]:
-          'stream_index': position of the token's document in the endless
-            shuffled document stream (unique across epochs),
-          'document_index': index of that document in the split,
-          'position': index of the token within its (EOS-terminated) document.
-        """
+        """Next batch plus, per token and in its shape, where it came from (tests, debugging):
+        'stream_index', its document's place in the endless shuffled stream (unique across
+        epochs); 'document_index', in the split; 'position', within the document."""
         rows = next(self._iterator)
         shape = (self.num_shards, self.shard_batch_size, self.seq_len + 1)
         tokens_sbt = rows['tokens'].reshape(shape)
@@ -98,14 +91,12 @@ class DataPipeline:
         if state.get('format') != _STATE_FORMAT:
             raise ValueError(
                 f"Unsupported data pipeline state format {state.get('format')!r};"
-                f" expected {_STATE_FORMAT}."
-            )
+                f" expected {_STATE_FORMAT}.")
         if state.get('fingerprint') != self._fingerprint:
             raise ValueError(
                 'The data pipeline state was saved by a pipeline with a different'
                 ' corpus, tokenizer, data.seq_len, data.global_batch_size,'
-                ' data.seed or split; resume with the same data config.'
-            )
+                ' data.seed or split; resume with the same data config.')
         self._iterator.set_state(copy.deepcopy(state['iterator']))
 
 
@@ -143,10 +134,6 @@ def make_pipeline(
     )
 
 
-# --------------------------------------------------------------------------
-# Config checks.
-
-
 def _checked_batch_shape(data_cfg: DataSection, num_shards: int) -> tuple[int, int]:
     seq_len, global_batch_size = data_cfg.seq_len, data_cfg.global_batch_size
     if num_shards < 1:
@@ -155,19 +142,15 @@ def _checked_batch_shape(data_cfg: DataSection, num_shards: int) -> tuple[int, i
         raise ValueError(
             f'data.global_batch_size={global_batch_size} must be a positive'
             f' multiple of the number of data shards mesh.data={num_shards};'
-            ' change data.global_batch_size or mesh.data so it divides evenly.'
-        )
+            ' change data.global_batch_size or mesh.data so it divides evenly.')
     return seq_len, global_batch_size
 
 
 def _check_split_fills_one_batch(
     documents: Sequence[str], tokenizer: Tokenizer, tokens_needed: int, split: str
 ) -> None:
-    """Refuses splits so small that one batch would repeat its own documents.
-
-    Stops tokenizing as soon as enough tokens are seen, so C4-sized splits cost
-    only the few documents that fill one batch.
-    """
+    """Refuses splits so small that one batch would repeat its own documents; stops tokenizing
+    once one batch is filled, so C4-sized splits cost only a few documents."""
     tokens_seen = 0
     for document in documents:
         tokens_seen += len(tokenizer.encode(document)) + 1  # + EOS
@@ -178,8 +161,7 @@ def _check_split_fills_one_batch(
         f' global batch needs (data.global_batch_size x (data.seq_len + 1) ='
         f' {tokens_needed}). Add text to the corpus, lower'
         ' data.global_batch_size or data.seq_len, or (for validation) raise'
-        ' data.val_fraction.'
-    )
+        ' data.val_fraction.')
 
 
 def _shuffle_seed(data_cfg: DataSection, split: str) -> int:
@@ -201,9 +183,6 @@ def _tokenizer_training_texts(data_cfg: DataSection) -> Iterable[str]:
         return train_documents
     return (train_documents[i] for i in range(0, len(train_documents), stride))
 
-
-# --------------------------------------------------------------------------
-# The Grain graph.
 
 _PROVENANCE_KEYS = ('stream_index', 'document_index', 'position')
 
@@ -241,14 +220,9 @@ def _build_dataset(
 
 
 def _prefetch_documents(global_batch_size: int) -> int:
-    """Documents tokenized ahead of the batch being packed: two per row, from 32 to 256.
-
-    Enough to keep a batch's rows fed, and no more: every process builds a
-    train and a validation pipeline, and a tiny run that prefetched 256
-    documents for batches of 16 rows spent several times its data's CPU on
-    documents it never used. Prefetching changes when a document is
-    tokenized, never which one comes next.
-    """
+    """Documents tokenized ahead of the batch being packed: two per row, from 32 to 256. A tiny
+    run prefetching 256 for batches of 16 rows spent several times its data's CPU on documents
+    it never used; prefetching changes when a document is tokenized, never which one."""
     return max(32, min(256, 2 * global_batch_size))
 
 
@@ -264,11 +238,8 @@ class _PackedRowsIterDataset(grain.IterDataset):
 
 
 class _PackedRowsIterator(grain.DatasetIterator):
-    """Packs without padding; every token of the stream lands in exactly one row.
-
-    State is (parent state *before* the current document, offset into it), so a
-    restore fetches that one document again and skips to the offset.
-    """
+    """Packs without padding, every token in exactly one row. The state is (parent state *before*
+    the current document, offset into it): a restore fetches that one document again."""
 
     def __init__(self, parent: grain.DatasetIterator, *, row_len: int):
         super().__init__(parent)

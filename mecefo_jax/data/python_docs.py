@@ -32,11 +32,8 @@ _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def source_roots(packages: Sequence[str] = PACKAGES) -> list[str]:
-    """The standard library's folder, then each installed package's (missing ones skipped).
-
-    A package is found wherever this interpreter imports it from (`find_spec`, which
-    imports nothing): a virtual environment's own site-packages may not hold it.
-    """
+    """The standard library's folder, then each installed package's (missing ones skipped),
+    wherever this interpreter imports it from (`find_spec` imports nothing)."""
     roots = [sysconfig.get_paths()['stdlib']]
     for package in packages:
         spec = importlib.util.find_spec(package)

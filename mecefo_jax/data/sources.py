@@ -1,18 +1,14 @@
 """Raw text documents: where they come from and how they split into train/validation.
 
-A `data` config becomes a random-access sequence of `str` documents (what a Grain
-``MapDataset.source`` needs). Sources (``data.source``): ``'embedded'`` (default: the
-documentation inside CPython's standard library, read with `tokenize`, never imported,
-so no network), ``'python_docs'`` (the prose of the standard library and the installed
-dependencies, each paragraph once: `python_docs`), ``'tfds'`` (an ``array_record`` TFDS
-dataset under ``data.data_dir``, read without TensorFlow, its own validation split) and
-``'text'`` (``data.text_files``: paths or globs).
-
-Except for TFDS, documents are chunks of consecutive paragraphs of at least
-``DOCUMENT_TARGET_CHARS`` within one file, so validation holds about
-``data.val_fraction`` of the *text*; a chunk is in validation iff a hash of its content
-falls below it: stable when documents are added or reordered, and duplicates land on
-the same side.
+A split is a random-access sequence of `str` (a Grain ``MapDataset.source``).
+``data.source``: ``'embedded'`` (default: CPython's own documentation, read with
+`tokenize`, never imported, so offline), ``'python_docs'`` (`python_docs`), ``'tfds'`` (an
+``array_record`` TFDS dataset under ``data.data_dir``, read without TensorFlow, with its
+own validation split) or ``'text'`` (``data.text_files``: paths or globs). Except for
+TFDS, documents are chunks of paragraphs of at least ``DOCUMENT_TARGET_CHARS`` within one
+file, so validation holds about ``data.val_fraction`` of the *text*; a chunk is in
+validation iff a hash of its content falls below it: stable when documents are added or
+reordered, and duplicates land on the same side.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ from mecefo_jax.data import python_docs
 
 SPLITS = ('train', 'validation')
 
-# Directories of the standard library that hold tests, demos or vendored
-# packages rather than documentation-quality docstrings.
+# Standard-library folders of tests, demos or vendored packages, not documentation.
 _STDLIB_DIRS_TO_SKIP = frozenset({
     'test', 'tests', 'idlelib', 'lib2to3', 'site-packages', 'dist-packages',
     'turtledemo', 'ensurepip', 'pydoc_data', 'lib-dynload', '__pycache__',
@@ -46,11 +41,8 @@ DOCUMENT_TARGET_CHARS = 2000
 
 
 class Documents(Sequence[str]):
-    """An in-memory split of documents, plus a fingerprint of its content.
-
-    The fingerprint identifies the exact text, so caches keyed on it (the
-    trained tokenizer, pipeline checkpoints) notice when the corpus changes.
-    """
+    """An in-memory split of documents, with a fingerprint of its exact text: caches keyed on
+    it (the trained tokenizer, pipeline checkpoints) notice when the corpus changes."""
 
     def __init__(self, texts: Sequence[str], fingerprint: str):
         self._texts = tuple(texts)
@@ -89,9 +81,6 @@ class TfdsDocuments(Sequence[str]):
             raise IndexError(f'document index {index} out of range [0, {len(self)})')
         return self._text_of(self._tfds_source[index % len(self)])
 
-    def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(len(self)))
-
     def __repr__(self) -> str:
         return f'TfdsDocuments(n={len(self)}, source={self.fingerprint})'
 
@@ -115,23 +104,14 @@ def load_documents(data_cfg: DataSection, split: str) -> Sequence[str]:
     else:
         raise ValueError(
             "data.source must be 'embedded', 'python_docs', 'tfds' or 'text', got"
-            f' {source!r}.'
-        )
+            f' {source!r}.')
     return _split_by_content_hash(corpus, corpus_name, split, data_cfg.val_fraction)
 
 
 def corpus_fingerprint(data_cfg: DataSection) -> str:
-    """Identity of the training split, used to key the trained-tokenizer cache.
-
-    For embedded/text sources this hashes the actual training text; for TFDS it
-    names the prepared dataset (name, config, version, text key, size) without
-    reading it.
-    """
+    """Identity of the training split, keying the trained-tokenizer cache: a hash of its text,
+    or for TFDS the prepared dataset's name, version, text key and size, without reading it."""
     return load_documents(data_cfg, 'train').fingerprint
-
-
-# --------------------------------------------------------------------------
-# Splitting embedded/text corpora.
 
 
 def _unit_interval_hash(text: str) -> float:
@@ -155,8 +135,7 @@ def _split_by_content_hash(
     if not corpus:
         raise ValueError(
             f'The {corpus_name!r} corpus has no documents; check data.source'
-            ' and data.text_files.'
-        )
+            ' and data.text_files.')
     hashes = [_unit_interval_hash(text) for text in corpus]
     in_validation = [h < val_fraction for h in hashes]
     if val_fraction > 0 and not any(in_validation) and len(corpus) > 1:
@@ -170,19 +149,13 @@ def _split_by_content_hash(
             raise ValueError(
                 f'The {corpus_name!r} corpus has no validation documents with'
                 f' data.val_fraction={val_fraction}; set data.val_fraction > 0'
-                ' and provide at least two documents.'
-            )
+                ' and provide at least two documents.')
         raise ValueError(
             f'The {corpus_name!r} corpus has no training documents left after'
             f' holding out data.val_fraction={val_fraction}; lower'
-            ' data.val_fraction or add documents.'
-        )
+            ' data.val_fraction or add documents.')
     label = f'{corpus_name}:{split}:val_fraction={val_fraction!r}'
     return Documents(texts, _fingerprint_texts(texts, label))
-
-
-# --------------------------------------------------------------------------
-# Embedded source: CPython's own documentation.
 
 
 @functools.lru_cache(maxsize=1)
@@ -196,8 +169,7 @@ def _embedded_corpus() -> tuple[str, ...]:
     if not documents:
         raise ValueError(
             "The embedded corpus is empty (this Python has no pydoc_data);"
-            " set data.source='text' with data.text_files, or 'tfds'."
-        )
+            " set data.source='text' with data.text_files, or 'tfds'.")
     return tuple(documents)
 
 
@@ -240,10 +212,6 @@ def _leading_docstring(path: str) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------
-# Text-file source.
-
-
 def _text_file_identity(data_cfg: DataSection) -> tuple[tuple[str, int, int], ...]:
     """(path, size, mtime) of every matched file: the cache key for the corpus."""
     patterns = [p.strip() for p in data_cfg.text_files.split(',')]
@@ -251,8 +219,7 @@ def _text_file_identity(data_cfg: DataSection) -> tuple[tuple[str, int, int], ..
     if not patterns:
         raise ValueError(
             "data.source='text' needs data.text_files: a comma-separated list of"
-            " paths or globs of UTF-8 text files."
-        )
+            " paths or globs of UTF-8 text files.")
     paths: list[str] = []
     for pattern in patterns:
         matches = sorted(
@@ -262,8 +229,7 @@ def _text_file_identity(data_cfg: DataSection) -> tuple[tuple[str, int, int], ..
         if not matches:
             raise FileNotFoundError(
                 f"data.text_files entry {pattern!r} matches no files; fix the"
-                " path or glob (comma-separated, '**' allowed)."
-            )
+                " path or glob (comma-separated, '**' allowed).")
         paths.extend(os.path.abspath(p) for p in matches)
     unique_paths = list(dict.fromkeys(paths))  # keeps first-seen order
     identity = []
@@ -283,14 +249,12 @@ def _text_file_corpus(file_identity: tuple[tuple[str, int, int], ...]) -> tuple[
         except UnicodeDecodeError as error:
             raise ValueError(
                 f'{path} (from data.text_files) is not valid UTF-8: {error}.'
-                ' Convert it to UTF-8 or drop it from data.text_files.'
-            ) from error
+                ' Convert it to UTF-8 or drop it from data.text_files.') from error
         documents.extend(paragraph_chunks(text))
     if not documents:
         raise ValueError(
             'The files matched by data.text_files contain no text; point'
-            ' data.text_files at non-empty UTF-8 files.'
-        )
+            ' data.text_files at non-empty UTF-8 files.')
     return tuple(documents)
 
 
@@ -312,41 +276,32 @@ def paragraph_chunks(text: str, target_chars: int = DOCUMENT_TARGET_CHARS) -> li
     return chunks
 
 
-# --------------------------------------------------------------------------
-# TFDS source.
-
-
 def _load_tfds_documents(data_cfg: DataSection, split: str) -> TfdsDocuments:
     data_dir, name, text_key = data_cfg.data_dir, data_cfg.tfds_name, data_cfg.tfds_text_key
     if not data_dir:
         raise ValueError(
             "data.source='tfds' needs data.data_dir: the local TFDS data_dir"
             f" holding {name!r} prepared as array_record (downloads are"
-            " disabled)."
-        )
+            " disabled).")
     data_dir = os.path.abspath(os.path.expanduser(data_dir))
     if not os.path.isdir(data_dir):
         raise FileNotFoundError(
             f'data.data_dir={data_dir!r} does not exist; set data.data_dir to'
-            f' the TFDS data_dir that holds {name!r}.'
-        )
+            f' the TFDS data_dir that holds {name!r}.')
     tfds_source = _open_tfds_source(name, split, data_dir)
     features = getattr(tfds_source.dataset_info, 'features', None)
     if features is not None and text_key not in features:
         raise ValueError(
             f'data.tfds_text_key={text_key!r} is not a feature of {name!r};'
-            f' it has {sorted(features.keys())}.'
-        )
+            f' it has {sorted(features.keys())}.')
     if len(tfds_source) == 0:
         raise ValueError(
             f'The {split!r} split of {name!r} in data.data_dir={data_dir!r} has'
-            ' no documents; prepare the dataset there.'
-        )
+            ' no documents; prepare the dataset there.')
     # Name/config/version identify the data; the data_dir path does not (the
     # same prepared dataset may be mounted elsewhere when a run resumes).
     fingerprint = (
-        f'tfds:{tfds_source.dataset_info.full_name}:{text_key}:{split}:{len(tfds_source)}'
-    )
+        f'tfds:{tfds_source.dataset_info.full_name}:{text_key}:{split}:{len(tfds_source)}')
     return TfdsDocuments(tfds_source, text_key, fingerprint)
 
 
@@ -362,8 +317,7 @@ def _open_tfds_source(name: str, split: str, data_dir: str) -> Any:
             f' from data.data_dir={data_dir!r}: {type(error).__name__}:'
             f' {_first_line(error)}. Prepare it there in array_record format'
             ' (e.g. `tfds build --file_format=array_record`), or fix'
-            ' data.tfds_name / data.data_dir.'
-        ) from error
+            ' data.tfds_name / data.data_dir.') from error
 
 
 def _first_line(error: Exception) -> str:

@@ -33,8 +33,7 @@ _RECIPE_VERSION = 1
 _MIN_VOCAB_FOR_BYTE_FALLBACK = 512
 # Enough text for a good vocabulary; more only slows training (C4 is ~800 GB).
 _TRAINING_CHAR_BUDGET = 30_000_000
-# sentencepiece silently drops training "sentences" longer than its
-# max_sentence_length, so long lines are cut into pieces of at most this size.
+# sentencepiece silently drops training "sentences" over max_sentence_length: longer lines are cut.
 _MAX_TRAINING_LINE_CHARS = 4096
 
 
@@ -47,8 +46,7 @@ class Tokenizer:
         self.vocab_size: int = processor.vocab_size()
         self.eos_id: int = processor.eos_id()
         self.bos_id: int = processor.bos_id()
-        # Packed pretraining never pads; models without a pad piece pad with BOS
-        # (or EOS), which a loss mask has to exclude anyway.
+        # Packed pretraining never pads; models without a pad piece pad with BOS (or EOS).
         self.pad_id: int = next(
             i for i in (processor.pad_id(), self.bos_id, self.eos_id) if i >= 0
         )
@@ -82,11 +80,8 @@ _TOKENIZER_MISMATCH_HINT = (
 def load_or_train_tokenizer(
     data_cfg: DataSection, vocab_size: int, train_texts: Callable[[], Iterable[str]]
 ) -> Tokenizer:
-    """Loads `data.tokenizer_path`, or the cached/newly trained model for this corpus.
-
-    `train_texts` is only called when a model must be trained, so cache hits
-    never touch the corpus text.
-    """
+    """Loads `data.tokenizer_path`, or the cached or newly trained model for this corpus
+    (`train_texts` is called only to train, so cache hits never touch the corpus)."""
     multi_process = _process_count() > 1
     tokenizer_path = data_cfg.tokenizer_path
     if tokenizer_path:
@@ -152,8 +147,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> bytes:
             f'Training a sentencepiece tokenizer with vocab_size={vocab_size}'
             f' failed: {error}. The training corpus may be too small or too'
             ' varied for this vocabulary: change model.vocab_size, add text,'
-            ' or set data.tokenizer_path to a pretrained model.'
-        ) from error
+            ' or set data.tokenizer_path to a pretrained model.') from error
     return model_buffer.getvalue()
 
 
@@ -173,9 +167,8 @@ def _training_lines(texts: Iterable[str]) -> Iterator[str]:
 
 
 def _process_count() -> int:
-    # A multi-process run has imported jax to call jax.distributed.initialize;
-    # without it there is nobody to agree with, and tokenizer tooling stays
-    # free of JAX start-up.
+    # A multi-process run has imported jax (jax.distributed.initialize); tokenizer tooling
+    # without it stays free of JAX start-up.
     if 'jax' not in sys.modules:
         return 1
     import jax
@@ -205,16 +198,10 @@ def _replace_if_different(model_bytes: bytes, model_path: str) -> None:
 
 
 def _publish_atomically(model_bytes: bytes, model_path: str) -> None:
-    """Writes the model so that concurrent trainers all end up loading one file.
-
-    The bytes go to a temp file first so no reader ever sees a partial model.
-    The first process to link it into place wins; later ones discard theirs and
-    load the winner's, which matters because sentencepiece training is not
-    bit-reproducible across thread schedules.
-    """
+    """Writes the model so that concurrent trainers all load one file, never a partial one: the
+    first to link it into place wins (sentencepiece training is not bit-reproducible across
+    thread schedules); without hard links the last writer wins."""
     os.makedirs(os.path.dirname(model_path), exist_ok=True)
-    # Another process may have published first: then its model is the one used.
-    # Filesystems without hard links: last writer wins, still never partial.
     files.create_bytes(model_path, model_bytes, replace_without_links=True)
 
 
@@ -223,8 +210,7 @@ def _user_model_file(tokenizer_path: str) -> str:
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"data.tokenizer_path={tokenizer_path!r} does not exist; point it at"
-            " a sentencepiece .model file, or set it to '' to train one."
-        )
+            " a sentencepiece .model file, or set it to '' to train one.")
     return path
 
 
@@ -241,14 +227,12 @@ def _load_user_tokenizer(tokenizer_path: str) -> Tokenizer:
         raise ValueError(
             f"data.tokenizer_path={tokenizer_path!r} is not a loadable"
             f" sentencepiece model ({error}); point it at a .model file, or set"
-            " it to '' to train one."
-        ) from error
+            " it to '' to train one.") from error
     if tokenizer.eos_id < 0:
         raise ValueError(
             f'The model at data.tokenizer_path={tokenizer_path!r} has no EOS'
             ' piece, which packing needs between documents; use a model'
-            ' trained with an eos_id.'
-        )
+            ' trained with an eos_id.')
     return tokenizer
 
 
@@ -258,5 +242,4 @@ def _check_vocab_size(tokenizer: Tokenizer, vocab_size: int, source_field: str) 
             f"The tokenizer from {source_field} ({tokenizer.model_path}) has"
             f" vocab size {tokenizer.vocab_size}, but model.vocab_size is"
             f" {vocab_size}; make them equal (or set data.tokenizer_path='' to"
-            " train a matching tokenizer)."
-        )
+            " train a matching tokenizer).")

@@ -1,18 +1,15 @@
 """The host-level fault controller: inject failures, move training, recover.
 
-Before every step it compares the schedule's live mask with the current one (agreed
-across processes, `multihost.agreed_live_mask`); on a change it rebuilds the mesh from
-the live replicas, moves the state there, re-derives the layout and precompiles the
-step, reusing a topology seen before. With replicas as rows (`mesh.replicas`) the mesh
-never changes: rows are packed onto the same devices (`neighbour/row_packing.py`). The
-schedule is read at executed steps (`clock`, advancing while rolled-back steps are
-redone, as wall time would) or, under `fault.time_model='wall_clock'`, at the run's
-cluster seconds (`step_clock.py`). `checkpoint_restart` is faults/restart.py.
-
-Projections are refreshed at every failure onset and every `mecefo.tau` steps while a
-neighbour is active, under `mecefo.projection='weights'` only. Each event carries its
-detect, rebuild, compile, restore and refresh seconds, reported to the observers once
-its first step is timed; every refresh is waited for and timed.
+Before every step the schedule's live mask, agreed across processes, is compared with
+the current one; on a change the state moves to the live replicas' topology (reused
+when seen before) and the step is precompiled. With replicas as rows the mesh never
+changes, only the packing (`neighbour/row_packing.py`). The schedule is read at executed
+steps (`clock`, which counts redone steps, as wall time would) or, under
+`fault.time_model='wall_clock'`, at the run's cluster seconds (`step_clock.py`).
+`RestartController` is `checkpoint_restart`. Under `mecefo.projection='weights'` V is
+refreshed at every failure onset and every `mecefo.tau` steps while a neighbour is
+active, each refresh waited for and timed; an event's seconds reach the observers once
+its first step is timed.
 """
 import dataclasses
 import os
@@ -24,12 +21,7 @@ from mecefo_jax.checkpointing import checkpoint as ckpt_lib
 from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults import step_clock
 from mecefo_jax.faults.planner import config_planner
-from mecefo_jax.faults.strategies import (
-    AllReplicasDownError,
-    Orphans,
-    layout_for,
-    strategy_spec,
-)
+from mecefo_jax.faults.strategies import AllReplicasDownError, Orphans, layout_for, strategy_spec
 from mecefo_jax.host import multihost
 from mecefo_jax.neighbour import projections as proj_lib
 from mecefo_jax.parallel.state import move_state
@@ -50,7 +42,7 @@ class Event:
     rebuild_sec: float = 0.0
     compile_sec: float = 0.0
     restore_sec: float = 0.0
-    refresh_sec: float = 0.0  # SVD refresh of V at a neighbour onset (first compile included)
+    refresh_sec: float = 0.0  # refreshing V at a neighbour onset (its compile is in compile_sec)
     checkpoint_block_sec: float = 0.0
     relaunch_sec_modelled: float = 0.0
     lost_steps: int = 0
@@ -75,9 +67,8 @@ class FaultController:
         self.uses_projections = cfg.mecefo.projection == 'weights'
         self.planner = (config_planner(cfg, run.shard_batch)
                         if strategy_spec(strategy).orphans is Orphans.PLANNER else None)
-        # A job relaunched without some replicas (launch.py) starts as if they
-        # had just failed: the first prepare moves to the present replicas'
-        # layout, compiles and refreshes V as for any failure onset.
+        # A job relaunched without some replicas starts as if they had just failed: the
+        # first prepare moves, compiles and refreshes V as at any failure onset.
         self.live = (True,) * run.num_shards
         self._absent = tuple(not present for present in run.present)
         self.plan = self._plan(run.present)
@@ -96,13 +87,8 @@ class FaultController:
 
     @classmethod
     def from_config(cls, cfg, run):
-        """The controller for `cfg.fault`'s schedule and strategy.
-
-        The schedule and strategy are checked here, before any training
-        starts, so a bad `fault` config fails at once; the scheduled events
-        are logged to metrics at the first step (once the resumed step is
-        known and the metrics are cut back to it).
-        """
+        """The controller for `cfg.fault`, checked here so a bad one fails before training; the
+        schedule is logged at the first step, once the metrics are cut back to the resumed step."""
         events = schedule_lib.events_from_config(cfg.fault, num_replicas=run.num_shards,
                                                  total_steps=cfg.train.steps)
         return cls(run, schedule_lib.FailureSchedule(events, run.num_shards), cfg.fault.strategy)
@@ -114,8 +100,6 @@ class FaultController:
             if e.step >= clock:
                 self.run.metrics.write({'event': 'scheduled_failure', 'step': e.step,
                                         'replica': e.replica, 'duration_steps': e.duration_steps})
-
-    # -- the loop's hooks ---------------------------------------------------
 
     def prepare(self, clock: int, step: int, state):
         if not self._schedule_logged:
@@ -134,11 +118,7 @@ class FaultController:
         return state, dataclasses.replace(self.plan, data_state=data_state)
 
     def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:
-        """After dispatching a step: the events whose first step this was, now timed.
-
-        Only the first step after an event is waited for (to time it); every
-        other step stays asynchronous.
-        """
+        """The events whose first step this was, now timed: only such a step is waited for."""
         del clock, step
         if self.clock is not None:
             self.clock.advance(self.plan.layout.programs)
@@ -163,8 +143,6 @@ class FaultController:
                 'relaunch_sec_modelled': sum(e.relaunch_sec_modelled for e in self.events),
                 'cluster_sec': None if self.clock is None else self.clock.seconds}
 
-    # -- internals ----------------------------------------------------------
-
     def _plan(self, live) -> Plan:
         """Where steps run while `live` replicas are up: the topology of their rows and the
         strategy's layout (packed onto the devices, where replicas are rows)."""
@@ -172,15 +150,13 @@ class FaultController:
         return Plan(self.run.topologies.get(self.run.rows_for(live)), layout, tuple(live),
                     packing=self.run.packing(layout))
 
-    def _neighbour_active(self) -> bool:
-        return self.plan.layout.uses_neighbour_mode
-
     def _needs_refresh(self, step: int, failure_onset: bool) -> bool:
-        return (self.uses_projections and self._neighbour_active() and proj_lib.needs_refresh(
-            step, tau=self.tau, failure_onset=failure_onset, neighbour_active=True))
+        return (self.uses_projections and self.plan.layout.uses_neighbour_mode
+                and proj_lib.needs_refresh(step, tau=self.tau, failure_onset=failure_onset,
+                                           neighbour_active=True))
 
     def _refresh(self, state, step: int):
-        """Recompute V by SVD; (state, seconds), waited for so the cost is charged."""
+        """Recompute V; (state, seconds), waited for so the cost is charged."""
         self.refresh_steps.append(step)
         start = time.perf_counter()
         state = jax.block_until_ready(self.plan.topology.refresh(state))
@@ -200,7 +176,6 @@ class FaultController:
         state, data_state = self._recover(plan.topology, step, state, event, start)
         self.live, self.plan = desired, plan
         topology = plan.topology
-        start = time.perf_counter()
         spec = topology.batch_spec(plan.step_layout, self.run.cfg.data.seq_len + 1)
         _, compile_sec = topology.compiled_step(state, spec, plan.step_layout)
         self.compiles += compile_sec > 0
@@ -213,10 +188,8 @@ class FaultController:
         return state, data_state
 
     def _recover(self, topology, step, state, event, started):
-        """Move the live state onto `topology`; (state, None): nothing is rolled back.
-
-        `started` is when the rebuild began (the rebuild time is charged from it).
-        """
+        """Move the live state onto `topology`, charging the rebuild from `started`;
+        (state, None): nothing is rolled back."""
         del step
         state = jax.block_until_ready(move_state(state, topology.state_shardings))
         event.rebuild_sec = time.perf_counter() - started
@@ -235,9 +208,8 @@ class FaultController:
 
 
 def _load_refresh(topology, state) -> float:
-    """Seconds to get the topology's refresh program ready (from the program cache, or
-    compiled): charged to the event's compile_sec, so refresh_sec times the refresh alone.
-    Without the program cache the refresh stays a plain jitted call, compiled on first use."""
+    """Seconds to load or compile the refresh program, charged to compile_sec so refresh_sec
+    times the refresh alone (without the program cache it compiles on first use)."""
     from mecefo_jax.parallel import program_cache
     if not program_cache.enabled() or not hasattr(topology.refresh, 'compile'):
         return 0.0
@@ -247,7 +219,7 @@ def _load_refresh(topology, state) -> float:
 
 
 class RestartController(FaultController):
-    """`fault.strategy=checkpoint_restart` (see module docstring)."""
+    """`fault.strategy=checkpoint_restart`: every failure restores the last checkpoint."""
 
     def __init__(self, run, schedule, strategy: str):
         super().__init__(run, schedule, strategy)

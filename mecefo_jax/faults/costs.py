@@ -1,26 +1,13 @@
 """Per-role step costs: what one device pays per step in each role.
 
-The *cost table* the placement planner (`faults/planner.py`) and the cluster
-simulator read: for each role, the cost of computing `x` batch shards relative
-to one normal (exact) shard, plus the seconds of one fault-free step. Pure
-numpy: the planner needs it at run time. Three sources:
-
-``analytic``
-    The FLOP model of docs/algorithm.md section 6 for a LLaMA shape. Attention
-    scores count the full L x L matrix (``4Ld``), not the causal half, because a
-    dense masked attention computes it and XLA's cost analysis counts it. In
-    neighbour mode the MHA backward disappears (unless `mecefo.skip_attention`
-    is off), the FFN forward runs again under `mecefo.remat_ffn`, and each FFN
-    weight gradient follows `mecefo.projection` (`ffn_wgrad_flops`).
-    Elementwise work (about 1% of a block) is left out.
-``bench``
-    `bench_step.json` from `scripts/bench_step.py`: ``ratios[mode][metric]``
-    (`studies/bench_costs.py`).
-``roles``
-    Per-program seconds measured by the strategy comparison (`studies/fault_plan.py`).
-
-Between the points a table gives, cost is linear in examples (through (0, 0),
-extrapolated past the last point with the last segment's slope).
+The *cost table* the planner (`faults/planner.py`) and the cluster simulator read: the
+cost of `x` batch shards in each role relative to one normal shard, and the seconds of
+a fault-free step. Pure numpy. Sources: ``analytic``, the FLOP model of
+docs/algorithm.md section 6 (attention scores count the full L x L matrix, ``4Ld``, as
+a dense masked attention computes it and XLA counts it; elementwise work, about 1% of
+a block, is left out); ``bench``, `scripts/bench_step.py`'s ratios
+(`studies/bench_costs.py`); ``roles``, per-program seconds of `studies/fault_plan.py`.
+Between a table's points cost is linear, through (0, 0), extrapolated with the last slope.
 """
 from __future__ import annotations
 
@@ -85,10 +72,8 @@ def block_flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: i
                           causal_scores: bool = False, projection: str = 'weights',
                           attention_backward: float = 0.0) -> float:
     """FLOPs of one block per token, forward + backward, in `mode` ('normal' or 'neighbour').
-
-    `batch_tokens` is the b of the low-rank product paid once per batch; `attention_backward`
-    the share of blocks whose attention backward the neighbour computes (`attention_share`).
-    """
+    `batch_tokens`: the b of the low-rank product paid once per batch; `attention_backward`:
+    the share of blocks whose attention backward the neighbour computes (`attention_share`)."""
     d, h, L = shape.d_model, shape.ffn_hidden, seq_len
     ffn_fwd = 2 * 3 * d * h
     scores = (2 if causal_scores else 4) * L * d
@@ -112,10 +97,8 @@ def flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int = 1
                     batch_tokens: float = 1.0, recompute_ffn: bool = True,
                     causal_scores: bool = False, num_layers: int | None = None,
                     projection: str = 'weights', attention_backward: float = 0.0) -> float:
-    """Forward + backward FLOPs per token of the whole model (blocks + head).
-
-    `num_layers` overrides the shape's depth (the CPU benchmark used 4 blocks).
-    """
+    """Forward + backward FLOPs per token of the whole model (blocks + head); `num_layers`
+    overrides the shape's depth (the CPU benchmark used 4 blocks)."""
     layers = shape.num_layers if num_layers is None else num_layers
     head = 6.0 * shape.d_model * shape.vocab_size  # 2dV forward + 4dV backward
     return layers * block_flops_per_token(
@@ -125,8 +108,7 @@ def flops_per_token(shape: ModelShape, *, mode: str, seq_len: int, rank: int = 1
 
 
 def interpolate(points, x) -> np.ndarray:
-    """Cost of `x` shards from (shards, cost) points, through (0, 0), linear
-    between points and extrapolated with the last segment's slope."""
+    """Cost of `x` shards from (shards, cost) points (module docstring)."""
     pts = sorted({0.0: 0.0, **{float(a): float(b) for a, b in points}}.items())
     xs = np.array([p[0] for p in pts])
     ys = np.array([p[1] for p in pts])
@@ -137,12 +119,9 @@ def interpolate(points, x) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class CostTable:
-    """Step cost per role, in units of one normal shard on one device.
-
-    `exact` and `neighbour` are (shards, cost) points of each program; `plain` is the
-    fault-free (plain data-parallel) program relative to `normal`, so layouts without a
-    neighbour cost `plain * exact(x)` and the others `max(1, neighbour(x))`.
-    """
+    """Step cost per role, in normal shards on one device: (shards, cost) points of the
+    `exact` and `neighbour` programs; `plain` is the fault-free program over `normal`, so
+    layouts without a neighbour cost `plain * exact(x)` and the others `max(1, neighbour(x))`."""
     source: str
     exact: tuple[tuple[float, float], ...]
     neighbour: tuple[tuple[float, float], ...]
@@ -186,8 +165,7 @@ class CostTable:
 
 def mfu_step_sec(shape: ModelShape, *, seq_len: int, replica_seqs: int, mfu: float,
                  peak_flops: float = PEAK_FLOPS_A100_BF16, **flop_kw) -> float:
-    """Seconds of one fault-free step: the normal FLOPs of one replica's shard
-    at `mfu` of `peak_flops`."""
+    """Seconds of one fault-free step: one replica's shard's FLOPs at `mfu` of `peak_flops`."""
     if not 0 < mfu <= 1:
         raise ValueError(f'--mfu={mfu!r} must be in (0, 1].')
     tokens = replica_seqs * seq_len
@@ -220,16 +198,12 @@ def analytic_table(shape: ModelShape, *, seq_len: int, replica_seqs: int, rank: 
         note=(f'FLOP model, recompute_ffn={recompute_ffn}, '
               f'{"causal" if causal_scores else "full"} attention scores, r={rank}, '
               f'projection={projection}, attention backward in {attention_backward:g} of '
-              'the blocks, '
-              f'b={b} tokens per shard'))
+              f'the blocks, b={b} tokens per shard'))
 
 
 def role_cost(table: CostTable, shard_rows: int):
-    """`cost(role, rows)` of `table` for shards of `shard_rows` examples.
-
-    In units of one normal shard; the planner's view of a cost table. `rows`
-    may be an array (the planner weighs every split at once).
-    """
+    """The planner's `cost(role, rows)` of `table` for shards of `shard_rows` examples, in
+    normal shards; `rows` may be an array (the planner weighs every split at once)."""
     if shard_rows < 1:
         raise ValueError(f'shard_rows={shard_rows!r} must be >= 1.')
 

@@ -1,17 +1,13 @@
 """`mecefo_planned`: where each failed shard goes so that no step waits for a neighbour.
 
-A neighbour-mode shard costs about 0.65x a normal one, so a helper can take its own
-shard plus about half a failed one within one normal step; the paper pins each failed
-shard on one neighbour, and every synchronous step waits for it (docs/failures.md).
-
-Every live replica keeps its shard; *helpers* also take orphaned rows, all in one role:
-*neighbour* (every row in neighbour mode) or *mixed* (only the adopted rows; more
-memory than a normal device, so weighed only without a memory bound `max_rows`).
-Among plans computing every orphaned row once, lexicographically: (1) the smallest
-slowest cost max(1, helper / normal), plans within one step tying; (2) the fewest
-neighbour-mode rows; (3) the fewest helpers; (4) the shortest ring transport; (5) the
-smallest helper program. `fault.max_neighbour_rows` restricts this to plans within that
-many neighbour-mode rows (the fewest when none is). (1) to (3) have a closed form
+Why, with measured costs: docs/failures.md, "The `mecefo_planned` planner". Every live
+replica keeps its shard; *helpers* also take orphaned rows, all in one role: *neighbour*
+(every row in neighbour mode) or *mixed* (only the adopted rows; more memory than a
+normal device, so weighed only without a memory bound `max_rows`). Among plans computing
+every orphaned row once, lexicographically: (1) the smallest slowest cost max(1, helper /
+normal), plans within one step tying; (2) the fewest neighbour-mode rows; (3) the fewest
+helpers; (4) the shortest ring transport; (5) the smallest helper program; only plans
+within `fault.max_neighbour_rows` count where any is. (1) to (3) are closed-form
 (`budget`); (4) is an exact dynamic programme over the ring cut at every edge, or above
 `EXACT_STATES` a greedy nearest-first fill keeping (1) to (3) exact. Pure numpy.
 """
@@ -31,15 +27,13 @@ Cost = Callable[[int, 'int | np.ndarray'], 'float | np.ndarray']
 EXACT_STATES = 4_000_000  # cuts x flow values x helper counts x replicas
 _TOL = 1e-9
 
-# One shard in neighbour mode over one normal shard: XLA's FLOP ratio at 350M,
-# seq 256, rank 128 (docs/usage.md, "What the step costs": `mecefo_per_batch` of
-# scripts/bench_step.py).
+# A neighbour-mode shard over a normal one: XLA's FLOP ratio at 350M, seq 256, rank 128
+# (`mecefo_per_batch` of scripts/bench_step.py; docs/usage.md, "What the step costs").
 DEFAULT_NEIGHBOUR_RATIO = 0.649
 
 
 def linear_cost(neighbour_ratio: float = DEFAULT_NEIGHBOUR_RATIO) -> Cost:
-    """cost(role, rows) linear in rows: 1 per row exact, `neighbour_ratio` per row
-    in neighbour mode (the planner normalises by a normal shard)."""
+    """cost(role, rows): 1 per exact row, `neighbour_ratio` per neighbour-mode row."""
     def cost(role: int, rows):
         out = np.asarray(rows, float) * (neighbour_ratio if role == ROLE_NEIGHBOUR else 1.0)
         return float(out) if out.ndim == 0 else out
@@ -52,11 +46,8 @@ class PlanError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    """What the best plan pays for `failed` of `failed + live` replicas down.
-
-    `helpers` replicas in `role` take at most `max_extra` orphaned rows each;
-    the busiest device costs `slowest_cost` normal steps (1.0: within one step).
-    """
+    """The best plan: `helpers` replicas in `role` take at most `max_extra` orphaned rows
+    each; the busiest device costs `slowest_cost` normal steps (1.0: within one step)."""
     helpers: int
     max_extra: int
     slowest_cost: float
@@ -81,11 +72,10 @@ def program_cost(cost: Cost, program: Program) -> float:
 
 def budget(num_live: int, num_failed: int, shard: int, cost: Cost,
            max_rows: int | None = None, max_neighbour_rows: int | None = None) -> Budget:
-    """Objectives (1) and (2) in closed form: the helpers' role, how many, how many rows each.
+    """Objectives (1) to (3) in closed form: the helpers' role, how many, how many rows each.
 
-    A plan whose busiest helper takes `e` extra rows needs at least
-    ceil(orphaned / e) helpers; every `e` from ceil(orphaned / live) to the
-    memory bound is weighed in each helper role, and those over the
+    A busiest helper taking `e` extra rows needs ceil(orphaned / e) helpers; every `e` from
+    ceil(orphaned / live) to the memory bound is weighed in each role, and plans over the
     `max_neighbour_rows` cap are set aside unless every plan is over it.
     """
     if num_live < 1:
@@ -124,12 +114,9 @@ def budget(num_live: int, num_failed: int, shard: int, cost: Cost,
 
 
 def _ring_dp(live: np.ndarray, shard: int, helpers: int, cap: int):
-    """Exact (4): min transport with exactly `helpers` helpers of 1..cap rows each.
-
-    The ring is cut at every edge at once (axis 0: cut k starts the line at
-    replica k); state (carried rows, helpers opened). Returns (distance,
-    extra rows per replica).
-    """
+    """Exact (4): min transport with exactly `helpers` helpers of 1..cap rows each; (distance,
+    pieces). The ring is cut at every edge at once (axis 0: cut k starts the line at replica
+    k); the state is (carried rows, helpers opened)."""
     n = live.size
     total = int(np.count_nonzero(~live)) * shard
     width = 2 * total + 1
@@ -197,7 +184,7 @@ def _pieces(assignment, live: np.ndarray) -> dict[int, list[Piece]]:
     return out
 
 
-def _ring_distance(a: int, b: int, n: int) -> int:
+def ring_distance(a: int, b: int, n: int) -> int:
     return min((a - b) % n, (b - a) % n)
 
 
@@ -208,7 +195,7 @@ def _greedy(live: np.ndarray, shard: int, helpers: int, cap: int) -> dict[int, l
     assignment = []
     for failed in np.flatnonzero(~live):
         row = 0
-        candidates = sorted(np.flatnonzero(live), key=lambda h: (_ring_distance(failed, h, n),
+        candidates = sorted(np.flatnonzero(live), key=lambda h: (ring_distance(failed, h, n),
                                                                  (h - failed) % n))
         for h in candidates:
             if row == shard:
@@ -256,8 +243,8 @@ def plan_layout(live_mask, shard: int, cost: Cost, max_rows: int | None = None,
 
 
 class Planner:
-    """`plan_layout` and `budget` for one shard size and cost, cached by live set
-    (the simulator and the controller ask for the same few sets again and again)."""
+    """`plan_layout` and `budget` for one shard size and cost, cached: the simulator and the
+    controller ask for the same few live sets again and again."""
 
     def __init__(self, shard: int, cost: Cost | None = None, max_rows: int | None = None,
                  max_neighbour_rows: int | None = None):
@@ -295,12 +282,8 @@ def attention_share(mecefo, num_layers: int) -> float:
 
 
 def config_planner(cfg, shard: int) -> Planner:
-    """The planner a training run uses: the analytic FLOP costs of its own model and of
-    its neighbour's FFN gradient rule (`mecefo.projection`).
-
-    Analytic, not timed, so that every host computes the same layout from
-    the config alone (attention counted as multi-head).
-    """
+    """A training run's planner: the analytic FLOP costs of its model and FFN gradient rule,
+    not timed, so every host computes the same layout from the config alone."""
     from mecefo_jax.neighbour.projections import resolve_rank  # jax: only for a training run
     rank = resolve_rank(cfg.mecefo.rank, cfg.model.d_model, cfg.model.ffn_hidden)
     table = costs_lib.analytic_table(

@@ -1,17 +1,13 @@
 """The failure schedule: which data-parallel replica is down during which step.
 
-The `fault` config becomes a sorted, validated list of `FailureEvent`s, and the
-controller asks which replicas are live during step t. Pure Python (numpy only for the
-seeded RNG), so every host builds the same schedule with no communication. Sources,
-first match wins: `fault.events` (``"step:replica:duration_steps,..."``), `fault.regime`
-(the paper's cluster-wide MTBF/MTTR for 32 GPUs, `REGIMES`; `fault.regime_replicas` = 32
-keeps its per-replica rate on another size), or `fault.mtbf_hours` / `fault.mttr_hours`.
-
-Hours become steps at `fault.step_time_sec` (a knob, not a measurement). Failures
-arrive as a Poisson process (arrival times rounded to steps, so the mean gap stays
-unbiased) on a live replica, dropped when `max_concurrent` are down (0: all but one);
-an outage lasts an exponential number of steps, at least one. Explicit schedules may
-take every replica down: the controller then stops with a clear error.
+Pure Python (numpy only for the seeded RNG), so every host builds the same schedule with
+no communication. Sources, first match wins: `fault.events` (``"step:replica:duration,..."``),
+`fault.regime` (the paper's cluster-wide MTBF/MTTR for 32 GPUs, `REGIMES`), or
+`fault.mtbf_hours` / `fault.mttr_hours`. Hours become steps at `fault.step_time_sec` (a
+knob, not a measurement). Failures arrive as a Poisson process (arrival times rounded to
+steps, so the mean gap stays unbiased) on a live replica, dropped when `max_concurrent`
+are down (0: all but one); an outage lasts an exponential number of steps, at least one.
+Explicit schedules may take every replica down: the controller then stops with a clear error.
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ REGIMES: dict[str, tuple[float, float]] = {
     'high': (0.5, 2.0),
 }
 
-# A guard against configs whose step conversion makes the Python arrival loop
-# effectively endless (e.g. a huge step_time_sec); real schedules are far below.
+# Guards the arrival loop against configs that make it endless; real schedules are far below.
 _MAX_ARRIVALS = 5_000_000
 
 _EVENTS_FORMAT = '"step:replica:duration_steps,step:replica:duration_steps"'
@@ -52,8 +47,7 @@ class FailureEvent:
         return self.step + self.duration_steps
 
     def __str__(self) -> str:
-        # Same syntax as `fault.events`, so error messages and logs can be
-        # pasted back into a config.
+        # `fault.events` syntax: error messages and logs paste back into a config.
         return f'{self.step}:{self.replica}:{self.duration_steps}'
 
 
@@ -98,45 +92,35 @@ def _check_events(events: Sequence[FailureEvent], num_replicas: int,
         raise ValueError(f'num_replicas must be a positive int, got {num_replicas!r}.')
     for e in events:
         if not all(_is_int(v) for v in (e.step, e.replica, e.duration_steps)):
-            raise ValueError(
-                f'fault.events: event {e!r} has non-integer fields; step, '
-                f'replica and duration_steps must all be integers.')
+            raise ValueError(f'fault.events: event {e!r} has non-integer fields; step, '
+                             f'replica and duration_steps must all be integers.')
         if not 0 <= e.replica < num_replicas:
-            raise ValueError(
-                f"fault.events: event '{e}' names replica {e.replica}, but "
-                f"there are {num_replicas} replicas; use a replica index in "
-                f"[0, {num_replicas - 1}].")
+            raise ValueError(f"fault.events: event '{e}' names replica {e.replica}, but there are "
+                             f"{num_replicas} replicas; use a replica index in [0, {num_replicas - 1}].")
         if e.duration_steps < 1:
-            raise ValueError(
-                f"fault.events: event '{e}' has duration {e.duration_steps}; "
-                f"the outage length must be at least 1 step.")
+            raise ValueError(f"fault.events: event '{e}' has duration {e.duration_steps}; "
+                             f"the outage length must be at least 1 step.")
         if e.step < 0:
-            raise ValueError(
-                f"fault.events: event '{e}' starts at step {e.step}; failure "
-                f"steps must be >= 0.")
+            raise ValueError(f"fault.events: event '{e}' starts at step {e.step}; failure "
+                             f"steps must be >= 0.")
         if total_steps is not None and e.step >= total_steps:
             raise ValueError(
-                f"fault.events: event '{e}' starts at step {e.step}, but the "
-                f"run has only {total_steps} steps (0..{total_steps - 1}); move "
-                f"it inside the run or drop it. (Recovering after the end is "
-                f"fine.)")
+                f"fault.events: event '{e}' starts at step {e.step}, but the run has only "
+                f"{total_steps} steps (0..{total_steps - 1}); move it inside the run or drop it. "
+                f"(Recovering after the end is fine.)")
     by_replica = sorted(events, key=lambda e: (e.replica, e.step))
     for prev, cur in zip(by_replica, by_replica[1:]):
         if cur.replica == prev.replica and cur.step < prev.recovery_step:
             raise ValueError(
-                f"fault.events: replica {cur.replica} fails again at step "
-                f"{cur.step} ('{cur}') while still down from '{prev}' (down "
-                f"until step {prev.recovery_step}); merge the two events or "
-                f"start the second at step >= {prev.recovery_step}.")
+                f"fault.events: replica {cur.replica} fails again at step {cur.step} ('{cur}') "
+                f"while still down from '{prev}' (down until step {prev.recovery_step}); merge "
+                f"the two events or start the second at step >= {prev.recovery_step}.")
 
 
 def validate_events(events: Sequence[FailureEvent], *, num_replicas: int,
                     total_steps: int) -> None:
-    """Raises ValueError naming `fault.events` if the schedule cannot be run.
-
-    Concurrent failures, neighbouring replicas failing together and even every
-    replica down at once are valid: handling them is the controller's job.
-    """
+    """Raises ValueError naming `fault.events` if the schedule cannot be run (every replica
+    down at once is valid: handling it is the controller's job)."""
     if not _is_int(total_steps) or total_steps < 0:
         raise ValueError(f'total_steps must be a non-negative int, got {total_steps!r}.')
     _check_events(events, num_replicas, total_steps)
@@ -145,30 +129,22 @@ def validate_events(events: Sequence[FailureEvent], *, num_replicas: int,
 def random_events(*, mtbf_steps: float, mttr_steps: float, num_replicas: int,
                   total_steps: int, seed: int,
                   max_concurrent: int) -> list[FailureEvent]:
-    """Samples the cluster-wide Poisson failure process (see module docstring).
-
-    Depends only on its arguments, so every host derives the same schedule.
-    Returned sorted by (step, replica).
-    `max_concurrent = 0` means `num_replicas - 1`.
-    """
+    """The cluster-wide Poisson failure process (module docstring), sorted by (step, replica);
+    a function of its arguments only, so every host derives the same schedule."""
     if not mtbf_steps > 0 or not mttr_steps > 0:
-        raise ValueError(
-            f'mtbf_steps and mttr_steps must be > 0, got {mtbf_steps!r} and '
-            f'{mttr_steps!r}; check fault.mtbf_hours / fault.mttr_hours / '
-            f'fault.step_time_sec.')
+        raise ValueError(f'mtbf_steps and mttr_steps must be > 0, got {mtbf_steps!r} and '
+                         f'{mttr_steps!r}; check fault.mtbf_hours / fault.mttr_hours / '
+                         f'fault.step_time_sec.')
     if not _is_int(num_replicas) or num_replicas < 1:
         raise ValueError(f'num_replicas must be a positive int, got {num_replicas!r}.')
     if not _is_int(max_concurrent) or not 0 <= max_concurrent <= num_replicas:
-        raise ValueError(
-            f'fault.max_concurrent must be in [0, {num_replicas}] for '
-            f'{num_replicas} replicas, got {max_concurrent!r} (0 means '
-            f'num_replicas - 1).')
+        raise ValueError(f'fault.max_concurrent must be in [0, {num_replicas}] for {num_replicas} '
+                         f'replicas, got {max_concurrent!r} (0 means num_replicas - 1).')
     expected_arrivals = total_steps / mtbf_steps
     if expected_arrivals > _MAX_ARRIVALS:
-        raise ValueError(
-            f'A mean failure gap of {mtbf_steps:.3g} steps over {total_steps} '
-            f'steps means ~{expected_arrivals:.3g} failure arrivals; lower '
-            f'fault.step_time_sec or raise fault.mtbf_hours.')
+        raise ValueError(f'A mean failure gap of {mtbf_steps:.3g} steps over {total_steps} steps '
+                         f'means ~{expected_arrivals:.3g} failure arrivals; lower '
+                         f'fault.step_time_sec or raise fault.mtbf_hours.')
     cap = max_concurrent if max_concurrent > 0 else num_replicas - 1
 
     rng = np.random.default_rng(seed)
@@ -188,19 +164,14 @@ def random_events(*, mtbf_steps: float, mttr_steps: float, num_replicas: int,
         duration = max(1, int(round(rng.exponential(mttr_steps))))
         down_until[victim] = step + duration
         events.append(FailureEvent(step, victim, duration))
-    # Arrivals rounding onto the same step come out in draw order; sort so
-    # callers see the same (step, replica) order as events_from_config.
+    # Arrivals rounding onto one step come out in draw order.
     return sorted(events, key=lambda e: (e.step, e.replica))
 
 
 def regime_scale(fault_cfg, num_replicas: int) -> float:
-    """MTBF factor that keeps each replica's failure rate of a `regime_replicas` cluster.
-
-    The paper's regimes are cluster-wide rates on 32 GPUs. Applied as they
-    are to fewer replicas (the default, `fault.regime_replicas=0`) every
-    replica fails more often; with `regime_replicas=32` the cluster MTBF
-    grows by 32 / replicas, so the same fraction of replicas is down.
-    """
+    """MTBF factor that keeps each replica's failure rate of a `regime_replicas` cluster: with
+    32 (the paper's) the cluster MTBF grows by 32 / replicas, so the same fraction is down;
+    0 applies the cluster-wide rate as it is, so each of fewer replicas fails more often."""
     size = fault_cfg.regime_replicas
     return size / num_replicas if size else 1.0
 
@@ -216,12 +187,9 @@ def configured_failures_per_hour(fault_cfg, num_replicas: int) -> float:
 
 
 def failures_requested(fault_cfg) -> bool:
-    """Whether any failure field is set, so the run needs the fault controller.
-
-    Every field counts, including one that `events_from_config` will reject
-    (say `mttr_hours` without `mtbf_hours`): a half-configured process must
-    reach that check and fail, never fall through to a fault-free run.
-    """
+    """Whether any failure field is set, so the run needs the fault controller; a field
+    `events_from_config` rejects counts too, so a half-configured run fails, never runs
+    fault-free."""
     return bool(fault_cfg.events.strip() or fault_cfg.regime.strip()
                 or fault_cfg.mtbf_hours or fault_cfg.mttr_hours)
 
@@ -242,25 +210,19 @@ def events_from_config(fault_cfg, *, num_replicas: int, total_steps: int) -> lis
         if mtbf_hours == 0:
             return []
         step_time_sec = fault_cfg.step_time_sec
-        events = random_events(
-            mtbf_steps=hours_to_steps(mtbf_hours, step_time_sec),
-            mttr_steps=hours_to_steps(mttr_hours, step_time_sec),
-            num_replicas=num_replicas,
-            total_steps=total_steps,
-            seed=fault_cfg.seed,
-            max_concurrent=fault_cfg.max_concurrent,
-        )
+        events = random_events(mtbf_steps=hours_to_steps(mtbf_hours, step_time_sec),
+                               mttr_steps=hours_to_steps(mttr_hours, step_time_sec),
+                               num_replicas=num_replicas, total_steps=total_steps,
+                               seed=fault_cfg.seed, max_concurrent=fault_cfg.max_concurrent)
     validate_events(events, num_replicas=num_replicas, total_steps=total_steps)
     return sorted(events, key=lambda e: (e.step, e.replica))
 
 
 class FailureSchedule:
-    """Per-step liveness of each replica, precomputed from a list of events.
+    """Per-step liveness of each replica, stored once per change and found by bisection.
 
-    The live set is piecewise constant, so it is stored once per change step
-    and looked up by bisection: queries are cheap enough to make every step.
-    A replica whose next outage starts exactly at its recovery step simply
-    stays down; no spurious recover-and-fail transition is reported.
+    A replica whose next outage starts at its recovery step stays down: no spurious
+    recover-and-fail transition.
     """
 
     def __init__(self, events: Iterable[FailureEvent], num_replicas: int):

@@ -1,11 +1,9 @@
 """Failures in wall-clock time: one trace in cluster seconds, met by each run at its own pace.
 
 Counted in steps, a strategy whose step is c times slower would be charged c times an
-outage's seconds. On the wall clock (`fault.time_model='wall_clock'`) the trace stays
-in seconds (an event's `duration_steps` fault-free steps of `fault.step_time_sec`
-each), and each executed step advances the run's clock by `fault.step_time_sec` times
-its layout's step ratio: the slowest replica's program cost against a normal one's,
-from the planner's analytic costs (`planner.config_planner`), diluted by the exposed
+outage's seconds. Under `fault.time_model='wall_clock'` each executed step advances the
+run's clock by `fault.step_time_sec` times its layout's step ratio: the slowest program's
+analytic cost over a normal one's (`planner.config_planner`), diluted by the exposed
 share φ of the gradient all-reduce (`fault.allreduce_exposed`): c_eff = 1 + (c - 1)(1 - φ).
 """
 from __future__ import annotations
@@ -18,8 +16,7 @@ from mecefo_jax.neighbour.layout import ROLE_NORMAL, Program
 
 
 def diluted(ratio: float, exposed: float) -> float:
-    """A compute ratio c as a whole step's ratio when a share `exposed` of the fault-free
-    step is all-reduce that no replica can shorten: 1 + (c - 1)(1 - exposed)."""
+    """A compute ratio c as a whole step's, when a share `exposed` of the step is all-reduce."""
     if not 0.0 <= exposed < 1.0:
         raise ValueError(f'fault.allreduce_exposed={exposed!r} must be in [0, 1).')
     return 1.0 + (ratio - 1.0) * (1.0 - exposed)
@@ -39,13 +36,10 @@ def layout_step_ratio(cfg, num_replicas: int) -> Callable[[Sequence[Program]], f
 
 
 class WallClock:
-    """A run's cluster seconds, and the schedule's step index they fall in.
+    """A run's cluster seconds, read against the schedule at `floor(seconds / step_time_sec)`.
 
-    The failure schedule is indexed by fault-free steps of `step_time_sec`; the
-    clock reads it at `floor(seconds / step_time_sec)`. It starts at the run's
-    first executed step times `step_time_sec`: exact for a run that resumes
-    before its first failure (as the time-to-target study's forks do), since
-    every step before a failure is a fault-free one.
+    It starts at the first executed step times `step_time_sec`: exact for a run resuming
+    before its first failure (the time-to-target forks), as every earlier step is fault-free.
     """
 
     def __init__(self, step_time_sec: float, ratio: Callable[[Sequence[Program]], float]):

@@ -1,35 +1,19 @@
 """How each strategy places the global batch on the live replicas.
 
-Every strategy is a pure function of the live mask: `layout_for` recomputes
-the whole assignment from scratch at each change, so chained failures (an
-adopter failing, adjacent replicas failing) need no special cases. The
-global batch and its order never change; only where shards are computed.
-
-| strategy            | failed shard goes to                    | role of adopters |
-|---------------------|-----------------------------------------|------------------|
-| mecefo              | nearest live ring neighbour             | neighbour        |
-| mecefo_planned      | split over the fewest helpers that keep | neighbour        |
-|                     | every device within one normal step,    |                  |
-|                     | nearest first (`faults/planner.py`)     |                  |
-| ndb_naive           | nearest live ring neighbour             | normal (exact)   |
-| elastic             | split evenly over every live replica    | normal           |
-| drop                | nowhere (its samples are skipped)       | -                |
-| checkpoint_restart  | as elastic, after a restore             | normal           |
-| drop_adopters       | nowhere, and mecefo's adopter skips its | - (a control)    |
-|                     | own shard too                           |                  |
-
-`REGISTRY` holds one `StrategySpec` per row; everything that treats strategies
-differently reads its fields, never the names, so a new strategy is one new entry.
-
-`drop_adopters` is a control: it drops exactly the rows `mecefo` approximates, so
-`mecefo` against it is the value of an approximated row over a dropped one. Controls
-are valid `fault.strategy` values but stay out of `STRATEGIES`, the default list.
-Every replica joins its own shard and what it adopts into one batch.
+Every strategy is a pure function of the live mask: `layout_for` recomputes the whole
+assignment at each change, so chained failures (an adopter failing, adjacent replicas
+failing) need no special cases. The global batch and its order never change, only where
+shards are computed; each replica joins its own shard and what it adopts into one batch.
+`REGISTRY` holds one `StrategySpec` per strategy (docs/failures.md tabulates them);
+what treats strategies differently reads its fields, never the names, so a new strategy
+is one new entry. `drop_adopters` is a control: it drops exactly the rows `mecefo`
+approximates, so `mecefo` against it is the value of an approximated row over a dropped
+one; controls stay out of the default `STRATEGIES`.
 """
 import dataclasses
 import enum
 
-from mecefo_jax.faults.planner import Planner
+from mecefo_jax.faults.planner import Planner, ring_distance
 from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece
 
 
@@ -94,11 +78,8 @@ def ring_order(replica: int, live_mask) -> list[int]:
 
 
 def adopters(live_mask) -> dict[int, int]:
-    """Failed replica -> the live replica that adopts its shard.
-
-    The nearest live replica on the ring; between equally near ones the less
-    loaded, so a run of adjacent failures spreads over both sides.
-    """
+    """Failed replica -> the nearest live replica on the ring, which adopts its shard; between
+    equally near ones the less loaded, so adjacent failures spread over both sides."""
     load = {r: 0 for r, up in enumerate(live_mask) if up}
     chosen = {}
     for failed in (r for r, up in enumerate(live_mask) if not up):
@@ -106,8 +87,8 @@ def adopters(live_mask) -> dict[int, int]:
         if not order:
             raise AllReplicasDownError('every replica is down')
         n = len(live_mask)
-        nearest = min(_ring_distance(failed, c, n) for c in order)
-        ties = [c for c in order if _ring_distance(failed, c, n) == nearest]
+        nearest = min(ring_distance(failed, c, n) for c in order)
+        ties = [c for c in order if ring_distance(failed, c, n) == nearest]
         chosen[failed] = min(ties, key=lambda c: (load[c], ties.index(c)))
         load[chosen[failed]] += 1
     return chosen
@@ -117,17 +98,9 @@ class AllReplicasDownError(RuntimeError):
     """No live replica is left to compute on."""
 
 
-def _ring_distance(a: int, b: int, n: int) -> int:
-    return min((a - b) % n, (b - a) % n)
-
-
 def _split_evenly(pieces: list[Piece], parts: int) -> list[list[Piece]]:
-    """Cut a run of pieces into `parts` consecutive groups whose sizes differ by <= 1.
-
-    The orphaned examples are one sequence (shard by shard, in order); group
-    j gets examples [j*total//parts, (j+1)*total//parts). A group may span a
-    shard boundary and then holds two pieces.
-    """
+    """Cut a run of pieces into `parts` consecutive groups whose sizes differ by <= 1: group j
+    gets examples [j*total//parts, (j+1)*total//parts), two pieces where it spans shards."""
     total = sum(p.size for p in pieces)
     bounds = [j * total // parts for j in range(parts + 1)]
     groups: list[list[Piece]] = [[] for _ in range(parts)]
@@ -144,11 +117,8 @@ def _split_evenly(pieces: list[Piece], parts: int) -> list[list[Piece]]:
 
 def layout_for(strategy: str, live_mask, shard_batch: int, *,
                planner: Planner | None = None) -> Layout:
-    """The layout `strategy` uses when only the replicas in `live_mask` are up.
-
-    `planner` (`Orphans.PLANNER` strategies only) carries the cost model and
-    memory bound; without one, the planner's stated default costs are used.
-    """
+    """The layout `strategy` uses when only the replicas in `live_mask` are up; `planner`
+    (`Orphans.PLANNER` only) carries the costs and memory bound, else the default costs."""
     spec = strategy_spec(strategy)
     live = [r for r, up in enumerate(live_mask) if up]
     if not live:
@@ -169,8 +139,6 @@ def layout_for(strategy: str, live_mask, shard_batch: int, *,
         for shard, adopter in adopters(live_mask).items():
             extra[adopter].append(Piece(shard, 0, shard_batch))
     elif spec.orphans is Orphans.SPLIT_EVENLY and failed:
-        # An exact re-split: every survivor takes at most ceil(orphans / live)
-        # extra examples, joined with its own shard into one larger batch.
         orphans = [Piece(shard, 0, shard_batch) for shard in failed]
         for r, group in zip(live, _split_evenly(orphans, len(live))):
             extra[r].extend(group)

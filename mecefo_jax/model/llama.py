@@ -5,11 +5,9 @@ K key/value heads, G query heads per KV head (H = K * G), E head dim,
 F FFN hidden, V vocab, R low-rank projection rank, N layers.
 
 Blocks run under `nn.scan` (one compiled body whatever the depth) or unrolled
-(`model.scan_layers=False`); the loss is chunked, so no [B, L, V] float32 logits are
-ever live. Neighbour mode (MeCeFO, Hu et al., NeurIPS 2025; docs/algorithm.md) has the
-same forward but a cheaper backward: the attention branch is cut from it, the FFN
-keeps only its input, and each FFN weight gets a low-rank gradient (`lowrank`). Each
-block can be rematerialised under a named policy (`remat_policy`).
+(`model.scan_layers=False`); the loss is chunked, so no [B, L, V] float32 logits are ever
+live. Neighbour mode (MeCeFO, Hu et al., NeurIPS 2025, arXiv 2510.16415; docs/algorithm.md
+section 3) has the same forward but a cheaper backward.
 """
 from __future__ import annotations
 
@@ -65,6 +63,7 @@ def rotary(x_blhe, theta: float):
 ATTN_PROJECTIONS = ('attn_q', 'attn_k', 'attn_v')
 ATTN_CONTEXT = 'attn_context'  # attention output before the output projection
 
+
 def remat_policy(name: str):
     """The jax.checkpoint policy for a named block remat policy; None for 'none'."""
     cp = jax.checkpoint_policies
@@ -77,11 +76,8 @@ def remat_policy(name: str):
 
 
 def attention_implementation(name: str, dtype: str, head_dim: int) -> str:
-    """'xla' or 'cudnn' for `model.attention`; 'auto' picks cuDNN where it applies.
-
-    cuDNN's fused kernel needs a GPU, half-precision inputs and a head dim
-    that is a multiple of 8; everything else takes XLA's implementation.
-    """
+    """'xla' or 'cudnn' for `model.attention`; 'auto' picks cuDNN where its fused kernel applies
+    (a GPU, bfloat16, a head dim that is a multiple of 8)."""
     if name != 'auto':
         return name
     fused = (jax.default_backend() == 'gpu' and dtype == 'bfloat16' and head_dim % 8 == 0)
@@ -218,21 +214,16 @@ def _run_blocks(model: Llama, neighbour: bool, x_bld):
 
 
 class Llama(nn.Module):
-    """Decoder-only LLaMA with an untied output head.
-
-    `__call__(tokens)` returns float32 logits [B, L, V] (inspection, tests);
-    with `targets` (and per-example `weights`, default 1) it returns the
-    weighted sum of next-token cross-entropies, computed in chunks of
-    `loss_chunk_tokens` tokens without ever building the whole logits tensor.
-    """
+    """Decoder-only LLaMA with an untied output head: `__call__(tokens)` returns float32 logits
+    [B, L, V] (inspection, tests); with `targets` (and per-example `weights`, default 1) the
+    weighted sum of next-token cross-entropies, in chunks of `loss_chunk_tokens` tokens."""
     cfg: ModelSection
     rules: MecefoSection  # the neighbour's backward (mecefo.*): used in neighbour mode only
     unroll_loops: bool = False  # straight-line layers and loss chunks (FLOP counting)
 
     @nn.nowrap  # a plain method: the new model is no submodule of this one
     def variant(self, **changes) -> Llama:
-        """The same model with some `model` or `mecefo` fields, or `unroll_loops`, changed
-        (benchmarks, tests, ablations)."""
+        """The same model with some `model` or `mecefo` fields, or `unroll_loops`, changed."""
         unroll = changes.pop('unroll_loops', self.unroll_loops)
         rules = {k: changes.pop(k) for k in list(changes) if k in _RULE_FIELDS}
         return Llama(dataclasses.replace(self.cfg, **changes),
@@ -243,8 +234,7 @@ class Llama(nn.Module):
         c = self.cfg
         embed_vd = _param(self, 'embedding', nn.initializers.normal(stddev=1.0),
                           (c.vocab_size, c.d_model), ('vocab', 'embed'))
-        # Gather the rows, then cast: casting the whole table every step would
-        # read and write V x D values for a few thousand tokens.
+        # Gather, then cast: casting the table would move V x D values for a few thousand tokens.
         x_bld = embed_vd[tokens_bl].astype(c.dtype)
         x_bld = _run_blocks(self, neighbour, x_bld)
         x_bld = RMSNorm(c.norm_eps, name='final_norm')(x_bld)
@@ -272,9 +262,6 @@ def init_params(model: Llama, rng, seq_len: int = 8):
 
 
 def build_model(cfg: Config, **changes) -> Llama:
-    """The LLaMA of a resolved config: the one way every caller builds it.
-
-    `changes` replace `model` or `mecefo` fields, or `unroll_loops`, for a variant of
-    the same model (benchmarks: fewer layers, unrolled loops, no scan).
-    """
+    """The LLaMA of a resolved config, the one way every caller builds it; `changes` make a
+    `variant` (benchmarks: fewer layers, unrolled loops, no scan)."""
     return Llama(cfg.model, cfg.mecefo).variant(**changes)

@@ -3,12 +3,11 @@
 Shape letters: N tokens (batch x sequence, flattened), C tokens per chunk,
 K chunks, D d_model, V vocab.
 
-A plain loss on full logits keeps a float32 [N, V] tensor live through the backward
-(at 32k vocab and 4k tokens, 512 MiB). Here one chunk's logits exist at a time: the
-forward computes, chunk by chunk, the loss and its gradients with respect to `x` and
-`head`, so the backward only scales them by the cotangent: autodiff's arithmetic, with
-no recomputation and no saved logits. Matmuls take `x`'s dtype with float32
-accumulation; softmax, the loss and the head-gradient accumulator are float32.
+A plain loss on full logits keeps a float32 [N, V] tensor live through the backward (at
+32k vocab and 4k tokens, 512 MiB). Here the forward computes, chunk by chunk, the loss and
+its gradients for `x` and `head`, so the backward only scales them by the cotangent: no
+recomputation, no saved logits. Matmuls take `x`'s dtype with float32 accumulation;
+softmax, the loss and the head-gradient accumulator are float32.
 """
 from __future__ import annotations
 
@@ -21,12 +20,9 @@ from jax import lax
 
 def chunked_cross_entropy(x_nd, head_dv, targets_n, weights_n, *, chunk_tokens: int,
                           unroll: bool = False):
-    """Sum over tokens of `weights * CE(x @ head, targets)`, float32.
-
-    `chunk_tokens <= 0` (or >= N) uses one chunk. `unroll` replaces the chunk
-    loop by straight-line code (same arithmetic), so XLA's cost analysis,
-    which counts a loop body once, sees every chunk.
-    """
+    """Sum over tokens of `weights * CE(x @ head, targets)`, float32; `chunk_tokens <= 0` (or >= N)
+    is one chunk. `unroll` makes the chunk loop straight-line code (same arithmetic), so XLA's
+    cost analysis, which counts a loop body once, sees every chunk."""
     n = x_nd.shape[0]
     chunk = n if chunk_tokens <= 0 or chunk_tokens >= n else int(chunk_tokens)
     return _fused_xent(x_nd, head_dv, targets_n, weights_n.astype(jnp.float32), chunk, unroll)

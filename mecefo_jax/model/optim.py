@@ -40,13 +40,9 @@ class FlatMoments(NamedTuple):
 
 
 def flat(inner: optax.GradientTransformation) -> optax.GradientTransformation:
-    """`optax.flatten(inner)`, its state marked `FlatMoments` (see `hold_where`).
-
-    `optax.tree_map_params` (state shardings, `hold_where`) probes a state's
-    form by calling `init` on placeholder params: here they get the form of
-    the flat state, whose vectors are no params tree, so they read as
-    non-params there (replicated, and held by `hold_where` itself).
-    """
+    """`optax.flatten(inner)`, its state marked `FlatMoments`. `optax.tree_map_params` probes a
+    state's form by calling `init` on placeholder params: they get the flat state's form, whose
+    vectors read as non-params (replicated, and held by `hold_where` itself)."""
     flattened = optax.flatten(inner)
 
     def init(params):
@@ -62,12 +58,9 @@ def flat(inner: optax.GradientTransformation) -> optax.GradientTransformation:
 
 
 def make_optimizer(train_cfg: TrainSection) -> optax.GradientTransformation:
-    """AdamW (+ global-norm clipping); with `train.flat_optimizer` Adam's moments are flat.
-
-    The flat form is `optax.adamw`'s own chain with `scale_by_adam` flattened:
-    the same arithmetic per element, so the same updates. The update runs under
-    the name scope 'optimizer', so a profile can tell its operations apart.
-    """
+    """AdamW (+ global-norm clipping), under the name scope 'optimizer' for profiles; with
+    `train.flat_optimizer` `optax.adamw`'s own chain with `scale_by_adam` flattened (the same
+    arithmetic per element, so the same updates)."""
     t = train_cfg
     if t.flat_optimizer:
         adamw = optax.chain(flat(optax.scale_by_adam(b1=t.b1, b2=t.b2, eps=t.eps)),
@@ -85,13 +78,10 @@ def make_optimizer(train_cfg: TrainSection) -> optax.GradientTransformation:
 
 
 def hold_where(optimizer: optax.GradientTransformation, hold, mask, new, old):
-    """(params, opt_state) with the leaves under `mask` kept at `old` when `hold`.
-
-    Parameters a step gave no gradient (the attention branch when every live replica is a
-    neighbour) must not move: AdamW would still apply momentum and weight decay. `mask` is
-    a params-shaped tree of bools, `new` and `old` (params, opt_state) pairs, `hold` a
-    traced bool. Adam's step count still advances.
-    """
+    """(params, opt_state) with the leaves under the params-shaped bool `mask` kept at `old` when
+    the traced `hold`: parameters a step gave no gradient (attention, when every live replica is
+    a neighbour) must not move, though AdamW would apply momentum and weight decay. Adam's step
+    count still advances."""
     new_params, new_opt = new
     old_params, old_opt = old
     opt_mask = optax.tree_map_params(optimizer, lambda _, m: m, new_opt, mask,

@@ -1,12 +1,9 @@
 """MeCeFO's skip-connection for attention: the branch `x + MHA(norm(x))` as identity in backward.
 
-On a neighbour the forward stays exact; in backward the cotangent takes the
-residual path only, so no attention activation-gradient, no attention
-weight-gradient, and no attention activations kept. `jax.lax.stop_gradient`
-is the exact form of that rule: XLA finds the branch's linearisation dead and
-drops it. The parameters on the branch (the attention weights and the norm
-inside it) then get no gradient from a neighbour's rows, and the combination
-(`combination.py`) averages them over exact rows only.
+Rule 2 of docs/algorithm.md section 3. `jax.lax.stop_gradient` is its exact form: XLA
+finds the branch's linearisation dead and drops it, attention activations included. The
+branch's parameters then get no gradient from a neighbour's rows, and `combination.py`
+averages them over exact rows only.
 """
 import jax
 
@@ -20,13 +17,9 @@ def is_attention_branch(path) -> bool:
 
 
 def skip_in_backward(attn_bld: jax.Array, gate=None) -> jax.Array:
-    """The attention branch's output, unchanged in forward, cut (or scaled) in backward.
-
-    `gate` None: identity in backward, the branch contributes nothing. A gate g
+    """The attention branch's output, unchanged in forward, cut in backward; a `gate` g
     (mecefo.attention_top_blocks: 1 in the top blocks, 0 below) returns
-    `frozen + g (attn - frozen)`: `attn` bit for bit in forward, its cotangent
-    scaled by g in backward.
-    """
+    `frozen + g (attn - frozen)`: `attn` bit for bit in forward, its cotangent scaled by g."""
     frozen_bld = jax.lax.stop_gradient(attn_bld)
     if gate is None:
         return frozen_bld

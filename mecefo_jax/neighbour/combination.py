@@ -8,11 +8,11 @@ for parameter p,
     g_p = (S_exact,p + w_p S_neighbour,p) / (T_exact + w_p T_neighbour),
 
 S the gradient sums, T the token counts: w = 1 everywhere is the paper's rule, w = 0
-treats the rows as dropped for p, and a parameter the neighbour computes no gradient
-for has w = 0. `mecefo.neighbour_weight` and `mecefo.trust_top_blocks` choose w
-(docs/algorithm.md): the attention skip drops part of every cotangent below the top
-block, so the lower blocks' gradients are the least exact. The weight is applied in
-the backward pass (`scale_cotangents`), so a mixed program's rows share one backward.
+treats the rows as dropped for p (and is a parameter's w where the neighbour computes no
+gradient for it). `mecefo.neighbour_weight` and `mecefo.trust_top_blocks` choose w
+(docs/algorithm.md): the attention skip drops part of every cotangent below the top block,
+so the lower blocks' gradients are the least exact. The weight is applied in backward
+(`scale_cotangents`), so a mixed program's rows share one backward.
 """
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ LAYERS = 'layers'  # the scanned blocks' subtree: leaves [num_layers, ...]
 
 
 def is_paper_rule(rules) -> bool:
-    """Every neighbour gradient fully trusted (the paper's rule): no weights are applied.
-    `rules` is the config's `mecefo` section."""
+    """Every neighbour gradient fully trusted (the paper's rule), so no weights are applied."""
     return (rules.neighbour_weight == 1.0 and rules.trust_top_blocks == 0
             and rules.projection != 'none' and not _attention_per_block(rules))
 
@@ -49,8 +48,8 @@ def _block_of(path) -> int | None:
 
 
 def trust_tree(rules, layers: int, params):
-    """Params-shaped weights w (a float, or [L, 1, ...] for scanned blocks) of a model of
-    `layers` blocks under the `mecefo` section's `rules`; None under the paper's rule."""
+    """Params-shaped weights w (a float, or [L, 1, ...] for scanned blocks) under the `mecefo`
+    section `rules`; None under the paper's rule."""
     if is_paper_rule(rules):
         return None
     w, top = rules.neighbour_weight, rules.trust_top_blocks
@@ -98,11 +97,8 @@ def scale_cotangents(params, trust):
 
 
 def combine(grad_sums, exact_tokens, neighbour_tokens, trust, skip_attention: bool):
-    """Divide the summed gradients by each parameter's count (module docstring).
-
-    With no count (no exact row for the attention branch, say) a parameter gets no
-    gradient this step.
-    """
+    """Divide the summed gradients by each parameter's count (module docstring); with no count
+    (no exact row for the attention branch, say) a parameter gets no gradient this step."""
     if trust is None:
         trust = jax.tree_util.tree_map_with_path(
             lambda path, _: 0.0 if skip_attention and is_attention_branch(path) else 1.0,

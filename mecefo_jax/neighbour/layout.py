@@ -1,18 +1,12 @@
 """Where each batch shard is computed: pieces, roles and device programs per live replica.
 
-The pipeline yields the global batch as `num_shards` shards in a fixed order; a
-`Layout` says which live replica computes which examples in which role, and `assemble`
-turns the batch into the padded per-replica arrays the step consumes. Failures change
-the layout, never the samples.
-
-Every replica runs one *program*: a role and a number of rows, all its pieces joined
-into one batch (a neighbour's two shards take one backward, no gradient accumulator).
-*normal* computes every row exactly, *neighbour* every row in MeCeFO's neighbour mode,
-*mixed* its own shard exactly and only the adopted rows in neighbour mode. Replicas of
-one role share the busiest one's program, padding masked by zero weights: a
+Failures change the layout, never the samples. Every replica runs one *program*: a role
+and a number of rows, all its pieces joined into one batch (one backward, no gradient
+accumulator). *normal* computes every row exactly, *neighbour* every row in neighbour
+mode, *mixed* its own shard exactly and only the adopted rows in neighbour mode.
+Replicas of one role share the busiest one's program, padding masked by zero weights: a
 synchronous step lasts as long as its slowest device anyway, and fewer programs mean
-fewer branches and compilations. A layout with only a normal program needs no
-per-device branching (`is_plain`).
+fewer branches and compilations.
 
 Shape letters: N shards, B examples per shard, R live replicas, C capacity
 (rows per replica, the largest program), T tokens per example (seq_len + 1).
@@ -65,13 +59,8 @@ class Program:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Static assignment of batch pieces to the live replicas of a mesh.
-
-    `replicas[i]` is the original data-axis index of the i-th live replica (the
-    i-th row of the current mesh); `pieces[i]` lists what it computes, joined
-    into one batch in that order; `roles[i]` is its role (a mixed replica's
-    first piece is the one it computes exactly).
-    """
+    """Batch pieces per live replica: `replicas[i]`, the data-axis index of the mesh's i-th row,
+    computes `pieces[i]` joined in order, in `roles[i]` (a mixed one its first piece exactly)."""
     replicas: tuple[int, ...]
     roles: tuple[int, ...]
     pieces: tuple[tuple[Piece, ...], ...]
@@ -166,22 +155,21 @@ def full_layout(num_replicas: int, shard_batch: int) -> Layout:
 
 
 def assemble(layout: Layout, tokens_nbt: np.ndarray) -> dict[str, np.ndarray]:
-    """Gather a global batch into the step's per-replica arrays.
+    """The step's arrays: int32 tokens [R*C, T], float32 example weights [R*C] (0 marks padding)
+    and int32 program indices [R]; split over 'data', replica r owns rows [r*C, (r+1)*C)."""
+    return joined_rows(layout.pieces, layout.capacity, layout.program_index(), tokens_nbt)
 
-    Returns int32 tokens [R*C, T], float32 example weights [R*C] (0 marks
-    padding) and int32 program indices [R]; the leading axes are split over
-    'data', so replica r owns rows [r*C, (r+1)*C).
-    """
-    num_replicas, capacity = len(layout.replicas), layout.capacity
-    seq = tokens_nbt.shape[-1]
-    tokens = np.zeros((num_replicas, capacity, seq), np.int32)
-    weights = np.zeros((num_replicas, capacity), np.float32)
-    for r, pieces in enumerate(layout.pieces):
+
+def joined_rows(pieces_per_row, capacity: int, program_index, tokens_nbt: np.ndarray) -> dict:
+    """`assemble`'s arrays: each row's pieces joined in order, padded to `capacity`."""
+    rows, seq = len(pieces_per_row), tokens_nbt.shape[-1]
+    tokens = np.zeros((rows, capacity, seq), np.int32)
+    weights = np.zeros((rows, capacity), np.float32)
+    for r, pieces in enumerate(pieces_per_row):
         row = 0
         for piece in pieces:
             tokens[r, row:row + piece.size] = tokens_nbt[piece.shard, piece.start:piece.stop]
             weights[r, row:row + piece.size] = 1.0
             row += piece.size
-    return {'tokens': tokens.reshape(num_replicas * capacity, seq),
-            'weights': weights.reshape(num_replicas * capacity),
-            'programs': np.asarray(layout.program_index(), np.int32)}
+    return {'tokens': tokens.reshape(rows * capacity, seq), 'weights': weights.reshape(rows * capacity),
+            'programs': np.asarray(program_index, np.int32)}

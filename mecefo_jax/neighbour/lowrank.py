@@ -1,17 +1,11 @@
 """Low-rank backward passes for an FFN dense layer (MeCeFO neighbour mode).
 
-This module owns the two rules `mecefo.projection` selects. Both compute an
-ordinary dense matmul forward and keep the activation gradient exact; they
-differ in the subspace the kernel gradient is projected onto:
-
-* `lowrank_dense` ('weights', the paper's rule): the top-r input-side
-  singular directions of the kernel, V, held as state and refreshed every
-  `mecefo.tau` steps (`mecefo_jax.neighbour.projections` computes it);
-* `sketched_dense` ('gradient', this project's addition): a basis of the
-  range of the batch's own kernel gradient, found by a randomized range
-  finder in the backward pass itself; no state, no refresh.
-
-Choosing *when* to use them lives in `mecefo_jax.model.llama`.
+The two rules `mecefo.projection` selects (docs/algorithm.md section 3): both run an
+ordinary matmul forward and keep the activation gradient exact. `lowrank_dense`
+('weights', the paper's) projects the kernel gradient onto V, the kernel's top-r
+input-side singular directions, held as state (`projections.py`); `sketched_dense`
+('gradient', this project's) onto the range of the batch's own kernel gradient, found in
+the backward itself. `model/llama.py` chooses when to use them.
 """
 from __future__ import annotations
 
@@ -23,22 +17,19 @@ import jax.numpy as jnp
 
 @jax.custom_vjp
 def lowrank_dense(x_bn: jax.Array, kernel_nm: jax.Array, v_nr: jax.Array) -> jax.Array:
-    """`x @ kernel` whose kernel gradient is low-rank (MeCeFO neighbour mode).
+    """`x @ kernel` (in x's dtype) whose kernel gradient is low-rank.
 
     Flax stores `kernel = W^T` ([n_in, m_out]); with V ([n_in, r]) its top-r left singular
     vectors, the backward returns G_x = G_y kernel^T (exact), G_kernel = V ((x V)^T G_y)
-    ~= x^T G_y (summed over x's leading dims, in the kernel's dtype) and G_v = 0 (V is
-    refreshed state). Only `x @ V` ([..., r]) is saved, never x: the memory saving.
-
-    The output is in x's dtype. Inside `shard_map`, kernel and v need x's varying axes
-    (`jax.lax.pcast(kernel, 'data', to='varying')`): the kernel cotangent is per-shard.
+    ~= x^T G_y and G_v = 0 (V is refreshed state). Only `x @ V` is saved, never x. Inside
+    `shard_map`, kernel and v need x's varying axes (`jax.lax.pcast`): the kernel cotangent
+    is per-shard.
     """
     return x_bn @ kernel_nm.astype(x_bn.dtype)
 
 
 def _lowrank_dense_fwd(x_bn, kernel_nm, v_nr):
     y_bm = x_bn @ kernel_nm.astype(x_bn.dtype)
-    # Save x V ([..., r]) instead of x ([..., n]): this is the activation-memory saving.
     xv_br = x_bn @ v_nr.astype(x_bn.dtype)
     return y_bm, (xv_br, kernel_nm, v_nr)
 
@@ -47,13 +38,10 @@ def _lowrank_dense_bwd(res, g_bm):
     xv_br, kernel_nm, v_nr = res
     r, m = v_nr.shape[-1], g_bm.shape[-1]
     g_x_bn = g_bm @ kernel_nm.astype(g_bm.dtype).T
-    # Contract the token dims first ([r, m]) so the n x m product is only formed
-    # once, by the cheap rank-r outer product; accumulate in f32 because the sum
-    # runs over every token of the batch.
+    # Contract the tokens first ([r, m]) so the n x m product is formed once, by the rank-r
+    # outer product; accumulate in f32, as the sum runs over every token of the batch.
     acc_dtype = jnp.promote_types(jnp.float32, g_bm.dtype)
-    g_rm = jnp.matmul(
-        xv_br.reshape(-1, r).T, g_bm.reshape(-1, m), preferred_element_type=acc_dtype
-    )
+    g_rm = jnp.matmul(xv_br.reshape(-1, r).T, g_bm.reshape(-1, m), preferred_element_type=acc_dtype)
     g_kernel_nm = (v_nr.astype(acc_dtype) @ g_rm).astype(kernel_nm.dtype)
     # zeros_like keeps v's varying-axes type, so shard_map's vma check accepts it.
     return g_x_bn, g_kernel_nm, jnp.zeros_like(v_nr)
@@ -68,10 +56,9 @@ SKETCH_SEED = 20251016  # Omega's seed: fixed, so every device and process draws
 def sketch_matrix(n_in: int, m_out: int, rank: int) -> jax.Array:
     """Omega ([m_out, rank], float32, Gaussian) of `sketched_dense` for an [n_in, m_out] kernel.
 
-    A function of `SKETCH_SEED` and the shape only (threefry whatever the default PRNG),
-    so the same on every device, process and step with no RNG state threaded through
-    training. A fixed Omega is enough: the range finder's bound holds for a Gaussian Omega
-    independent of the matrix it sketches.
+    A function of `SKETCH_SEED` and the shape only (threefry whatever the default PRNG), so
+    the same everywhere with no RNG state in training: the range finder's bound holds for
+    any Gaussian Omega independent of the matrix it sketches.
     """
     root = jax.random.key(SKETCH_SEED, impl='threefry2x32')
     key = jax.random.fold_in(jax.random.fold_in(root, n_in), m_out)
@@ -82,14 +69,12 @@ def sketch_matrix(n_in: int, m_out: int, rank: int) -> jax.Array:
 def sketched_dense(x_bn: jax.Array, kernel_nm: jax.Array, rank: int) -> jax.Array:
     """`x @ kernel` whose kernel gradient is projected onto the range of its own sketch.
 
-    The 'gradient' rule of `mecefo.projection`, this project's addition to MeCeFO: a
-    W-based projection cannot keep gradient directions outside W's row space (for `w_down`
-    about half the gradient lies there). The batch's gradient G = x^T G_y has rank at
-    most the token count and a fast-decaying spectrum, so a randomized range finder
-    (Halko, Martinsson & Tropp, 2011, Algorithm 4.1) keeps most of it:
-    G_kernel = Q (Q^T x^T G_y), Q = orth(x^T (G_y Omega)) [n_in, r], exact when r >= rank(G).
-    The products never form G (FLOPs: `faults/costs.ffn_wgrad_flops`). It saves x whole,
-    giving up the W-based rule's memory saving; dtypes and `shard_map` as `lowrank_dense`.
+    A W-based projection cannot keep gradient directions outside W's row space (for `w_down`
+    about half the gradient lies there). G = x^T G_y has rank at most the token count and a
+    fast-decaying spectrum, so a randomized range finder (Halko, Martinsson & Tropp, 2011,
+    Algorithm 4.1) keeps most of it: G_kernel = Q (Q^T x^T G_y), Q = orth(x^T (G_y Omega)),
+    exact when r >= rank(G), never forming G. It saves x whole, giving up the W-based rule's
+    memory saving; dtypes and `shard_map` as `lowrank_dense`.
     """
     return x_bn @ kernel_nm.astype(x_bn.dtype)
 

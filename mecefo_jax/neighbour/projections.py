@@ -1,11 +1,8 @@
-"""Projection state for MeCeFO's low-rank FFN gradients.
+"""Projection state for MeCeFO's low-rank FFN gradients: the V of `lowrank.lowrank_dense`.
 
-This module owns the V matrices used by `mecefo_jax.neighbour.lowrank.lowrank_dense`:
-which kernels get one (the FFN kernels), how large r is (`resolve_rank`),
-how V is computed (top-r left singular vectors of the Flax kernel: exactly by
-SVD, or cheaply by randomized subspace iteration warm-started from the held V,
-`mecefo.refresh`), and when it is recomputed (`needs_refresh`: at failure
-onset and every `tau` steps while some device runs in neighbour mode).
+V holds the top-r left singular vectors of each FFN kernel (Flax stores W^T), computed
+exactly by SVD or by randomized subspace iteration warm-started from the held V
+(`mecefo.refresh`; docs/algorithm.md, "Cheap projection refresh").
 """
 from __future__ import annotations
 
@@ -49,9 +46,8 @@ def resolve_rank(rank: Any, n_in: int, m_out: int, field: str = 'mecefo.rank') -
 def top_singular_vectors(kernel_nm: jax.Array, r: int) -> jax.Array:
     """Top-r left singular vectors of a Flax kernel ([n_in, m_out] -> [n_in, r]), in float32.
 
-    Those are W's input-side singular vectors, the subspace MeCeFO projects activations
-    onto. One SVD per matrix of a stacked kernel: on several CPU devices (jax 0.10.2) a
-    batched LAPACK SVD beside the parameter initialiser deadlocked about every other run.
+    One SVD per matrix of a stacked kernel: on several CPU devices (jax 0.10.2) a batched
+    LAPACK SVD beside the parameter initialiser deadlocked about every other run.
     """
     kernel_nm = kernel_nm.astype(jnp.float32)
     if kernel_nm.ndim > 2:
@@ -75,18 +71,14 @@ def _orthonormal(y_kr: jax.Array) -> jax.Array:
 def subspace_iteration(kernel_nm: jax.Array, rank: int, init_v: jax.Array | None = None, *,
                        iterations: int, key: jax.Array | None = None,
                        split: RefreshSplit | None = None) -> jax.Array:
-    """Top-r left singular subspace of a Flax kernel by randomized subspace iteration.
+    """Top-r left singular subspace ([..., n, r] float32, any basis: only V V^T is used) of a
+    Flax kernel by randomized subspace iteration.
 
-    Halko, Martinsson & Tropp (2011), Algorithm 4.4: Z = orth(kernel^T Q), then
-    Q = orth(kernel Z), per iteration; re-orthonormalising after every product keeps
-    float32 accurate where plain powers of kernel kernel^T would drown the smaller
-    directions. V0 is `init_v` (the held V: the weights drift slowly between
-    refreshes, so one or two iterations track them) or a Gaussian draw from `key`.
-    Products run at HIGHEST precision (TF32/bf16 passes would cap the accuracy);
-    `split` places the kernel and the skinny blocks (`RefreshSplit`).
-
-    Returns [..., n, r] float32 with orthonormal columns; the basis inside the
-    subspace is arbitrary (MeCeFO only uses V V^T).
+    Halko, Martinsson & Tropp (2011), Algorithm 4.4: Z = orth(kernel^T Q), Q = orth(kernel Z)
+    per iteration; orthonormalising after every product keeps float32 accurate where powers
+    of kernel kernel^T would drown the smaller directions. V0 is `init_v` (the held V: the
+    weights drift slowly, so one or two iterations track them) or a Gaussian draw from `key`.
+    Products run at HIGHEST precision (TF32/bf16 passes would cap the accuracy).
     """
     kernel_nm = kernel_nm.astype(jnp.float32)
     n = kernel_nm.shape[-2]
@@ -119,13 +111,9 @@ def _unchanged(x: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class RefreshSplit:
-    """Where one kernel's subspace iteration runs.
-
-    `kernel` places the [..., n, m] kernel before the products (e.g. split over the
-    data axis too: it is identical on every replica); `product_m` and `product_n`
-    place the [..., m, r] and [..., n, r] products as they come out; `block` places
-    each skinny block before its QR (e.g. replicated, so the QR is not split).
-    """
+    """Where one kernel's subspace iteration runs: `kernel` places the [..., n, m] kernel before
+    the products, `product_m` and `product_n` the [..., m, r] and [..., n, r] products as they
+    come out, `block` each skinny block before its QR (replicated, so the QR is not split)."""
     kernel: Callable[[jax.Array], jax.Array] = _unchanged
     product_m: Callable[[jax.Array], jax.Array] = _unchanged
     product_n: Callable[[jax.Array], jax.Array] = _unchanged
@@ -137,14 +125,8 @@ def _is_ffn_kernel(path: tuple[str, ...]) -> bool:
 
 
 def compute_projections(params: Mapping[str, Any], rank: Any) -> dict[str, Any]:
-    """V for every FFN kernel in `params`, in a tree holding only those paths.
-
-    `params` is an unboxed nested dict of Flax params; leaves at paths ending
-    in (<FFN_KERNEL_NAMES>, 'kernel') get `top_singular_vectors`, everything
-    else is dropped. Pure jnp with static shapes and a static `rank`, so it
-    can be jitted (e.g. with output shardings). Raises if no FFN kernel is
-    found, since silently returning {} would make neighbour mode a no-op.
-    """
+    """V for every FFN kernel in the unboxed `params`, in a tree of only those paths; raises if
+    there is none, since {} would make neighbour mode a silent no-op."""
 
     def walk(node: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -159,18 +141,15 @@ def compute_projections(params: Mapping[str, Any], rank: Any) -> dict[str, Any]:
                     raise ValueError(
                         f'{"/".join(child_path)}: expected an [n_in, m_out] kernel, got '
                         f'{type(child).__name__} with shape {getattr(child, "shape", None)} '
-                        '(are the params still boxed?)'
-                    )
+                        '(are the params still boxed?)')
                 n_in, m_out = child.shape[-2], child.shape[-1]
                 out[key] = top_singular_vectors(child, resolve_rank(rank, n_in, m_out))
         return out
 
     projections = walk(params, ())
     if not projections:
-        raise ValueError(
-            f'compute_projections: no leaf at a path ending in (<{"|".join(FFN_KERNEL_NAMES)}>, '
-            "'kernel') in params"
-        )
+        raise ValueError(f'compute_projections: no leaf at a path ending in '
+                         f'(<{"|".join(FFN_KERNEL_NAMES)}>, \'kernel\') in params')
     return projections
 
 
@@ -179,13 +158,8 @@ def refresh_projections(params: Mapping[str, Any], previous: Mapping[str, Any], 
                         split_for: Callable[[tuple[str, ...], jax.Array], RefreshSplit]
                         | None = None
                         ) -> dict[str, Any]:
-    """New V for every FFN kernel: exact SVD or subspace iteration from `previous`.
-
-    `previous` is the projection tree the state holds (same paths as
-    `compute_projections` gives); under 'subspace' each of its V warm-starts
-    `subspace_iteration` on the kernel at the same path, placed by
-    `split_for(path, kernel)` when given (the SVD path ignores it).
-    """
+    """New V for every FFN kernel: exact SVD, or subspace iteration warm-started from the held
+    `previous`, each kernel placed by `split_for(path, kernel)` when given."""
     if method == 'svd':
         return compute_projections(params, rank)
 
@@ -201,16 +175,10 @@ def refresh_projections(params: Mapping[str, Any], previous: Mapping[str, Any], 
 
 
 def needs_refresh(step: int, *, tau: int, failure_onset: bool, neighbour_active: bool) -> bool:
-    """Whether V must be recomputed before this step's backward pass.
-
-    At failure onset the held V may be arbitrarily old (nobody refreshed it
-    while all devices were healthy), so it is always recomputed; while some
-    device is in neighbour mode it is refreshed every `tau` steps to track the
-    drifting weights; with no neighbour active V is unused, so never.
-    """
+    """Whether V must be recomputed before this step's backward: always at failure onset (the
+    held V may be arbitrarily old), else every `tau` steps while a neighbour is active."""
     if step < 0:
         raise ValueError(f'step must be >= 0; got {step}')
     if failure_onset:
         return True
     return bool(neighbour_active) and step % tau == 0
-

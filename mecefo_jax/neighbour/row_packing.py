@@ -1,26 +1,22 @@
 """Replicas as rows: many logical data-parallel replicas packed onto fewer devices.
 
-MeCeFO's combination rule (`combination.py`) counts rows, not devices, so a step needs
-only two sets of rows, exact and neighbour-mode; which device holds a row changes only
-the order of a sum. A `Packing` lays a logical `Layout`'s exact rows, then its
+The combination rule (`combination.py`) counts rows, not devices, so which device holds a
+row changes only the order of a sum. A `Packing` lays a `Layout`'s exact rows, then its
 neighbour-mode rows, end to end over `devices` rows of the mesh, `capacity` rows each
-(the last padded with zero weights). So every device computes as many rows as the
-busiest must, and only the devices that hold neighbour-mode rows run the neighbour
-program: a device's program is data (`programs`, chosen per device by `lax.switch`), and
-the compiled step is keyed by the row counts per role (`signature`). One failure at a
-time therefore compiles at most two steps whichever replica fails, and costs the rows it
-computes, as one device per replica would. On one GPU (`devices=1`) this holds the
-paper's 32 replicas.
+(the last padded with zero weights); only devices holding neighbour-mode rows run the
+neighbour program, chosen per device by `lax.switch`, and the compiled step is keyed by
+the row counts per role (`signature`). So one failure at a time compiles at most two
+steps whichever replica fails, and costs the rows it computes, as one device per replica
+would. On one GPU (`devices=1`) this holds the paper's 32 replicas.
 
-Shape letters as in `layout.py`: N shards, B examples per shard, D devices,
-C rows per device, T tokens per example.
+Shape letters as in `layout.py`, with D devices and C rows per device.
 """
 import dataclasses
 import math
 
 import numpy as np
 
-from mecefo_jax.neighbour.layout import ROLE_MIXED, ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program
+from mecefo_jax.neighbour.layout import ROLE_MIXED, ROLE_NEIGHBOUR, ROLE_NORMAL, Layout, Piece, Program, joined_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,18 +46,8 @@ class Packing:
 
     def assemble(self, tokens_nbt: np.ndarray) -> dict[str, np.ndarray]:
         """The step's arrays: tokens [D*C, T], weights [D*C] (0 marks padding), programs [D]."""
-        seq, capacity = tokens_nbt.shape[-1], self.capacity
-        tokens = np.zeros((self.devices, capacity, seq), np.int32)
-        weights = np.zeros((self.devices, capacity), np.float32)
-        for d in range(self.devices):
-            row = 0
-            for piece in self.exact[d] + self.approximate[d]:
-                tokens[d, row:row + piece.size] = tokens_nbt[piece.shard, piece.start:piece.stop]
-                weights[d, row:row + piece.size] = 1.0
-                row += piece.size
-        return {'tokens': tokens.reshape(self.devices * capacity, seq),
-                'weights': weights.reshape(self.devices * capacity),
-                'programs': np.asarray(self.program_index, np.int32)}
+        return joined_rows([e + a for e, a in zip(self.exact, self.approximate)], self.capacity,
+                           self.program_index, tokens_nbt)
 
 
 def _split_pieces(layout: Layout) -> tuple[list[Piece], list[Piece]]:

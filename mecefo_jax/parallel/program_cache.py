@@ -58,29 +58,32 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def enable(directory: str, context: str = '') -> None:
-    """Store and look up this process's compiled programs under `directory` ('': no more).
-
-    With a `context` (`program_context`), `load_or_compile` finds programs
-    without tracing them.
-    """
+    """Store and look up this process's compiled programs under `directory` ('': no more); with
+    a `context` (`program_context`), `load_or_compile` finds programs without tracing them."""
     global _directory, _context
     if directory:
         os.makedirs(directory, exist_ok=True)
     _directory, _context = directory or None, context
 
 
-def configure(setting: str, workdir: str, context: str = '') -> str:
-    """`launch.compilation_cache` for a launcher process: JAX's cache and this one, under it.
+# The layers a launcher's processes use, all by default: JAX's own persistent cache ('jax'),
+# this one's programs by lowered text ('programs'), and its lookups before tracing
+# ('untraced'). docs/launch.md's table of what each saves a recovery left each one out.
+LAYERS_VARIABLE = 'MECEFO_CACHE_LAYERS'
 
-    'auto' is `<workdir>/launch/xla_cache`, '' turns both off. Shared by
-    every worker, generation and compile-ahead job. Returns the directory.
-    """
+
+def configure(setting: str, workdir: str, context: str = '') -> str:
+    """`launch.compilation_cache` for a launcher process: JAX's cache and this one under it
+    ('auto': `<workdir>/launch/xla_cache`; '': both off), shared by every job. Returns it."""
     if not setting:
         return ''
+    layers = set(os.environ.get(LAYERS_VARIABLE, 'jax,programs,untraced').split(','))
     cache = os.path.join(workdir, 'launch', 'xla_cache') if setting == 'auto' else setting
-    jax.config.update('jax_compilation_cache_dir', cache)
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-    enable(os.path.join(cache, 'programs'), context)
+    if 'jax' in layers:
+        jax.config.update('jax_compilation_cache_dir', cache)
+        jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+    if 'programs' in layers:
+        enable(os.path.join(cache, 'programs'), context if 'untraced' in layers else '')
     return cache
 
 
@@ -160,12 +163,8 @@ def untraced_key(identity: str, args, devices) -> str:
 
 
 def load_or_compile(jitted, args, devices, name: str, identity: str = ''):
-    """`jitted.lower(*args).compile()` through the cache, found before tracing when it can be.
-
-    `identity` tells apart programs of one name with the same inputs (a
-    train step's layout). Without a context set, this is `compile` of the
-    lowered program.
-    """
+    """`jitted.lower(*args).compile()` through the cache, found before tracing when it can be;
+    `identity` tells apart programs of one name with the same inputs (a train step's layout)."""
     devices = list(devices)
     if not _context:  # off, or on without untraced lookups
         return compile(jitted.lower(*args), devices, name)
@@ -317,13 +316,9 @@ def _count_hit(name: str, seconds: float) -> None:
 
 @contextlib.contextmanager
 def _jax_cache_off(backend):
-    """Compile for real, not from JAX's persistent cache (see `_compile_or_load`).
-
-    JAX decides once per process, at its first compile, whether its cache is
-    used (`is_cache_used`): deciding it here, with the cache still on, keeps
-    a process whose first compile is this one from losing JAX's cache for
-    every later program.
-    """
+    """Compile for real, not from JAX's persistent cache (see `_compile_or_load`). JAX decides at
+    a process's first compile whether its cache is used (`is_cache_used`): deciding it here,
+    with the cache on, keeps a process whose first compile is this one from losing it."""
     from jax._src import compilation_cache  # no public switches for either
     from jax._src import config as jax_config
     compilation_cache.is_cache_used(backend)

@@ -1,8 +1,7 @@
 """Meshes, the one table mapping logical axis names to mesh axes, and abstract step inputs.
 
-Model code names parameter axes logically ('embed', 'mlp', ...); only this module
-knows how those names land on the ("data", "model") mesh. Abstract inputs
-(ShapeDtypeStructs carrying shardings) let a step compile before any array exists.
+Model code names parameter axes logically ('embed', 'mlp', ...); only this module knows
+where they land on the ("data", "model") mesh.
 """
 import jax
 import jax.numpy as jnp
@@ -32,12 +31,8 @@ LOGICAL_AXIS_RULES = (
 
 def mesh_shape(mesh_cfg: MeshSection, num_devices: int, *,
                allow_subset: bool = False) -> tuple[int, int]:
-    """Resolve (data, model) from config against the devices available.
-
-    A mesh must use every device: `mesh.data=3` on 8 devices would train on
-    3 of them without a word. Only measurements of a smaller program (the
-    step benchmark's 1x1 mesh) pass `allow_subset`.
-    """
+    """(data, model) from config; every device used (`mesh.data=3` on 8 devices would train on
+    3 without a word), unless `allow_subset` (the step benchmark's 1x1 mesh)."""
     model = mesh_cfg.model
     if model < 1 or num_devices % model:
         raise ValueError(
@@ -71,11 +66,7 @@ def make_mesh(mesh_cfg: MeshSection, devices=None, *, allow_subset: bool = False
 
 
 def mesh_from_rows(rows) -> Mesh:
-    """A mesh whose data-axis entries are the given replica rows of devices.
-
-    The fault controller rebuilds meshes from the live rows, so row order is
-    the replica order along the data axis.
-    """
+    """A mesh of replica rows, in order along 'data' (the fault controller's live rows)."""
     grid = np.array([list(row) for row in rows], dtype=object)
     return Mesh(grid, (DATA_AXIS, MODEL_AXIS),
                 axis_types=(AxisType.Auto, AxisType.Auto))
@@ -91,9 +82,8 @@ def fit_spec(spec: P, shape, mesh: Mesh) -> P:
 
 
 def mesh_specs(boxed_tree):
-    """PartitionSpecs over mesh axes for a tree of `nn.LogicallyPartitioned` boxes (or arrays),
-    before fitting to a mesh. Unboxed leaves are replicated, which is what non-parameter
-    state wants."""
+    """PartitionSpecs, before fitting to a mesh, for a tree of `nn.LogicallyPartitioned` boxes
+    (or arrays); unboxed leaves, non-parameter state, are replicated."""
     return nn.logical_to_mesh(nn.get_partition_spec(boxed_tree), LOGICAL_AXIS_RULES)
 
 

@@ -19,12 +19,9 @@ from mecefo_jax.parallel import program_cache, sharding
 class TrainState:
     """Everything a step reads and writes, as one pytree.
 
-    `projections` holds the SVD bases V of every FFN kernel: state, not
-    parameters, so the optimizer never sees them. Under
-    `mecefo.projection='gradient'` nothing reads them (the neighbour projects
-    on its batch's own gradient) and nothing refreshes them; they stay in the
-    state all the same, so that the state, its shardings and its checkpoints
-    have one form whatever the rule.
+    `projections` holds the bases V of every FFN kernel: state, not parameters, so the
+    optimizer never sees them. Under `mecefo.projection='gradient'` nothing reads them, but
+    they stay so the state, its shardings and its checkpoints have one form whatever the rule.
     """
     step: jax.Array
     params: Any
@@ -45,12 +42,8 @@ def _projection_specs(param_specs, abstract_projections):
 
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
-    """The train state's shapes and each leaf's mesh axes, from one trace of its init.
-
-    Restore targets (`abstract`) and the shardings on any mesh (`shardings`) both come
-    from it, so a process traces the init once; it pickles, so a launcher's relaunched
-    workers find it in the program cache (`layout`) and trace nothing.
-    """
+    """The train state's shapes (restore targets) and each leaf's mesh axes, from one trace of
+    its init; it pickles, so relaunched workers find it in the program cache (`layout`)."""
     abstract: TrainState  # ShapeDtypeStructs
     specs: TrainState  # PartitionSpecs, before fitting to a mesh
 
@@ -94,10 +87,8 @@ def state_shardings(model: Llama, optimizer: optax.GradientTransformation, mesh,
 
 def _init_fn(model: Llama, optimizer, seed: int, rank):
     def init():
-        # JAX's default threefry key. (The 'rbg' key once saved compile time
-        # over unrolled layers; under nn.scan on several CPU devices its init
-        # program deadlocks at run time on jax 0.10.2, and scanning removed
-        # the per-layer compile cost it saved.)
+        # JAX's default threefry key: under nn.scan on several CPU devices an 'rbg' key's init
+        # deadlocks at run time (jax 0.10.2), and scanning removed the compile cost it saved.
         key = jax.random.key(seed)
         params = flax.linen.unbox(init_params(model, key))
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -107,13 +98,9 @@ def _init_fn(model: Llama, optimizer, seed: int, rank):
 
 
 def create_train_state(model: Llama, optimizer, mesh, *, seed: int, rank, shardings=None):
-    """Initialise parameters, optimizer state and projections directly sharded.
-
-    `shardings` are `state_shardings`' on `mesh` where the caller has them. The init
-    program goes through `program_cache` (a plain compile while it is off); with it on
-    (a launcher's workers) it is found before tracing, so a fresh generation's workers
-    skip tracing and lowering it again.
-    """
+    """Parameters, optimizer state and projections, created sharded (`shardings`:
+    `state_shardings` on `mesh`, where the caller has them) by an init program that goes
+    through `program_cache`, so a fresh generation's workers skip tracing it."""
     shardings = state_shardings(model, optimizer, mesh, rank) if shardings is None else shardings
     init = jax.jit(_init_fn(model, optimizer, seed, rank), out_shardings=shardings)
     compiled = program_cache.load_or_compile(init, (), mesh.devices.flat, 'init',
@@ -122,13 +109,9 @@ def create_train_state(model: Llama, optimizer, mesh, *, seed: int, rank, shardi
 
 
 def move_state(state, shardings):
-    """Place `state` on the arrays' new shardings (possibly another mesh).
-
-    Single-process: a device-to-device `device_put`. Multi-process: every
-    process rebuilds its new local shards from an old local shard with the
-    same index (replicas along 'data' hold identical copies), so no process
-    needs another's memory.
-    """
+    """Place `state` on new shardings, possibly another mesh. Multi-process, each process builds
+    its new shards from its own old ones of the same index (replicas along 'data' are copies),
+    so no process needs another's memory."""
     if jax.process_count() == 1:
         return jax.device_put(state, shardings)
 

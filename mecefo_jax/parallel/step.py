@@ -1,21 +1,13 @@
 """Jitted train, eval and projection-refresh steps over a ("data", "model") mesh.
 
-A layout with one normal program (fault-free, drop, elastic, checkpoint/restart, naive
-neighbour-do-both) runs a plain GSPMD data-parallel step: no branch, no loop, so
-fault-free training costs what plain data parallelism costs. Otherwise `shard_map`
-over 'data': each device takes its program with `lax.switch` and runs ONE
-forward/backward over its joined rows in its role (no gradient accumulator), returning
-gradient *sums* and token counts, `psum`med and divided afterwards (the combination
-rule, docs/algorithm.md section 4). The 'model' axis stays automatic in both.
-
-Every batch carries the step it was assembled for; a non-finite step leaves the state
-untouched, and so does every later one, so a loop reading metrics only every few steps
-still stops at the first bad step's state.
-
-The projection refresh recomputes every FFN kernel's V (at failure onsets and every
-`tau` steps while a neighbour is active: neighbour/projections.py has the maths); the
-kernels are identical on every replica, so large ones split the refresh's products
-over 'data' (`data_split_spec`), and small ones refresh whole everywhere.
+A layout with one normal program (fault-free, drop, elastic, checkpoint/restart,
+ndb_naive) runs a plain GSPMD data-parallel step, so fault-free training costs what plain
+data parallelism costs. Otherwise `shard_map` over 'data': each device picks its program
+with `lax.switch` and runs ONE forward/backward over its joined rows (no gradient
+accumulator), returning gradient *sums* and token counts, `psum`med and divided afterwards
+(the combination rule, docs/algorithm.md section 4). 'model' stays automatic in both.
+Every batch carries its step: a non-finite step leaves the state untouched, and so does
+every later one, so a loop reading metrics every few steps still stops at the bad step.
 """
 import functools
 import math
@@ -63,9 +55,8 @@ def _plain_grads(model: Llama, params, projections, batch):
 
 
 def _program_grads(model: Llama, program, params, projections, tokens_ct, weights_c):
-    """(gradient sum, loss sum, exact tokens, neighbour tokens) of one device program over
-    its first `rows` rows: the first `exact_rows` exactly, the rest in neighbour mode,
-    their gradients weighted by the neighbour's trust (combination.py)."""
+    """(gradient sum, loss sum, exact tokens, neighbour tokens) of one device program: its first
+    `exact_rows` exactly, the rest in neighbour mode, weighted by their trust (combination.py)."""
     exact = program.exact_rows
     parts = [(start, stop, neighbour) for start, stop, neighbour in
              ((0, exact, False), (exact, program.rows, True)) if stop > start]
@@ -86,17 +77,14 @@ def _trust(model: Llama, params):
     return trust_tree(model.rules, model.cfg.num_layers, params)
 
 
-def _stats(model: Llama, loss_sum, exact_tokens, neighbour_tokens) -> dict:
-    """The step's loss and counts; `attn_tokens`: the rows that gave an attention gradient."""
+def _combined(model: Llama, params, grad_sums, loss_sum, exact_tokens, neighbour_tokens):
+    """(gradients, stats) from a step's sums; `attn_tokens`: rows that gave an attention gradient."""
+    grads = combine(grad_sums, exact_tokens, neighbour_tokens, _trust(model, params),
+                    model.rules.skip_attention)
     tokens = exact_tokens + neighbour_tokens
     skipped = model.rules.skip_attention and not model.rules.attention_top_blocks
     attn = exact_tokens if skipped else tokens
-    return {'loss': loss_sum / jnp.maximum(tokens, 1.0), 'tokens': tokens, 'attn_tokens': attn}
-
-
-def _combined(model: Llama, params, grad_sums, exact_tokens, neighbour_tokens):
-    return combine(grad_sums, exact_tokens, neighbour_tokens, _trust(model, params),
-                   model.rules.skip_attention)
+    return grads, {'loss': loss_sum / jnp.maximum(tokens, 1.0), 'tokens': tokens, 'attn_tokens': attn}
 
 
 def _device_grads(model: Llama, programs, ordered_reduction: bool, params, projections, tokens_ct,
@@ -123,28 +111,22 @@ def attention_mask(params):
     return jax.tree_util.tree_map_with_path(lambda path, _: is_attention_branch(path), params)
 
 
-def is_plain(programs) -> bool:
-    return len(programs) == 1 and programs[0].role == ROLE_NORMAL
-
-
 def make_grad_fn(model: Llama, mesh, programs, *, ordered_reduction: bool):
     """fn(params, projections, batch) -> (grads, stats) for a layout's programs;
     `ordered_reduction` is train.ordered_reduction."""
     programs = tuple(programs)
-    if is_plain(programs) and not (ordered_reduction and mesh.shape[DATA] > 1):
+    plain = len(programs) == 1 and programs[0].role == ROLE_NORMAL
+    if plain and not (ordered_reduction and mesh.shape[DATA] > 1):
         return lambda params, projections, batch: _plain_grads(model, params, projections,
                                                                batch)
     if mesh.shape[DATA] == 1:
-        # One live replica runs one program, and the psum over 'data' would be
-        # the identity; XLA also rejects a psum over a one-device manual axis
-        # beside an automatic 'model' axis, so no shard_map at all.
+        # One replica, one program: no shard_map, since the psum would be the identity and XLA
+        # rejects a psum over a one-device manual axis beside an automatic 'model' axis.
         (program,) = programs
 
         def single_replica_grad_fn(params, projections, batch):
-            grad_sums, loss_sum, exact, neighbour = _program_grads(
-                model, program, params, projections, batch['tokens'], batch['weights'])
-            return (_combined(model, params, grad_sums, exact, neighbour),
-                    _stats(model, loss_sum, exact, neighbour))
+            return _combined(model, params, *_program_grads(
+                model, program, params, projections, batch['tokens'], batch['weights']))
         return single_replica_grad_fn
     device_grads = jax.shard_map(
         lambda p, v, tok, w, prog: _device_grads(model, programs, ordered_reduction, p, v, tok,
@@ -153,10 +135,8 @@ def make_grad_fn(model: Llama, mesh, programs, *, ordered_reduction: bool):
         out_specs=P(), axis_names={DATA})
 
     def grad_fn(params, projections, batch):
-        grad_sums, loss_sum, exact, neighbour = device_grads(
-            params, projections, batch['tokens'], batch['weights'], batch['programs'])
-        return (_combined(model, params, grad_sums, exact, neighbour),
-                _stats(model, loss_sum, exact, neighbour))
+        return _combined(model, params, *device_grads(
+            params, projections, batch['tokens'], batch['weights'], batch['programs']))
 
     return grad_fn
 
@@ -208,12 +188,10 @@ def make_eval_step(model: Llama, mesh, param_shardings):
 def data_split_spec(spec: P, shape, mesh_shape) -> P:
     """`spec` with 'data' added on the kernel's long axis (the longer of the last two).
 
-    The FFN kernels are identical on every data-parallel replica, so the
-    refresh's products can be split over 'data' too: each replica computes
-    1/data of them. 'data' goes minor to an axis already split on 'model',
-    so the reshard is a local slice. When the long axis does not split
-    evenly, the other one is taken if it does; if neither does, GSPMD pads
-    the long axis (ceil(n / parts) rows per device: still about 1/data).
+    The kernels are identical on every replica, so each computes 1/data of the refresh's
+    products. 'data' goes minor to an axis already split on 'model', so the reshard is a
+    local slice. An uneven long axis gives way to an even short one; if neither is even,
+    GSPMD pads the long axis (still about 1/data per device).
     """
     axes = list(spec) + [None] * (len(shape) - len(spec))
 
@@ -260,14 +238,9 @@ def _refresh_split_for(state_shardings, min_elements: int):
 
 def make_refresh_fn(rank, state_shardings, *, method: str, iterations: int,
                     split_min_elements: int = 0):
-    """Jitted state -> state with every FFN projection V recomputed.
-
-    `method` 'svd' is exact; 'subspace' runs `iterations` of subspace
-    iteration warm-started from the V the state holds (mecefo.refresh),
-    its products split over the data axis (`data_split_spec`) for kernels
-    of at least `split_min_elements` per layer
-    (mecefo.refresh_split_min_elements).
-    """
+    """Jitted state -> state with every FFN projection V recomputed (neighbour/projections.py):
+    'svd' exactly, 'subspace' by `iterations` warm-started from the held V, its products
+    split over 'data' (`data_split_spec`) for kernels of `split_min_elements` or more."""
     split_for = _refresh_split_for(state_shardings, split_min_elements)
 
     def refresh(state):

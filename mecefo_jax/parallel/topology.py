@@ -1,10 +1,7 @@
 """One mesh and everything compiled for it, cached so no topology is built or compiled twice.
 
-A `Topology` owns the mesh built from one set of live replica rows, the state's
-shardings there (from the state's one layout), the train step compiled per layout
-signature, and the eval and refresh programs. `TopologyCache` keys them by the rows.
-Every program compiles through `program_cache`, so a process that compiled it before
-(or a compile-ahead job) loads it.
+Every program compiles through `program_cache`, so a process that compiled it before (or
+a compile-ahead job) loads it.
 """
 import dataclasses
 import time
@@ -20,12 +17,8 @@ from mecefo_jax.parallel.state import StateLayout
 
 
 class CachedProgram:
-    """A jitted function compiled through `program_cache`, once per input signature.
-
-    Called plainly (jit dispatch) while the program cache is off. `compile`
-    takes arrays or ShapeDtypeStructs, so a compile-ahead job can fill the
-    cache without data.
-    """
+    """A jitted function compiled through `program_cache` once per input signature (a plain jit
+    call while the cache is off); `compile` takes ShapeDtypeStructs too, to compile ahead."""
 
     def __init__(self, jitted, mesh, name: str):
         self.jitted, self._mesh, self._name = jitted, mesh, name
@@ -48,6 +41,7 @@ class CachedProgram:
 
 @dataclasses.dataclass
 class Topology:
+    """The mesh of one set of live replica rows, the state's shardings there, and its programs."""
     rows: tuple
     mesh: jax.sharding.Mesh
     state_shardings: object

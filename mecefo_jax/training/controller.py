@@ -1,13 +1,9 @@
 """The contract between a controller and the loop, and the fault-free controller.
 
-Before every step the loop asks its controller `prepare(clock, step, state)`
-for a `Plan`: the topology (mesh and compiled programs) and the layout (which
-replica computes which rows, in which role) the step runs on. After the step
-is dispatched, `after_dispatch` reports failures and recoveries, and at the
-end `summary` what they cost. `StaticController` is fault-free data
-parallelism on the full mesh; the fault controllers (`faults/controller.py`,
-the paper's and every baseline's, and `faults/restart.py`, checkpoint/restart)
-keep the same contract.
+Before every step the loop asks `prepare(clock, step, state)` for a `Plan` (topology and
+layout); after dispatching it, `after_dispatch` reports failures and recoveries, and at
+the end `summary` what they cost. The fault controllers (`faults/controller.py`) keep the
+same contract.
 """
 from __future__ import annotations
 
@@ -55,11 +51,8 @@ class StaticController:
         return state, Plan(self._topology, self._layout, self._live, packing=self._packing)
 
     def after_dispatch(self, clock: int, step: int, state, dispatched: float) -> list:
-        """No failure or recovery to report.
-
-        `state` is the step's output (reading it waits for the step);
-        `dispatched` is `time.perf_counter()` when the step was launched.
-        """
+        """No failure or recovery to report (`state`: the step's output, which reading waits
+        for; `dispatched`: `time.perf_counter()` at its launch)."""
         del clock, step, state, dispatched
         return []
 

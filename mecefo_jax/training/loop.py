@@ -1,13 +1,11 @@
 """The training loop: data -> step -> metrics, evals, checkpoints, progress.
 
-Before every step the loop asks a controller where it runs (mesh and layout), and
-tells it after dispatching (`after_dispatch`, which must not wait for the device unless
-it measures a recovery): `StaticController` is fault-free, `faults.controller` moves
-training between meshes. Data order, metrics, checkpoints and NaN handling are the
-same for both; measurement is the observers' (observers.py).
+A controller says where each step runs (`training/controller.py`); its `after_dispatch`
+must not wait for the device unless it measures a recovery. Data order, metrics,
+checkpoints and NaN handling are the same under every controller; measurement is the
+observers' (observers.py).
 """
 import dataclasses
-import logging
 import time
 
 import jax
@@ -20,8 +18,6 @@ from mecefo_jax.training.metrics import preempted_row
 from mecefo_jax.training.observers import PlannedStep, StepDone
 from mecefo_jax.training.preemption import Preempted
 from mecefo_jax.training.run_setup import Run, build_run
-
-log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -45,22 +41,19 @@ class _InFlight:
 
 def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
           stop_at: int | None = None, restore=None, observers=(), preemption=None) -> dict:
-    """Train for `train.steps` steps (resuming if `workdir` has checkpoints).
+    """Train for `train.steps` steps (resuming if `workdir` has checkpoints); returns a summary
+    (final losses, then what the controller and each observer reported, and `state`).
 
-    `controller` decides where each step runs (default `StaticController`); `stop_at`
-    ends the job early after checkpointing (the schedule still spans `train.steps`), as
-    does an observer's `stop_requested`; `restore` serves a launcher
-    (`resume.init_or_restore`); `preemption` is asked before every step whether to stop.
+    `controller` defaults to `StaticController`; `stop_at` ends the job early after
+    checkpointing (the schedule still spans `train.steps`), as does an observer's
+    `stop_requested`; `restore` serves a launcher (`resume.init_or_restore`); `preemption`
+    is asked before every step whether to stop.
 
-    The loop never waits for a step it has just dispatched: while step k runs
-    on the devices, the host draws, assembles and transfers batch k + 1.
-    Metrics reach the host every `train.log_every` steps (and before evals,
-    checkpoints and the end); a non-finite step is then found among the steps
-    in flight, and because the step guard froze the state there, the stop
-    saves that step's state with the data position before its batch.
-
-    Returns a summary: final loss, final validation loss/perplexity, what the
-    controller reported, then what each observer reported, and `state`.
+    The loop never waits for a step it has just dispatched: while step k runs, the host
+    prepares batch k + 1. Metrics reach the host every `train.log_every` steps (and before
+    evals, checkpoints and the end); a non-finite step is then found among those in
+    flight and, the step guard having frozen the state there, saved with the data
+    position before its batch.
     """
     run = run or build_run(cfg, workdir)
     state = resume.init_or_restore(run, restore)
@@ -135,8 +128,7 @@ class _Loop:
         return state, plan
 
     def log_eval_save(self, state, plan: Plan, end: int) -> bool:
-        """After a step: metrics on the log cadence, evals, checkpoints; True to stop here
-        (an observer's `stop_requested` makes this step the run's end, checkpointed)."""
+        """After a step: metrics on the log cadence, evals, checkpoints; True to stop here."""
         run, step = self.run, self.step
         # The run's last step always evaluates; an early stop (stop_at: a
         # preemption, or a launcher's planned rejoin) only on the cadence.
@@ -165,11 +157,8 @@ class _Loop:
         return step == end
 
     def preempt(self, state) -> None:
-        """Asked to stop (SIGTERM, Ctrl-C): save this step synchronously, then raise Preempted.
-
-        `state` is the output of the last dispatched step: the state entering
-        `self.step`, saved with the data position after that step's batch.
-        """
+        """Asked to stop (SIGTERM, Ctrl-C): save the state entering `self.step` synchronously,
+        then raise Preempted."""
         run, step = self.run, self.step
         if self.in_flight:  # a non-finite step among them stops as it always does
             self.row = _read_metrics(run, state, self.in_flight)
@@ -188,10 +177,7 @@ class _Loop:
 
 
 def _read_metrics(run: Run, state, in_flight: list) -> dict:
-    """Fetch the metrics of the steps in flight; stop at the first non-finite one.
-
-    Returns the metrics row of the newest step and empties `in_flight`.
-    """
+    """The newest step's metrics row, emptying `in_flight`; stops at the first non-finite one."""
     fetched = jax.device_get([f.metrics for f in in_flight])
     for flight, metrics in zip(in_flight, fetched):
         if not bool(metrics['finite']):
@@ -203,12 +189,8 @@ def _read_metrics(run: Run, state, in_flight: list) -> dict:
 
 
 def _stop_non_finite(run: Run, state, step: int, metrics, position: dict) -> None:
-    """Checkpoint the last good state (the step guard froze it) and stop.
-
-    `state` is the state entering `step` (every step from there on left it
-    untouched) and `position` the data position before that step's batch, so
-    a resumed run sees the failed batch again instead of silently skipping it.
-    """
+    """Checkpoint the state entering `step` (the step guard froze it) with the data position
+    before its batch, so a resumed run sees the failed batch again, and stop."""
     if int(state.step) != step:
         raise AssertionError(f'step guard broken: state at {int(state.step)}, failed step {step}')
     where = 'no checkpoint (train.checkpoint_every=0)'

@@ -1,10 +1,7 @@
 """Training-metrics sink: one JSON object per line in <workdir>/metrics.jsonl.
 
-This module owns the metrics file format and who writes it. Only process 0
-writes (other hosts get a no-op writer) so multi-host runs produce one file.
-The file is opened for append, so a resumed run keeps the rows of earlier
-attempts. A resume first drops the rows past the resumed step
-(`MetricsWriter.truncate_after`), so after any number of resumes a step has
+Only process 0 writes, so a multi-host run has one file. A resumed run appends, after
+dropping the rows past the resumed step (`MetricsWriter.truncate_after`), so a step has
 at most one row of each kind and every reader can take the rows as they are.
 """
 
@@ -26,11 +23,8 @@ RESUME_SOURCES = ('memory', 'disk', 'start_over')  # start_over: step 0, nothing
 
 
 def resumed_row(step: int, source: str, dropped_through: int | None = None) -> dict:
-    """The row written on every resume: from which step, and from which tier.
-
-    `dropped_through`: the newest loss row the resume cut (the crashed run got
-    that far; with `train.log_every=1`, minus `step` it is the steps redone).
-    """
+    """The row written on every resume: from which step and tier; `dropped_through`, the newest
+    loss row it cut (with `train.log_every=1`, minus `step`: the steps redone)."""
     if source not in RESUME_SOURCES:
         raise ValueError(f'resume source must be one of {RESUME_SOURCES}, got {source!r}.')
     row = {'event': 'resumed', 'step': int(step), 'source': source}
@@ -63,19 +57,16 @@ def _parsed(lines):
 
 
 def newest_loss_step(path: str) -> int | None:
-    """The newest step with a loss row in a metrics file; None for none or no file.
-    Lines that are not rows (one cut off by a crash) are passed over in silence."""
+    """The newest step with a loss row in a metrics file (cut-off lines passed over); None for none."""
     steps = [row['step'] for _, row in _parsed(_lines(path) or [])
              if isinstance(row, dict) and 'loss' in row and isinstance(row.get('step'), int)]
     return max(steps, default=None)
 
 
 def truncate_rows_after(path: str, step: int) -> int:
-    """Drop the rows of a JSON-lines file whose "step" is past `step`; return how many.
-
-    Rows without a step are kept; a cut-off last line is dropped; the file is replaced
-    atomically; a missing file stays missing. metrics.jsonl rows name the steps done (pass
-    the resumed step), provenance.jsonl rows the 0-based step run (pass it minus one).
+    """Drop the rows of a JSON-lines file whose "step" is past `step` (and a cut-off last line),
+    replacing it atomically; return how many. metrics.jsonl rows name the steps done (pass the
+    resumed step), provenance.jsonl rows the 0-based step run (pass it minus one).
     """
     lines = _lines(path)
     if lines is None:
@@ -99,25 +90,19 @@ def _to_jsonable(value: Any, where: str) -> Any:
     if isinstance(value, (list, tuple)):
         return [_to_jsonable(v, f'{where}[{i}]') for i, v in enumerate(value)]
     if isinstance(value, (np.generic, np.ndarray, jax.Array)):
-        # np.asarray on a jax.Array waits for the value; rows are written
-        # after the step's metrics are fetched anyway.
-        arr = np.asarray(value)
+        arr = np.asarray(value)  # waits for a jax.Array: its step's metrics were fetched anyway
         # bfloat16 & co. are kind 'V' to numpy; widen them to float32 first.
         if arr.dtype.kind not in 'biuf':
             if not jnp.issubdtype(arr.dtype, jnp.floating):
                 raise TypeError(f'metric {where} has unsupported dtype {arr.dtype}')
             arr = arr.astype(np.float32)
-        # .item()/.tolist() yield Python bool/int/float.
         return arr.item() if arr.ndim == 0 else arr.tolist()
     raise TypeError(f'metric {where} of type {type(value).__name__} is not JSON-serialisable')
 
 
 class MetricsWriter:
-    """Appends metric rows to <workdir>/metrics.jsonl, flushing each row.
-
-    Flushing per row means a crash loses at most the row being written, which
-    read_metrics tolerates.
-    """
+    """Appends metric rows to <workdir>/metrics.jsonl, flushed one by one: a crash loses at most
+    the row being written, which read_metrics tolerates."""
 
     def __init__(self, workdir: str, *, process_index: int | None = None):
         if process_index is None:
@@ -132,8 +117,7 @@ class MetricsWriter:
 
     def _open(self) -> None:
         self._file = open(self.path, 'a+', encoding='utf-8')
-        # A crash mid-write can leave a partial last line; start on a
-        # fresh line so the first new row is not glued onto it.
+        # Start a fresh line after a partial last line left by a crash.
         if self._file.tell() > 0:
             self._file.seek(self._file.tell() - 1)
             if self._file.read(1) != '\n':
@@ -141,11 +125,8 @@ class MetricsWriter:
                 self._file.flush()
 
     def truncate_after(self, step: int) -> int:
-        """On a resume at `step`: drop the rows past it; return how many.
-
-        The file is replaced, so it is reopened here; other writers of the
-        same file must reopen it too.
-        """
+        """On a resume at `step`: drop the rows past it; return how many. The file is replaced
+        and reopened here: other writers of it must reopen it too."""
         if self._closed:
             raise ValueError(f'MetricsWriter for {self.path} is closed.')
         if self._file is None:
@@ -157,11 +138,8 @@ class MetricsWriter:
             self._open()
 
     def write(self, row: dict) -> None:
-        """Append one row; numpy/jax scalars become Python numbers.
-
-        NaN/inf are written as Python's json does (NaN, Infinity): a diverged
-        loss must stay visible rather than become null.
-        """
+        """Append one row; NaN/inf are written as json does (NaN, Infinity): a diverged loss must
+        stay visible rather than become null."""
         if self._closed:
             raise ValueError(f'MetricsWriter for {self.path} is closed.')
         if not isinstance(row, dict):
@@ -189,11 +167,8 @@ class MetricsWriter:
 
 
 def read_metrics(path: str) -> list[dict]:
-    """Read all rows from a metrics.jsonl file (or a workdir containing one).
-
-    Unparseable lines (a row cut off by a crash) are skipped with a warning
-    rather than failing the whole read.
-    """
+    """All rows of a metrics.jsonl file (or a workdir holding one); a row cut off by a crash is
+    skipped with a warning."""
     path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILENAME)

@@ -1,12 +1,9 @@
 """Observers: what measures a training run, kept apart from what trains it.
 
-`training.loop.train(observers=...)` calls each at four points: `on_plan` before a
-step is dispatched, `on_step` after (its arrays not waited for), `on_event` when the
-controller reports a failure or recovery, and `summary` at the end. Observers never
-change what is trained: they may read arrays (which changes timing, never values),
-and only decide when a run has measured enough (`stop_requested`). So one run can
-carry any mix of timing, accounting, probes and launcher hooks without a controller
-subclass per combination.
+Observers never change what is trained: they may read arrays (which changes timing, never
+values) and decide when a run has measured enough (`stop_requested`). So one run carries
+any mix of timing, accounting, probes and launcher hooks without a controller subclass
+per combination.
 """
 import dataclasses
 
@@ -15,9 +12,8 @@ import numpy as np
 
 @dataclasses.dataclass
 class PlannedStep:
-    """What observers are told before a step is dispatched (`Observer.on_plan`): the state
-    entering `step`, where it runs (`plan`), its global batch; `clock` counts executed steps.
-    """
+    """Before a step is dispatched (`Observer.on_plan`): the state entering `step`, where it
+    runs, its global batch; `clock` counts executed steps."""
     clock: int
     step: int
     state: object
@@ -27,10 +23,8 @@ class PlannedStep:
 
 @dataclasses.dataclass
 class StepDone:
-    """What observers are told after each step is dispatched (`Observer.on_step`).
-
-    `state` is the step's output (reading it waits), what the checkpoint of `step + 1`
-    would hold, with `data_position` after this step's batch; `metrics` the step's arrays
+    """After a step is dispatched (`Observer.on_step`): its output `state` (reading it waits),
+    what a checkpoint of `step + 1` would hold with `data_position`; `metrics` its arrays
     (`loss.is_ready()` tells without waiting whether it finished and its state may be donated).
     """
     clock: int
@@ -73,21 +67,14 @@ class Observer:
         return False
 
     def summary(self, report: dict) -> dict:
-        """Figures to add to `train`'s summary.
-
-        `report` is what the loop, the controller and the observers before
-        this one reported (read it, do not change it).
-        """
+        """Figures to add to `train`'s summary; `report` (read-only) holds what the loop, the
+        controller and the observers before this one reported."""
         return {}
 
 
 class TokenCount(Observer):
-    """Useful tokens: the examples each step's layout computed, times `seq_len`.
-
-    A step redone after a rollback counts once (its last execution), so
-    `useful_tokens` is what the finished model was trained on; examples a
-    strategy dropped are not counted.
-    """
+    """Useful tokens: the examples each step's layout computed, times `seq_len`; a step redone
+    after a rollback counts once, so it is what the finished model was trained on."""
 
     def __init__(self, seq_len: int):
         self.seq_len = seq_len

@@ -1,12 +1,10 @@
 """Preemption: a SIGTERM (or a first Ctrl-C) ends the run after a saved step, never mid-step.
 
-Schedulers send SIGTERM some seconds before they kill a job. With `PreemptionGuard`
-the loop finishes the step in flight, saves, writes a `preempted` metrics row and
-raises `Preempted`; the entry point exits with `EXIT_PREEMPTED` and a rerun resumes at
-that step. Every process must stop at the same step, or one would wait forever in a
-collective: there JAX's own preemption sync point picks it (its coordination service
-installs its own SIGTERM notifier); in one process a Python handler sets a flag. A
-second Ctrl-C aborts at once.
+The loop finishes the step in flight, saves, writes a `preempted` row and raises
+`Preempted`; the entry point exits with `EXIT_PREEMPTED` and a rerun resumes there. Every
+process must stop at the same step, or one would wait forever in a collective: there JAX's
+preemption sync point picks it (its coordination service owns SIGTERM); in one process a
+Python handler sets a flag. A second Ctrl-C aborts at once.
 """
 from __future__ import annotations
 
@@ -61,10 +59,8 @@ class PreemptionGuard:
         self.request(signal.Signals(signum).name)
 
     def request(self, why: str) -> None:
-        """Stop at the next step every process agrees on: a signal, or a launcher's call.
-
-        Multi-process, every process learns of it through JAX's SIGTERM notifier.
-        """
+        """Stop at the next step every process agrees on (a signal, or a launcher's call);
+        multi-process, the others learn of it through JAX's SIGTERM notifier."""
         self._flag.set()
         if self._multi:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -72,10 +68,8 @@ class PreemptionGuard:
               '(Ctrl-C again to abort without saving)', flush=True)
 
     def requested(self, step: int) -> bool:
-        """Whether to stop before running `step`, the same answer on every process.
-
-        Multi-process jobs must call it at every step from the same start step.
-        """
+        """Whether to stop before `step`, the same on every process (which must all ask at every
+        step from the same start step)."""
         if self._multi:  # a local flag alone would stop this process only
             from jax.experimental import multihost_utils
             return multihost_utils.reached_preemption_sync_point(step)

@@ -1,15 +1,12 @@
 """Where a run starts: restored from memory or disk, or fresh, and recorded only once checked.
 
-A resume must never lose the user's run or its record: the newest intact checkpoint
-wins (a damaged one is moved aside, checkpoint_damage.py), a config that does not fit
-the checkpoint names the fields and the overrides that do (config_record.py), a
-workdir that holds a run with nothing left to resume from is refused rather than
-silently restarted from step 0 (a launcher's own job that saved nothing starts over,
-said and recorded), and config.json and the metrics are written only after the state
-is restored and checked, cut back to the resumed step so no step has two values.
-
-`Tier` names where a run's state comes from. The machinery is imported on use, so a
-launcher and a worker's actor read `Tier` before any jax starts.
+A resume never loses the user's run or its record: the newest intact checkpoint wins (a
+damaged one is moved aside, `checkpointing/damage.py`), a config that does not fit names
+the fields and the overrides that do (`config/record.py`), a workdir holding a run with
+nothing to resume from is refused, never restarted from step 0 (a launcher's own job that
+saved nothing starts over, said and recorded), and config.json and the metrics are
+written only once the state is restored and checked. Imports are lazy, so a launcher
+reads `Tier` before any jax starts.
 """
 from __future__ import annotations
 
@@ -29,12 +26,7 @@ class Tier(enum.StrEnum):
 
 
 def restore_onto(run, checkpointer, topology):
-    """The newest intact checkpoint's (state, data state), placed on `topology`'s mesh.
-
-    A damaged newest step is moved aside with a warning and the one before it
-    restored; a config that does not fit the checkpoint is an error naming
-    the fields that differ from the run's config.json and the overrides that fit.
-    """
+    """The newest intact checkpoint's (state, data state), on `topology`'s mesh (module docstring)."""
     from mecefo_jax.checkpointing import checkpoint as ckpt_lib
     from mecefo_jax.checkpointing.damage import restore_newest_intact
     from mecefo_jax.config import record as config_record
@@ -54,13 +46,9 @@ START_OVER = 'start_over'  # restore holds nothing, the run is the caller's: no 
 
 
 def init_or_restore(run, restore=None):
-    """The state to start from, placed on the mesh of the present replicas.
-
-    `restore(run, topology) -> (state, data_state, Tier)` (a launcher relaunch's
-    keepers) wins; otherwise the newest intact Orbax checkpoint and its data state;
-    otherwise a fresh initialisation, unless the workdir already holds a run (never a
-    silent restart from step 0) that `restore` did not claim by returning `START_OVER`.
-    """
+    """The state to start from, on the present replicas' mesh: `restore(run, topology) ->
+    (state, data_state, Tier)` (a relaunch's keepers), else the newest intact checkpoint,
+    else a fresh one, unless the workdir holds a run `restore` did not claim (`START_OVER`)."""
     from mecefo_jax.parallel import state as state_lib
     from mecefo_jax.training.metrics import read_metrics
     topo = run.topologies.get(run.present_rows)
@@ -90,9 +78,8 @@ def init_or_restore(run, restore=None):
 
 
 def _record_start(run, step: int, source: str | None) -> None:
-    """Once the state is restored (or built) and checked: the config record, then the
-    metrics cut back to `step` (a curve never has two values for one step), saying in
-    the resumed row how far the cut rows went."""
+    """Once the state is checked: the config record, then the metrics cut back to `step`, the
+    resumed row saying how far the cut rows went."""
     import jax
 
     from mecefo_jax.config import record as config_record

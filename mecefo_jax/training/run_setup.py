@@ -1,9 +1,6 @@
 """`Run`: everything one training run builds once from its config.
 
-The model, the optimizer, the replica rows of the mesh, the data pipelines,
-the cache of topologies (one per set of live rows), the checkpointer and the
-metrics sink. The loop (`loop.py`), the controllers and the launcher's
-workers all start from `build_run`.
+The loop, the controllers and the launcher's workers all start from `build_run`.
 """
 import dataclasses
 import os
@@ -57,11 +54,8 @@ class Run:
         return tuple(row is not None for row in self.full_rows)
 
     def rows_for(self, live) -> tuple:
-        """The device rows the step runs on while `live` replicas are up.
-
-        One replica per row: the live replicas' rows (a failure shrinks the mesh).
-        Replicas as rows: every row, always (a failure only changes the packing).
-        """
+        """The device rows a step runs on while `live` replicas are up: theirs, or with replicas
+        as rows every row (a failure only changes the packing)."""
         if self.replicas_as_rows:
             return self.present_rows
         return tuple(row for row, up in zip(self.full_rows, live) if up)
@@ -85,12 +79,9 @@ class Run:
 
 def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
               replica_rows=None) -> Run:
-    """Model, optimizer, mesh rows, data pipelines, checkpointer and metrics.
-
-    `replica_rows` lists each logical replica's devices, None for one not in this job (a
-    relaunch on a crash's survivors); default: the config's mesh. The number of replicas,
-    not of present ones, shards the global batch, so a relaunch never changes a shard's samples.
-    """
+    """The `Run` of `cfg`; `replica_rows` lists each replica's devices (default: the config's
+    mesh), None for one not in this job (a relaunch on survivors). The number of replicas,
+    not of present ones, shards the batch, so a relaunch never changes a shard's samples."""
     from mecefo_jax.data import pipeline as data_lib  # grain/sentencepiece only when training
 
     os.makedirs(workdir, exist_ok=True)
@@ -118,11 +109,9 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
         checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                              save_every=every,
                                              keep=cfg.train.keep_checkpoints)
-    # config.json is written once the state is restored and checked
-    # (init_or_restore): a rejected resume must not overwrite the run's record.
+    # config.json waits for init_or_restore: a rejected resume must not overwrite the record.
     return Run(cfg=cfg, workdir=workdir, model=model, optimizer=optimizer,
-               full_rows=replica_rows,
-               state_layout=state_layout,
+               full_rows=replica_rows, state_layout=state_layout,
                topologies=TopologyCache(model, optimizer, state_layout, cfg),
                train_data=train_data, val_data=val_data, checkpointer=checkpointer,
                metrics=MetricsWriter(workdir))
