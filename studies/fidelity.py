@@ -22,7 +22,7 @@ from mecefo_jax.faults.costs import ffn_kernels
 from mecefo_jax.neighbour import projections as proj_lib
 
 GROUPS = ('attention', 'ffn', 'other', 'total_non_attention')
-FFN_KINDS = proj_lib.FFN_KERNEL_NAMES
+FFN_KINDS = proj_lib.FFN_KERNELS
 TARGET_ERROR = 0.6  # the paper's bound on the neighbour's relative gradient error
 EXPONENT_GRID = np.linspace(-1.0, 4.0, 5001)  # the power-law exponents a fit tries
 # 'weights': the paper's V V^T; 'gradient': Q Q^T, Q = orth(G Omega) (`lowrank.sketched_dense`);
@@ -38,7 +38,7 @@ def path_names(path) -> list[str]:
 
 def param_group(path) -> str:
     """'attention' (MHA branch), 'ffn' (FFN kernels) or 'other' for a params path."""
-    from mecefo_jax.neighbour.attention_skip import is_attention_branch
+    from mecefo_jax.neighbour.contract import is_attention_branch
     if is_attention_branch(path):
         return 'attention'
     return 'ffn' if 'ffn' in path_names(path) else 'other'  # other: embedding, norms, head

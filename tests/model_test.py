@@ -27,7 +27,7 @@ from tree_asserts import assert_tree_close
 from configs import tiny
 from mecefo_jax.config.resolve import resolve
 from mecefo_jax.model.llama import Block, Llama, build_model, init_params
-from mecefo_jax.neighbour.attention_skip import is_attention_branch
+from mecefo_jax.neighbour.contract import is_attention_branch
 from mecefo_jax.neighbour.projections import compute_projections
 from mecefo_jax.parallel import sharding
 

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mecefo_jax.neighbour.contract import FFN_KERNELS
 from mecefo_jax.neighbour.projections import (
-    FFN_KERNEL_NAMES,
     compute_projections,
     needs_refresh,
     resolve_rank,
@@ -84,7 +84,7 @@ def test_compute_projections_picks_exactly_ffn_kernels():
         tuple(p.key for p in path) for path, _ in jax.tree_util.tree_flatten_with_path(proj)[0]
     }
     expected = {
-        (f'layers_{i}', 'ffn', name, 'kernel') for i in range(2) for name in FFN_KERNEL_NAMES
+        (f'layers_{i}', 'ffn', name, 'kernel') for i in range(2) for name in FFN_KERNELS
     }
     assert paths == expected
     assert proj['layers_0']['ffn']['w_gate']['kernel'].shape == (D, 3)
@@ -96,7 +96,7 @@ def test_projections_orthonormal_and_span_top_singular_directions():
     r = 3
     proj = jax.jit(compute_projections, static_argnums=1)(params, r)
     for i in range(2):
-        for name in FFN_KERNEL_NAMES:
+        for name in FFN_KERNELS:
             kernel = np.asarray(params[f'layers_{i}']['ffn'][name]['kernel'], np.float64)
             v_f32 = proj[f'layers_{i}']['ffn'][name]['kernel']
             assert v_f32.dtype == jnp.float32 and v_f32.shape == (kernel.shape[0], r)
@@ -207,3 +207,17 @@ def test_a_layered_refresh_on_two_cpu_devices_finishes():
     run = subprocess.run([sys.executable, '-c', _REFRESH_ON_TWO_DEVICES], cwd=root,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.split()[-1] == 'done', run.stderr[-2000:]
+
+
+def test_the_contract_names_what_a_model_lacks():
+    """The names the neighbour's rules read: the LLaMA has them all; a model whose FFN
+    kernels or attention are named otherwise is refused, naming what is missing."""
+    from mecefo_jax.neighbour import contract
+    kernel = {'kernel': jnp.zeros((4, 6))}
+    llama_like = {'layers': {'attn': {'wq': jnp.zeros((4, 2))}, 'attn_norm': {'scale': jnp.ones(4)},
+                             'ffn': {'w_gate': kernel, 'w_up': kernel, 'w_down': kernel}}}
+    contract.check(llama_like)
+    renamed = {'layers': {'mha': {'wq': jnp.zeros((4, 2))}, 'mlp': {'fc1': kernel, 'fc2': kernel}}}
+    with pytest.raises(ValueError, match=r"attention under \('attn', 'attn_norm'\); FFN kernels "
+                                         r"'ffn/<w_gate\|w_up\|w_down>/kernel'.*Adding a model"):
+        contract.check(renamed)

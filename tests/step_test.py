@@ -18,7 +18,7 @@ from tree_asserts import assert_tree_close
 from configs import tiny
 from mecefo_jax.config.resolve import resolve, updated
 from mecefo_jax.model.llama import build_model, init_params
-from mecefo_jax.neighbour.attention_skip import is_attention_branch
+from mecefo_jax.neighbour.contract import is_attention_branch
 from mecefo_jax.neighbour.layout import (
     ROLE_MIXED,
     ROLE_NEIGHBOUR,

@@ -20,11 +20,9 @@ from jax.ad_checkpoint import checkpoint_name
 
 from mecefo_jax.config.defaults import Config, MecefoSection, ModelSection
 from mecefo_jax.model.loss import chunked_cross_entropy
-from mecefo_jax.neighbour.attention_skip import skip_in_backward
-from mecefo_jax.neighbour.lowrank import lowrank_dense, sketched_dense
+from mecefo_jax.neighbour.contract import PROJECTIONS
+from mecefo_jax.neighbour.lowrank import lowrank_dense, sketched_dense, skip_in_backward
 from mecefo_jax.neighbour.projections import resolve_rank
-
-PROJECTIONS = 'projections'  # variable collection holding the SVD projections V
 
 
 def head_dim(cfg: ModelSection) -> int:

@@ -5,8 +5,8 @@ weight gradients low-rank.
 
 | module | what it owns |
 |---|---|
-| `attention_skip` | the attention branch as identity in backward, and which parameters lie on it |
-| `lowrank` | `custom_vjp` FFN layers whose weight gradient is `G_y (x^T V) V^T` (or a sketch) |
+| `contract` | the parameter names the neighbour's rules read off a model, checked |
+| `lowrank` | the backward rules: the attention branch skipped; FFN weight gradients `G_y (x^T V) V^T` (or a sketch) |
 | `projections` | the top-`r` right singular subspaces `V`, and when they are refreshed |
 | `layout`, `row_packing` | which replica (or device row) computes which rows, in which role |
 | `combination` | how per-row gradient sums become one update: attention over exact rows only |

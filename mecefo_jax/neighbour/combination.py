@@ -20,9 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mecefo_jax.neighbour.attention_skip import is_attention_branch
-
-LAYERS = 'layers'  # the scanned blocks' subtree: leaves [num_layers, ...]
+from mecefo_jax.neighbour.contract import LAYERS, block_of, is_attention_branch, is_ffn_kernel
 
 
 def is_paper_rule(rules) -> bool:
@@ -34,17 +32,6 @@ def is_paper_rule(rules) -> bool:
 def _attention_per_block(rules) -> bool:
     """Some blocks' attention gets neighbour gradients, others none."""
     return rules.skip_attention and rules.attention_top_blocks > 0
-
-
-def _is_ffn_kernel(path) -> bool:
-    names = [str(getattr(k, 'key', k)) for k in path]
-    return names[-1] == 'kernel' and 'ffn' in names
-
-
-def _block_of(path) -> int | None:
-    """The block index of a looped block's leaf (`layers_3/...`), else None."""
-    name = str(getattr(path[0], 'key', path[0]))
-    return int(name[len(LAYERS) + 1:]) if name.startswith(LAYERS + '_') else None
 
 
 def trust_tree(rules, layers: int, params):
@@ -60,13 +47,13 @@ def trust_tree(rules, layers: int, params):
                          for i in range(layers)], np.float32)
 
     def weight(path, leaf):
-        if _is_ffn_kernel(path) and rules.projection == 'none':
+        if is_ffn_kernel(path) and rules.projection == 'none':
             return 0.0
         per_block = trusted * computed if is_attention_branch(path) else trusted
         name = str(getattr(path[0], 'key', path[0]))
         if name == LAYERS:  # scanned: one weight per block, broadcast over the leaf
             return per_block.reshape((layers,) + (1,) * (np.ndim(leaf) - 1))
-        block = _block_of(path)
+        block = block_of(path)
         if block is not None:
             return float(per_block[block])
         return 0.0 if top and name == 'embedding' else w

@@ -1,4 +1,10 @@
-"""Low-rank backward passes for an FFN dense layer (MeCeFO neighbour mode).
+"""The neighbour's backward rules (MeCeFO): the attention branch skipped, the FFN's low-rank gradient.
+
+`skip_in_backward` is rule 2 of docs/algorithm.md section 3: the branch
+`x + MHA(norm(x))` is identity in backward; `jax.lax.stop_gradient` is its exact form,
+and XLA drops the branch's linearisation, attention activations included. The branch's
+parameters then get no gradient from a neighbour's rows (`combination.py` averages them
+over exact rows only).
 
 The two rules `mecefo.projection` selects (docs/algorithm.md section 3): both run an
 ordinary matmul forward and keep the activation gradient exact. `lowrank_dense`
@@ -13,6 +19,16 @@ import functools
 
 import jax
 import jax.numpy as jnp
+
+
+def skip_in_backward(attn_bld: jax.Array, gate=None) -> jax.Array:
+    """The attention branch's output, unchanged in forward, cut in backward; a `gate` g
+    (mecefo.attention_top_blocks: 1 in the top blocks, 0 below) returns
+    `frozen + g (attn - frozen)`: `attn` bit for bit in forward, its cotangent scaled by g."""
+    frozen_bld = jax.lax.stop_gradient(attn_bld)
+    if gate is None:
+        return frozen_bld
+    return frozen_bld + gate.astype(attn_bld.dtype) * (attn_bld - frozen_bld)
 
 
 @jax.custom_vjp

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-FFN_KERNEL_NAMES = ('w_gate', 'w_up', 'w_down')
+from mecefo_jax.neighbour.contract import FFN_KERNELS, is_ffn_kernel
 
 
 def resolve_rank(rank: Any, n_in: int, m_out: int, field: str = 'mecefo.rank') -> int:
@@ -120,10 +120,6 @@ class RefreshSplit:
     block: Callable[[jax.Array], jax.Array] = _unchanged
 
 
-def _is_ffn_kernel(path: tuple[str, ...]) -> bool:
-    return len(path) >= 2 and path[-1] == 'kernel' and path[-2] in FFN_KERNEL_NAMES
-
-
 def compute_projections(params: Mapping[str, Any], rank: Any) -> dict[str, Any]:
     """V for every FFN kernel in the unboxed `params`, in a tree of only those paths; raises if
     there is none, since {} would make neighbour mode a silent no-op."""
@@ -136,7 +132,7 @@ def compute_projections(params: Mapping[str, Any], rank: Any) -> dict[str, Any]:
                 sub = walk(child, child_path)
                 if sub:
                     out[key] = sub
-            elif _is_ffn_kernel(child_path):
+            elif is_ffn_kernel(child_path):
                 if getattr(child, 'ndim', 0) < 2:
                     raise ValueError(
                         f'{"/".join(child_path)}: expected an [n_in, m_out] kernel, got '
@@ -149,7 +145,7 @@ def compute_projections(params: Mapping[str, Any], rank: Any) -> dict[str, Any]:
     projections = walk(params, ())
     if not projections:
         raise ValueError(f'compute_projections: no leaf at a path ending in '
-                         f'(<{"|".join(FFN_KERNEL_NAMES)}>, \'kernel\') in params')
+                         f'(<{"|".join(FFN_KERNELS)}>, \'kernel\') in params')
     return projections
 
 

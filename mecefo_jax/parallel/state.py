@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.model.llama import Llama, init_params
+from mecefo_jax.neighbour import contract
 from mecefo_jax.neighbour import projections as proj_lib
 from mecefo_jax.parallel import program_cache, sharding
 
@@ -60,6 +61,7 @@ def trace_layout(model: Llama, optimizer: optax.GradientTransformation, rank) ->
     mirroring the params (anything else, such as counts, replicated)."""
     boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
     params = flax.linen.unbox(boxed)
+    contract.check(params)  # the names the neighbour's rules read, before anything trains
     param_specs = jax.tree.map(lambda spec, p: P(*spec, *(None,) * (p.ndim - len(tuple(spec)))),
                                sharding.mesh_specs(boxed), params, is_leaf=lambda x: isinstance(x, P))
     opt_state = jax.eval_shape(optimizer.init, params)

@@ -19,10 +19,10 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from mecefo_jax.model import optim
-from mecefo_jax.model.llama import PROJECTIONS, Llama
+from mecefo_jax.model.llama import Llama
 from mecefo_jax.neighbour import projections as proj_lib
-from mecefo_jax.neighbour.attention_skip import is_attention_branch
 from mecefo_jax.neighbour.combination import combine, scale_cotangents, trust_tree
+from mecefo_jax.neighbour.contract import PROJECTIONS, is_attention_branch
 from mecefo_jax.neighbour.layout import ROLE_NORMAL
 from mecefo_jax.parallel import sharding
 
