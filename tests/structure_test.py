@@ -8,6 +8,8 @@ cycle hidden behind a guard is still a cycle for a reader).
 import ast
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / 'mecefo_jax'
 
@@ -156,3 +158,62 @@ def test_every_package_says_what_it_owns():
               + list((ROOT / 'studies').rglob('__init__.py'))
               if not ast.get_docstring(ast.parse(p.read_text()))]
     assert not silent, silent
+
+
+# One fault-free training step from the loop's `run_step` to the optimizer's update: the
+# library modules whose code runs on the way, in order (a subprocess: its own jax, profiler).
+_STEP_PATH = """
+import os, sys
+import optax
+import mecefo_jax
+from configs.tiny import get_config
+from mecefo_jax.config.resolve import start, updated
+from mecefo_jax.model import optim
+from mecefo_jax.training import loop
+cfg = updated(start(get_config()), {'train.steps': 1, 'train.checkpoint_every': 0, 'train.eval_every': 0,
+                                    'data.cache_dir': sys.argv[2]})
+root, seen, state = os.path.dirname(mecefo_jax.__file__), [], {'done': False}
+make = optim.make_optimizer
+def wrapped(train):
+    inner = make(train)
+    def update(*args, **kwargs):
+        state['done'] = True
+        return inner.update(*args, **kwargs)
+    return optax.GradientTransformation(inner.init, update)
+optim.make_optimizer = wrapped
+def profile(frame, event, arg):
+    name = frame.f_code.co_filename
+    if event == 'call' and not state['done'] and name.startswith(root):
+        module = os.path.relpath(name, os.path.dirname(root))[:-3]
+        if module not in seen:
+            seen.append(module)
+run_step = loop._Loop.run_step
+def traced(self, st):
+    sys.setprofile(profile)
+    try:
+        return run_step(self, st)
+    finally:
+        sys.setprofile(None)
+loop._Loop.run_step = traced
+from mecefo_jax.run import run
+run(cfg, sys.argv[1])
+print('\\n'.join(seen))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_step_reaches_the_optimizer_update_through_the_modules_the_architecture_page_lists(
+        tmp_path, tokenizer_cache):
+    import re
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, '-c', _STEP_PATH, str(tmp_path), tokenizer_cache],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**__import__('os').environ, 'PYTHONPATH': str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = [line + '.py' for line in done.stdout.split() if line.startswith('mecefo_jax/')]
+    page = (ROOT / 'docs' / 'architecture.md').read_text()
+    listed = re.findall(r'^\d+\. `(mecefo_jax/[\w/]+\.py)`', page.split('<!-- step-path -->')[1]
+                        .split('<!-- /step-path -->')[0], re.M)
+    assert measured == listed
+    assert len(measured) <= 15

@@ -96,7 +96,7 @@ def plan_next(job: JobState, gen: Generation, outcome) -> tuple[dict, Generation
             members, resume, returns = workers, Tier.DISK, 0
             _fall_back_to_disk(job, members, holders or [], row)
         elif resume_step == 0:
-            resume = Tier.FRESH  # the job saved nothing yet: it starts over
+            resume = row['resume'] = Tier.FRESH  # the job saved nothing yet: it starts over
         elif (row['newest_checkpoint'] or 0) > resume_step:
             resume, resume_step = _restore_newer_checkpoint(job, resume_step, row)
     stop_at = resume_step + returns if returns > 0 else 0
