@@ -16,7 +16,7 @@ def run(cfg, workdir: str, *, run=None, observers=(), stop_at=None, restore=None
     the live mask before every step); otherwise fault-free data parallelism. `run` is a
     prebuilt `Run` (default: from `cfg`); the rest goes to `training.loop.train`.
     """
-    from mecefo_jax.faults.schedule import failures_requested
+    from mecefo_jax.failure_schedule import failures_requested
     from mecefo_jax.faults.strategies import strategy_spec
     from mecefo_jax.training import loop as train_lib
     from mecefo_jax.training import run_setup

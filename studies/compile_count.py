@@ -15,8 +15,8 @@ import json
 from absl import app, flags
 
 from configs import small
+from mecefo_jax import failure_schedule as schedule_lib
 from mecefo_jax.config.resolve import resolve, updated
-from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import Orphans, layout_for, strategy_spec
 from mecefo_jax.neighbour.row_packing import pack

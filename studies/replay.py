@@ -15,7 +15,7 @@ checkpoint saved, each rollback) and writes the record that
 `goodput.TimeModel` turns into time; the test checks the replay against the
 trained controllers step for step.
 """
-from mecefo_jax.faults.schedule import FailureSchedule
+from mecefo_jax.failure_schedule import FailureSchedule
 from mecefo_jax.faults.strategies import layout_for
 from studies.goodput import LayoutBook
 

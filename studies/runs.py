@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from mecefo_jax.config.defaults import PROJECTION_RULES
 from mecefo_jax.config.resolve import updated
-from mecefo_jax.faults.schedule import REGIMES
+from mecefo_jax.failure_schedule import REGIMES
 from mecefo_jax.faults.strategies import strategy_spec
 
 

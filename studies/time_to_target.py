@@ -43,7 +43,7 @@ def experiment_config(cfg, run: Run, seed: int, settings: Settings):
 
 def failure_trace(run_cfg, replicas: int) -> list:
     """The run's failure events over its whole length (the fault controller's own call)."""
-    from mecefo_jax.faults.schedule import events_from_config
+    from mecefo_jax.failure_schedule import events_from_config
     return events_from_config(run_cfg.fault, num_replicas=replicas, total_steps=run_cfg.train.steps)
 
 
@@ -57,8 +57,8 @@ def wall_clock_events(strategy: str, events, run_cfg, replicas: int, model=None)
     alone advance it, as in a trained run. With `model` (a `goodput.TimeModel`), its step
     ratios, and each live-set change also stands the run still for the change's seconds
     (detect, rebuild or relaunch, compile: `TimeModel.change_sec`) while the trace goes on."""
+    from mecefo_jax.failure_schedule import FailureEvent, FailureSchedule
     from mecefo_jax.faults import step_clock
-    from mecefo_jax.faults.schedule import FailureEvent, FailureSchedule
     from mecefo_jax.faults.strategies import layout_for
     schedule = FailureSchedule(events, replicas)
     ratio = step_clock.layout_step_ratio(run_cfg, replicas) if model is None else model.programs_ratio
@@ -205,7 +205,7 @@ class _Seed:
             if not stale:
                 return stored
             self.log(f'[ttt] seed {self.seed}: {name}: the stored record {stale}; training it again')
-        from mecefo_jax.faults.schedule import format_events
+        from mecefo_jax.failure_schedule import format_events
         first = events[0].step if events else None
         self.log(f'[ttt] seed {self.seed}: {name}: start (' + (
             f'{len(events)} failure(s) in {run_cfg.train.steps} steps, the first at step {first})'

@@ -20,7 +20,7 @@ import math
 import statistics
 
 from mecefo_jax.config.resolve import resolve, updated
-from mecefo_jax.faults.schedule import parse_events
+from mecefo_jax.failure_schedule import parse_events
 from studies import allreduce
 from studies.goodput import HOUR
 from studies.replay import DERIVED

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from configs.tiny import get_config
+from mecefo_jax import failure_schedule as schedule_lib
 from mecefo_jax import run as run_lib
 from mecefo_jax.config.defaults import STRATEGIES
 from mecefo_jax.config.resolve import resolve, updated
-from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import (
     SPECS,

@@ -10,11 +10,11 @@ import pytest
 
 from configs import small, tiny
 from mecefo_jax.config.resolve import resolve, updated
+from mecefo_jax.failure_schedule import FailureSchedule, parse_events
 from mecefo_jax.faults import controller as controller_lib
 from mecefo_jax.faults import costs as costs_lib
 from mecefo_jax.faults.costs import thin_qr_flops
 from mecefo_jax.faults.planner import config_planner
-from mecefo_jax.faults.schedule import FailureSchedule, parse_events
 from mecefo_jax.neighbour.layout import ROLE_NEIGHBOUR, ROLE_NORMAL
 from mecefo_jax.neighbour.lowrank import lowrank_dense, sketch_matrix, sketched_dense
 from studies import fidelity as projection_rules

@@ -1,4 +1,4 @@
-"""Tests for mecefo_jax.faults.schedule: parsing, validation, liveness queries,
+"""Tests for mecefo_jax.failure_schedule: parsing, validation, liveness queries,
 the seeded random failure process and the config entry point."""
 
 import dataclasses
@@ -6,10 +6,10 @@ import math
 
 import pytest
 
+from mecefo_jax import failure_schedule as S
 from mecefo_jax.config import base_config
 from mecefo_jax.config.resolve import resolve
-from mecefo_jax.faults import schedule as S
-from mecefo_jax.faults.schedule import FailureEvent, FailureSchedule
+from mecefo_jax.failure_schedule import FailureEvent, FailureSchedule
 
 
 def make_cfg(**overrides):

@@ -17,7 +17,7 @@ PACKAGE = ROOT / 'mecefo_jax'
 # of lower ones. A module belongs to the layer of the longest prefix naming it.
 LAYERS = (
     ('host', ('mecefo_jax.host',)),  # files, locks, disk space, processes
-    ('traces', ('mecefo_jax.faults.schedule',)),  # failure traces: pure Python, what fault.* names
+    ('traces', ('mecefo_jax.failure_schedule',)),  # failure traces: pure Python, what fault.* names
     ('config', ('mecefo_jax.config',)),  # every field declared, resolved and recorded
     ('checkpointing', ('mecefo_jax.checkpointing',)),  # checkpoints on disk
     ('snapshot', ('mecefo_jax.snapshot',)),  # keepers and what they hold

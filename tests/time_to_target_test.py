@@ -20,7 +20,7 @@ import pytest
 from configs.tiny import get_config
 from mecefo_jax.config.defaults import ConfigError
 from mecefo_jax.config.resolve import resolve, updated
-from mecefo_jax.faults.schedule import events_from_config, parse_events
+from mecefo_jax.failure_schedule import events_from_config, parse_events
 from mecefo_jax.model import optim
 from studies import goodput
 from studies import time_to_target as ttt

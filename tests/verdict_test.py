@@ -304,7 +304,7 @@ def test_the_stored_derived_records_are_their_replay_on_the_controllers_clock():
     """elastic's and checkpoint_restart's stored records are `derived_record` on their trace with steps alone
     advancing the clock, as they were made; the report replays them again with the pauses on it
     (`verdict_clock.replayed`, its cost entries' `replay_moves`)."""
-    from mecefo_jax.faults.schedule import parse_events
+    from mecefo_jax.failure_schedule import parse_events
     from studies import time_to_target as ttt
     from studies.runs import Run
     from studies.time_to_target_settings import Settings

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from mecefo_jax.faults.schedule import REGIMES, parse_events, validate_events
+from mecefo_jax.failure_schedule import REGIMES, parse_events, validate_events
 
 
 class ConfigError(ValueError):

@@ -17,8 +17,8 @@ import time
 
 import jax
 
+from mecefo_jax import failure_schedule as schedule_lib
 from mecefo_jax.checkpointing import checkpoint as ckpt_lib
-from mecefo_jax.faults import schedule as schedule_lib
 from mecefo_jax.faults import step_clock
 from mecefo_jax.faults.planner import config_planner
 from mecefo_jax.faults.strategies import AllReplicasDownError, Orphans, layout_for, strategy_spec

@@ -279,7 +279,7 @@ def cadence_options(cfg, observed_failures_per_hour: float = 0.0) -> dict:
     failure rate (the config's `fault.regime` or `fault.mtbf_hours`, else the one the
     launcher observed in this job so far) and, as its longest interval, the disk
     checkpoint's (`train.checkpoint_every`)."""
-    from mecefo_jax.faults.schedule import configured_failures_per_hour
+    from mecefo_jax.failure_schedule import configured_failures_per_hour
     rate = (configured_failures_per_hour(cfg.fault, int(cfg.mesh.data))
             or observed_failures_per_hour)
     every = cfg.train.checkpoint_every

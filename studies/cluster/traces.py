@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from mecefo_jax.faults.schedule import REGIMES  # name -> (mtbf_hours, mttr_hours)
+from mecefo_jax.failure_schedule import REGIMES  # name -> (mtbf_hours, mttr_hours)
 
 CALIBRATION_REPLICAS = 32  # the paper's cluster (4 nodes x 8 A100s)
 # Part of every trace's seed: the stream whose figures docs/cluster.md quotes.
@@ -27,7 +27,7 @@ def sample_trace(*, num_replicas: int, mtbf_hours: float, mttr_hours: float,
                  horizon_hours: float, seed: int, rate_scaling: str = 'per_replica') -> np.ndarray:
     """Outages [k, 3] (replica, start_sec, end_sec; an end may pass the horizon): failures at
     the cluster-wide rate, one live replica each, none that would leave none live (as in
-    `faults/schedule.py`). 'per_replica' keeps each replica's rate of the 32-replica
+    `failure_schedule.py`). 'per_replica' keeps each replica's rate of the 32-replica
     calibration (cluster MTBF x 32 / n), 'cluster' the cluster's. The stream depends on
     (seed, n, mtbf, mttr) only: every strategy and model sees the same traces."""
     horizon, mttr = horizon_hours * 3600.0, mttr_hours * 3600.0
