@@ -6,7 +6,6 @@ See tests/drills/cache_layers.py (the variants) and docs/launch.md ("Caches").
 """
 import json
 import os
-import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -14,6 +13,8 @@ sys.path.insert(0, ROOT)
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from studies.report import script_command  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.', lock_config=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory (cache_layers.json).')
@@ -39,8 +40,7 @@ def main(argv):
         sys.exit(f'--out {_OUT.value} is not empty: its jobs would resume from what is there.')
     report = run(cfg, os.path.abspath(_OUT.value), repeats=_REPEATS.value, workers=_WORKERS.value,
                  nodes=_NODES.value, kill_step=_KILL.value, return_after=_RETURN.value)
-    report['command'] = shlex.join(['python', os.path.relpath(os.path.abspath(sys.argv[0]), ROOT),
-                                    *sys.argv[1:]])
+    report['command'] = script_command()
     with open(os.path.join(_OUT.value, 'cache_layers.json'), 'w') as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report['table'], indent=2))

@@ -8,7 +8,6 @@ Exits 1 where the job lost a step, trained another model than the simulation
 of its failures, or left something behind.
 """
 import os
-import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,6 +16,7 @@ sys.path.insert(0, ROOT)
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from studies.report import script_command  # noqa: E402
 from tests.drills.chaos_soak import GAP_STEPS, SPARE_STEPS, WORKERS  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
@@ -36,10 +36,6 @@ _WORKERS = flags.DEFINE_integer('workers', WORKERS, 'Worker processes of the job
 flags.mark_flags_as_required(['config', 'out'])
 
 
-def _command() -> str:
-    """This run's command line, the script named from the repository's root (as results cite it)."""
-    return shlex.join(['python', os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]])
-
 
 def main(argv):
     del argv
@@ -54,7 +50,7 @@ def main(argv):
     path = config_flags.get_config_filename(flags.FLAGS['config'])
     report = chaos_report.run(path, cfg, os.path.abspath(_OUT.value), kills=_KILLS.value,
                               seed=_SEED.value, nodes=_NODES.value, values=values, max_gap=_MAX_GAP.value,
-                              command=_command(), workers=_WORKERS.value)
+                              command=script_command(), workers=_WORKERS.value)
     print(chaos_report.markdown(report))
     sys.exit(1 if chaos_report.broken(report) else 0)
 

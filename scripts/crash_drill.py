@@ -6,7 +6,6 @@ See tests/drills/crash_drill.py (the jobs) and docs/crash_drill.md (what the fig
   python scripts/crash_drill.py --config configs/tiny.py --nodes 4 --out runs/drill_nodes
 """
 import os
-import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -14,6 +13,8 @@ sys.path.insert(0, ROOT)
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from studies.report import script_command  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A configs/*.py file.',
                                           lock_config=True)
@@ -36,10 +37,6 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the random kill steps.')
 flags.mark_flags_as_required(['config', 'out'])
 
 
-def _command() -> str:
-    """This run's command line, the script named from the repository's root (as results cite it)."""
-    return shlex.join(['python', os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]])
-
 
 def main(argv):
     del argv
@@ -55,7 +52,7 @@ def main(argv):
     run_drill(cfg, os.path.abspath(path), os.path.abspath(_OUT.value), workers=_WORKERS.value,
               nodes=_NODES.value, kill_step=_KILL.value, return_after=_RETURN.value,
               checkpoint_every=_CKPT.value, random_kills=_RANDOM.value, seed=_SEED.value,
-              command=_command())
+              command=script_command())
     print(open(os.path.join(_OUT.value, 'crash_drill.md')).read())
 
 

@@ -27,6 +27,16 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
     return '\n'.join(lines)
 
 
+def script_command() -> str:
+    """The running script's command line, named from the repository's root (as results cite
+    it, and as tests/scripts_test.py checks that it still exists)."""
+    import os
+    import shlex
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return shlex.join(['python', os.path.relpath(os.path.abspath(sys.argv[0]), root), *sys.argv[1:]])
+
+
 def distinct_seeds(seeds) -> list[int]:
     """`seeds` as ints, at least one and none repeated (a repeat would double-count it)."""
     seeds = [int(s) for s in seeds]

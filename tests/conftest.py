@@ -66,7 +66,7 @@ os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE_DIR, JAX_PERSISTENT_CACHE_MIN
 # groups take about as long as each other.
 RAY_GROUPS = {
     'ray-a': ('snapshot_keeper_test', 'snapshot_test', 'parity_test', 'launch_test',
-              'launch_deaths_test', 'sharded_launch_test'),
+              'launch_deaths_test', 'sharded_launch_test', 'gpu_crash_test'),
     'ray-b': ('launcher_process_test', 'compile_ahead_test', 'node_loss_test',
               'sim_cluster_test', 'chaos_soak_test'),
 }
@@ -88,7 +88,7 @@ def _ray_place(item) -> tuple[str, int] | None:
 # handed out first so that the two workers end together.
 SLOW_MODULES = ('gpu_report_test', 'controller_test', 'step_test', 'time_to_target_test',
                 'bench_test', 'resume_test', 'multihost_test', 'model_test', 'train_test',
-                'replicas_as_rows_test', 'fidelity_test')
+                'replicas_as_rows_test', 'fidelity_test', 'tensorboard_test', 'hf_llama_test')
 
 
 def _module(item) -> str:

@@ -124,10 +124,11 @@ def test_the_job_survives_a_sigkill_from_the_keepers_memory_and_rejoins(crashed)
     assert failure['redone_steps'] == 0
     assert failure['resume_step'] == failure['completed_steps'] >= HELD_STEP
     assert failure['restore_bytes'] > 0 and failure['restore_sec'] > 0
-    for kind in ('infrastructure_recovery_from_disruption', 'program_startup',
-                 'accelerator_initialization', 'unproductive_checkpoint_restore',
-                 'training_prep', 'first_step'):
-        assert kind in failure['badput_sec']
+    # The way back's parts follow each other: they add up to the recovery, none negative.
+    parts = failure['way_back_sec']
+    assert min(parts.values()) >= 0, parts
+    assert sum(parts.values()) == pytest.approx(failure['recovery_sec'], abs=1e-6)
+    assert sum(failure['badput_sec'].values()) == pytest.approx(failure['recovery_sec'], abs=1e-6)
     assert rejoin['kind'] == 'rejoin' and rejoin['members'] == [0, 1]
     assert rejoin['resume_step'] == failure['resume_step'] + 2
     # The returning worker's keeper holds only its pre-crash snapshots: it heals from its peer.

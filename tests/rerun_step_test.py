@@ -11,6 +11,8 @@ generation's first step, before its poll saw the step) is recorded by the rerun.
 import json
 import os
 
+import pytest
+
 from mecefo_jax.launch import recovery
 from mecefo_jax.launch.recovery import rerun_step
 
@@ -65,6 +67,8 @@ def test_no_records_needs_every_adopted_keeper(tmp_path):
 
 def _start_record(out_dir, generation, worker, resume_step):
     record = {'worker': worker, 'first_step_done': 105.0, 'process_start': 101.0,
+              'imported_at': 101.5, 'joined_at': 102.0, 'backend_up_at': 102.2,
+              'train_start_at': 103.0,
               'distributed_init_sec': 0.5, 'restore_sec': 0.2, 'restore_bytes': {'memory': 10},
               'healed_bytes': 0, 'compile_sec': 1.0, 'programs_compiled': 0, 'refresh_sec': 0.0,
               'train_start_to_first_step_sec': 2.0, 'resume_step': resume_step}
@@ -85,6 +89,12 @@ def test_a_row_held_open_by_a_killed_launcher_is_recorded_by_the_rerun_once(tmp_
     _start_record(out, 1, 0, resume_step=3)  # the generation started; the launcher died
     (recorded,) = recovery.record_left(out)
     assert recorded['recovery_sec'] == 5.0 and recorded['redone_steps'] == 0
+    # The way back in consecutive parts, from the row's and the start record's stamps.
+    assert recorded['way_back_sec'] == pytest.approx({
+        'detect': 0.0, 'replan': 0.5, 'process_start': 0.5, 'imports': 0.5,
+        'distributed_init': 0.5, 'backend_init': 0.2, 'setup': 0.8, 'restore': 0.2,
+        'program': 1.0, 'refresh': 0.0, 'first_step': 0.8})
+    assert sum(recorded['badput_sec'].values()) == pytest.approx(5.0)
     assert 'unfinished' not in recorded and _rows(out) == [recorded]
     assert recovery.record_left(out) == []  # recorded once
     # A row recorded by its own launcher leaves nothing for a rerun.

@@ -393,15 +393,42 @@ def complete(row: dict, out_dir: str) -> dict:
     row['redone_steps'] = max(0, row['completed_steps'] - row['resume_step'])
     if row.get('launcher_died_at'):  # a launcher restart: the whole way back, rerun included
         row['since_launcher_died_sec'] = first_step_done - row['launcher_died_at']
-    row['badput_sec'] = {
-        'infrastructure_recovery_from_disruption': row.get('detect_sec', 0.0) + row['teardown_sec'],
-        'program_startup': row['relaunch_sec'],
-        'accelerator_initialization': row['distributed_init_sec'],
-        'unproductive_checkpoint_restore': row['restore_sec'] + (row.get('parity_rebuild_sec') or 0.0),
-        'training_prep': row['compile_sec'] + row['refresh_sec'],
-        'first_step': row['start_to_first_step_sec'] - row['compile_sec'] - row['refresh_sec'],
-    }
+    last = max(starts, key=lambda s: s['first_step_done'])  # the way back ends with its step
+    row['way_back_sec'] = way_back(row, last)
+    row['badput_sec'] = badput(row['way_back_sec'], row.get('parity_rebuild_sec') or 0.0)
     return row
+
+
+def way_back(row: dict, start: dict) -> dict:
+    """The seconds from the failure to the end of the first step of the worker that finished
+    it last, in consecutive parts that add up to `recovery_sec`: the launcher's
+    (detection; teardown, keepers and the step to resume), then the worker's (its
+    process, the imports a warm-up had not done, jax.distributed, the backend, the
+    run's setup, the restore, the program loaded or compiled, a refresh, and the rest
+    of the first step: tracing the state's shapes and running it)."""
+    detected = row['failed_at'] + row.get('detect_sec', 0.0)
+    loop = start['first_step_done'] - start['train_start_at']
+    restore, program, refresh = start['restore_sec'] or 0.0, start['compile_sec'], start['refresh_sec']
+    return {'detect': detected - row['failed_at'], 'replan': row['relaunched_at'] - detected,
+            'process_start': start['process_start'] - row['relaunched_at'],
+            'imports': start['imported_at'] - start['process_start'],
+            'distributed_init': start['joined_at'] - start['imported_at'],
+            'backend_init': start['backend_up_at'] - start['joined_at'],
+            'setup': start['train_start_at'] - start['backend_up_at'],
+            'restore': restore, 'program': program, 'refresh': refresh,
+            'first_step': loop - restore - program - refresh}
+
+
+def badput(parts: dict, parity_rebuild_sec: float) -> dict:
+    """`way_back`'s parts in ml-goodput-measurement's badput kinds (they add up the same)."""
+    return {
+        'infrastructure_recovery_from_disruption': parts['detect'] + parts['replan'] - parity_rebuild_sec,
+        'program_startup': parts['process_start'] + parts['imports'],
+        'accelerator_initialization': parts['distributed_init'] + parts['backend_init'],
+        'unproductive_checkpoint_restore': parts['restore'] + parity_rebuild_sec,
+        'training_prep': parts['setup'] + parts['program'] + parts['refresh'],
+        'first_step': parts['first_step'],
+    }
 
 
 def _provenance_rows(out_dir: str) -> list[dict]:

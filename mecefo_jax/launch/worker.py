@@ -193,6 +193,9 @@ class Worker:
 
 
 def _run(args: WorkerArgs, actor: Worker) -> dict:
+    # The way back up to the training loop, stamped (time.time()) at each phase's end
+    # for the start record: imports (those a warm-up thread has not done yet),
+    # jax.distributed, the backend (CUDA on a GPU), the run's setup.
     cfg = args.cfg
     import jax
     from absl import logging
@@ -200,6 +203,7 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     from mecefo_jax.launch import worker_state
     from mecefo_jax.parallel import program_cache
     from mecefo_jax.training import run_setup
+    imported_at = time.time()
     logging.set_verbosity(logging.WARNING)
     # Shared by every worker, generation and compile-ahead job: a program
     # compiled once loads on every process after a relaunch.
@@ -208,7 +212,10 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     t0 = time.perf_counter()
     join(args.coordinator, len(args.members), args.process_id)
     distributed_init_sec = time.perf_counter() - t0
-    rows = placement_lib.replica_rows(args.placement, list(args.members), jax.devices())
+    joined_at = time.time()
+    devices = jax.devices()  # the backend starts here
+    backend_up_at = time.time()
+    rows = placement_lib.replica_rows(args.placement, list(args.members), devices)
     # Orbax checkpoints every train.checkpoint_every steps in either tier: the disk tier
     # under the keepers' memory tier (REFT and Orbax's emergency checkpointing keep
     # both), so losing the launcher or a node loses at most the steps since the last save.
@@ -219,6 +226,8 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
                         start_ticks=processes.start_ticks(os.getpid()),  # to tell a reused pid
                         process_start=actor.started, actor_created=actor.created,
                         actor_warm_sec=(actor.warmed or time.time()) - actor.created,
+                        imported_at=imported_at, joined_at=joined_at, backend_up_at=backend_up_at,
+                        device_kind=devices[0].device_kind,
                         distributed_init_sec=distributed_init_sec, resume=args.resume)
     provenance = os.path.join(args.out_dir, 'provenance.jsonl') if jax.process_index() == 0 else None
     step_log = StepLog(actor.progress_, provenance, os.path.join(args.out_dir, f'{args.tag}_start.json'),
@@ -317,7 +326,7 @@ class StepLog(Observer):
         self.provenance = None  # opened at the first step, once the resumed step is known
         self.start_path, self.record, self.restored = start_path, record, restored
         self.events = []
-        self.train_start = time.perf_counter()
+        self.train_start, self.train_start_at = time.perf_counter(), time.time()
         self.first_done = False
         self.dispatched: list[float] = []  # each step's dispatch time (perf_counter)
 
@@ -369,6 +378,7 @@ class StepLog(Observer):
             programs_load_sec=stats.load_sec, programs_found_untraced=stats.untraced_hits,
             refresh_sec=sum(e.refresh_sec for e in events),
             train_start_to_first_step_sec=time.perf_counter() - self.train_start,
+            train_start_at=self.train_start_at,
             **self.record, restore_sec=restored.seconds if restored else None,
             restore_bytes=restored.bytes_by_source if restored else None,
             restore_phases=restored.phases if restored else None,

@@ -17,6 +17,7 @@ namespace package: it has no `__init__.py`, and pytest collects only its
 | `chaos_soak` | one launcher job and many random deaths of every kind |
 | `chaos_verify` | what the soak's job must show once it ends: nothing lost, the right model, nothing leaked |
 | `chaos_report` | the soak from start to report: its JSON, its tables and what it found |
+| `gpu_crash` | one worker on one GPU killed at random steps, back from memory and from disk, each way back in parts |
 | `findings` | what a run found against its bounds (the only list a run's report carries) |
 
 How a drill's figures read, and what earlier runs found, is written in
