@@ -28,19 +28,17 @@ def failure_step_compile(cfg, num_layers: int, *, scan_layers: bool = True) -> f
     from mecefo_jax.parallel.topology import TopologyCache
 
     model = build_model(cfg, num_layers=num_layers, scan_layers=scan_layers)
-    mesh = sharding.make_mesh(cfg.mesh)
-    replicas = mesh.shape[sharding.DATA_AXIS]
+    rows = sharding.device_rows(cfg.mesh)
+    replicas = len(rows)
     if replicas < 2:
         raise ValueError(f'mesh.data={cfg.mesh.data} gives {replicas} data replica on {jax.device_count()} '
                          'devices: a failure needs a survivor. Use a mesh of two or more replicas (a CPU host '
                          'simulates mesh.num_cpu_devices devices).')
     optimizer, rank = optim.make_optimizer(cfg.train), cfg.mecefo.rank
-    state_layout = state_lib.trace_layout(model, optimizer, rank)
-    cache = TopologyCache(model, optimizer, state_layout.shardings(mesh), rank,
-                          refresh=cfg.mecefo.refresh, refresh_iters=cfg.mecefo.refresh_iters,
-                          refresh_split_min_elements=cfg.mecefo.refresh_split_min_elements)
+    state_layout = state_lib.layout(model, optimizer, rank)
+    cache = TopologyCache(model, optimizer, state_layout, cfg)
     live = tuple(r != min(3, replicas - 1) for r in range(replicas))
-    topology = cache.get([row for row, up in zip(sharding.mesh_rows(mesh), live) if up])
+    topology = cache.get([row for row, up in zip(rows, live) if up])
     layout = layout_for('mecefo', live, cfg.data.global_batch_size // replicas)
     abstract = sharding.abstract(state_layout.abstract, topology.state_shardings)
     spec = topology.batch_spec(layout, cfg.data.seq_len + 1)

@@ -42,13 +42,13 @@ def pinned_copy(state, repeats: int) -> dict:
 class Loop:
     """The normal step run back to back (`Stepper`), optionally with the worker's hook."""
 
-    def __init__(self, stepper: Stepper, step, keeper):
-        self.stepper, self.step, self.keeper, self.count = stepper, step, keeper, 0
+    def __init__(self, stepper: Stepper, step, client):
+        self.stepper, self.step, self.client, self.count = stepper, step, client, 0
 
     def per_step(self, steps: int, every, latest_wins: bool | None = None) -> dict:
         """Seconds per step with the hook at `every` (an int, 'auto', or None: off)."""
         from mecefo_jax.launch.worker_state import SnapshotHook
-        hook = SnapshotHook(self.keeper, every, latest_wins=latest_wins) if every else None
+        hook = SnapshotHook(self.client, every, latest_wins=latest_wins) if every else None
         layout = types.SimpleNamespace(signature=('one device',))  # one topology throughout
 
         def after(state, metrics):
@@ -109,7 +109,7 @@ def auto(loop: Loop, cfg, runs: dict) -> dict:
 
 
 def run(ctx) -> dict:
-    from mecefo_jax.snapshot import LocalKeeper
+    from mecefo_jax.snapshot import KeeperClient, LocalKeeper
     kind = 'smoke' if ctx.smoke else 'full'
     shape, runs = SHAPES['step'][kind], RUNS[kind]
     cfg = configs.load(shape['config'], shape['overrides'])
@@ -120,8 +120,8 @@ def run(ctx) -> dict:
     ctx.log(f'device to host: {out["bandwidth"]}')
     ctx.partial(out)
     step = stepper.call(setup.compile('normal', batch), setup.batch('normal', batch))
-    with LocalKeeper('gpu_report', slots=KEEPER_SLOTS) as keeper:
-        loop = Loop(stepper, step, keeper)
+    with LocalKeeper('gpu_report', slots=KEEPER_SLOTS) as keeper, KeeperClient(keeper) as client:
+        loop = Loop(stepper, step, client)
         out.update(overhead(loop, runs, ctx))
         ctx.partial(out)
         out['auto'] = auto(loop, cfg, runs)
