@@ -18,7 +18,7 @@ from tests.drills.findings import MISMATCH, UNRECOVERED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.subprocess, pytest.mark.ray]
-SMOKE_KILLS, SMOKE_STEPS, SMOKE_CHECKPOINT_EVERY = 1, 14, 3  # scripts/gpu_crash.py --smoke
+SMOKE_STEPS = 14  # scripts/gpu_crash.py --smoke
 
 
 @pytest.fixture(scope='module')
@@ -40,7 +40,11 @@ def test_each_kill_comes_back_from_its_tier_with_its_way_back_in_parts(smoke):
     memory, disk = report['kills']
     assert [memory['planned_tier'], disk['planned_tier']] == ['memory', 'disk']
     assert memory['resume'] == 'memory' and memory['redone_steps'] <= 1
-    assert disk['resume'] == 'disk' and disk['redone_steps'] <= SMOKE_CHECKPOINT_EVERY
+    # From disk: the newest checkpoint committed when the worker died, and nothing older. How far
+    # back that is depends on how long Orbax's async commit trails the steps (on a loaded CPU, past
+    # a checkpoint period: the report names that a finding, as it would on a GPU).
+    assert disk['resume'] == 'disk' and disk['resume_step'] == disk['newest_checkpoint'] > 0
+    assert disk['redone_steps'] == disk['completed_steps'] - disk['resume_step']
     for kill in report['kills']:
         parts = kill['way_back_sec']
         assert set(parts) == set(gpu_crash.PARTS)

@@ -267,6 +267,9 @@ def two_deaths(cluster, launcher_caches, tmp_path_factory):
     summary = launch(overrides(launcher_caches, **{
         'launch.kill': f'{HELD_STEP}:0:KILL:publish,{HELD_STEP}:1:KILL:publish,{HUNG_STEP}:1:STOP',
         'train.steps': 8, 'launch.heartbeat_timeout_sec': HEARTBEAT_TIMEOUT}), workdir)
+    # Two injected failures, so three generations; any other failure is named here.
+    assert summary['generations'] == 3, [(r['kind'], r.get('cause'), r.get('failed_workers'))
+                                         for r in summary['recoveries']]
     return summary, workdir
 
 

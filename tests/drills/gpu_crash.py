@@ -144,7 +144,8 @@ def kill_rows(summary: dict, launch_dir: str, plan) -> list[dict]:
         rows.append({
             'kill_step': step, 'planned_tier': tier, 'resume': r['resume'],
             'resume_step': r['resume_step'], 'completed_steps': r['completed_steps'],
-            'redone_steps': r['redone_steps'], 'recovery_sec': r['recovery_sec'],
+            'newest_checkpoint': r.get('newest_checkpoint'), 'redone_steps': r['redone_steps'],
+            'recovery_sec': r['recovery_sec'],
             'way_back_sec': r['way_back_sec'], 'restore_bytes': restored,
             'restore_gb_per_sec': restored / r['restore_sec'] / 1e9 if r['restore_sec'] else None,
             'programs_compiled': start['programs_compiled'],
