@@ -47,6 +47,16 @@ def one_of(choices, fix=None) -> Rule:
                 choices[0] if fix is None else fix)
 
 
+def step_window(text: str) -> tuple[int, int] | None:
+    """(START, STOP) of a 'START:STOP' step range (`train.profile_steps`); None where malformed."""
+    start, colon, stop = text.partition(':')
+    try:
+        first, end = int(start), int(stop)
+    except ValueError:
+        return None
+    return (first, end) if colon and 0 <= first < end else None
+
+
 def field(default, help: str, *rules: Rule):  # noqa: A002 (the word its readers use)
     return dataclasses.field(default=default, metadata={'help': help, 'rules': rules})
 
@@ -168,6 +178,14 @@ class TrainSection:
     eval_batches: int = field(4, 'validation batches per eval', at_least(1))
     checkpoint_every: int = field(100, 'steps between Orbax checkpoints; 0 disables', at_least(0))
     keep_checkpoints: int = field(2, 'checkpoints kept on disk', at_least(1))
+    tensorboard: bool = field(True, "TensorBoard summaries under <workdir>/tensorboard by process 0 (metrics.jsonl's "
+                              'scalars and the fault story; `tensorboard --logdir <workdir>`); False: none')
+    profile_steps: str = field('', "'START:STOP': a jax.profiler trace of steps START to STOP - 1 into "
+                               "<workdir>/tensorboard (TensorBoard's profile plugin, Perfetto); '' none",
+                               Rule(lambda v: v == '' or step_window(v) is not None,
+                                    "must be '' or 'START:STOP' with 0 <= START < STOP"))
+    init_from: str = field('', 'a Hugging Face LlamaForCausalLM directory (scripts/hf_export.py) a new run '
+                           'starts from: its weights, a fresh optimizer; a resumed run ignores it')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,8 +411,15 @@ def _failure_process_whole(cfg: Config) -> None:
             f'{f.strategy!r}', 0)
 
 
+def _profile_within_run(cfg: Config) -> None:
+    window = step_window(cfg.train.profile_steps)
+    steps = cfg.train.steps
+    require(window is None or window[1] <= steps, 'train.profile_steps', cfg.train.profile_steps,
+            f'must end by train.steps={steps}', f"'{min(window[0], steps - 1) if window else 0}:{steps}'")
+
+
 CROSS_RULES = (_heads_divide, _batch_splits, _flat_optimizer_unsplit, _blocks_within_depth,
-               _events_fit_the_run, _failure_process_whole)
+               _events_fit_the_run, _failure_process_whole, _profile_within_run)
 
 
 def check(cfg: Config) -> None:

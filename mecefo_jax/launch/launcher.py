@@ -37,6 +37,7 @@ from mecefo_jax.launch.keepers import JobKeepers
 from mecefo_jax.launch.placement import WHOLE_SNAPSHOTS, Placement, assign_nodes, node_loss_plan
 from mecefo_jax.launch.recovery import JobState
 from mecefo_jax.training.resume import Tier
+from mecefo_jax.training.summaries import LAUNCH_RUN, Summaries, recovery_scalars, run_dir
 
 _POLL_SEC = 0.05
 
@@ -74,6 +75,7 @@ class Launcher:
                             node_killer=node_killer)
         self.timeout = cfg.launch.heartbeat_timeout_sec
         self.recoveries: list[dict] = []
+        self.summaries = Summaries(run_dir(self.workdir, LAUNCH_RUN)) if cfg.train.tensorboard else None
         self.started_at, self.failures_seen = time.time(), 0  # observed failure rate (cadence)
         self._generation: Generation | None = None
         self._progress_rejected = 0
@@ -104,7 +106,7 @@ class Launcher:
         error, outcome, gen, rejected = None, None, None, 0
         try:
             gen, pending = self._first_generation(started)
-            self.recoveries += recovery.record_left(self.dir)  # a killed launcher's open row
+            self._keep(*recovery.record_left(self.dir))  # a killed launcher's open row
             first = gen.number
             while True:
                 unborn, late = self._spawn(gen)
@@ -137,6 +139,8 @@ class Launcher:
             if gen is not None and self.job.uses_keepers:
                 rejected = self.job.keepers.rejected()
                 self._end_keepers()
+            if self.summaries is not None:
+                self.summaries.close()
         summary = self._summary(gen, outcome, error, rejected)
         files.write_json(os.path.join(self.dir, 'summary.json'), summary)  # never half a file
         if error is not None:
@@ -175,7 +179,7 @@ class Launcher:
     def _gave_up(self, gen: Generation, row: dict) -> GaveUp:
         """Too many relaunches: the row records the last failure, and the job stops."""
         row.update(kind='gave_up', next_generation=None)
-        self.recoveries.append(recovery.append(self.dir, row))
+        self._keep(recovery.append(self.dir, row))
         error = GaveUp(f'Gave up after {gen.number - 1 - self._first_number} relaunches '
                        '(launch.max_relaunches).')
         self.job.log(f'[launch] {error}')
@@ -191,7 +195,7 @@ class Launcher:
                'failed_workers': outcome.failed, 'cause': outcome.cause,
                'failed_at': outcome.failed_at, 'completed_steps': outcome.completed_steps,
                'error': str(error)}
-        self.recoveries.append(recovery.append(self.dir, row))
+        self._keep(recovery.append(self.dir, row))
         self.job.log(f'[launch] {error}')
         return error
 
@@ -361,11 +365,17 @@ class Launcher:
 
     # ------------------------------------------------------------- recovery
 
+    def _keep(self, *rows: dict) -> None:
+        """Recorded recovery rows: into the summary, and TensorBoard's `launch` run."""
+        self.recoveries += rows
+        for row in rows if self.summaries is not None else ():
+            self.summaries.write(*recovery_scalars(row))
+
     def _finish_pending(self) -> None:
         """The open recovery row, completed from its generation's start records and recorded."""
         row, self._pending = self._pending, None
         if row is not None:
-            self.recoveries.append(recovery.record(self.dir, row))
+            self._keep(recovery.record(self.dir, row))
             self.job.log(f"[launch] recovery ({row['kind']}): {row.get('recovery_sec', float('nan')):.2f} s, "
                          f"resumed at step {row.get('resume_step')}, {row.get('redone_steps')} step(s) redone")
 

@@ -76,6 +76,7 @@ class SnapshotHook(Observer):
         self.last_submitted: int | None = None  # the newest step handed to the writer
         self.blocked_sec = 0.0  # time the training loop waited for the previous snapshot
         self.submitted = 0
+        self._blocked_now: dict = {}  # this step's snapshot wait, for TensorBoard
         self._window_start: float | None = None  # auto: when the previous window ended
 
     @property
@@ -127,10 +128,15 @@ class SnapshotHook(Observer):
         self._snapshotter.submit(step, copies, done.data_position, wait=not latest_wins)
         blocked = time.perf_counter() - start
         self.blocked_sec += blocked
+        self._blocked_now = {'snapshot_block_sec': blocked}
         self.submitted += 1
         self.last_submitted = step
         if self.cadence is not None:
             self.cadence.record_blocked(blocked)
+
+    def step_scalars(self) -> dict:
+        scalars, self._blocked_now = self._blocked_now, {}
+        return scalars
 
     @property
     def stats(self):

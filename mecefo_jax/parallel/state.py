@@ -87,15 +87,18 @@ def state_shardings(model: Llama, optimizer: optax.GradientTransformation, mesh,
     return trace_layout(model, optimizer, rank).shardings(mesh)
 
 
+def _fresh(params, optimizer, rank) -> TrainState:
+    """Step 0 around `params`: a new optimizer state, the projections of these weights."""
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                      projections=proj_lib.compute_projections(params, rank))
+
+
 def _init_fn(model: Llama, optimizer, seed: int, rank):
     def init():
         # JAX's default threefry key: under nn.scan on several CPU devices an 'rbg' key's init
         # deadlocks at run time (jax 0.10.2), and scanning removed the compile cost it saved.
         key = jax.random.key(seed)
-        params = flax.linen.unbox(init_params(model, key))
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                          opt_state=optimizer.init(params),
-                          projections=proj_lib.compute_projections(params, rank))
+        return _fresh(flax.linen.unbox(init_params(model, key)), optimizer, rank)
     return init
 
 
@@ -108,6 +111,17 @@ def create_train_state(model: Llama, optimizer, mesh, *, seed: int, rank, shardi
     compiled = program_cache.load_or_compile(init, (), mesh.devices.flat, 'init',
                                              identity=f'seed={seed} rank={rank!r}')
     return compiled(), shardings
+
+
+def train_state_from(params, optimizer, shardings, *, rank):
+    """A fresh train state around given host parameters (`train.init_from`), placed by
+    `shardings` (every process passes the same values; each places its own shards)."""
+    if jax.tree.structure(params) != jax.tree.structure(shardings.params):
+        raise ValueError("train.init_from: the imported parameters do not have this model's tree; "
+                         'check model.scan_layers and the shape fields against its config.json.')
+    placed = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+                          params, shardings.params)
+    return jax.jit(lambda p: _fresh(p, optimizer, rank), out_shardings=shardings)(placed)
 
 
 def move_state(state, shardings):

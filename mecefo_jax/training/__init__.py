@@ -8,6 +8,9 @@
 | `evaluate` | the exact validation loss on fixed batches |
 | `resume` | where a run starts: restored from memory or disk, or fresh |
 | `metrics` | `<workdir>/metrics.jsonl` |
+| `summaries` | TensorBoard's scalars under `<workdir>/tensorboard`: the metrics rows and the fault story |
+| `profiling` | `train.profile_steps`: a jax.profiler trace of chosen steps |
+| `export` | a run's model out as a Hugging Face LLaMA, from its checkpoint or its keepers' snapshots |
 | `observers` | what measures a run, kept apart from what trains it |
 | `preemption` | SIGTERM ends the run after a saved step |
 """

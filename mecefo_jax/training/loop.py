@@ -11,12 +11,15 @@ import time
 import jax
 import numpy as np
 
+from mecefo_jax.config.defaults import step_window
+from mecefo_jax.model.optim import learning_rate_schedule
 from mecefo_jax.training import resume
 from mecefo_jax.training.controller import Plan, StaticController
 from mecefo_jax.training.evaluate import evaluate
 from mecefo_jax.training.metrics import preempted_row
 from mecefo_jax.training.observers import PlannedStep, StepDone
 from mecefo_jax.training.preemption import Preempted
+from mecefo_jax.training.profiling import ProfileSteps
 from mecefo_jax.training.run_setup import Run, build_run
 
 
@@ -35,6 +38,7 @@ class _InFlight:
     """A dispatched step whose metrics have not been read yet."""
     step: int
     replicas: int
+    neighbour_rows: int  # rows computed in neighbour mode (MeCeFO's approximate backward)
     metrics: dict  # device arrays
     position: dict  # data position before this step's batch
 
@@ -57,10 +61,15 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
     """
     run = run or build_run(cfg, workdir)
     state = resume.init_or_restore(run, restore)
+    if cfg.train.init_from and int(state.step) == 0 and cfg.train.eval_every:
+        # The imported model's own validation loss, at step 0, before training moves it.
+        run.metrics.write({'step': 0, **evaluate(run, run.topologies.get(run.present_rows), state.params)})
     controller = StaticController(run) if controller is None else controller
+    window = step_window(cfg.train.profile_steps)
+    profiler = ProfileSteps(run.workdir, *window) if window else None
     total = cfg.train.steps
     end = total if stop_at is None else min(total, int(stop_at))
-    loop = _Loop(run, controller, tuple(observers), total, int(state.step))
+    loop = _Loop(run, controller, tuple(observers) + ((profiler,) if profiler else ()), total, int(state.step))
     summary = {'start_step': loop.step}
     try:
         while loop.step < end:
@@ -70,6 +79,8 @@ def train(cfg, workdir: str, *, controller=None, run: Run | None = None,
             if loop.log_eval_save(state, plan, end):
                 break
     finally:
+        if profiler is not None:
+            profiler.close()
         loop.close()
     summary.update(final_step=loop.step, executed_steps=loop.clock,
                    final_loss=loop.row.get('loss'), final_val_loss=loop.row.get('val_loss'),
@@ -92,6 +103,7 @@ class _Loop:
         self.log_every, self.every_eval = cfg.train.log_every, cfg.train.eval_every
         self.bar = _progress(total, step)
         self.window_start, self.window_tokens = time.perf_counter(), 0
+        self.schedule = jax.jit(learning_rate_schedule(cfg.train))  # one small program, not one per op
         self.in_flight: list[_InFlight] = []
         self.row = {}
 
@@ -104,6 +116,7 @@ class _Loop:
             run.train_data.set_state(plan.data_state)
             step = self.step = int(state.step)
             self.bar.n = step
+            run.metrics.rolled_back(step)
         position = run.train_data.get_state()
         tokens_nbt = next(run.train_data)
         for observer in self.observers:
@@ -114,14 +127,19 @@ class _Loop:
         step_fn, compile_sec = plan.topology.compiled_step(state, batch, plan.step_layout)
         dispatched = time.perf_counter()
         state, metrics = step_fn(state, batch)
-        self.in_flight.append(_InFlight(step, len(plan.layout.replicas), metrics, position))
+        self.in_flight.append(_InFlight(step, len(plan.layout.replicas), plan.layout.neighbour_mode_rows(),
+                                        metrics, position))
         events = self.controller.after_dispatch(self.clock, step, state, dispatched)
         done = StepDone(self.clock, step, state, plan, tokens_nbt, run.train_data.get_state(),
                         metrics, dispatched, compile_sec)
+        scalars = {}
         for observer in self.observers:
             for event in events:
                 observer.on_event(event)
             observer.on_step(done)
+            scalars.update(observer.step_scalars())
+        if scalars:
+            run.metrics.scalars(step + 1, scalars)
         self.step, self.clock = step + 1, self.clock + 1
         self.window_tokens += run.tokens_per_step
         self.bar.update(1)
@@ -142,6 +160,8 @@ class _Loop:
             if step % self.log_every == 0 or step == end:
                 elapsed = time.perf_counter() - self.window_start
                 self.row['tokens_per_sec'] = self.window_tokens / max(elapsed, 1e-9)
+                self.row['step_sec'] = elapsed / max(self.window_tokens // run.tokens_per_step, 1)
+                self.row['learning_rate'] = float(self.schedule(step - 1))  # the one its update used
                 self.window_start, self.window_tokens = time.perf_counter(), 0
                 self.bar.set_postfix(loss=f"{self.row['loss']:.3f}",
                                      tok_s=f"{self.row['tokens_per_sec']:.0f}")
@@ -152,8 +172,8 @@ class _Loop:
                                'val_ppl': self.row['val_ppl']})
             self.window_start = time.perf_counter()  # keep eval out of tokens/s
         if save_now:
-            run.checkpointer.maybe_save(step, state, run.train_data.get_state(),
-                                        force=step == end)
+            seconds = run.checkpointer.maybe_save(step, state, run.train_data.get_state(), force=step == end)
+            run.metrics.scalars(step, {'checkpoint_sec': seconds})
         return step == end
 
     def preempt(self, state) -> None:
@@ -185,7 +205,8 @@ def _read_metrics(run: Run, state, in_flight: list) -> dict:
     newest, metrics = in_flight[-1], fetched[-1]
     in_flight.clear()
     return {'step': newest.step + 1, 'loss': float(metrics['loss']),
-            'grad_norm': float(metrics['grad_norm']), 'replicas': newest.replicas}
+            'grad_norm': float(metrics['grad_norm']), 'replicas': newest.replicas,
+            'neighbour_rows': newest.neighbour_rows}
 
 
 def _stop_non_finite(run: Run, state, step: int, metrics, position: dict) -> None:

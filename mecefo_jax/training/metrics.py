@@ -2,7 +2,8 @@
 
 Only process 0 writes, so a multi-host run has one file. A resumed run appends, after
 dropping the rows past the resumed step (`MetricsWriter.truncate_after`), so a step has
-at most one row of each kind and every reader can take the rows as they are.
+at most one row of each kind and every reader can take the rows as they are. With
+`tensorboard`, every row also goes to TensorBoard (`summaries.py`), cut back alike.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mecefo_jax.host import files
+from mecefo_jax.training.summaries import TRAIN_RUN, Summaries, row_scalars, run_dir
 
 METRICS_FILENAME = 'metrics.jsonl'
 RESUME_SOURCES = ('memory', 'disk', 'start_over')  # start_over: step 0, nothing was saved
@@ -104,13 +106,15 @@ class MetricsWriter:
     """Appends metric rows to <workdir>/metrics.jsonl, flushed one by one: a crash loses at most
     the row being written, which read_metrics tolerates."""
 
-    def __init__(self, workdir: str, *, process_index: int | None = None):
+    def __init__(self, workdir: str, *, process_index: int | None = None, tensorboard: bool = False):
         if process_index is None:
             process_index = jax.process_index()
         self.path = os.path.join(os.fspath(workdir), METRICS_FILENAME)
         self.active = process_index == 0
         self._file = None
         self._closed = False
+        self.summaries = (Summaries(run_dir(workdir, TRAIN_RUN))
+                          if self.active and tensorboard else None)
         if self.active:
             os.makedirs(os.fspath(workdir), exist_ok=True)
             self._open()
@@ -131,11 +135,24 @@ class MetricsWriter:
             raise ValueError(f'MetricsWriter for {self.path} is closed.')
         if self._file is None:
             return 0
+        if self.summaries is not None:
+            self.summaries.purge_from(step + 1)
         self._file.close()
         try:
             return truncate_rows_after(self.path, step)
         finally:
             self._open()
+
+    def rolled_back(self, step: int) -> None:
+        """Training went back to `step` in this process (a simulated restart): TensorBoard hides
+        the steps past it, which are redone (metrics.jsonl keeps both rows of each)."""
+        if self.summaries is not None:
+            self.summaries.purge_from(step + 1)
+
+    def scalars(self, step: int, values: dict) -> None:
+        """Figures for TensorBoard alone (what a checkpoint or a snapshot cost the loop)."""
+        if self.summaries is not None:
+            self.summaries.write(step, row_scalars(values))
 
     def write(self, row: dict) -> None:
         """Append one row; NaN/inf are written as json does (NaN, Infinity): a diverged loss must
@@ -150,6 +167,8 @@ class MetricsWriter:
         line = json.dumps(_to_jsonable(row, 'row')) + '\n'
         self._file.write(line)
         self._file.flush()
+        if self.summaries is not None and isinstance(row.get('step'), (int, float)):
+            self.summaries.write(row['step'], row_scalars(json.loads(line)))
 
     def close(self) -> None:
         if self._closed:
@@ -158,6 +177,8 @@ class MetricsWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self.summaries is not None:
+            self.summaries.close()
 
     def __enter__(self) -> MetricsWriter:
         return self

@@ -62,6 +62,11 @@ class Observer:
     def on_event(self, event) -> None:
         """A `faults.controller.Event`, once its first step has been timed."""
 
+    def step_scalars(self) -> dict:
+        """Figures of the step just done for TensorBoard alone, asked after its `on_step`
+        (a snapshot's seconds, say); tags by `summaries.tag`."""
+        return {}
+
     def stop_requested(self) -> bool:
         """Whether the run may end after the step just done (asked after its `on_step`)."""
         return False

@@ -5,8 +5,9 @@ damaged one is moved aside, `checkpointing/damage.py`), a config that does not f
 the fields and the overrides that do (`config/record.py`), a workdir holding a run with
 nothing to resume from is refused, never restarted from step 0 (a launcher's own job that
 saved nothing starts over, said and recorded), and config.json and the metrics are
-written only once the state is restored and checked. Imports are lazy, so a launcher
-reads `Tier` before any jax starts.
+written only once the state is restored and checked. A fresh run starts from
+`train.init_from`'s Hugging Face LLaMA where it names one (`model/hf_llama.py`), with a
+fresh optimizer. Imports are lazy, so a launcher reads `Tier` before any jax starts.
 """
 from __future__ import annotations
 
@@ -66,15 +67,32 @@ def init_or_restore(run, restore=None):
                 f'--workdir={run.workdir} holds a run (metrics.jsonl) but no checkpoint or snapshot '
                 'to resume it from. Pass a new --workdir for a new run, or delete that directory '
                 'to start over on purpose.')
-        state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
-                                                seed=cfg.train.seed, rank=cfg.mecefo.rank,
-                                                shardings=topo.state_shardings)
+        if cfg.train.init_from:
+            state = _imported(run, topo)
+        else:
+            state, _ = state_lib.create_train_state(run.model, run.optimizer, topo.mesh,
+                                                    seed=cfg.train.seed, rank=cfg.mecefo.rank,
+                                                    shardings=topo.state_shardings)
         _record_start(run, 0, START_OVER if held else None)
         return state
     state, data_state, source = restored
     run.train_data.set_state(data_state)
     _record_start(run, int(state.step), source)
     return state
+
+
+def _imported(run, topology):
+    """A new run's state from `train.init_from`, a Hugging Face LLaMA: its weights on the mesh,
+    the optimizer fresh (continued pretraining)."""
+    import jax
+
+    from mecefo_jax.model import hf_llama
+    from mecefo_jax.parallel import state as state_lib
+    cfg = run.cfg
+    params = hf_llama.load(cfg.train.init_from, cfg.model)
+    if jax.process_index() == 0:
+        print(f'initialized from {cfg.train.init_from} (train.init_from)', flush=True)
+    return state_lib.train_state_from(params, run.optimizer, topology.state_shardings, rank=cfg.mecefo.rank)
 
 
 def _record_start(run, step: int, source: str | None) -> None:

@@ -114,4 +114,4 @@ def build_run(cfg, workdir: str, *, checkpoint_every: int | None = None,
                full_rows=replica_rows, state_layout=state_layout,
                topologies=TopologyCache(model, optimizer, state_layout, cfg),
                train_data=train_data, val_data=val_data, checkpointer=checkpointer,
-               metrics=MetricsWriter(workdir))
+               metrics=MetricsWriter(workdir, tensorboard=cfg.train.tensorboard))
