@@ -24,6 +24,7 @@ _NODES = flags.DEFINE_integer('nodes', 4, 'Simulated Ray nodes on this machine.'
 _STEPS = flags.DEFINE_integer('steps', 40, 'Training steps of each job.')
 _KILL = flags.DEFINE_integer('kill_step', 15, 'Worker 1 is SIGKILLed right after its first '
                              'snapshot at or after this step, once every keeper holds it.')
+_VARIANTS = flags.DEFINE_list('variants', None, "Only these variants, 'all' among them (default: every one).")
 _RETURN = flags.DEFINE_integer('return_after', 10, 'Steps until the killed worker rejoins.')
 flags.mark_flags_as_required(['config', 'out'])
 
@@ -39,7 +40,8 @@ def main(argv):
     if os.path.isdir(_OUT.value) and os.listdir(_OUT.value):
         sys.exit(f'--out {_OUT.value} is not empty: its jobs would resume from what is there.')
     report = run(cfg, os.path.abspath(_OUT.value), repeats=_REPEATS.value, workers=_WORKERS.value,
-                 nodes=_NODES.value, kill_step=_KILL.value, return_after=_RETURN.value)
+                 nodes=_NODES.value, kill_step=_KILL.value, return_after=_RETURN.value,
+                 **({'variants': tuple(_VARIANTS.value)} if _VARIANTS.value else {}))
     report['command'] = script_command()
     with open(os.path.join(_OUT.value, 'cache_layers.json'), 'w') as f:
         json.dump(report, f, indent=2)

@@ -67,12 +67,16 @@ def run_variant(cfg, name: str, out_dir: str, *, workers: int, nodes: int, kill_
 
 
 def run(cfg, out_dir: str, *, repeats: int, workers: int, nodes: int, kill_step: int,
-        return_after: int, log=print) -> dict:
-    """Every variant `repeats` times, interleaved; the rows and the table's figures."""
-    rows = {name: [] for name in VARIANTS}
+        return_after: int, variants=tuple(VARIANTS), log=print) -> dict:
+    """The `variants` `repeats` times each, interleaved; the rows and the table's figures."""
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or 'all' not in variants:
+        raise ValueError(f'--variants: {unknown or variants} must name variants of {list(VARIANTS)}, '
+                         "'all' among them (every layer's saving is measured against it).")
+    names = [name for name in VARIANTS if name in variants]
+    rows = {name: [] for name in names}
     for r in range(repeats):
-        order = list(VARIANTS)[r % len(VARIANTS):] + list(VARIANTS)[:r % len(VARIANTS)]
-        for name in order:
+        for name in names[r % len(names):] + names[:r % len(names)]:
             log(f'[cache layers] repeat {r}, {name}')
             rows[name].append(run_variant(cfg, name, os.path.join(out_dir, f'r{r}_{name}'),
                                           workers=workers, nodes=nodes, kill_step=kill_step,
@@ -84,17 +88,18 @@ def run(cfg, out_dir: str, *, repeats: int, workers: int, nodes: int, kill_step:
 
 
 def table(rows: dict) -> dict:
-    """Per variant, the failure's and the rejoin's median recovery; per priced layer, what
-    leaving it out adds to the failure's recovery and its share of the longer one."""
-    med = {name: {kind: statistics.median(run[kind]['recovery_sec'] for run in runs)
-                  for kind in ('failure', 'rejoin')} for name, runs in rows.items()}
-    base = med['all']['failure']
+    """Per variant, the failure's and the rejoin's median recovery; per layer whose variant ran,
+    what leaving it out adds to each recovery and its share of the longer one."""
+    kinds = ('failure', 'rejoin')
+    med = {name: {kind: statistics.median(run[kind]['recovery_sec'] for run in runs) for kind in kinds}
+           for name, runs in rows.items()}
+    left_out = dict(PRICED, none='every_cache')
     layers = {}
-    for name, layer in PRICED.items():
-        without = med[name]['failure']
-        layers[layer] = {'recovery_without_sec': without, 'saves_sec': without - base,
-                         'share': (without - base) / without}
-    layers['every_cache'] = {'recovery_without_sec': med['none']['failure'],
-                             'saves_sec': med['none']['failure'] - base,
-                             'share': (med['none']['failure'] - base) / med['none']['failure']}
-    return {'median_recovery_sec': med, 'layers': layers}
+    for name, layer in left_out.items():
+        if name in med:
+            layers[layer] = {kind: {'recovery_without_sec': med[name][kind],
+                                    'saves_sec': med[name][kind] - med['all'][kind],
+                                    'share': (med[name][kind] - med['all'][kind]) / med[name][kind]}
+                             for kind in kinds}
+    return {'median_recovery_sec': med, 'repeats': {name: len(runs) for name, runs in rows.items()},
+            'layers': layers}
