@@ -22,7 +22,7 @@ def test_each_layer_is_priced_against_every_layer_by_medians():
 
 
 def test_a_subset_must_name_known_variants_and_all():
-    for variants in (('no_standby',), ('all', 'no_cache')):
+    for variants in (('no_untraced',), ('all', 'no_cache')):
         with pytest.raises(ValueError, match="'all' among them"):
             cache_layers.run(None, '/nonexistent', repeats=1, workers=2, nodes=1, kill_step=1,
                              return_after=1, variants=variants)

@@ -40,7 +40,7 @@ def _config(tokenizer_cache, **extra):
               'data.global_batch_size': 12,
               'launch.local_devices': 1, 'launch.compilation_cache': 'auto',
               'launch.compile_ahead': False, 'data.cache_dir': tokenizer_cache,
-              'snapshot.every': 1, 'launch.standby_workers': False}
+              'snapshot.every': 1}
     values.update(extra)
     return updated(resolve(get_config()), values)
 

@@ -24,14 +24,12 @@ STEPS = 14  # the default job's length (tests/launch_test.py's crashed job needs
 
 
 def overrides(caches, **extra):
-    """The module's job: standby workers only where a test asks for them (the SIGKILL
-    job runs the default), as they cost every generation a warm-up on this machine."""
+    """The module's job, with what a test sets in `extra`."""
     tokenizer, xla = caches
     values = {'train.steps': STEPS, 'train.eval_every': 0, 'mesh.data': 4,
               'fault.strategy': 'mecefo',  # the adoption these tests check
               'launch.local_devices': LOCAL, 'launch.compilation_cache': xla,
-              'data.cache_dir': tokenizer, 'snapshot.every': 1, 'launch.compile_ahead': False,
-              'launch.standby_workers': False}
+              'data.cache_dir': tokenizer, 'snapshot.every': 1, 'launch.compile_ahead': False}
     values.update(extra)
     return values
 

@@ -15,11 +15,9 @@ error are tests/snapshot_test.py's and tests/parity_test.py's.
 import glob
 import json
 import os
-import time
 
 import pytest
 from launch_jobs import STEPS, WORKERS, assert_nothing_left, config, final_provenance, launch, overrides, read
-from process_waits import wait_gone
 from simulated_params import assert_params_equal_simulated
 
 from mecefo_jax.config.resolve import updated
@@ -51,7 +49,7 @@ def crashed(cluster, launcher_caches, tmp_path_factory):
     # everything. The sharded default's crashes are tests/sharded_launch_test.py's.
     summary = launch(overrides(launcher_caches, **{
         'launch.kill': f'{HELD_STEP}:1:KILL:publish,{KEEPER_STEP}:1:keeper',
-        'launch.return_after_steps': 2, 'launch.standby_workers': True,
+        'launch.return_after_steps': 2,
         'snapshot.shard': False}), workdir)
     return summary, workdir
 
@@ -168,31 +166,6 @@ def test_final_parameters_equal_the_same_failure_simulated_in_one_process(crashe
     events = ','.join(f'{start}:{r}:2' for start in _down_starts(workdir) for r in (2, 3))
     cfg = updated(config(overrides(launcher_caches)), {'fault.events': events})
     assert_params_equal_simulated(workdir, cfg, tmp_path, replicas=4)
-
-
-def test_only_a_warm_standby_is_taken_and_a_cold_one_is_killed(cluster):
-    """A standby still importing (here one that never warms: `Worker(env, False)`) is killed,
-    not taken: its lowest-priority warm-up thread can hold the GIL for seconds on a
-    loaded machine. A warm one on the asked-for node is taken."""
-    import ray
-
-    from mecefo_jax.launch import placement
-    from mecefo_jax.launch.generation import Standbys
-    from mecefo_jax.launch.worker import Worker
-    standbys, node, env = Standbys(), cluster.head, placement.actor_env(2)
-    standbys.fill({0: node, 1: node}, env=env, gpus={})
-    cold = ray.remote(Worker).options(**placement.actor_options(node_id=node, concurrency=4)).remote(env, False)
-    cold_pid = ray.get(cold.info.remote())['pid']
-    standbys._ready[1] = (node, cold)
-    warm = standbys._ready[0][1]
-    deadline = time.monotonic() + 120
-    while not ray.get(warm.is_warm.remote()):  # hold until the warm-up is done
-        assert time.monotonic() < deadline, 'the standby never warmed'
-        time.sleep(0.2)
-    assert standbys.take(0, node) is warm
-    assert standbys.take(1, node) is None
-    wait_gone([cold_pid], 'the cold standby was left running', poll=0.2)  # killed
-    ray.kill(warm)
 
 
 def test_a_job_that_completes_no_step_is_restarted(cluster, launcher_caches, tmp_path):

@@ -81,11 +81,17 @@ def test_an_actor_that_misses_the_start_timeout_fails_the_start_and_no_worker(
     for answers, dead, late in (([GetTimeoutError(), {'ip': 'x'}], [], [0]),
                                 ([GetTimeoutError(), RayActorError()], [1], [0])):
         gen = generation()
-        # A started actor per worker, its `info` answer scripted: a dict, or what ray.get raises.
-        standbys = SimpleNamespace(take=lambda w, node: SimpleNamespace(
-            info=SimpleNamespace(remote=lambda: answers[w])))
+        # A started actor per worker in turn, its `info` answer scripted: a dict, or what ray.get raises.
+        started = iter(answers)
+
+        def actor(env, answer_of=started):
+            answer = next(answer_of)
+            return SimpleNamespace(info=SimpleNamespace(remote=lambda: answer))
+        monkeypatch.setattr(gen_module.placement_lib, 'actor_options', lambda **opts: opts)
+        monkeypatch.setattr(ray, 'remote', lambda cls: SimpleNamespace(
+            options=lambda **opts: SimpleNamespace(remote=actor)))
         assert gen_module.spawn(gen, args={}, nodes={0: 'a', 1: 'b'}, env={}, gpus={},
-                                standbys=standbys, timeout=START) == (dead, late)
+                                timeout=START) == (dead, late)
         assert gen.runs == {}
     timed_out = launcher_lib.start_timed_out(launcher.job, gen, gen.started + START + 0.5)
     assert timed_out.failed == [] and timed_out.cause == f'no step completed within {START:.1f} s of the start'

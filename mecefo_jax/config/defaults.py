@@ -306,9 +306,6 @@ class LaunchSection:
                                    "(workdir/launch/xla_cache), a path, or '' (off)")
     compile_ahead: bool = field(True, 'after the first step, compile (niced) the programs the '
                                 'survivors of every single-worker loss will need')
-    standby_workers: bool = field(True, "after each generation's first step, one warm worker "
-                                  'process per slot for the next relaunch (about 3 CPU-seconds '
-                                  'each to start; docs/launch.md, "Standby workers")')
     object_store_mb: int = field(256, "Ray's object store per node of a local cluster the "
                                  "launcher starts: small, the keepers' snapshots live beside it",
                                  at_least(32))

@@ -7,7 +7,7 @@ Grouped by the process that runs the code:
 | the launcher | `__main__` | the command line: `python -m mecefo_jax.launch --nprocs N --config CFG --workdir DIR` |
 | | `launcher` | the job's loop: generations, failures detected and judged, stops, the run's summary |
 | | `recovery` | after a generation ends: the next one (members, nodes, keepers, tier and step); its row |
-| | `generation` | one generation's worker actors: spawn, progress, how each ended, teardown; warm standbys |
+| | `generation` | one generation's worker actors: spawn, progress, how each ended, teardown |
 | | `placement` | which worker holds which replica, on which node, with what environment |
 | | `keepers` | the job's keeper actors, found again by name after a launcher's death |
 | | `chaos` | injected failures (`launch.kill`); the one seam (`FaultPoints`) by which they reach a worker |

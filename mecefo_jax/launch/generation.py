@@ -5,8 +5,6 @@ A worker's `run` ends in a result (finished, or stopped as planned), a Python ex
 node died (a crash). A stopped or hung worker is caught by its silence: the launcher
 asks every `PROGRESS_SEC` how far it got (Ray does not notice a stopped process). A
 worker that JAX's runtime ended because a peer died is that death's echo, not a failure.
-`Standbys`: warm worker processes, started after a generation's first step, that the
-next relaunch takes instead of starting and importing anew.
 """
 from __future__ import annotations
 
@@ -128,12 +126,11 @@ class Generation:
         ray.wait([self.runs[worker]], timeout=timeout)
 
 
-def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, standbys,
+def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict,
           timeout: float) -> tuple[list, list]:
     """Start `gen`'s workers on their nodes and their `run`s (`args[w]` are WorkerArgs fields).
 
-    A worker takes its warm standby when one waits on its node, else a new
-    actor. Process 0 chooses the coordinator's port on its node first: the
+    Process 0 chooses the coordinator's port on its node first: the
     coordinator binds only that address (`coordinator.join`). Returns the
     workers whose actor died before it could start (its node went meanwhile)
     and those whose actor did not answer within `timeout` (a loaded host: the
@@ -145,11 +142,8 @@ def spawn(gen: Generation, *, args: dict, nodes: dict, env: dict, gpus: dict, st
     cls = ray.remote(Worker)
     gen.started = time.time()
     for w in gen.members:
-        actor = standbys.take(w, nodes[w])
-        if actor is None:
-            opts = placement_lib.actor_options(node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
-            actor = cls.options(**opts).remote(env, False)  # needed now: it imports at full priority
-        gen.actors[w] = actor
+        opts = placement_lib.actor_options(node_id=nodes[w], gpus=gpus.get(w, 0), concurrency=4)
+        gen.actors[w] = cls.options(**opts).remote(env)
     dead, late = [], []
     for w in gen.members:
         try:
@@ -332,64 +326,3 @@ def wait_exited(pids: list, timeout: float) -> None:
             _kill_ray_workers(pids)
             deadline = float('inf')
         time.sleep(_EXIT_POLL_SEC)
-
-
-# ---------------------------------------------------------------- standby workers
-
-_ASK_SEC = 1.0  # a standby that cannot say it is warm within this is not
-
-
-class Standbys:
-    """worker -> (node, actor) of a warm `Worker` waiting to be taken."""
-
-    def __init__(self):
-        self._ready: dict[int, tuple[str, object]] = {}
-
-    def fill(self, nodes: dict, env: dict, gpus: dict) -> None:
-        """A standby for every worker slot in `nodes` (worker -> node) that has none there."""
-        import ray
-        cls = ray.remote(Worker)
-        for w, node in nodes.items():
-            held = self._ready.get(w)
-            if held is not None and held[0] == node:
-                continue
-            if held is not None:
-                _kill(held[1])
-            opts = placement_lib.actor_options(node_id=node, gpus=gpus.get(w, 0), concurrency=4)
-            self._ready[w] = (node, cls.options(**opts).remote(env))
-
-    def take(self, worker: int, node: str):
-        """The standby of `worker` if it waits warm on `node` (taken from the pool), else None.
-
-        One still importing is killed instead: its warm-up thread runs at the
-        lowest OS priority and, on a loaded machine, holds the GIL and the
-        import lock for seconds while it waits for a CPU, so the worker would
-        answer neither `run` nor the launcher's progress requests (a healthy
-        worker taken for a silent one). A new actor imports at full priority.
-        """
-        import ray
-        from ray.exceptions import GetTimeoutError, RayError
-        held = self._ready.pop(worker, None)
-        if held is None:
-            return None
-        if held[0] == node:
-            try:
-                if ray.get(held[1].is_warm.remote(), timeout=_ASK_SEC):
-                    return held[1]
-            except (RayError, GetTimeoutError):
-                pass
-        _kill(held[1])
-        return None
-
-    def close(self) -> None:
-        for _, actor in self._ready.values():
-            _kill(actor)
-        self._ready.clear()
-
-
-def _kill(actor) -> None:
-    import ray
-    try:
-        ray.kill(actor)
-    except Exception:  # noqa: BLE001 (its node is gone already)
-        pass

@@ -32,7 +32,7 @@ from mecefo_jax.launch import cluster, generation, recovery
 from mecefo_jax.launch import placement as placement_lib
 from mecefo_jax.launch.chaos import Injector, parse_kills
 from mecefo_jax.launch.compile_ahead import CompileAhead
-from mecefo_jax.launch.generation import ABORTED_BY_JAX, CRASH, Generation, Standbys, WorkerProgramError
+from mecefo_jax.launch.generation import ABORTED_BY_JAX, CRASH, Generation, WorkerProgramError
 from mecefo_jax.launch.keepers import JobKeepers
 from mecefo_jax.launch.placement import WHOLE_SNAPSHOTS, Placement, assign_nodes, node_loss_plan
 from mecefo_jax.launch.recovery import JobState
@@ -84,7 +84,6 @@ class Launcher:
         self.job = JobState(cfg, placement, keepers, nodes, injector,
                             CompileAhead(cfg, self.workdir, placement, log=log), log,
                             workdir=self.workdir)
-        self.standbys = Standbys()
         self.adopted: dict = {}  # the keepers an earlier launcher left, found at the start
         self.stepped = False  # a generation of this launcher completed a step
         self.stopped_keepers = False  # the job's keepers were ended with it
@@ -134,7 +133,6 @@ class Launcher:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
             self.job.ahead.close()
-            self.standbys.close()
             generation.stop(self._generation)
             if gen is not None and self.job.uses_keepers:
                 rejected = self.job.keepers.rejected()
@@ -276,7 +274,7 @@ class Launcher:
         gpus, env = self._actor_resources(gen.members)
         unborn, late = generation.spawn(
             gen, args=self.worker_args(gen, keepers), nodes=self.job.nodes, env=env, gpus=gpus,
-            standbys=self.standbys, timeout=self.job.cfg.launch.start_timeout_sec)
+            timeout=self.job.cfg.launch.start_timeout_sec)
         self.job.log(f'[launch] generation {gen.number}: workers {gen.members} '
                      f'({gen.resume}{f", stop at step {gen.stop_at}" if gen.stop_at else ""})')
         return unborn, late
@@ -286,15 +284,6 @@ class Launcher:
         gpus = {w: self.job.cfg.launch.local_devices if placement_lib.node_has_gpus(self.job.nodes[w]) else 0
                 for w in workers}
         return gpus, placement_lib.actor_env(self.job.cfg.launch.local_devices, gpus=any(gpus.values()))
-
-    def _warm_standbys(self) -> None:
-        """After a generation's first step: a warm process for every worker slot on a live node."""
-        if not self.job.cfg.launch.standby_workers:
-            return
-        live = {n.node_id for n in cluster.alive_nodes()}
-        nodes = {w: n for w, n in self.job.nodes.items() if n in live}
-        gpus, env = self._actor_resources(nodes)
-        self.standbys.fill(nodes, env, gpus)
 
     def _watch(self, gen: Generation) -> Outcome:
         deaths: list = []
@@ -321,8 +310,6 @@ class Launcher:
             self.job.injector.inject(gen)  # after the records a launcher killed here must leave
             now_mono, now = time.monotonic(), time.time()
             self.job.ahead.maybe_start(gen.number, completed)
-            if completed >= 1 > progress:
-                self._warm_standbys()
             if completed > progress:
                 progress, progressed_at = completed, now_mono
             hang = hung(self.job, gen, progress, now_mono - progressed_at, now)

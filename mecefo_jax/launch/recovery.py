@@ -403,7 +403,7 @@ def way_back(row: dict, start: dict) -> dict:
     """The seconds from the failure to the end of the first step of the worker that finished
     it last, in consecutive parts that add up to `recovery_sec`: the launcher's
     (detection; teardown, keepers and the step to resume), then the worker's (its
-    process, the imports a warm-up had not done, jax.distributed, the backend, the
+    process, its imports, jax.distributed, the backend, the
     run's setup, the restore, the program loaded or compiled, a refresh, and the rest
     of the first step: tracing the state's shapes and running it)."""
     detected = row['failed_at'] + row.get('detect_sec', 0.0)

@@ -105,38 +105,16 @@ class Progress:
 
 
 class Worker:
-    """The actor (`ray.remote(Worker)`): one process of one generation.
+    """The actor (`ray.remote(Worker)`): one process of one generation."""
 
-    Created ahead as a *standby* (`generation.Standbys`) it imports jax and the
-    training stack in a thread at the lowest OS priority (Linux niceness is per
-    thread), so that a relaunch finds a warm process without the warm-up slowing the
-    generation that trains meanwhile.
-    """
-
-    def __init__(self, env: dict, warm: bool = True):
+    def __init__(self, env: dict):
         placement_lib.enter(env)  # XLA's flags and device count, before anything starts JAX
         self.created = time.time()
-        self.warmed = None  # time.time() the imports were done
         self.progress_ = Progress()
         self.points = None  # this generation's chaos.FaultPoints
         self.guard = None  # the PreemptionGuard while training
         self._stop_pending = False
         self._lock = threading.Lock()
-        if warm:
-            threading.Thread(target=self._warm, name='warm-up', daemon=True).start()
-
-    def _warm(self) -> None:
-        os.nice(19)  # this thread only
-        import jax  # noqa: F401  (no backend starts here: XLA_FLAGS still apply)
-
-        from mecefo_jax import main  # noqa: F401
-        from mecefo_jax.launch import worker_state  # noqa: F401
-        from mecefo_jax.training import loop  # noqa: F401
-        self.warmed = time.time()
-
-    def is_warm(self) -> bool:
-        """Whether the warm-up imports are done (a standby still in them is not taken)."""
-        return self.warmed is not None
 
     def info(self) -> dict:
         import ray
@@ -194,8 +172,7 @@ class Worker:
 
 def _run(args: WorkerArgs, actor: Worker) -> dict:
     # The way back up to the training loop, stamped (time.time()) at each phase's end
-    # for the start record: imports (those a warm-up thread has not done yet),
-    # jax.distributed, the backend (CUDA on a GPU), the run's setup.
+    # for the start record: imports, jax.distributed, the backend (CUDA on a GPU), the run's setup.
     cfg = args.cfg
     import jax
     from absl import logging
@@ -225,7 +202,6 @@ def _run(args: WorkerArgs, actor: Worker) -> dict:
     start_record = dict(worker=args.worker, generation=args.generation, pid=os.getpid(),
                         start_ticks=processes.start_ticks(os.getpid()),  # to tell a reused pid
                         process_start=actor.started, actor_created=actor.created,
-                        actor_warm_sec=(actor.warmed or time.time()) - actor.created,
                         imported_at=imported_at, joined_at=joined_at, backend_up_at=backend_up_at,
                         device_kind=devices[0].device_kind,
                         distributed_init_sec=distributed_init_sec, resume=args.resume)

@@ -4,7 +4,6 @@ A worker SIGKILLed right after a snapshot every keeper holds (the drill's memory
 `crash_drill_jobs`), recovered from the keepers' memory, with every cache layer, with
 each left out alone, with JAX's persistent cache alone, and with none:
 
-* `standby`: warm worker processes a relaunch takes (`launch.standby_workers`);
 * `compile_ahead`: the survivors' programs compiled before the failure;
 * `untraced`: the program cache found before tracing (`MECEFO_CACHE_LAYERS`);
 * `programs`: the program cache by lowered text, compile-ahead's store;
@@ -27,15 +26,14 @@ LAYERS = ('jax', 'programs', 'untraced')
 # name -> (config values, the cache layers, compile ahead)
 VARIANTS = {
     'all': ({}, LAYERS, True),
-    'no_standby': ({'launch.standby_workers': False}, LAYERS, True),
     'no_compile_ahead': ({}, LAYERS, False),
     'no_untraced': ({}, ('jax', 'programs'), True),
     'no_jax_cache': ({}, ('programs', 'untraced'), True),
-    'jax_cache_alone': ({'launch.standby_workers': False}, ('jax',), False),
-    'none': ({'launch.standby_workers': False, 'launch.compilation_cache': ''}, (), False),
+    'jax_cache_alone': ({}, ('jax',), False),
+    'none': ({'launch.compilation_cache': ''}, (), False),
 }
 # The layer each variant leaves out alone, to price it.
-PRICED = {'no_standby': 'standby', 'no_compile_ahead': 'compile_ahead', 'no_untraced': 'untraced',
+PRICED = {'no_compile_ahead': 'compile_ahead', 'no_untraced': 'untraced',
           'no_jax_cache': 'jax'}
 
 

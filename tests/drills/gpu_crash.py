@@ -40,12 +40,11 @@ OFF_REFERENCE = 'parameters differ from the uninterrupted run'
 
 
 def study_values(out_dir: str) -> dict:
-    """What both jobs set: one worker on one device, a snapshot every step, no warm
-    standby (on a node with one GPU it would wait for the GPU the worker holds) and no
+    """What both jobs set: one worker on one device, a snapshot every step and no
     compile-ahead (there is no survivor to compile for)."""
     return {'train.eval_every': 0, 'train.log_every': 1, 'snapshot.every': 1,
             'mesh.data': 1, 'mesh.model': 1,
-            'launch.local_devices': 1, 'launch.standby_workers': False,
+            'launch.local_devices': 1,
             'launch.compile_ahead': False,
             'launch.compilation_cache': os.path.join(out_dir, 'xla_cache')}
 
