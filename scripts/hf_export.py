@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string('workdir', None, "The run's workdir (its config.json and checkpoints).")
 _OUT = flags.DEFINE_string('out', None, 'The Hugging Face directory to write.')
@@ -27,6 +27,7 @@ flags.mark_flags_as_required(['workdir', 'out'])
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # Orbax's INFO lines would bury the result
     from mecefo_jax.training.export import export_run
     snapshots = None
     if _SOURCE.value == 'memory':
