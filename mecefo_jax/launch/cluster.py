@@ -204,20 +204,24 @@ def alive_nodes() -> list[Node]:
     return sorted(nodes, key=lambda n: (n.is_head, n.node_id))
 
 
+def live_keepers(namespace: str) -> list:
+    """The live keepers of a job's `namespace` (its only named actors), by name, in a cluster
+    this process has joined."""
+    import ray
+    names = sorted(a['name'] for a in ray.util.list_named_actors(all_namespaces=True)
+                   if a['namespace'] == namespace)
+    return [h for h in (find_keeper(name, namespace) for name in names) if h is not None]
+
+
 def cleanup(workdir: str, address: str | None = None) -> dict:
     """Remove `workdir`'s detached actors, their segments and its local cluster; what went."""
     import ray
     removed = {'keepers': [], 'segments': [], 'local_cluster': False}
     joined = join(address, workdir, start=False, log=lambda _: None)
     if joined is not None:
-        namespace = namespace_of(workdir)
-        names = sorted(a['name'] for a in ray.util.list_named_actors(all_namespaces=True)
-                       if a['namespace'] == namespace)
-        for name in names:
-            handle = find_keeper(name, namespace)
-            if handle is not None:
-                removed['segments'] += stop_keeper(handle)
-                removed['keepers'].append(name)
+        for handle in live_keepers(namespace_of(workdir)):
+            removed['segments'] += stop_keeper(handle)
+            removed['keepers'].append(handle.name)
         ray.shutdown()
         if joined.local_pid is not None:
             removed['local_cluster'] = stop_local(workdir)

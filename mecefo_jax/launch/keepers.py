@@ -138,14 +138,8 @@ class JobKeepers:
 def job_snapshots(workdir: str, address: str | None = None) -> list:
     """Every snapshot the live keepers of the job in `workdir` hold, read through Ray (the job's
     cluster at `address`, else its local one); [] where none is alive. The caller closes them."""
-    import ray
-
     from mecefo_jax.launch import cluster
     from mecefo_jax.snapshot import open_sources
     if cluster.join(address, workdir, start=False, log=lambda _: None) is None:
         return []
-    namespace = cluster.namespace_of(workdir)
-    names = sorted(a['name'] for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a['namespace'] == namespace and a['name'].startswith('keeper'))
-    handles = [h for h in (find_keeper(name, namespace) for name in names) if h is not None]
-    return open_sources(None, handles)
+    return open_sources(None, cluster.live_keepers(cluster.namespace_of(workdir)))

@@ -36,28 +36,25 @@ WEIGHTS_INDEX = 'model.safetensors.index.json'  # a sharded checkpoint's name ->
 TOKENIZER = 'tokenizer.model'
 
 
-def _dense(kernel_io):
-    return np.ascontiguousarray(kernel_io.T)
-
-
-def _undense(weight_oi):
-    return np.ascontiguousarray(weight_oi.T)
+def _flip(matrix):
+    """Our kernel [in, out] as HF's weight [out, in], and back: the transpose is its own inverse."""
+    return np.ascontiguousarray(matrix.T)
 
 
 # Per block: (HF name after 'model.layers.<i>.', our path inside the block, export, import).
 # `d` is model.d_model; exports take our array, imports the HF one.
 _LAYER = (
-    ('self_attn.q_proj.weight', ('attn', 'wq'), lambda w, d: _dense(w.reshape(d, -1)),
-     lambda w, d, c: _undense(w).reshape(d, c.num_heads, -1)),
-    ('self_attn.k_proj.weight', ('attn', 'wk'), lambda w, d: _dense(w.reshape(d, -1)),
-     lambda w, d, c: _undense(w).reshape(d, c.num_kv_heads, -1)),
-    ('self_attn.v_proj.weight', ('attn', 'wv'), lambda w, d: _dense(w.reshape(d, -1)),
-     lambda w, d, c: _undense(w).reshape(d, c.num_kv_heads, -1)),
-    ('self_attn.o_proj.weight', ('attn', 'wo'), lambda w, d: _dense(w.reshape(-1, d)),
-     lambda w, d, c: _undense(w).reshape(c.num_heads, -1, d)),
-    ('mlp.gate_proj.weight', ('ffn', 'w_gate', 'kernel'), lambda w, d: _dense(w), lambda w, d, c: _undense(w)),
-    ('mlp.up_proj.weight', ('ffn', 'w_up', 'kernel'), lambda w, d: _dense(w), lambda w, d, c: _undense(w)),
-    ('mlp.down_proj.weight', ('ffn', 'w_down', 'kernel'), lambda w, d: _dense(w), lambda w, d, c: _undense(w)),
+    ('self_attn.q_proj.weight', ('attn', 'wq'), lambda w, d: _flip(w.reshape(d, -1)),
+     lambda w, d, c: _flip(w).reshape(d, c.num_heads, -1)),
+    ('self_attn.k_proj.weight', ('attn', 'wk'), lambda w, d: _flip(w.reshape(d, -1)),
+     lambda w, d, c: _flip(w).reshape(d, c.num_kv_heads, -1)),
+    ('self_attn.v_proj.weight', ('attn', 'wv'), lambda w, d: _flip(w.reshape(d, -1)),
+     lambda w, d, c: _flip(w).reshape(d, c.num_kv_heads, -1)),
+    ('self_attn.o_proj.weight', ('attn', 'wo'), lambda w, d: _flip(w.reshape(-1, d)),
+     lambda w, d, c: _flip(w).reshape(c.num_heads, -1, d)),
+    ('mlp.gate_proj.weight', ('ffn', 'w_gate', 'kernel'), lambda w, d: _flip(w), lambda w, d, c: _flip(w)),
+    ('mlp.up_proj.weight', ('ffn', 'w_up', 'kernel'), lambda w, d: _flip(w), lambda w, d, c: _flip(w)),
+    ('mlp.down_proj.weight', ('ffn', 'w_down', 'kernel'), lambda w, d: _flip(w), lambda w, d, c: _flip(w)),
     ('input_layernorm.weight', ('attn_norm', 'scale'), lambda w, d: np.ascontiguousarray(w),
      lambda w, d, c: np.ascontiguousarray(w)),
     ('post_attention_layernorm.weight', ('ffn_norm', 'scale'), lambda w, d: np.ascontiguousarray(w),
@@ -92,7 +89,7 @@ def to_hf(params, c: ModelSection) -> dict[str, np.ndarray]:
             leaf = _get(block, path)
             out[f'model.layers.{i}.{name}'] = export(leaf if index is None else leaf[index], c.d_model)
     out['model.norm.weight'] = np.ascontiguousarray(params['final_norm']['scale'])
-    out['lm_head.weight'] = _dense(params['head'])
+    out['lm_head.weight'] = _flip(params['head'])
     return out
 
 
@@ -106,7 +103,7 @@ def from_hf(tensors: dict[str, np.ndarray], c: ModelSection, where: str, *, tied
                          'LlamaForCausalLM directory.')
     t = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
     params = {'embedding': t['model.embed_tokens.weight'], 'final_norm': {'scale': t['model.norm.weight']},
-              'head': _undense(t['model.embed_tokens.weight' if tied else 'lm_head.weight'])}
+              'head': _flip(t['model.embed_tokens.weight' if tied else 'lm_head.weight'])}
     for name, path, _, load in _LAYER:
         blocks = [load(t[f'model.layers.{i}.{name}'], c.d_model, c) for i in range(c.num_layers)]
         if c.scan_layers:

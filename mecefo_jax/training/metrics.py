@@ -164,11 +164,12 @@ class MetricsWriter:
         if self._file is None:
             return
         # Encode fully before writing so a bad value never leaves half a line.
-        line = json.dumps(_to_jsonable(row, 'row')) + '\n'
+        plain = _to_jsonable(row, 'row')
+        line = json.dumps(plain) + '\n'
         self._file.write(line)
         self._file.flush()
         if self.summaries is not None and isinstance(row.get('step'), (int, float)):
-            self.summaries.write(row['step'], row_scalars(json.loads(line)))
+            self.summaries.write(row['step'], row_scalars(plain))
 
     def close(self) -> None:
         if self._closed:
