@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 
 from mecefo_jax.faults import step_clock
 from mecefo_jax.neighbour.layout import ROLE_NORMAL, Program
@@ -134,12 +135,12 @@ class TimeModel:
                             replica_seqs=self.shard, mfu=1.0, rank=rank,
                             recompute_ffn=cfg.mecefo.remat_ffn)
         cost = role_cost(table, self.shard)
-        normal = cost(ROLE_NORMAL, self.shard)
+        normal, exposed = cost(ROLE_NORMAL, self.shard), self.exposed
 
-        def ratio(programs) -> float:
-            return step_clock.diluted(max(program_cost(cost, p) for p in programs) / normal,
-                                      self.exposed)
-        return ratio, table.note
+        @functools.cache  # replays ask for the same few layouts many times
+        def of_programs(programs) -> float:
+            return step_clock.diluted(max(program_cost(cost, p) for p in programs) / normal, exposed)
+        return (lambda programs: of_programs(tuple(programs))), table.note
 
     def programs_ratio(self, programs) -> float:
         """A step of `programs` (`layout.Program`s) in fault-free steps: its slowest program, diluted."""
@@ -170,28 +171,33 @@ class TimeModel:
         events = {e['clock']: e for e in record['events']}
         refresh = collections.Counter(record['refresh_steps'])
         saves = collections.Counter(record['saves'])
-        ratios = [self.step_ratio(x) for x in record['layouts']]
+        step_secs = [self.step_ratio(x) * self.step_time_sec for x in record['layouts']]
+        keys = [_key(x) for x in record['layouts']]
         parts = dict.fromkeys(('compute_sec', 'change_sec', 'refresh_sec', 'checkpoint_sec'), 0.0)
         seen = {_key(self.precompiled(len(record['layouts'][0]['live'])))}
-        done, t = {}, 0.0
+        done, t, compute = {}, 0.0, 0.0
 
         def charge(part: str, seconds: float) -> None:
             nonlocal t
             parts[part] += seconds
             t += seconds
-        for clock, step, index in record['executed']:
-            layout = record['layouts'][index]
+        last = None
+        for clock, step, index in record['executed']:  # a loop over every step: kept lean
             if clock in events:  # the live set changed before this step
-                charge('change_sec', self.change_sec(record['relaunch'], _key(layout) not in seen))
-            seen.add(_key(layout))
-            if saves[step]:  # checkpoint/restart saved the state entering this step
+                charge('change_sec', self.change_sec(record['relaunch'], keys[index] not in seen))
+            if index != last:
+                seen.add(keys[index])
+                last = index
+            if saves.get(step):  # checkpoint/restart saved the state entering this step
                 saves[step] -= 1
                 charge('checkpoint_sec', self.costs.checkpoint_save_sec)
-            if refresh[step]:  # the projections were refreshed before this step
+            if refresh.get(step):  # the projections were refreshed before this step
                 refresh[step] -= 1
-                charge('refresh_sec', self.refresh_sec(sum(layout['live'])))
-            charge('compute_sec', ratios[index] * self.step_time_sec)
+                charge('refresh_sec', self.refresh_sec(sum(record['layouts'][index]['live'])))
+            compute += step_secs[index]
+            t += step_secs[index]
             done[step + 1] = t
+        parts['compute_sec'] = compute
         parts['executed_steps'] = len(record['executed'])
         parts['redone_steps'] = len(record['executed']) - len(done)
         return done, parts

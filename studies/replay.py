@@ -37,7 +37,7 @@ def replay(strategy: str, events, *, num_replicas: int, shard_batch: int, steps:
                          'derived from the fault-free run.')
     schedule = FailureSchedule(events, num_replicas)
     restart = strategy == 'checkpoint_restart'
-    book, executed, changes = LayoutBook(), [], []
+    book, executed, changes, numbered = LayoutBook(), [], [], {}
     saves = [0] if restart else []
     live = (True,) * num_replicas
     clock = step = 0
@@ -51,8 +51,9 @@ def replay(strategy: str, events, *, num_replicas: int, shard_batch: int, steps:
             changes.append({'kind': 'failure' if failing else 'recovery', 'clock': clock,
                             'step': step, 'lost_steps': step - restored})
             live, step = desired, restored
-        layout = layout_for(strategy, live, shard_batch)
-        executed.append([clock, step, book.index(live, layout)])
+        if live not in numbered:  # a live set's layout is the same at every step
+            numbered[live] = book.index(live, layout_for(strategy, live, shard_batch))
+        executed.append([clock, step, numbered[live]])
         if restart and (step + 1) % checkpoint_every == 0 and step + 1 not in saves:
             saves.append(step + 1)
         step, clock = step + 1, clock + 1

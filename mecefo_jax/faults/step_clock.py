@@ -8,6 +8,7 @@ share φ of the gradient all-reduce (`fault.allreduce_exposed`): c_eff = 1 + (c 
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -29,10 +30,10 @@ def layout_step_ratio(cfg, num_replicas: int) -> Callable[[Sequence[Program]], f
     normal = float(cost(ROLE_NORMAL, shard))
     exposed = cfg.fault.allreduce_exposed
 
-    def ratio(programs: Sequence[Program]) -> float:
-        compute = max(program_cost(cost, p) for p in programs) / normal
-        return diluted(compute, exposed)
-    return ratio
+    @functools.cache  # a run meets few distinct layouts, and replays ask for each many times
+    def of_programs(programs: tuple[Program, ...]) -> float:
+        return diluted(max(program_cost(cost, p) for p in programs) / normal, exposed)
+    return lambda programs: of_programs(tuple(programs))
 
 
 class WallClock:

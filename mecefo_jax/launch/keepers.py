@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from mecefo_jax.snapshot import KeeperClient, KeeperError, KeeperHandle, shm
-from mecefo_jax.snapshot.keeper_actor import find_keeper, start_keeper, stop_keeper
+from mecefo_jax.snapshot.keeper_actor import find_keeper, start_keepers, stop_keeper
 
 _TIMEOUT = 30.0  # a launcher request to a live keeper answers in milliseconds
 
@@ -38,10 +38,12 @@ class JobKeepers:
         return [w for w in range(self.workers, self.workers + beyond)
                 if find_keeper(self.name(w), self.namespace, timeout=5.0) is not None]
 
-    def start(self, worker: int, node_id: str) -> KeeperHandle:
-        self.handles[worker] = start_keeper(self.name(worker), namespace=self.namespace,
-                                            node_id=node_id, slots=self.slots)
-        return self.handles[worker]
+    def start(self, nodes: dict[int, str]) -> None:
+        """A keeper for each worker of `nodes` (worker -> node id), their start-ups overlapping."""
+        if nodes:
+            started = start_keepers({self.name(w): node for w, node in nodes.items()},
+                                    namespace=self.namespace, slots=self.slots)
+            self.handles.update({w: started[self.name(w)] for w in nodes})
 
     def alive(self, worker: int) -> bool:
         handle = self.handles.get(worker)

@@ -213,9 +213,8 @@ class Launcher:
         self._place(workers, keep={w: h.node_id for w, h in adopted.items()})
         self._check_node_loss()
         resume_step = recovery.rerun_step(self.job.keepers, adopted, self.dir) if adopted else 0
-        for w in workers:
-            if self.job.uses_keepers and w not in adopted:
-                self.job.keepers.start(w, self.job.nodes[w])
+        if self.job.uses_keepers:
+            self.job.keepers.start({w: self.job.nodes[w] for w in workers if w not in adopted})
         gen = Generation(self._first_number, workers, Tier.MEMORY if resume_step else Tier.FRESH, 0,
                          resume_step)
         if resume_step:

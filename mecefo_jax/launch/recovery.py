@@ -283,8 +283,7 @@ def _replace_lost_keepers(job: JobState, members, row: dict, *,
         return set(), None
     start = time.time()
     old = keepers.as_list()
-    for w in lost:
-        keepers.start(w, job.nodes[w])
+    keepers.start({w: job.nodes[w] for w in lost})
     fresh = set(lost)
     if job.cfg.snapshot.parity and rebuild:
         for w in lost:

@@ -12,6 +12,7 @@ Shape letters: N shards, B examples per shard, R live replicas, C capacity
 (rows per replica, the largest program), T tokens per example (seq_len + 1).
 """
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class Layout:
         """Some replica approximates (the projections V must be fresh)."""
         return any(role != ROLE_NORMAL for role in self.roles)
 
-    @property
+    @functools.cached_property  # the layout is frozen; its programs are read every step
     def programs(self) -> tuple[Program, ...]:
         """The distinct device programs, sorted: per role, its busiest replica's rows."""
         busiest: dict[int, int] = {}

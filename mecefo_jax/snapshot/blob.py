@@ -23,7 +23,6 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import xxhash
 
@@ -115,6 +114,7 @@ def dtype_from_name(name: str) -> np.dtype:
     try:
         return np.dtype(name)
     except TypeError:
+        import ml_dtypes  # half a second to import: a keeper, which never needs it, is spared
         kind = getattr(ml_dtypes, name, None)
         if kind is None:
             raise SnapshotCorruptError(f'Unknown dtype {name!r} in snapshot header.') from None

@@ -205,19 +205,31 @@ def start_keeper(name: str, *, namespace: str | None = None, node_id: str | None
                  detached: bool = True, ready_timeout: float = 120.0) -> KeeperHandle:
     """Start keeper actor `name` in `namespace` and wait for it; pinned to `node_id` where
     given, since its worker maps its shared memory."""
+    return start_keepers({name: node_id}, namespace=namespace, slots=slots, pin_timeout=pin_timeout,
+                         max_payload=max_payload, detached=detached, ready_timeout=ready_timeout)[name]
+
+
+def start_keepers(nodes: dict[str, str | None], *, namespace: str | None = None, slots: int = 2,
+                  pin_timeout: float = 60.0, max_payload: int = MAX_PAYLOAD_BYTES,
+                  detached: bool = True, ready_timeout: float = 120.0) -> dict[str, KeeperHandle]:
+    """`start_keeper` for each name of `nodes` (name -> node id or None), all started before
+    any is waited for: each is a process of its own, and their start-ups overlap."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    options = {'name': name, 'num_cpus': 0, 'max_concurrency': 16, 'max_restarts': 0}
-    if namespace is not None:
-        options['namespace'] = namespace
-    if detached:
-        options['lifetime'] = 'detached'
-    if node_id is not None:
-        options['scheduling_strategy'] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    actor = ray.remote(KeeperActor).options(**options).remote(name, slots, pin_timeout, max_payload,
-                                                              namespace or '')
-    info = ray.get(actor.info.remote(), timeout=ready_timeout)
-    return KeeperHandle(actor, name, info['node_id'], info['pid'])
+    actors = {}
+    for name, node_id in nodes.items():
+        options = {'name': name, 'num_cpus': 0, 'max_concurrency': 16, 'max_restarts': 0}
+        if namespace is not None:
+            options['namespace'] = namespace
+        if detached:
+            options['lifetime'] = 'detached'
+        if node_id is not None:
+            options['scheduling_strategy'] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        actors[name] = ray.remote(KeeperActor).options(**options).remote(
+            name, slots, pin_timeout, max_payload, namespace or '')
+    infos = ray.get([actor.info.remote() for actor in actors.values()], timeout=ready_timeout)
+    return {name: KeeperHandle(actor, name, info['node_id'], info['pid'])
+            for (name, actor), info in zip(actors.items(), infos)}
 
 
 def find_keeper(name: str, namespace: str, timeout: float = 30.0) -> KeeperHandle | None:
