@@ -76,7 +76,7 @@ class TargetWatch(Observer):
     Per executed step: its clock, step and layout (a `goodput.LayoutBook`
     entry, from which modelled time follows). The validation loss after every
     step `evaluate_at(steps done)` names, on the run's fixed validation
-    batches (`training.evaluate.evaluate`), and after `steps` steps also per validation
+    batches (`training.loop.evaluate`), and after `steps` steps also per validation
     sequence (for the noise of a paired gap). It asks the loop to stop once
     the run has done `steps` steps and some evaluation has reached `target`
     (with no target, at `steps`). `fork_dirs` ({steps done: directory}) saves
@@ -100,7 +100,7 @@ class TargetWatch(Observer):
         self._full = run.topologies.get(run.full_rows)
 
     def on_step(self, done) -> None:
-        from mecefo_jax.training.evaluate import evaluate
+        from mecefo_jax.training.loop import evaluate
         self.executed.append([done.clock, done.step, self.book.index(done.live, done.layout)])
         n = done.step + 1
         self.val = {s: v for s, v in self.val.items() if s < n}  # a rollback undid the rest
@@ -132,7 +132,7 @@ class TargetWatch(Observer):
         import numpy as np
 
         from mecefo_jax.parallel import step as step_lib
-        from mecefo_jax.training.evaluate import val_batches
+        from mecefo_jax.training.loop import val_batches
         if self._row_loss is None:
             model = self.run.model
             self._row_loss = jax.jit(lambda p, v, t: step_lib.token_loss_sum(

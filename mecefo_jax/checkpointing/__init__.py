@@ -2,7 +2,6 @@
 
 | module | what it owns |
 |---|---|
-| `checkpoint` | saving and restoring the train state and the data position |
+| `checkpoint` | saving and restoring the train state and the data position; whether a requested tree fits a saved one |
 | `damage` | recognising a damaged step, moving it aside, resuming from an older one |
-| `match` | whether a requested state tree fits a saved one |
 """

@@ -216,6 +216,6 @@ def compile_for_survivors(cfg, workdir: str, placement, lost: int, coordinator: 
 
 
 def _eval_rows(run, replicas: int) -> int:
-    """Rows of one padded eval batch per replica, as `training.evaluate.evaluate` builds it."""
+    """Rows of one padded eval batch per replica, as `training.loop.evaluate` builds it."""
     rows = len(next(run.val_data).reshape(-1, run.val_data.seq_len + 1))
     return (rows + -rows % replicas) // replicas

@@ -2,14 +2,12 @@
 
 | module | what it owns |
 |---|---|
-| `loop` | `train()`: data, step, metrics, evaluations, checkpoints, progress |
+| `loop` | `train()`: data, step, metrics, exact evaluations, checkpoints, progress |
 | `run_setup` | `Run` and `build_run`: the model, data, caches and sinks one run needs |
 | `controller` | the controller-to-loop contract (`Plan`) and the fault-free `StaticController` |
-| `evaluate` | the exact validation loss on fixed batches |
 | `resume` | where a run starts: restored from memory or disk, or fresh |
 | `metrics` | `<workdir>/metrics.jsonl` |
-| `summaries` | TensorBoard's scalars under `<workdir>/tensorboard`: the metrics rows and the fault story |
-| `profiling` | `train.profile_steps`: a jax.profiler trace of chosen steps |
+| `summaries` | TensorBoard's `<workdir>/tensorboard`: the metrics rows, the fault story, profiler traces |
 | `export` | a run's model out as a Hugging Face LLaMA, from its checkpoint or its keepers' snapshots |
 | `observers` | what measures a run, kept apart from what trains it |
 | `preemption` | SIGTERM ends the run after a saved step |
