@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 
 from mecefo_jax.faults import step_clock
 from mecefo_jax.neighbour.layout import ROLE_NORMAL, Program
@@ -129,18 +128,13 @@ class TimeModel:
         """(fn(programs) -> the step's ratio under the bench's measured costs, diluted; the
         bench table's note)."""
         from mecefo_jax.faults.costs import role_cost, shape_of
-        from mecefo_jax.faults.planner import program_cost
         from studies.bench_costs import bench_table
         table = bench_table(bench, shape_of(cfg.model), metric='step_ms', seq_len=cfg.data.seq_len,
                             replica_seqs=self.shard, mfu=1.0, rank=rank,
                             recompute_ffn=cfg.mecefo.remat_ffn)
         cost = role_cost(table, self.shard)
-        normal, exposed = cost(ROLE_NORMAL, self.shard), self.exposed
-
-        @functools.cache  # replays ask for the same few layouts many times
-        def of_programs(programs) -> float:
-            return step_clock.diluted(max(program_cost(cost, p) for p in programs) / normal, exposed)
-        return (lambda programs: of_programs(tuple(programs))), table.note
+        ratio = step_clock.slowest_program_ratio(cost, cost(ROLE_NORMAL, self.shard), self.exposed)
+        return ratio, table.note
 
     def programs_ratio(self, programs) -> float:
         """A step of `programs` (`layout.Program`s) in fault-free steps: its slowest program, diluted."""

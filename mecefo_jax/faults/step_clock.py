@@ -27,10 +27,13 @@ def layout_step_ratio(cfg, num_replicas: int) -> Callable[[Sequence[Program]], f
     """fn(programs) -> the step's duration in fault-free steps (see module docstring)."""
     shard = cfg.data.global_batch_size // num_replicas
     cost = config_planner(cfg, shard).cost
-    normal = float(cost(ROLE_NORMAL, shard))
-    exposed = cfg.fault.allreduce_exposed
+    return slowest_program_ratio(cost, float(cost(ROLE_NORMAL, shard)), cfg.fault.allreduce_exposed)
 
-    @functools.cache  # a run meets few distinct layouts, and replays ask for each many times
+
+def slowest_program_ratio(cost, normal: float, exposed: float) -> Callable[[Sequence[Program]], float]:
+    """fn(programs) -> its slowest program's `cost` over `normal`, diluted by `exposed`; each
+    distinct set of programs priced once (a run meets few, and replays ask for each many times)."""
+    @functools.cache
     def of_programs(programs: tuple[Program, ...]) -> float:
         return diluted(max(program_cost(cost, p) for p in programs) / normal, exposed)
     return lambda programs: of_programs(tuple(programs))
