@@ -1,4 +1,4 @@
-"""What TensorBoard reads of a run (`<workdir>/tensorboard`): scalars, the fault story, profiler traces.
+"""What TensorBoard reads of a run (`<workdir>/tensorboard`): scalars and the fault story, on one step axis.
 
 `MetricsWriter` hands every row it writes here (process 0 only, `train.tensorboard`), so
 TensorBoard's run `train` shows what metrics.jsonl holds, at the same steps: a row's
@@ -9,13 +9,9 @@ TensorBoard drops what earlier files hold from that step on (the steps redone), 
 `MetricsWriter.truncate_after` cuts them from metrics.jsonl. Every file opens so, the
 first included: TensorBoard's Python loader takes a run's first START for a plain start.
 
-`ProfileSteps` (`train.profile_steps`) puts a jax.profiler trace of chosen steps under the
-same run `train` (`<workdir>/tensorboard/train/plugins/profile/<session>/`:
-`<host>.xplane.pb` for the profile plugin, `perfetto_trace.json.gz` for ui.perfetto.dev),
-so `tensorboard --logdir <workdir>` lists it beside the scalars. Process 0 traces (one
-trace file per host name; processes of one host would share it). The trace starts before
-the first chosen step is dispatched and stops once the last one has finished on the
-device, so it holds their device time, not only their dispatch.
+`train.profile_steps` puts a jax.profiler trace under the same run `train`
+(`training/loop.py`'s `ProfileSteps`), so `tensorboard --logdir <workdir>` lists it beside
+the scalars.
 """
 from __future__ import annotations
 
@@ -24,8 +20,6 @@ import itertools
 import os
 import threading
 import time
-
-from mecefo_jax.training.observers import Observer
 
 TENSORBOARD_DIR = 'tensorboard'  # under the workdir; `tensorboard --logdir <workdir>` finds it
 TRAIN_RUN, LAUNCH_RUN = 'train', 'launch'  # TensorBoard's runs: the main job's process 0, the launcher
@@ -120,33 +114,3 @@ class Summaries:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-
-class ProfileSteps(Observer):
-    """Traces steps `start` to `stop - 1` (`train.profile_steps='START:STOP'`) once per process."""
-
-    def __init__(self, workdir: str, start: int, stop: int, *, process_index: int | None = None):
-        import jax
-        self.logdir = run_dir(workdir, TRAIN_RUN)
-        self.start, self.stop = start, stop
-        self.active = (jax.process_index() if process_index is None else process_index) == 0
-        self.tracing = self.traced = False
-
-    def on_plan(self, planned) -> None:
-        if self.active and not (self.tracing or self.traced) and self.start <= planned.step < self.stop:
-            import jax
-            jax.profiler.start_trace(self.logdir, create_perfetto_trace=True)
-            self.tracing = True
-
-    def on_step(self, done) -> None:
-        if self.tracing and done.step >= self.stop - 1:
-            import jax
-            jax.block_until_ready(done.state)
-            self.close()
-
-    def close(self) -> None:
-        """Stop a trace still open (a run that ended or stopped inside the window)."""
-        if self.tracing:
-            import jax
-            jax.profiler.stop_trace()
-            self.tracing, self.traced = False, True
