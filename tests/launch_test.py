@@ -6,7 +6,8 @@ of the deaths asserted here where they do not interfere, each asserted on its
 own recovery row: one job is SIGKILLed and recovered from the keepers' memory,
 rejoined, then loses worker 1's keeper and rejoins again; another loses both
 workers at once, then has a worker SIGSTOPped (a hang) and detected by its
-silence; another is stalled with its threads still answering. The launcher run
+silence; another is stalled with its threads still answering; a plain kill's job is
+read back from the real `tensorboard` server too. The launcher run
 as a process (interrupted, stopped, killed, cleaned up) is
 tests/launcher_process_test.py's; node losses are tests/node_loss_test.py's;
 snapshot publication under a crash, parity rebuilds and the two-lost-members
@@ -16,16 +17,19 @@ import glob
 import json
 import os
 
+import numpy as np
 import pytest
 from launch_jobs import STEPS, WORKERS, assert_nothing_left, config, final_provenance, launch, overrides, read
 from simulated_params import assert_params_equal_simulated
+from tensorboard_server import assert_every_metric_once, serve
 
 from mecefo_jax.config.resolve import updated
 from mecefo_jax.launch import generation
 from mecefo_jax.launch.launcher import Launcher
 from mecefo_jax.training.metrics import read_metrics
+from mecefo_jax.training.summaries import LAUNCH_RUN, TRAIN_RUN
 
-pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers
+pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # Ray's processes and workers; the TensorBoard server
 
 # The crashed job's worker is killed while held inside its publish of
 # HELD_STEP (the job cannot run on past it); once it is back, its keeper alone is
@@ -71,12 +75,24 @@ def test_a_kill_after_a_snapshot_lands_on_the_snapshotted_step_whatever_the_inte
     assert read(workdir, 'g1_w0_end.json')['final_step'] == 8
 
 
-def test_a_plain_kill_resumes_from_the_newer_tier_and_counts_what_it_redoes(
-        cluster, launcher_caches, tmp_path):
-    """SIGKILLed wherever the step the launcher sees as done finds it (7 to 9), with
-    snapshots every 5 steps and Orbax checkpoints every 2: the survivor resumes from
-    whichever tier holds the newer step (the disk's 6 or 8 over the keepers' 5, unless
-    the kill lands past step 10).
+PLAIN_KILL = {'launch.kill': '7:1', 'snapshot.every': 5, 'train.checkpoint_every': 2,
+              'train.steps': 12, 'train.log_every': 1}
+
+
+@pytest.fixture(scope='module')
+def plain_kill(cluster, launcher_caches, tmp_path_factory):
+    """Worker 1 SIGKILLed wherever the step the launcher sees as done finds it (7 to 9), with
+    snapshots every 5 steps and Orbax checkpoints every 2: (summary, workdir, overrides).
+    Its recovery is asserted below, its TensorBoard log read back from the real server
+    in the test after."""
+    workdir = str(tmp_path_factory.mktemp('plain_kill'))
+    values = overrides(launcher_caches, **PLAIN_KILL)
+    return launch(values, workdir), workdir, values
+
+
+def test_a_plain_kill_resumes_from_the_newer_tier_and_counts_what_it_redoes(plain_kill):
+    """The survivor resumes from whichever tier holds the newer step (the disk's 6 or 8
+    over the keepers' 5, unless the kill lands past step 10).
 
     redone_steps must equal what worker 0, which survives and writes metrics.jsonl (a
     loss row per completed step), had recorded past the resumed step, as its resume's
@@ -85,11 +101,7 @@ def test_a_plain_kill_resumes_from_the_newer_tier_and_counts_what_it_redoes(
     routine reports could miss it, and redone_steps fell one short (again under load,
     where the survivor's report of that step came after the launcher's last ask): the
     launcher now reads the newest loss row once the generation's processes are gone."""
-    workdir = str(tmp_path)
-    values = overrides(launcher_caches, **{'launch.kill': '7:1', 'snapshot.every': 5,
-                                           'train.checkpoint_every': 2, 'train.steps': 12,
-                                           'train.log_every': 1})
-    summary = launch(values, workdir)
+    summary, workdir, values = plain_kill
     (failure,) = summary['recoveries']
     assert failure['kind'] == 'failure' and failure['failed_workers'] == [1]
     held = failure['newest_held_by_worker']['0']
@@ -101,6 +113,30 @@ def test_a_plain_kill_resumes_from_the_newer_tier_and_counts_what_it_redoes(
     assert failure['redone_steps'] == failure['completed_steps'] - failure['resume_step']
     final = final_provenance(workdir, values)  # every step once, on the right batch
     assert final[failure['resume_step']]['replicas'] == [0, 1]  # worker 1's are down
+
+
+def test_the_plain_kills_tensorboard_log_shows_each_step_once_and_the_recovery(plain_kill):
+    """Read back from the real `tensorboard` server: the `train` run holds every
+    metrics.jsonl step once, with the values of the generation that finished it (the
+    relaunch redid the steps past the tier it resumed from); the launcher's `launch` run
+    holds the failure's series at the step it hit."""
+    summary, workdir, _ = plain_kill
+    (failure,) = summary['recoveries']
+    assert failure['redone_steps'] >= 1
+    with serve(workdir, wait_for_run=f'tensorboard/{LAUNCH_RUN}') as server:
+        train = server.scalars(f'tensorboard/{TRAIN_RUN}')
+        recovery = server.scalars(f'tensorboard/{LAUNCH_RUN}')
+    assert_every_metric_once(workdir, train)
+    steps = PLAIN_KILL['train.steps']
+    assert [s for s, _ in sorted(train['train/loss'])] == list(range(1, steps + 1))
+    assert dict(train['fault/replicas'])[steps] == 2  # worker 1's two replicas stay down
+    assert 'cost/snapshot_block_sec' in train
+    at = failure['completed_steps']
+    for key in ('recovery_sec', 'detect_sec', 'restore_sec', 'compile_sec', 'redone_steps', 'resume_step'):
+        ((step, value),) = recovery[f'launch/failure/{key}']
+        assert step == at and np.float32(value) == np.float32(failure[key]), key
+    assert recovery['launch/failure/failed_workers'] == [(at, 1.0)]
+    assert recovery['launch/live_workers'] == [(at, 1.0)]  # the survivor, relaunched
 
 
 def test_a_kill_after_a_snapshot_needs_snapshots(cluster, launcher_caches, tmp_path):

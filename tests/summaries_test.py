@@ -1,6 +1,6 @@
 """TensorBoard summaries (`training/summaries.py`) as TensorBoard's own Python loader reads them back.
 
-The server tests (tests/tensorboard_test.py, tests/launch_tensorboard_test.py) read
+The server tests (tests/tensorboard_test.py, tests/launch_test.py) read
 through TensorBoard's default data server; these read the same files with its Python
 `EventAccumulator` (`--load_fast=false`), which purges only at a run's second START.
 """

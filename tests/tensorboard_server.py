@@ -1,7 +1,7 @@
 """The real `tensorboard` server on the loopback, asked over HTTP what a user's browser would be shown.
 
 Shared by tests/tensorboard_test.py (a run of the main job) and
-tests/launch_tensorboard_test.py (a launcher job with a kill).
+tests/launch_test.py (a launcher job with a kill).
 """
 import contextlib
 import gzip
